@@ -1,0 +1,67 @@
+# switchyard: `make run` sets up and runs the main job; `make test` sets up and passes the tests.
+# Environments are cached outside the clone, keyed by a hash of their pinned requirements,
+# so CI and later runs reuse them instead of rebuilding (the XLA one is about 7 GB).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+CACHE ?= $(HOME)/.cache/switchyard
+MAIN_HASH := $(shell sha256sum requirements/main.txt | cut -c1-12)
+XLA_HASH := $(shell sha256sum requirements/xla.txt | cut -c1-12)
+MAIN_ENV := $(CACHE)/main-$(MAIN_HASH)
+XLA_ENV := $(CACHE)/xla-$(XLA_HASH)
+VENV := .venv
+PY := $(VENV)/bin/python
+export PYTHONPATH := $(CURDIR)
+export SWITCHYARD_XLA_PYTHON := $(XLA_ENV)/bin/python
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: run test setup setup-main setup-xla lint proto proto-check bench clean
+
+run: setup
+	$(PY) -m switchyard demo $(ARGS)
+
+test: setup lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+setup: setup-main setup-xla
+
+setup-main: $(MAIN_ENV)/.ready
+	@ln -sfn $(MAIN_ENV) $(VENV)
+
+# Built in place, marked ready only when complete; a half-built env is rebuilt.
+# No file prerequisites: the hash in the path is the key (a fresh clone has new mtimes).
+$(MAIN_ENV)/.ready:
+	@echo "== building main environment in $(MAIN_ENV) (cached by requirements hash)"
+	rm -rf $(MAIN_ENV)
+	$(PYTHON) -m venv $(MAIN_ENV)
+	$(MAIN_ENV)/bin/python -m pip install -q --upgrade pip
+	$(MAIN_ENV)/bin/python -m pip install -q -r requirements/main.txt
+	touch $@
+
+setup-xla: $(XLA_ENV)/.ready
+
+$(XLA_ENV)/.ready:
+	@echo "== building XLA environment in $(XLA_ENV) (torch 2.9.0 + torch_xla 2.9.0; minutes, cached)"
+	rm -rf $(XLA_ENV)
+	$(PYTHON) -m venv $(XLA_ENV)
+	$(XLA_ENV)/bin/python -m pip install -q --upgrade pip
+	$(XLA_ENV)/bin/python -m pip install -q -r requirements/xla.txt
+	touch $@
+
+lint: setup-main proto-check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+proto: setup-main
+	$(PY) tools/gen_proto.py
+
+proto-check: setup-main
+	$(PY) tools/gen_proto.py --check
+
+bench: setup
+	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Evaluator service: compares a candidate path with a reference."""

@@ -1,0 +1,1 @@
+"""Executor service: serves models on one accelerator path over OIP gRPC."""

@@ -1,0 +1,1 @@
+"""Metering service: the only writer of the SQL ledger."""

@@ -1,0 +1,1 @@
+"""Router service: the OIP front door."""

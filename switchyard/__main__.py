@@ -1,0 +1,5 @@
+"""`python -m switchyard` runs the CLI."""
+
+from switchyard.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""The `switchyard` command: one entry point whose subcommands live with their services.
+
+Each module in COMMAND_MODULES has `register(subparsers)`, which adds its subcommands and
+sets `func` (taking the parsed args, returning an exit code). Registration must stay cheap:
+heavy imports (torch, sqlalchemy, temporalio) happen inside the command functions, so the
+CLI also starts in the XLA environment, which has only the executor's dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+COMMAND_MODULES = (
+    "services.executor.cli",
+    "clients.cli",
+    "services.metering.cli",
+    "services.evaluator.cli",
+    "services.router.cli",
+    "workflows.cli",
+    "switchyard.cluster.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="switchyard", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Local cluster: `switchyard up` and the main job."""

@@ -1,0 +1,188 @@
+"""gRPC edge shared by every service: error mapping, server start-up, health and drain.
+
+This is the one place where `switchyard.errors` become gRPC status codes (DESIGN §7, §9).
+An unexpected exception becomes INTERNAL with a reference id; the traceback goes to the
+log, never to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from switchyard.errors import Status, SwitchyardError
+from switchyard.gen import _pool
+
+log = logging.getLogger(__name__)
+
+GRPC_CODE: dict[Status, grpc.StatusCode] = {s: getattr(grpc.StatusCode, s.value) for s in Status}
+
+
+def grpc_code(error: SwitchyardError) -> grpc.StatusCode:
+    return GRPC_CODE[error.status]
+
+
+async def _abort_for(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, method: str) -> None:
+    if isinstance(exc, SwitchyardError):
+        await context.abort(grpc_code(exc), str(exc))
+    ref = uuid.uuid4().hex[:12]
+    log.exception("internal error in %s (reference %s)", method, ref, exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error (reference {ref}); see the server log")
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Maps SwitchyardError to its status and anything unexpected to INTERNAL, for all RPCs."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                _wrap_stream(handler.stream_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+
+def _wrap_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await behavior(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort_for(context, exc, method)
+
+    return wrapper
+
+
+def _wrap_stream(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        try:
+            async for item in behavior(request, context):
+                yield item
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort_for(context, exc, method)
+
+    return wrapper
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Explicit limits every switchyard server runs with."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_receive_bytes: int = 64 * 1024 * 1024
+    max_send_bytes: int = 64 * 1024 * 1024
+    drain_grace_s: float = 10.0
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.max_receive_message_length", self.max_receive_bytes),
+            ("grpc.max_send_message_length", self.max_send_bytes),
+        ]
+
+
+# (add_XServicer_to_server, servicer, full service name)
+Registration = tuple[Callable[[Any, Any], None], Any, str]
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    health: Any  # grpc_health aio HealthServicer
+    services: Sequence[str]
+    options: ServerOptions
+    _stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def address(self) -> str:
+        return f"{self.options.host}:{self.port}"
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", *self.services):
+            await self.health.set(name, status)
+
+    async def drain(self, grace_s: float | None = None) -> None:
+        """Report NOT_SERVING, let in-flight calls finish within the grace period, stop."""
+        await self.set_serving(False)
+        await self.server.stop(self.options.drain_grace_s if grace_s is None else grace_s)
+        self._stopped.set()
+
+    async def wait_for_signal(self) -> None:
+        """Serve until SIGTERM or SIGINT, then drain."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        waiter = asyncio.ensure_future(self.server.wait_for_termination())
+        signalled = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({waiter, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            log.info("signal received: draining %s", self.address)
+            await self.drain()
+        waiter.cancel()
+        signalled.cancel()
+
+
+async def start_server(
+    registrations: Sequence[Registration],
+    options: ServerOptions,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> RunningServer:
+    """Start a grpc.aio server with health, reflection, limits and error mapping."""
+    server = grpc.aio.server(
+        interceptors=[*interceptors, ErrorInterceptor()],
+        options=options.channel_options(),
+    )
+    names = []
+    for add, servicer, name in registrations:
+        add(servicer, server)
+        names.append(name)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server, pool=_pool.POOL
+    )
+    port = server.add_insecure_port(f"{options.host}:{options.port}")
+    if port == 0:
+        raise OSError(f"could not bind {options.host}:{options.port}")
+    await server.start()
+    running = RunningServer(server, port, health_servicer, names, options)
+    await running.set_serving(True)
+    return running
