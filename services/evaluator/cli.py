@@ -1,4 +1,4 @@
-"""CLI commands of this component (placeholder until the component lands)."""
+"""`switchyard evaluator serve`: the evaluator service as its own process."""
 
 from __future__ import annotations
 
@@ -6,5 +6,18 @@ import argparse
 from typing import Any
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from services.evaluator.server import run
+    from switchyard.grpcio import ServerOptions
+
+    return run(ServerOptions(host=args.host, port=args.port))
+
+
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Adds this component's subcommands; none yet."""
+    """Adds `evaluator serve`."""
+    evaluator = sub.add_parser("evaluator", help="the evaluator service (compares outputs and loss curves)")
+    commands = evaluator.add_subparsers(dest="evaluator_command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="serve the evaluator over gRPC")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8301, help="port (default 8301; 0 picks a free one)")
+    serve.set_defaults(func=_serve)

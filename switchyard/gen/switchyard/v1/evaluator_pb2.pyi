@@ -58,6 +58,7 @@ class Criteria(_message.Message):
     MAX_KL_FIELD_NUMBER: _builtins.int
     LOGITS_FIELD_NUMBER: _builtins.int
     ATOL_FLOOR_FIELD_NUMBER: _builtins.int
+    MIN_TOPK_AGREEMENT_FIELD_NUMBER: _builtins.int
     precision: _builtins.str
     """fp32 | bf16 | fp16: picks the error multiplier (2x or 3x)"""
     error_multiplier: _builtins.float
@@ -74,6 +75,8 @@ class Criteria(_message.Message):
     """outputs are logits over the last dimension"""
     atol_floor: _builtins.float
     """absolute floor on the tolerance; 0 = default"""
+    min_topk_agreement: _builtins.float
+    """logits only; 0 = default"""
     def __init__(
         self,
         *,
@@ -85,10 +88,11 @@ class Criteria(_message.Message):
         max_kl: _builtins.float = ...,
         logits: _builtins.bool = ...,
         atol_floor: _builtins.float = ...,
+        min_topk_agreement: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["atol_floor", b"atol_floor", "error_multiplier", b"error_multiplier", "logits", b"logits", "max_kl", b"max_kl", "min_cosine", b"min_cosine", "min_top1_agreement", b"min_top1_agreement", "precision", b"precision", "top_k", b"top_k"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["atol_floor", b"atol_floor", "error_multiplier", b"error_multiplier", "logits", b"logits", "max_kl", b"max_kl", "min_cosine", b"min_cosine", "min_top1_agreement", b"min_top1_agreement", "min_topk_agreement", b"min_topk_agreement", "precision", b"precision", "top_k", b"top_k"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -156,6 +160,10 @@ class Metrics(_message.Message):
     KL_DIVERGENCE_FIELD_NUMBER: _builtins.int
     REFERENCE_DETERMINISTIC_FIELD_NUMBER: _builtins.int
     REFERENCE_REPEAT_MAX_ABS_FIELD_NUMBER: _builtins.int
+    ALLOWED_RMSE_FIELD_NUMBER: _builtins.int
+    REPEAT_RMSE_FIELD_NUMBER: _builtins.int
+    ELEMENTS_FIELD_NUMBER: _builtins.int
+    ALLCLOSE_FIELD_NUMBER: _builtins.int
     max_abs_error: _builtins.float
     max_rel_error: _builtins.float
     mismatch_share: _builtins.float
@@ -169,6 +177,13 @@ class Metrics(_message.Message):
     kl_divergence: _builtins.float
     reference_deterministic: _builtins.bool
     reference_repeat_max_abs: _builtins.float
+    allowed_rmse: _builtins.float
+    """the tolerance the rmse was held to"""
+    repeat_rmse: _builtins.float
+    """reference vs its repeat (run-to-run noise)"""
+    elements: _builtins.int
+    allclose: _builtins.bool
+    """candidate within atol=rtol=tol of the reference"""
     def __init__(
         self,
         *,
@@ -183,10 +198,14 @@ class Metrics(_message.Message):
         kl_divergence: _builtins.float = ...,
         reference_deterministic: _builtins.bool = ...,
         reference_repeat_max_abs: _builtins.float = ...,
+        allowed_rmse: _builtins.float = ...,
+        repeat_rmse: _builtins.float = ...,
+        elements: _builtins.int = ...,
+        allclose: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cosine", b"cosine", "kl_divergence", b"kl_divergence", "max_abs_error", b"max_abs_error", "max_rel_error", b"max_rel_error", "mismatch_share", b"mismatch_share", "reference_deterministic", b"reference_deterministic", "reference_repeat_max_abs", b"reference_repeat_max_abs", "reference_rmse", b"reference_rmse", "rmse", b"rmse", "top1_agreement", b"top1_agreement", "topk_agreement", b"topk_agreement"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allclose", b"allclose", "allowed_rmse", b"allowed_rmse", "cosine", b"cosine", "elements", b"elements", "kl_divergence", b"kl_divergence", "max_abs_error", b"max_abs_error", "max_rel_error", b"max_rel_error", "mismatch_share", b"mismatch_share", "reference_deterministic", b"reference_deterministic", "reference_repeat_max_abs", b"reference_repeat_max_abs", "reference_rmse", b"reference_rmse", "repeat_rmse", b"repeat_rmse", "rmse", b"rmse", "top1_agreement", b"top1_agreement", "topk_agreement", b"topk_agreement"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -237,10 +256,16 @@ class CompareLossRequest(_message.Message):
     CANDIDATE_FIELD_NUMBER: _builtins.int
     TARGET_LOSS_FIELD_NUMBER: _builtins.int
     MAX_RELATIVE_DEVIATION_FIELD_NUMBER: _builtins.int
+    PRECISION_FIELD_NUMBER: _builtins.int
+    MAX_STEPS_TO_TARGET_RATIO_FIELD_NUMBER: _builtins.int
     target_loss: _builtins.float
     """0 = none"""
     max_relative_deviation: _builtins.float
     """0 = default"""
+    precision: _builtins.str
+    """fp32 | bf16 | fp16: picks the default deviation"""
+    max_steps_to_target_ratio: _builtins.float
+    """0 = default 1.1"""
     @_builtins.property
     def reference(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
     @_builtins.property
@@ -252,10 +277,12 @@ class CompareLossRequest(_message.Message):
         candidate: _abc.Iterable[_builtins.float] | None = ...,
         target_loss: _builtins.float = ...,
         max_relative_deviation: _builtins.float = ...,
+        precision: _builtins.str = ...,
+        max_steps_to_target_ratio: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate", b"candidate", "max_relative_deviation", b"max_relative_deviation", "reference", b"reference", "target_loss", b"target_loss"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate", b"candidate", "max_relative_deviation", b"max_relative_deviation", "max_steps_to_target_ratio", b"max_steps_to_target_ratio", "precision", b"precision", "reference", b"reference", "target_loss", b"target_loss"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

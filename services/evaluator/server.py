@@ -1,0 +1,31 @@
+"""Starting the evaluator service: in-process (tests, `switchyard up`) or as `evaluator serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.evaluator.servicer import SERVICE_NAME, EvaluatorServicer
+from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as pb_grpc
+from switchyard.grpcio import RunningServer, ServerOptions, start_server
+
+log = logging.getLogger(__name__)
+DEFAULT_PORT = 8301
+
+
+async def start_evaluator(options: ServerOptions) -> RunningServer:
+    """Start the evaluator on `options` (port 0 picks a free port) and return the running server."""
+    return await start_server(
+        [(pb_grpc.add_EvaluatorServicer_to_server, EvaluatorServicer(), SERVICE_NAME)], options
+    )
+
+
+async def serve(options: ServerOptions) -> None:
+    server = await start_evaluator(options)
+    log.info("evaluator serving on %s", server.address)
+    await server.wait_for_signal()
+
+
+def run(options: ServerOptions) -> int:
+    asyncio.run(serve(options))
+    return 0
