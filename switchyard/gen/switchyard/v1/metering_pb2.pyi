@@ -92,6 +92,7 @@ class UsageEvent(_message.Message):
     TRIAL_ID_FIELD_NUMBER: _builtins.int
     ARM_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
     idempotency_key: _builtins.str
     """request id, or workflow run id + activity id"""
     path: _builtins.str
@@ -114,6 +115,10 @@ class UsageEvent(_message.Message):
     trial_id: _builtins.str
     arm: _builtins.str
     """experiment arm (primary, shadow, trial path)"""
+    reservation_id: _builtins.str
+    """Optional: the reservation this usage falls in. Empty = the path's reservation covering
+    started_unix_us, if any (usage outside any reservation is charged busy time only).
+    """
     @_builtins.property
     def tags(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -135,10 +140,11 @@ class UsageEvent(_message.Message):
         trial_id: _builtins.str = ...,
         arm: _builtins.str = ...,
         tags: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        reservation_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arm", b"arm", "busy_us", b"busy_us", "ended_unix_us", b"ended_unix_us", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "kind", b"kind", "met_quality", b"met_quality", "model", b"model", "model_version", b"model_version", "path", b"path", "principal", b"principal", "started_unix_us", b"started_unix_us", "status", b"status", "tags", b"tags", "team", b"team", "trial_id", b"trial_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arm", b"arm", "busy_us", b"busy_us", "ended_unix_us", b"ended_unix_us", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "kind", b"kind", "met_quality", b"met_quality", "model", b"model", "model_version", b"model_version", "path", b"path", "principal", b"principal", "reservation_id", b"reservation_id", "started_unix_us", b"started_unix_us", "status", b"status", "tags", b"tags", "team", b"team", "trial_id", b"trial_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -266,6 +272,9 @@ class Reservation(_message.Message):
     IDLE_MICROS_FIELD_NUMBER: _builtins.int
     CURRENCY_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    TRIAL_ID_FIELD_NUMBER: _builtins.int
+    PRICE_VERSION_FIELD_NUMBER: _builtins.int
+    UNPRICED_FIELD_NUMBER: _builtins.int
     reservation_id: _builtins.str
     path: _builtins.str
     start_unix_us: _builtins.int
@@ -277,6 +286,11 @@ class Reservation(_message.Message):
     currency: _builtins.str
     state: _builtins.str
     """open | closed"""
+    trial_id: _builtins.str
+    price_version: _builtins.str
+    """versions of the price book used, comma-separated"""
+    unpriced: _builtins.bool
+    """closed with no price in force: cost_micros is not a figure"""
     def __init__(
         self,
         *,
@@ -288,10 +302,13 @@ class Reservation(_message.Message):
         idle_micros: _builtins.int = ...,
         currency: _builtins.str = ...,
         state: _builtins.str = ...,
+        trial_id: _builtins.str = ...,
+        price_version: _builtins.str = ...,
+        unpriced: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_micros", b"cost_micros", "currency", b"currency", "end_unix_us", b"end_unix_us", "idle_micros", b"idle_micros", "path", b"path", "reservation_id", b"reservation_id", "start_unix_us", b"start_unix_us", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_micros", b"cost_micros", "currency", b"currency", "end_unix_us", b"end_unix_us", "idle_micros", b"idle_micros", "path", b"path", "price_version", b"price_version", "reservation_id", b"reservation_id", "start_unix_us", b"start_unix_us", "state", b"state", "trial_id", b"trial_id", "unpriced", b"unpriced"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -310,6 +327,7 @@ class CompleteJobRequest(_message.Message):
     TRIAL_ID_FIELD_NUMBER: _builtins.int
     PREPARE_US_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
+    ENDED_UNIX_US_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     path: _builtins.str
     model: _builtins.str
@@ -320,6 +338,8 @@ class CompleteJobRequest(_message.Message):
     trial_id: _builtins.str
     prepare_us: _builtins.int
     """preparation / compile time charged to the path"""
+    ended_unix_us: _builtins.int
+    """when the job ended; 0 = now"""
     @_builtins.property
     def actor(self) -> Global___Actor: ...
     def __init__(
@@ -334,10 +354,11 @@ class CompleteJobRequest(_message.Message):
         trial_id: _builtins.str = ...,
         prepare_us: _builtins.int = ...,
         actor: Global___Actor | None = ...,
+        ended_unix_us: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "job_id", b"job_id", "met_quality", b"met_quality", "model", b"model", "path", b"path", "prepare_us", b"prepare_us", "status", b"status", "team", b"team", "trial_id", b"trial_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "ended_unix_us", b"ended_unix_us", "job_id", b"job_id", "met_quality", b"met_quality", "model", b"model", "path", b"path", "prepare_us", b"prepare_us", "status", b"status", "team", b"team", "trial_id", b"trial_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -348,6 +369,7 @@ class Job(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    ENDED_UNIX_US_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     TEAM_FIELD_NUMBER: _builtins.int
@@ -355,6 +377,7 @@ class Job(_message.Message):
     MET_QUALITY_FIELD_NUMBER: _builtins.int
     TRIAL_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    ended_unix_us: _builtins.int
     path: _builtins.str
     model: _builtins.str
     team: _builtins.str
@@ -365,6 +388,7 @@ class Job(_message.Message):
         self,
         *,
         job_id: _builtins.str = ...,
+        ended_unix_us: _builtins.int = ...,
         path: _builtins.str = ...,
         model: _builtins.str = ...,
         team: _builtins.str = ...,
@@ -374,7 +398,7 @@ class Job(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "met_quality", b"met_quality", "model", b"model", "path", b"path", "status", b"status", "team", b"team", "trial_id", b"trial_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended_unix_us", b"ended_unix_us", "job_id", b"job_id", "met_quality", b"met_quality", "model", b"model", "path", b"path", "status", b"status", "team", b"team", "trial_id", b"trial_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -441,10 +465,16 @@ class JobCost(_message.Message):
     CURRENCY_FIELD_NUMBER: _builtins.int
     LINES_FIELD_NUMBER: _builtins.int
     UNPRICED_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    MET_QUALITY_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     total_micros: _builtins.int
     currency: _builtins.str
     unpriced: _builtins.bool
+    path: _builtins.str
+    status: _builtins.str
+    met_quality: _builtins.bool
     @_builtins.property
     def lines(self) -> _containers.RepeatedCompositeFieldContainer[Global___CostLine]: ...
     def __init__(
@@ -455,10 +485,13 @@ class JobCost(_message.Message):
         currency: _builtins.str = ...,
         lines: _abc.Iterable[Global___CostLine] | None = ...,
         unpriced: _builtins.bool = ...,
+        path: _builtins.str = ...,
+        status: _builtins.str = ...,
+        met_quality: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "job_id", b"job_id", "lines", b"lines", "total_micros", b"total_micros", "unpriced", b"unpriced"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "job_id", b"job_id", "lines", b"lines", "met_quality", b"met_quality", "path", b"path", "status", b"status", "total_micros", b"total_micros", "unpriced", b"unpriced"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -534,6 +567,7 @@ class CostRow(_message.Message):
     COST_PER_COMPLETED_JOB_MICROS_FIELD_NUMBER: _builtins.int
     UNPRICED_EVENTS_FIELD_NUMBER: _builtins.int
     CURRENCY_FIELD_NUMBER: _builtins.int
+    JOBS_TOTAL_FIELD_NUMBER: _builtins.int
     total_micros: _builtins.int
     busy_micros: _builtins.int
     idle_micros: _builtins.int
@@ -545,6 +579,8 @@ class CostRow(_message.Message):
     """0 when no job completed (see jobs_completed)"""
     unpriced_events: _builtins.int
     currency: _builtins.str
+    jobs_total: _builtins.int
+    """every job that ended in the window, whatever its outcome"""
     @_builtins.property
     def group(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -560,10 +596,11 @@ class CostRow(_message.Message):
         cost_per_completed_job_micros: _builtins.int = ...,
         unpriced_events: _builtins.int = ...,
         currency: _builtins.str = ...,
+        jobs_total: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_micros", b"busy_micros", "cost_per_completed_job_micros", b"cost_per_completed_job_micros", "currency", b"currency", "group", b"group", "idle_micros", b"idle_micros", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "prepare_micros", b"prepare_micros", "total_micros", b"total_micros", "unpriced_events", b"unpriced_events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_micros", b"busy_micros", "cost_per_completed_job_micros", b"cost_per_completed_job_micros", "currency", b"currency", "group", b"group", "idle_micros", b"idle_micros", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "jobs_total", b"jobs_total", "prepare_micros", b"prepare_micros", "total_micros", b"total_micros", "unpriced_events", b"unpriced_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,108 @@
+"""Database connection for the ledger: URL resolution, engines, and migration to head.
+
+SQLite (a file, WAL mode) is the default; PostgreSQL comes from SWITCHYARD_DATABASE_URL.
+SQLite gets two engines: writes begin with BEGIN IMMEDIATE, so two writers never deadlock
+upgrading a read lock, while reads keep plain deferred transactions and run beside a writer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+DEFAULT_SQLITE = ROOT / "var" / "metering.db"
+ENV_URL = "SWITCHYARD_DATABASE_URL"
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The explicit URL, else SWITCHYARD_DATABASE_URL, else the default SQLite file.
+
+    A bare file path is taken as SQLite; plain `postgresql://` uses the psycopg 3 driver.
+    """
+    raw = url or os.environ.get(ENV_URL) or f"sqlite:///{DEFAULT_SQLITE}"
+    if "://" not in raw:
+        raw = f"sqlite:///{Path(raw).resolve()}"
+    parsed = make_url(raw)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # Autocommit at the driver level: SQLAlchemy's "begin" event issues BEGIN itself.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    # FULL: a committed batch survives power loss, not only a process crash (ledger rows).
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+@dataclass(frozen=True)
+class Engines:
+    """The write and read engines of one database (the same engine on PostgreSQL)."""
+
+    url: str
+    write: Engine
+    read: Engine
+
+    @property
+    def dialect(self) -> str:
+        return self.write.dialect.name
+
+    def dispose(self) -> None:
+        self.write.dispose()
+        if self.read is not self.write:
+            self.read.dispose()
+
+
+def _sqlite_engine(url: str, immediate: bool) -> Engine:
+    path = make_url(url).database
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    event.listen(engine, "connect", _sqlite_pragmas)
+    begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql(begin)
+
+    return engine
+
+
+def make_engines(url: str | None = None) -> Engines:
+    resolved = resolve_url(url)
+    if is_sqlite(resolved):
+        return Engines(resolved, _sqlite_engine(resolved, True), _sqlite_engine(resolved, False))
+    engine = create_engine(resolved, pool_size=8, max_overflow=8, pool_pre_ping=True)
+    return Engines(resolved, engine, engine)
+
+
+def alembic_config(url: str) -> Any:
+    """An Alembic Config for the repository's migrations, aimed at `url`."""
+    from alembic.config import Config
+
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    cfg.attributes["database_url"] = resolve_url(url)
+    return cfg
+
+
+def migrate(url: str | None = None) -> None:
+    """Bring the database to the newest migration (idempotent)."""
+    from alembic import command
+
+    command.upgrade(alembic_config(resolve_url(url)), "head")

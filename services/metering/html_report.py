@@ -1,0 +1,139 @@
+"""`switchyard ledger html`: one self-contained page (inline SVG, no scripts, no network).
+
+Charts: cost per completed job per path over time (one line per path, by day), the idle
+share of each path's cost, and unpriced usage. Figures are exact micro-units rendered as
+decimals; a path-day with no completed job has no point rather than a zero.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from html import escape
+from typing import Any
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f")
+W, H, PAD = 720, 280, 50
+
+
+def _money(micros: int) -> str:
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), 1_000_000)
+    return f"{sign}{whole}.{frac:06d}"
+
+
+def _line_chart(by_day: list[dict[str, Any]]) -> str:
+    days = sorted({r["day"] for r in by_day})
+    paths = sorted({r["path"] for r in by_day})
+    points = {
+        (r["path"], r["day"]): r["cost_per_completed_job_micros"] for r in by_day if r["jobs_completed"]
+    }
+    if not points:
+        return "<p>No completed jobs in the window: cost per completed job is undefined.</p>"
+    top = max(points.values()) or 1
+
+    def xy(day: str, value: int) -> tuple[float, float]:
+        x = PAD + (days.index(day) + 0.5) * (W - 2 * PAD) / len(days)
+        return x, H - PAD - value / top * (H - 2 * PAD)
+
+    parts = [f'<svg width="{W}" height="{H}" role="img" aria-label="cost per completed job by day">']
+    parts.append(f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#444"/>')
+    parts.append(f'<text x="4" y="{PAD - 8}" font-size="11">max {escape(_money(top))}</text>')
+    for i, day in enumerate(days):
+        x, _ = xy(day, 0)
+        if len(days) <= 12 or i % max(1, len(days) // 12) == 0:
+            parts.append(
+                f'<text x="{x:.0f}" y="{H - PAD + 16}" font-size="10" text-anchor="middle">'
+                f"{escape(day)}</text>"
+            )
+    for n, path in enumerate(paths):
+        color = COLORS[n % len(COLORS)]
+        pts = [xy(d, points[(path, d)]) for d in days if (path, d) in points]
+        if len(pts) > 1:
+            coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+            parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>')
+        for x, y in pts:
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>')
+        parts.append(
+            f'<text x="{W - PAD + 4}" y="{PAD + 14 * n}" font-size="11" fill="{color}">{escape(path)}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _idle_bars(by_path: list[dict[str, Any]]) -> str:
+    rows = [r for r in by_path if r["total_micros"] > 0]
+    if not rows:
+        return "<p>No priced cost in the window.</p>"
+    height = 28 * len(rows) + 20
+    parts = [f'<svg width="{W}" height="{height}" role="img" aria-label="idle share by path">']
+    for i, r in enumerate(rows):
+        share = max(0.0, min(1.0, r["idle_micros"] / r["total_micros"]))
+        y = 10 + 28 * i
+        parts.append(f'<text x="4" y="{y + 14}" font-size="11">{escape(r["path"])}</text>')
+        parts.append(f'<rect x="200" y="{y}" width="{(W - 300) * share:.1f}" height="18" fill="#d62728"/>')
+        parts.append(
+            f'<rect x="{200 + (W - 300) * share:.1f}" y="{y}" width="{(W - 300) * (1 - share):.1f}" '
+            'height="18" fill="#1f77b4"/>'
+        )
+        parts.append(f'<text x="{W - 90}" y="{y + 14}" font-size="11">{share:.1%} idle</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _table(by_path: list[dict[str, Any]]) -> str:
+    head = (
+        "path",
+        "currency",
+        "total",
+        "busy",
+        "idle",
+        "prepare",
+        "completed",
+        "failed",
+        "per completed job",
+        "unpriced events",
+    )
+    out = ["<table><tr>", *(f"<th>{h}</th>" for h in head), "</tr>"]
+    for r in by_path:
+        per = _money(r["cost_per_completed_job_micros"]) if r["jobs_completed"] else "n/a (none completed)"
+        cells = (
+            r["path"],
+            r["currency"],
+            _money(r["total_micros"]),
+            _money(r["busy_micros"]),
+            _money(r["idle_micros"]),
+            _money(r["prepare_micros"]),
+            str(r["jobs_completed"]),
+            str(r["jobs_failed"]),
+            per,
+            str(r["unpriced_events"]),
+        )
+        out += ["<tr>", *(f"<td>{escape(str(c))}</td>" for c in cells), "</tr>"]
+    out.append("</table>")
+    return "".join(out)
+
+
+def render(by_day: list[dict[str, Any]], by_path: list[dict[str, Any]], generated: datetime) -> str:
+    unpriced = [r for r in by_path if r["unpriced_events"]]
+    unpriced_html = (
+        "<ul>"
+        + "".join(f"<li>{escape(r['path'])}: {r['unpriced_events']} unpriced lines</li>" for r in unpriced)
+        + "</ul>"
+        if unpriced
+        else "<p>None: every usage line had a price in force.</p>"
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>switchyard ledger report</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:900px}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}</style>
+</head><body>
+<h1>switchyard ledger report</h1>
+<p>Generated {escape(generated.isoformat())}. Money in exact micro-units shown as decimals.
+Cost per completed job = all cost of the path (busy, idle, preparation, failed work)
+/ jobs completed within the quality criteria.</p>
+<h2>Cost per completed job per path, by day</h2>{_line_chart(by_day)}
+<h2>Idle share of cost (red) by path</h2>{_idle_bars(by_path)}
+<h2>Totals by path</h2>{_table(by_path)}
+<h2>Unpriced usage (not counted as zero)</h2>{unpriced_html}
+</body></html>
+"""

@@ -1,0 +1,223 @@
+"""The ledger's domain facade: one method per operation, one transaction per call.
+
+Every write runs in a single transaction together with its audit row, so a call is all or
+nothing. PostgreSQL may refuse a transaction that raced another writer (a unique key taken
+meanwhile, a serialisation failure): the call is retried from the start, where it then sees
+the other writer's rows (a duplicate batch becomes "duplicates", not an error).
+Methods are synchronous; the gRPC servicer runs them in worker threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from services.metering import access, audit, jobs, reports, reservations, usage
+from services.metering.db import Engines, make_engines, migrate
+from services.metering.errors import AuthFailed
+from services.metering.records import Actor, JobCostInfo, JobInfo, ReservationInfo, UsageEvent, UsageResult
+
+T = TypeVar("T")
+RETRIES = 5
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class Ledger:
+    """Owns the engines; safe to share between threads."""
+
+    def __init__(self, engines: Engines, clock: Callable[[], int] = now_us) -> None:
+        self.engines = engines
+        self.clock = clock
+
+    @classmethod
+    def open(cls, url: str | None = None, run_migrations: bool = True) -> Ledger:
+        engines = make_engines(url)
+        if run_migrations:
+            migrate(engines.url)
+        return cls(engines)
+
+    def close(self) -> None:
+        self.engines.dispose()
+
+    def write(self, fn: Callable[[Connection, int], T]) -> T:
+        """Run `fn` in one write transaction, retrying when it lost a race with another writer."""
+        for attempt in range(RETRIES):
+            try:
+                with self.engines.write.begin() as conn:
+                    return fn(conn, self.clock())
+            except (IntegrityError, OperationalError) as exc:
+                if attempt == RETRIES - 1 or not _retryable(exc):
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        with self.engines.read.connect() as conn:
+            return fn(conn)
+
+    # -- usage and cost -----------------------------------------------------------------
+    def record_usage(self, events: Sequence[UsageEvent]) -> UsageResult:
+        return self.write(lambda conn, now: usage.record_usage(conn, events, now))
+
+    def set_price(
+        self, actor: Actor, key: str, micros_per_hour: int, currency: str, effective_us: int
+    ) -> Any:
+        def run(conn: Connection, now: int) -> Any:
+            row = reservations.set_price(conn, key, micros_per_hour, currency, effective_us or now, now)
+            detail = {"micros_per_hour": micros_per_hour, "currency": currency, "version": row.version}
+            audit.append(conn, actor, "price.set", f"price/{key}", "ok", now, detail)
+            return row
+
+        return self.write(run)
+
+    def register_path(
+        self, actor: Actor, path: str, backend: str, resource_class: str, price_key: str, host: str
+    ) -> Any:
+        def run(conn: Connection, now: int) -> Any:
+            row = reservations.register_path(conn, path, backend, resource_class, price_key, host, now)
+            if row.created_us == now:
+                detail = {"price_key": price_key, "resource_class": resource_class}
+                audit.append(conn, actor, "path.register", f"path/{path}", "ok", now, detail)
+            return row
+
+        return self.write(run)
+
+    def open_reservation(
+        self, actor: Actor, key: str, path: str, start_us: int, trial_id: str
+    ) -> ReservationInfo:
+        return self.write(
+            lambda conn, now: reservations.open_reservation(conn, key, path, start_us, trial_id)
+        )
+
+    def close_reservation(self, actor: Actor, rid: str, end_us: int) -> ReservationInfo:
+        return self.write(lambda conn, now: reservations.close_reservation(conn, rid, end_us or now, now))
+
+    def complete_job(
+        self,
+        job_id: str,
+        path: str,
+        model: str,
+        team: str,
+        status: str,
+        met_quality: bool,
+        trial_id: str,
+        prepare_us: int,
+        ended_us: int,
+    ) -> JobInfo:
+        return self.write(
+            lambda conn, now: jobs.complete_job(
+                conn, job_id, path, model, team, status, met_quality, trial_id, prepare_us, ended_us or now
+            )
+        )
+
+    def job_cost(self, job_id: str) -> JobCostInfo:
+        return self.read(lambda conn: jobs.job_cost(conn, job_id))
+
+    def cost_report(
+        self, group_by: Sequence[str], since_us: int, until_us: int, trial_id: str = ""
+    ) -> list[reports.CostRow]:
+        return reports.cost_report(self.engines.read, group_by, since_us, until_us, trial_id)
+
+    def export(self, fmt: str, since_us: int, until_us: int) -> Iterator[bytes]:
+        return reports.export(self.engines.read, fmt, since_us, until_us)
+
+    # -- trials -------------------------------------------------------------------------
+    def record_trial(
+        self,
+        actor: Actor,
+        trial_id: str,
+        workflow_id: str,
+        model: str,
+        status: str,
+        spec_json: str,
+        report_json: str,
+        verdicts: dict[str, str],
+    ) -> None:
+        self.write(
+            lambda conn, now: jobs.record_trial(
+                conn, actor, trial_id, workflow_id, model, status, spec_json, report_json, verdicts, now
+            )
+        )
+
+    def trial(self, trial_id: str) -> Any:
+        return self.read(lambda conn: jobs.get_trial(conn, trial_id))
+
+    # -- access -------------------------------------------------------------------------
+    def create_principal(self, actor: Actor, name: str, kind: str, team: str) -> access.PrincipalInfo:
+        def run(conn: Connection, now: int) -> access.PrincipalInfo:
+            who = access.create_principal(conn, name, kind, team, now)
+            audit.append(
+                conn, actor, "principal.create", f"principal/{who.name}", "ok", now, {"kind": who.kind}
+            )
+            return who
+
+        return self.write(run)
+
+    def create_key(self, actor: Actor, principal: str, expires_us: int) -> access.NewKey:
+        def run(conn: Connection, now: int) -> access.NewKey:
+            who, key = access.create_key(conn, principal, expires_us, now)
+            audit.append(conn, actor, "key.create", f"key/{key.key_id}", "ok", now, {"principal": who.name})
+            return key
+
+        return self.write(run)
+
+    def revoke_key(self, actor: Actor, key_id: str) -> None:
+        def run(conn: Connection, now: int) -> None:
+            pid = access.revoke_key(conn, key_id, now)
+            audit.append(conn, actor, "key.revoke", f"key/{key_id}", "ok", now, {"principal_id": pid})
+
+        self.write(run)
+
+    def grant_role(self, actor: Actor, principal: str, role: str, scope: str) -> None:
+        def run(conn: Connection, now: int) -> None:
+            who = access.grant_role(conn, principal, role, scope, now)
+            detail = {"role": role, "scope": scope or "*"}
+            audit.append(conn, actor, "role.grant", f"principal/{who.name}", "ok", now, detail)
+
+        self.write(run)
+
+    def revoke_role(self, actor: Actor, principal: str, role: str, scope: str) -> None:
+        def run(conn: Connection, now: int) -> None:
+            who = access.revoke_role(conn, principal, role, scope)
+            detail = {"role": role, "scope": scope or "*"}
+            audit.append(conn, actor, "role.revoke", f"principal/{who.name}", "ok", now, detail)
+
+        self.write(run)
+
+    def authenticate(self, key: str, actor: Actor | None = None) -> access.Identity:
+        try:
+            return self.read(lambda conn: access.authenticate(conn, key, self.clock()))
+        except AuthFailed:
+            key_id = key.partition(".")[0][:40]  # never the secret
+            self.append_audit(actor or Actor(), "auth.denied", f"key/{key_id}", "denied", {})
+            raise
+
+    # -- audit --------------------------------------------------------------------------
+    def append_audit(
+        self, actor: Actor, action: str, resource: str, outcome: str, detail: dict[str, Any]
+    ) -> audit.AuditRecord:
+        return self.write(lambda conn, now: audit.append(conn, actor, action, resource, outcome, now, detail))
+
+    def query_audit(
+        self, action: str, principal: str, since_us: int, until_us: int, limit: int
+    ) -> list[audit.AuditRecord]:
+        reports.check_window(since_us, until_us)
+        return audit.query(self.engines.read, action, principal, since_us, until_us, limit)
+
+    def verify_audit(self) -> audit.Verification:
+        return audit.verify(self.engines.read)
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    """Races that a fresh attempt resolves: a key taken meanwhile, serialisation, a busy SQLite."""
+    if isinstance(exc, IntegrityError):
+        return True
+    code = getattr(exc.orig, "sqlstate", None)
+    return code in ("40001", "40P01") or "database is locked" in str(exc.orig)

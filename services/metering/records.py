@@ -1,0 +1,170 @@
+"""Domain records of the metering service: what goes in and what comes out, free of gRPC.
+
+The servicer converts protobuf messages to these and back; the domain never sees a message.
+Validation that needs no database lives here too, so a bad field fails before any write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from services.metering.errors import BadInput
+
+KINDS = ("request", "trial", "train", "prepare")
+JOB_STATUSES = ("completed", "failed", "cancelled")
+MAX_KEY = 200
+MAX_US = 2**62  # far beyond any real timestamp or duration; keeps products inside int64 checks
+
+
+@dataclass(frozen=True)
+class Actor:
+    principal: str = ""
+    source: str = ""
+    request_id: str = ""
+    trace_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageEvent:
+    idempotency_key: str
+    path: str
+    model: str = ""
+    model_version: str = ""
+    team: str = ""
+    principal: str = ""
+    job_id: str = ""
+    kind: str = "request"
+    status: str = ""
+    met_quality: bool = False
+    busy_us: int = 0
+    started_us: int = 0
+    ended_us: int = 0
+    trial_id: str = ""
+    arm: str = ""
+    tags: tuple[tuple[str, str], ...] = ()
+    reservation_id: str = ""
+
+    def content_hash(self) -> str:
+        """Digest of every field: the same key must come back with the same digest."""
+        blob = json.dumps(
+            [
+                self.idempotency_key,
+                self.path,
+                self.model,
+                self.model_version,
+                self.team,
+                self.principal,
+                self.job_id,
+                self.kind,
+                self.status,
+                self.met_quality,
+                self.busy_us,
+                self.started_us,
+                self.ended_us,
+                self.trial_id,
+                self.arm,
+                self.tags,
+                self.reservation_id,
+            ],
+            separators=(",", ":"),
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    @property
+    def effective_job_id(self) -> str | None:
+        """The job this usage belongs to; preparation is charged to the path, not to a job."""
+        if self.kind == "prepare":
+            return self.job_id or None
+        return self.job_id or self.idempotency_key
+
+
+def check_key(value: str, what: str) -> None:
+    if not value:
+        raise BadInput(f"{what} is empty; give a durable id (request id, or workflow run id + activity id)")
+    if len(value) > MAX_KEY:
+        raise BadInput(f"{what} is {len(value)} characters; at most {MAX_KEY}")
+
+
+def check_time(value: int, what: str) -> None:
+    if value < 0:
+        raise BadInput(f"{what} is negative ({value}); give microseconds since the Unix epoch")
+    if value > MAX_US:
+        raise BadInput(f"{what} ({value}) is out of range")
+
+
+def validate_event(ev: UsageEvent, index: int) -> None:
+    where = f"event {index} ({ev.idempotency_key or 'no key'})"
+    check_key(ev.idempotency_key, f"{where}: idempotency_key")
+    if not ev.path:
+        raise BadInput(f"{where}: path is empty; name the accelerator path that did the work")
+    if ev.kind not in KINDS:
+        raise BadInput(f"{where}: kind {ev.kind!r} is not one of {', '.join(KINDS)}")
+    if ev.status and ev.status not in JOB_STATUSES:
+        raise BadInput(f"{where}: status {ev.status!r} is not one of {', '.join(JOB_STATUSES)} (or empty)")
+    if ev.busy_us < 0:
+        raise BadInput(f"{where}: busy_us is negative ({ev.busy_us})")
+    check_time(ev.busy_us, f"{where}: busy_us")
+    check_time(ev.started_us, f"{where}: started_unix_us")
+    check_time(ev.ended_us, f"{where}: ended_unix_us")
+    if ev.ended_us and ev.ended_us < ev.started_us:
+        raise BadInput(f"{where}: ended_unix_us {ev.ended_us} is before started_unix_us {ev.started_us}")
+    if ev.ended_us and ev.busy_us > ev.ended_us - ev.started_us:
+        raise BadInput(
+            f"{where}: busy_us {ev.busy_us} exceeds the event's duration {ev.ended_us - ev.started_us}"
+        )
+    if ev.job_id:
+        check_key(ev.job_id, f"{where}: job_id")
+
+
+@dataclass(frozen=True)
+class UsageResult:
+    accepted: int
+    duplicates: int
+    unpriced: int
+
+
+@dataclass(frozen=True)
+class ReservationInfo:
+    reservation_id: str
+    path: str
+    start_us: int
+    end_us: int | None
+    state: str
+    trial_id: str
+    cost_micros: int | None
+    idle_micros: int | None
+    currency: str | None
+    price_version: str
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    path: str
+    model: str
+    team: str
+    status: str
+    met_quality: bool
+    trial_id: str
+    ended_us: int
+
+
+@dataclass(frozen=True)
+class CostLineInfo:
+    basis: str
+    amount_micros: int | None
+    currency: str | None
+    price_version: str
+    method: str
+    quantity_us: int
+
+
+@dataclass(frozen=True)
+class JobCostInfo:
+    job: JobInfo
+    total_micros: int
+    currency: str
+    lines: list[CostLineInfo] = field(default_factory=list)
+    unpriced: bool = False

@@ -1,0 +1,272 @@
+"""Cost reports and exports, computed in SQL from the journal and the jobs.
+
+Cost per completed job = all cost of the group in the window (busy, idle, preparation,
+failed work included) / jobs of the group that ended in the window as completed within the
+quality criteria, rounded half up once. Unpriced lines are counted, never summed as zero.
+Exports stream the journal as CSV or as FOCUS 1.2 columns, a chunk at a time.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, case, func, literal, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from services.metering.costmodel import round_div
+from services.metering.errors import BadInput
+from services.metering.schema import JOBS, LINES
+
+GROUPS = ("path", "model", "team", "day")
+IDLE = ("idle", "idle_share")
+
+
+@dataclass(frozen=True)
+class CostRow:
+    group: dict[str, str]
+    currency: str = ""
+    total_micros: int = 0
+    busy_micros: int = 0
+    idle_micros: int = 0
+    prepare_micros: int = 0
+    unpriced_events: int = 0
+    jobs_completed: int = 0
+    jobs_failed: int = 0
+    jobs_total: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cost_per_completed_job_micros(self) -> int:
+        return round_div(self.total_micros, self.jobs_completed) if self.jobs_completed else 0
+
+
+def check_window(since_us: int, until_us: int) -> None:
+    if since_us < 0 or until_us < 0:
+        raise BadInput("since/until are negative; give microseconds since the Unix epoch (0 = open)")
+    if until_us and since_us and until_us <= since_us:
+        raise BadInput(f"until ({until_us}) is not after since ({since_us}); the window is empty or reversed")
+
+
+def check_groups(group_by: Sequence[str]) -> list[str]:
+    out = []
+    for g in group_by:
+        if g not in GROUPS:
+            raise BadInput(f"cannot group by {g!r}; choose from {', '.join(GROUPS)}")
+        if g not in out:
+            out.append(g)
+    return out
+
+
+def day_of(engine_dialect: str, col: Any) -> ColumnElement[Any]:
+    if engine_dialect == "sqlite":
+        return func.strftime("%Y-%m-%d", col / 1_000_000, "unixepoch")
+    return func.to_char(func.timezone("UTC", func.to_timestamp(col / 1_000_000.0)), "YYYY-MM-DD")
+
+
+def _cols(table: Any, groups: list[str], dialect: str, time_col: Any) -> list[ColumnElement[Any]]:
+    return [(day_of(dialect, time_col) if g == "day" else table.c[g]).label(g) for g in groups]
+
+
+def cost_report(
+    engine: Engine, group_by: Sequence[str], since_us: int, until_us: int, trial_id: str = ""
+) -> list[CostRow]:
+    groups = check_groups(group_by)
+    check_window(since_us, until_us)
+    dialect = engine.dialect.name
+    amount = LINES.c.amount_micros
+
+    def by(basis: tuple[str, ...]) -> ColumnElement[Any]:
+        return func.coalesce(func.sum(case((LINES.c.basis.in_(basis), amount), else_=0)), 0)
+
+    lines = select(
+        *_cols(LINES, groups, dialect, LINES.c.at_us),
+        func.coalesce(func.max(LINES.c.currency), "").label("currency"),
+        func.coalesce(func.sum(amount), 0).label("total"),
+        by(("busy",)).label("busy"),
+        by(IDLE).label("idle"),
+        by(("prepare",)).label("prepare"),
+        func.sum(case((amount.is_(None), 1), else_=0)).label("unpriced"),
+    )
+    done = (JOBS.c.status == "completed") & (JOBS.c.met_quality == literal(True))
+    jobs = select(
+        *_cols(JOBS, groups, dialect, JOBS.c.ended_us),
+        func.sum(case((done, 1), else_=0)).label("completed"),
+        func.sum(case((JOBS.c.status.in_(("failed", "cancelled")), 1), else_=0)).label("failed"),
+        func.sum(case((JOBS.c.status != "running", 1), else_=0)).label("total"),
+    )
+    if since_us:
+        lines, jobs = lines.where(LINES.c.at_us >= since_us), jobs.where(JOBS.c.ended_us >= since_us)
+    if until_us:
+        lines, jobs = lines.where(LINES.c.at_us < until_us), jobs.where(JOBS.c.ended_us < until_us)
+    if trial_id:
+        lines, jobs = lines.where(LINES.c.trial_id == trial_id), jobs.where(JOBS.c.trial_id == trial_id)
+    if groups:
+        lines = lines.group_by(*[literal_column_for(g) for g in groups])
+        jobs = jobs.group_by(*[literal_column_for(g) for g in groups])
+    rows: dict[tuple[str, ...], dict[str, Any]] = {}
+    with engine.connect() as conn:
+        for r in conn.execute(lines):
+            key = tuple(str(getattr(r, g) or "") for g in groups)
+            rows[key] = dict(currency=r.currency, total_micros=int(r.total), busy_micros=int(r.busy))
+            rows[key].update(
+                idle_micros=int(r.idle), prepare_micros=int(r.prepare), unpriced_events=int(r.unpriced or 0)
+            )
+        for r in conn.execute(jobs):
+            if r.total is None:  # aggregate over no rows without GROUP BY
+                continue
+            key = tuple(str(getattr(r, g) or "") for g in groups)
+            entry = rows.setdefault(key, {})
+            entry.update(jobs_completed=int(r.completed), jobs_failed=int(r.failed), jobs_total=int(r.total))
+    return [CostRow(dict(zip(groups, k, strict=True)), **v) for k, v in sorted(rows.items())]
+
+
+def literal_column_for(name: str) -> Any:
+    from sqlalchemy import literal_column
+
+    return literal_column(name)
+
+
+CSV_COLUMNS = (
+    "id",
+    "idempotency_key",
+    "basis",
+    "at",
+    "end",
+    "quantity_us",
+    "amount_micros",
+    "currency",
+    "price_version",
+    "method",
+    "path",
+    "reservation_id",
+    "job_id",
+    "model",
+    "team",
+    "trial_id",
+    "arm",
+    "unpriced",
+)
+FOCUS_COLUMNS = (
+    "BilledCost",
+    "EffectiveCost",
+    "ListCost",
+    "BillingCurrency",
+    "ChargePeriodStart",
+    "ChargePeriodEnd",
+    "ChargeCategory",
+    "ChargeDescription",
+    "ConsumedQuantity",
+    "ConsumedUnit",
+    "PricingQuantity",
+    "PricingUnit",
+    "ResourceId",
+    "ResourceType",
+    "ServiceName",
+    "ServiceCategory",
+    "Tags",
+    "x_JobId",
+    "x_TrialId",
+    "x_CostBasis",
+    "x_PriceVersion",
+    "x_AllocationMethod",
+    "x_Unpriced",
+)
+
+
+def iso(us: int) -> str:
+    return datetime.fromtimestamp(us / 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def money(micros: int | None) -> str:
+    """Micro-units as an exact decimal string; '' for unpriced (never 0)."""
+    if micros is None:
+        return ""
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), 1_000_000)
+    return f"{sign}{whole}.{frac:06d}"
+
+
+def _csv_row(r: Any) -> list[str]:
+    return [
+        str(r.id),
+        r.idempotency_key,
+        r.basis,
+        iso(r.at_us),
+        iso(r.end_us),
+        str(r.quantity_us),
+        "" if r.amount_micros is None else str(r.amount_micros),
+        r.currency or "",
+        r.price_version or "",
+        r.method or "",
+        r.path,
+        r.reservation_id or "",
+        r.job_id or "",
+        r.model,
+        r.team,
+        r.trial_id,
+        r.arm,
+        "true" if r.amount_micros is None else "false",
+    ]
+
+
+def _focus_row(r: Any) -> list[str]:
+    hours = f"{r.quantity_us / 3_600_000_000:.9f}"
+    tags = dict(json.loads(r.tags_json or "{}"), model=r.model, team=r.team, arm=r.arm)
+    return [
+        money(r.amount_micros),
+        money(r.amount_micros),
+        money(r.amount_micros),
+        r.currency or "",
+        iso(r.at_us),
+        iso(max(r.end_us, r.at_us)),
+        "Usage",
+        f"{r.basis} time on {r.path}",
+        hours,
+        "Hours",
+        hours,
+        "Hours",
+        r.path,
+        "accelerator path",
+        "switchyard",
+        "AI and Machine Learning",
+        json.dumps(tags, sort_keys=True),
+        r.job_id or "",
+        r.trial_id,
+        r.basis,
+        r.price_version or "",
+        r.method or "",
+        "true" if r.amount_micros is None else "false",
+    ]
+
+
+def export(
+    engine: Engine, fmt: str, since_us: int, until_us: int, chunk_bytes: int = 64 * 1024
+) -> Iterator[bytes]:
+    """Yield the export in chunks of about `chunk_bytes`; a header first, rows in journal order."""
+    if fmt not in ("csv", "focus"):
+        raise BadInput(f"export format {fmt!r} is not csv or focus")
+    check_window(since_us, until_us)
+    stmt = select(LINES).order_by(LINES.c.id)
+    if since_us:
+        stmt = stmt.where(LINES.c.at_us >= since_us)
+    if until_us:
+        stmt = stmt.where(LINES.c.at_us < until_us)
+    header, convert = (CSV_COLUMNS, _csv_row) if fmt == "csv" else (FOCUS_COLUMNS, _focus_row)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    with engine.connect() as conn:
+        for r in conn.execute(stmt).yield_per(1000):
+            writer.writerow(convert(r))
+            if buf.tell() >= chunk_bytes:
+                yield buf.getvalue().encode()
+                buf.seek(0)
+                buf.truncate()
+    if buf.tell():
+        yield buf.getvalue().encode()

@@ -1,0 +1,335 @@
+"""The Metering gRPC servicer: an adapter from messages to the Ledger and back.
+
+Ledger calls block on the database, so they run in threads: writes on one thread (in-process
+writers queue here rather than contend for SQLite's lock; batching gives the throughput),
+reads on a small pool so reports never wait behind a write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from services.metering.errors import BadInput
+from services.metering.ledger import Ledger
+from services.metering.records import Actor, UsageEvent
+from switchyard.gen.switchyard.v1 import metering_pb2 as pb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+MAX_BATCH = 50_000
+MAX_AUDIT_LIMIT = 10_000
+
+
+def actor_of(msg: pb.Actor) -> Actor:
+    return Actor(msg.principal, msg.source, msg.request_id, msg.trace_id)
+
+
+def event_of(e: pb.UsageEvent) -> UsageEvent:
+    return UsageEvent(
+        e.idempotency_key,
+        e.path,
+        e.model,
+        e.model_version,
+        e.team,
+        e.principal,
+        e.job_id,
+        e.kind or "request",
+        e.status,
+        e.met_quality,
+        e.busy_us,
+        e.started_unix_us,
+        e.ended_unix_us,
+        e.trial_id,
+        e.arm,
+        tuple(sorted(e.tags.items())),
+        e.reservation_id,
+    )
+
+
+def reservation_msg(r: Any) -> pb.Reservation:
+    return pb.Reservation(
+        reservation_id=r.reservation_id,
+        path=r.path,
+        start_unix_us=r.start_us,
+        end_unix_us=r.end_us or 0,
+        cost_micros=r.cost_micros or 0,
+        idle_micros=r.idle_micros or 0,
+        currency=r.currency or "",
+        state=r.state,
+        trial_id=r.trial_id,
+        price_version=r.price_version,
+        unpriced=r.state == "closed" and r.cost_micros is None,
+    )
+
+
+def price_msg(r: Any) -> pb.Price:
+    return pb.Price(
+        price_key=r.price_key,
+        micros_per_hour=r.micros_per_hour,
+        currency=r.currency,
+        effective_from_unix_us=r.effective_from_us,
+        version=r.version,
+    )
+
+
+def audit_msg(r: Any) -> pb.AuditRecord:
+    a = r.actor
+    return pb.AuditRecord(
+        seq=r.seq,
+        at_unix_us=r.at_us,
+        actor=pb.Actor(principal=a.principal, source=a.source, request_id=a.request_id, trace_id=a.trace_id),
+        action=r.action,
+        resource=r.resource,
+        outcome=r.outcome,
+        detail_json=r.detail_json,
+        prev_hash=r.prev_hash,
+        hash=r.hash,
+    )
+
+
+class MeteringServicer(pb_grpc.MeteringServicer):
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="ledger-write")
+        self._readers = ThreadPoolExecutor(4, thread_name_prefix="ledger-read")
+
+    def shutdown(self) -> None:
+        self._writer.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
+
+    async def _w(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn)
+
+    async def _r(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._readers, fn)
+
+    async def RecordUsage(self, request: pb.RecordUsageRequest, context: Any) -> pb.RecordUsageResponse:
+        if len(request.events) > MAX_BATCH:
+            raise BadInput(f"batch of {len(request.events)} events; send at most {MAX_BATCH} per call")
+        events = [event_of(e) for e in request.events]
+        result = await self._w(lambda: self.ledger.record_usage(events))
+        return pb.RecordUsageResponse(
+            accepted=result.accepted, duplicates=result.duplicates, unpriced=result.unpriced
+        )
+
+    async def OpenReservation(self, request: pb.OpenReservationRequest, context: Any) -> pb.Reservation:
+        r = request
+        res = await self._w(
+            lambda: self.ledger.open_reservation(
+                actor_of(r.actor), r.idempotency_key, r.path, r.start_unix_us, r.trial_id
+            )
+        )
+        return reservation_msg(res)
+
+    async def CloseReservation(self, request: pb.CloseReservationRequest, context: Any) -> pb.Reservation:
+        r = request
+        res = await self._w(
+            lambda: self.ledger.close_reservation(actor_of(r.actor), r.reservation_id, r.end_unix_us)
+        )
+        return reservation_msg(res)
+
+    async def CompleteJob(self, request: pb.CompleteJobRequest, context: Any) -> pb.Job:
+        r = request
+        job = await self._w(
+            lambda: self.ledger.complete_job(
+                r.job_id,
+                r.path,
+                r.model,
+                r.team,
+                r.status,
+                r.met_quality,
+                r.trial_id,
+                r.prepare_us,
+                r.ended_unix_us,
+            )
+        )
+        return pb.Job(
+            job_id=job.job_id,
+            path=job.path,
+            model=job.model,
+            team=job.team,
+            status=job.status,
+            met_quality=job.met_quality,
+            trial_id=job.trial_id,
+            ended_unix_us=job.ended_us,
+        )
+
+    async def GetJobCost(self, request: pb.GetJobCostRequest, context: Any) -> pb.JobCost:
+        cost = await self._r(lambda: self.ledger.job_cost(request.job_id))
+        lines = [
+            pb.CostLine(
+                basis=ln.basis,
+                amount_micros=ln.amount_micros or 0,
+                currency=ln.currency or "",
+                price_version=ln.price_version,
+                method=ln.method,
+            )
+            for ln in cost.lines
+        ]
+        return pb.JobCost(
+            job_id=cost.job.job_id,
+            total_micros=cost.total_micros,
+            currency=cost.currency,
+            lines=lines,
+            unpriced=cost.unpriced,
+            path=cost.job.path,
+            status=cost.job.status,
+            met_quality=cost.job.met_quality,
+        )
+
+    async def CostReport(self, request: pb.CostReportRequest, context: Any) -> pb.CostReportResponse:
+        r = request
+        rows = await self._r(
+            lambda: self.ledger.cost_report(list(r.group_by), r.since_unix_us, r.until_unix_us, r.trial_id)
+        )
+        return pb.CostReportResponse(
+            rows=[
+                pb.CostRow(
+                    group=row.group,
+                    total_micros=row.total_micros,
+                    busy_micros=row.busy_micros,
+                    idle_micros=row.idle_micros,
+                    prepare_micros=row.prepare_micros,
+                    jobs_completed=row.jobs_completed,
+                    jobs_failed=row.jobs_failed,
+                    cost_per_completed_job_micros=row.cost_per_completed_job_micros,
+                    unpriced_events=row.unpriced_events,
+                    currency=row.currency,
+                    jobs_total=row.jobs_total,
+                )
+                for row in rows
+            ]
+        )
+
+    async def Export(self, request: pb.ExportRequest, context: Any) -> AsyncIterator[pb.ExportChunk]:
+        chunks = self.ledger.export(request.format, request.since_unix_us, request.until_unix_us)
+        done = object()
+        while True:
+            chunk = await self._r(lambda: next(chunks, done))
+            if chunk is done:
+                return
+            assert isinstance(chunk, bytes)
+            yield pb.ExportChunk(data=chunk)
+
+    async def SetPrice(self, request: pb.SetPriceRequest, context: Any) -> pb.Price:
+        r = request
+        row = await self._w(
+            lambda: self.ledger.set_price(
+                actor_of(r.actor), r.price_key, r.micros_per_hour, r.currency, r.effective_from_unix_us
+            )
+        )
+        return price_msg(row)
+
+    async def RegisterPath(self, request: pb.RegisterPathRequest, context: Any) -> pb.PathInfo:
+        r = request
+        row = await self._w(
+            lambda: self.ledger.register_path(
+                actor_of(r.actor), r.path, r.backend, r.resource_class, r.price_key, r.host
+            )
+        )
+        return pb.PathInfo(
+            path=row.path,
+            backend=row.backend,
+            resource_class=row.resource_class,
+            price_key=row.price_key,
+            host=row.host,
+        )
+
+    async def RecordTrial(self, request: pb.RecordTrialRequest, context: Any) -> pb.RecordTrialResponse:
+        r = request
+        await self._w(
+            lambda: self.ledger.record_trial(
+                actor_of(r.actor),
+                r.trial_id,
+                r.workflow_id,
+                r.model,
+                r.status,
+                r.spec_json,
+                r.report_json,
+                dict(r.verdicts),
+            )
+        )
+        return pb.RecordTrialResponse()
+
+    async def GetTrialReport(self, request: pb.GetTrialReportRequest, context: Any) -> pb.TrialReport:
+        row = await self._r(lambda: self.ledger.trial(request.trial_id))
+        return pb.TrialReport(
+            trial_id=row.trial_id,
+            status=row.status,
+            report_json=row.report_json,
+            verdicts=json.loads(row.verdicts_json or "{}"),
+        )
+
+    async def CreatePrincipal(self, request: pb.CreatePrincipalRequest, context: Any) -> pb.Principal:
+        r = request
+        who = await self._w(lambda: self.ledger.create_principal(actor_of(r.actor), r.name, r.kind, r.team))
+        return pb.Principal(principal_id=who.principal_id, name=who.name, kind=who.kind, team=who.team)
+
+    async def CreateKey(self, request: pb.CreateKeyRequest, context: Any) -> pb.CreateKeyResponse:
+        r = request
+        key = await self._w(lambda: self.ledger.create_key(actor_of(r.actor), r.principal, r.expires_unix_us))
+        return pb.CreateKeyResponse(
+            key_id=key.key_id, secret=key.secret, key=key.key, expires_unix_us=key.expires_us
+        )
+
+    async def RevokeKey(self, request: pb.RevokeKeyRequest, context: Any) -> pb.RevokeKeyResponse:
+        await self._w(lambda: self.ledger.revoke_key(actor_of(request.actor), request.key_id))
+        return pb.RevokeKeyResponse()
+
+    async def GrantRole(self, request: pb.RoleRequest, context: Any) -> pb.RoleResponse:
+        r = request
+        await self._w(lambda: self.ledger.grant_role(actor_of(r.actor), r.principal, r.role, r.scope))
+        return pb.RoleResponse()
+
+    async def RevokeRole(self, request: pb.RoleRequest, context: Any) -> pb.RoleResponse:
+        r = request
+        await self._w(lambda: self.ledger.revoke_role(actor_of(r.actor), r.principal, r.role, r.scope))
+        return pb.RoleResponse()
+
+    async def Authenticate(self, request: pb.AuthenticateRequest, context: Any) -> pb.AuthenticateResponse:
+        peer = Actor(source=str(context.peer()) if context is not None else "")
+        ident = await self._r(lambda: self.ledger.authenticate(request.key, peer))
+        p = ident.principal
+        return pb.AuthenticateResponse(
+            principal=pb.Principal(principal_id=p.principal_id, name=p.name, kind=p.kind, team=p.team),
+            roles=[pb.RoleBinding(role=role, scope=scope) for role, scope in ident.roles],
+            key_id=ident.key_id,
+        )
+
+    async def AppendAudit(self, request: pb.AppendAuditRequest, context: Any) -> pb.AuditRecord:
+        r = request
+        if not r.action:
+            raise BadInput("action is empty; name what happened, e.g. request.denied")
+        if r.outcome not in ("ok", "denied", "failed"):
+            raise BadInput(f"outcome {r.outcome!r} is not ok, denied or failed")
+        try:
+            detail = json.loads(r.detail_json) if r.detail_json else {}
+        except ValueError as exc:
+            raise BadInput(f"detail_json is not valid JSON: {exc}") from None
+        if not isinstance(detail, dict):
+            raise BadInput("detail_json must be a JSON object")
+        rec = await self._w(
+            lambda: self.ledger.append_audit(actor_of(r.actor), r.action, r.resource, r.outcome, detail)
+        )
+        return audit_msg(rec)
+
+    async def QueryAudit(self, request: pb.QueryAuditRequest, context: Any) -> pb.QueryAuditResponse:
+        r = request
+        if r.limit < 0 or r.limit > MAX_AUDIT_LIMIT:
+            raise BadInput(f"limit {r.limit} is outside 0..{MAX_AUDIT_LIMIT} (0 = 100)")
+        recs = await self._r(
+            lambda: self.ledger.query_audit(
+                r.action, r.principal, r.since_unix_us, r.until_unix_us, r.limit or 100
+            )
+        )
+        return pb.QueryAuditResponse(records=[audit_msg(x) for x in recs])
+
+    async def VerifyAudit(self, request: pb.VerifyAuditRequest, context: Any) -> pb.VerifyAuditResponse:
+        v = await self._r(self.ledger.verify_audit)
+        return pb.VerifyAuditResponse(
+            ok=v.ok, rows_checked=v.rows_checked, first_broken_seq=v.first_broken_seq, problem=v.problem
+        )

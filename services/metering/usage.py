@@ -1,0 +1,248 @@
+"""RecordUsage: a batch of usage events becomes journal lines and jobs in one transaction.
+
+Idempotency is by the event's key: a key already stored with the same content digest is a
+duplicate (counted, not written again); with another digest the whole batch is rejected.
+Each event is charged its busy time at the price in force when it started, or stored
+unpriced (NULL amount) when no price was in force. Events fall in the reservation given or
+the path's reservation covering their start; an event in a closed reservation is refused,
+because that reservation's idle lines are already final.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, and_, or_, select, update
+
+from services.metering import costmodel
+from services.metering.costmodel import Price, PriceBook
+from services.metering.errors import BadInput, Conflict, UnknownEntity, WrongState
+from services.metering.records import UsageEvent, UsageResult, validate_event
+from services.metering.schema import JOBS, LINES, PATHS, PRICES, RESERVATIONS
+
+CHUNK = 900  # bound parameters per IN (...) list, under SQLite's historical limit of 999
+
+
+def chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+    for i in range(0, len(items), CHUNK):
+        yield items[i : i + CHUNK]
+
+
+def load_price_book(conn: Connection, price_keys: Iterable[str]) -> PriceBook:
+    keys = sorted(set(price_keys))
+    rows: list[Any] = []
+    for part in chunks(keys):
+        rows += conn.execute(select(PRICES).where(PRICES.c.price_key.in_(part))).all()
+    return PriceBook(
+        Price(r.price_key, r.micros_per_hour, r.currency, r.effective_from_us, r.version) for r in rows
+    )
+
+
+def load_paths(conn: Connection, names: Iterable[str]) -> dict[str, str]:
+    """path -> price key; raises NOT_FOUND naming the first unknown path."""
+    wanted = sorted(set(names))
+    found: dict[str, str] = {}
+    for part in chunks(wanted):
+        found.update(
+            conn.execute(select(PATHS.c.path, PATHS.c.price_key).where(PATHS.c.path.in_(part))).all()
+        )
+    for name in wanted:
+        if name not in found:
+            raise UnknownEntity(f"unknown path {name!r}; register it first (RegisterPath)")
+    return found
+
+
+@dataclass
+class _Window:
+    reservation_id: str
+    start_us: int
+    end_us: int | None
+    state: str
+
+
+def _reservations(conn: Connection, events: Sequence[UsageEvent]) -> dict[str, list[_Window]]:
+    paths = sorted({e.path for e in events})
+    explicit = sorted({e.reservation_id for e in events if e.reservation_id})
+    lo, hi = min(e.started_us for e in events), max(e.started_us for e in events)
+    cond = and_(
+        RESERVATIONS.c.path.in_(paths),
+        RESERVATIONS.c.start_us <= hi,
+        or_(RESERVATIONS.c.end_us.is_(None), RESERVATIONS.c.end_us > lo),
+    )
+    if explicit:
+        cond = or_(cond, RESERVATIONS.c.reservation_id.in_(explicit))
+    by_path: dict[str, list[_Window]] = {}
+    stmt = select(RESERVATIONS.c.reservation_id, RESERVATIONS.c.path, RESERVATIONS.c.start_us)
+    stmt = stmt.add_columns(RESERVATIONS.c.end_us, RESERVATIONS.c.state).where(cond)
+    for r in conn.execute(stmt):
+        by_path.setdefault(r.path, []).append(_Window(r.reservation_id, r.start_us, r.end_us, r.state))
+    return by_path
+
+
+def _match(ev: UsageEvent, windows: list[_Window]) -> str | None:
+    if ev.reservation_id:
+        win = next((w for w in windows if w.reservation_id == ev.reservation_id), None)
+        if win is None:
+            raise UnknownEntity(
+                f"event {ev.idempotency_key}: no reservation {ev.reservation_id!r} on {ev.path}"
+            )
+        if ev.started_us < win.start_us:
+            raise BadInput(f"event {ev.idempotency_key} started before reservation {win.reservation_id} did")
+    else:
+        covering = [
+            w
+            for w in windows
+            if w.start_us <= ev.started_us and (w.end_us is None or ev.started_us < w.end_us)
+        ]
+        if not covering:
+            return None
+        win = max(covering, key=lambda w: w.start_us)
+    if win.state != "open":
+        raise WrongState(
+            f"event {ev.idempotency_key}: reservation {win.reservation_id} on {ev.path} is closed; "
+            "its cost is final, so usage inside it can no longer be recorded"
+        )
+    return win.reservation_id
+
+
+def _existing(conn: Connection, keys: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in chunks(keys):
+        stmt = select(LINES.c.idempotency_key, LINES.c.content_hash).where(LINES.c.idempotency_key.in_(part))
+        out.update(conn.execute(stmt).all())
+    return out
+
+
+def _merge_jobs(conn: Connection, events: Sequence[UsageEvent]) -> None:
+    """Create the events' jobs, or move existing ones to a terminal status (once)."""
+    jobs: dict[str, dict[str, Any]] = {}
+    for ev in events:
+        job_id = ev.effective_job_id
+        if job_id is None:
+            continue
+        job = jobs.get(job_id)
+        if job is None:
+            jobs[job_id] = job = {
+                "job_id": job_id,
+                "kind": "request" if ev.kind == "prepare" else ev.kind,
+                "path": ev.path,
+                "model": ev.model,
+                "model_version": ev.model_version,
+                "team": ev.team,
+                "principal": ev.principal,
+                "trial_id": ev.trial_id,
+                "arm": ev.arm,
+                "status": "running",
+                "met_quality": False,
+                "started_us": ev.started_us,
+                "ended_us": ev.ended_us or ev.started_us,
+            }
+        elif job["path"] != ev.path:
+            raise BadInput(f"job {job_id} has usage on {job['path']} and {ev.path}; a job runs on one path")
+        job["started_us"] = min(job["started_us"], ev.started_us)
+        job["ended_us"] = max(job["ended_us"], ev.ended_us or ev.started_us)
+        if ev.status:
+            job["status"], job["met_quality"] = ev.status, ev.met_quality
+    if not jobs:
+        return
+    ids = list(jobs)
+    stored: dict[str, Any] = {}
+    for part in chunks(ids):
+        for r in conn.execute(select(JOBS).where(JOBS.c.job_id.in_(part))):
+            stored[r.job_id] = r
+    fresh = [j for k, j in jobs.items() if k not in stored]
+    if fresh:
+        conn.execute(JOBS.insert(), fresh)
+    for job_id, old in stored.items():
+        new = jobs[job_id]
+        if old.path != new["path"]:
+            raise BadInput(f"job {job_id} runs on {old.path}, not {new['path']}")
+        status, quality = old.status, old.met_quality
+        if new["status"] != "running" and (old.status, old.met_quality) != (
+            new["status"],
+            new["met_quality"],
+        ):
+            if old.status != "running":
+                raise WrongState(f"job {job_id} already ended as {old.status}; its outcome cannot change")
+            status, quality = new["status"], new["met_quality"]
+        conn.execute(
+            update(JOBS)
+            .where(JOBS.c.job_id == job_id)
+            .values(
+                status=status,
+                met_quality=quality,
+                started_us=min(old.started_us, new["started_us"]),
+                ended_us=max(old.ended_us, new["ended_us"]),
+            )
+        )
+
+
+def record_usage(conn: Connection, events: Sequence[UsageEvent], now_us: int) -> UsageResult:
+    """Validate and store one batch inside the caller's transaction; raise and nothing is kept."""
+    if not events:
+        return UsageResult(0, 0, 0)
+    seen: dict[str, str] = {}
+    fresh: list[UsageEvent] = []
+    dup = 0
+    for i, ev in enumerate(events):
+        if not ev.started_us:
+            raise BadInput(f"event {i} ({ev.idempotency_key}): started_unix_us is required")
+        validate_event(ev, i)
+        digest = ev.content_hash()
+        prior = seen.get(ev.idempotency_key)
+        if prior is not None:
+            if prior != digest:
+                raise Conflict(
+                    f"idempotency key {ev.idempotency_key} appears twice in the batch with different content"
+                )
+            dup += 1
+            continue
+        seen[ev.idempotency_key] = digest
+        fresh.append(ev)
+    stored = _existing(conn, list(seen))
+    for key, digest in stored.items():
+        if digest != seen[key]:
+            raise Conflict(f"idempotency key {key} is already stored with different content; use a new key")
+    dup += len(stored)
+    fresh = [ev for ev in fresh if ev.idempotency_key not in stored]
+    if not fresh:
+        return UsageResult(0, dup, 0)
+    price_keys = load_paths(conn, (e.path for e in fresh))
+    book = load_price_book(conn, price_keys.values())
+    windows = _reservations(conn, fresh)
+    rows: list[dict[str, Any]] = []
+    unpriced = 0
+    for ev in fresh:
+        rid = _match(ev, windows.get(ev.path, []))
+        price = book.at(price_keys[ev.path], ev.started_us)
+        amount = costmodel.charge(ev.busy_us, price, f"event {ev.idempotency_key}") if price else None
+        unpriced += price is None
+        rows.append(
+            {
+                "idempotency_key": ev.idempotency_key,
+                "content_hash": seen[ev.idempotency_key],
+                "basis": "prepare" if ev.kind == "prepare" else "busy",
+                "at_us": ev.started_us,
+                "end_us": ev.ended_us or ev.started_us + ev.busy_us,
+                "quantity_us": ev.busy_us,
+                "amount_micros": amount,
+                "currency": price.currency if price else None,
+                "price_version": price.version if price else None,
+                "method": None if price else "unpriced: no price in force",
+                "path": ev.path,
+                "reservation_id": rid,
+                "job_id": ev.effective_job_id,
+                "model": ev.model,
+                "team": ev.team,
+                "trial_id": ev.trial_id,
+                "arm": ev.arm,
+                "tags_json": json.dumps(dict(ev.tags), sort_keys=True) if ev.tags else "{}",
+                "recorded_us": now_us,
+            }
+        )
+    _merge_jobs(conn, fresh)
+    conn.execute(LINES.insert(), rows)
+    return UsageResult(len(rows), dup, unpriced)

@@ -1,0 +1,79 @@
+"""Fixtures for the ledger tests: a fresh database per test on SQLite and on PostgreSQL.
+
+PostgreSQL is the server at 127.0.0.1:5432 (user postgres, trust). Each test gets its own
+uniquely named database, dropped afterwards, because other suites use the server at the same
+time. Under CI=true an unreachable server fails the tests; elsewhere they skip with a notice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+
+from services.metering.server import RunningMetering, start_metering
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
+from switchyard.grpcio import ServerOptions
+from tests.conftest import IN_CI
+
+PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"
+
+
+def _pg_reason() -> str | None:
+    try:
+        with psycopg.connect(PG_ADMIN):
+            return None
+    except psycopg.Error as exc:
+        return f"PostgreSQL not reachable at 127.0.0.1:5432 ({str(exc).strip().splitlines()[0]})"
+
+
+@pytest.fixture(scope="session")
+def pg_unavailable() -> str | None:
+    return _pg_reason()
+
+
+def make_pg_database(reason: str | None) -> str:
+    if reason:
+        if IN_CI:
+            pytest.fail(f"{reason}; CI=true requires PostgreSQL")
+        pytest.skip(f"NOTICE: {reason}; PostgreSQL tests skipped")
+    name = f"sy_metering_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def drop_pg_database(name: str) -> None:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path, pg_unavailable: str | None) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    name = make_pg_database(pg_unavailable)
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.fixture
+async def metering(db_url: str) -> AsyncIterator[RunningMetering]:
+    running = await start_metering(db_url, ServerOptions(port=0))
+    try:
+        yield running
+    finally:
+        await running.stop(0.5)
+
+
+@pytest.fixture
+async def stub(metering: RunningMetering) -> AsyncIterator[pb_grpc.MeteringAsyncStub]:
+    async with grpc.aio.insecure_channel(metering.address) as channel:
+        yield pb_grpc.MeteringStub(channel)

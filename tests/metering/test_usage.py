@@ -1,0 +1,148 @@
+"""RecordUsage through the real gRPC service: idempotency, concurrency, pricing, reservations."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from services.metering.server import RunningMetering, start_metering
+from switchyard.gen.switchyard.v1 import metering_pb2 as pb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
+from switchyard.grpcio import ServerOptions
+from tests.metering.helpers import HOUR, T0, event, expect_status, setup_path
+
+
+def count_lines(metering: RunningMetering) -> int:
+    from sqlalchemy import func, select
+
+    from services.metering.schema import LINES
+
+    return int(
+        metering.ledger.read(lambda c: c.execute(select(func.count()).select_from(LINES)).scalar()) or 0
+    )
+
+
+async def test_same_batch_twice_and_concurrently_is_stored_once(
+    metering: RunningMetering, stub: pb_grpc.MeteringAsyncStub, db_url: str
+) -> None:
+    await setup_path(stub)
+    batch = pb.RecordUsageRequest(events=[event(f"req-{i}", T0 + i * 1000, 500) for i in range(300)])
+    first = await stub.RecordUsage(batch)
+    assert (first.accepted, first.duplicates) == (300, 0)
+    again = await stub.RecordUsage(batch)
+    assert (again.accepted, again.duplicates) == (0, 300)
+    # A second batch sent at once by six writers: three on this server, three on a second
+    # server process-equivalent sharing the same database.
+    other = await start_metering(db_url, ServerOptions(port=0))
+    try:
+        batch2 = pb.RecordUsageRequest(
+            events=[event(f"req2-{i}", T0 + HOUR + i * 1000, 700) for i in range(400)]
+        )
+        async with grpc.aio.insecure_channel(other.address) as ch2:
+            stub2 = pb_grpc.MeteringStub(ch2)
+            results = await asyncio.gather(*(s.RecordUsage(batch2) for s in (stub, stub2) * 3))
+    finally:
+        await other.stop(0.5)
+    assert sum(r.accepted for r in results) == 400
+    assert sum(r.duplicates for r in results) == 400 * 5
+    assert count_lines(metering) == 700
+    cost = await stub.GetJobCost(pb.GetJobCostRequest(job_id="req2-7"))
+    assert [ln.basis for ln in cost.lines] == ["busy"]
+
+
+async def test_same_key_other_content_rejects_the_whole_batch(
+    metering: RunningMetering, stub: pb_grpc.MeteringAsyncStub
+) -> None:
+    await setup_path(stub)
+    await stub.RecordUsage(pb.RecordUsageRequest(events=[event("a", T0, 100)]))
+    mixed = [event("b", T0 + 10, 100), event("a", T0, 999)]
+    await expect_status(
+        stub.RecordUsage(pb.RecordUsageRequest(events=mixed)), grpc.StatusCode.ALREADY_EXISTS, "a"
+    )
+    assert count_lines(metering) == 1  # "b" was not half-written
+    inside = [event("c", T0, 1), event("c", T0, 2)]
+    await expect_status(
+        stub.RecordUsage(pb.RecordUsageRequest(events=inside)), grpc.StatusCode.ALREADY_EXISTS
+    )
+    ok = await stub.RecordUsage(pb.RecordUsageRequest(events=[event("b", T0 + 10, 100)]))
+    assert ok.accepted == 1
+
+
+async def test_busy_time_is_charged_at_the_dated_price_in_force(stub: pb_grpc.MeteringAsyncStub) -> None:
+    await setup_path(stub, per_hour=3_600_000)  # 1 micro-unit per busy millisecond
+    await stub.SetPrice(
+        pb.SetPriceRequest(
+            price_key="cpu-std", micros_per_hour=7_200_000, currency="USD", effective_from_unix_us=T0 + HOUR
+        )
+    )
+    await stub.RecordUsage(
+        pb.RecordUsageRequest(
+            events=[event("early", T0 + 5, 1_000_000), event("late", T0 + HOUR + 5, 1_000_000)]
+        )
+    )
+    early = await stub.GetJobCost(pb.GetJobCostRequest(job_id="early"))
+    late = await stub.GetJobCost(pb.GetJobCostRequest(job_id="late"))
+    assert (early.total_micros, early.lines[0].price_version) == (1000, f"cpu-std@{T0}")
+    assert (late.total_micros, late.lines[0].price_version) == (2000, f"cpu-std@{T0 + HOUR}")
+
+
+async def test_usage_without_a_price_is_unpriced_never_zero(stub: pb_grpc.MeteringAsyncStub) -> None:
+    await setup_path(stub)
+    resp = await stub.RecordUsage(pb.RecordUsageRequest(events=[event("before-price", T0 - HOUR, 5_000_000)]))
+    assert resp.unpriced == 1
+    cost = await stub.GetJobCost(pb.GetJobCostRequest(job_id="before-price"))
+    assert cost.unpriced and cost.lines[0].basis == "unpriced"
+    report = await stub.CostReport(pb.CostReportRequest(group_by=["path"]))
+    assert report.rows[0].unpriced_events == 1
+    chunks = [c.data async for c in stub.Export(pb.ExportRequest(format="focus"))]
+    row = b"".join(chunks).decode().splitlines()[1]
+    assert row.startswith(",,,") and row.endswith(",true")  # empty BilledCost, flagged unpriced
+
+
+async def test_reservation_idle_is_shared_by_busy_time_and_conserved(stub: pb_grpc.MeteringAsyncStub) -> None:
+    await setup_path(stub, per_hour=1_000_003)  # awkward price: shares do not divide evenly
+    res = await stub.OpenReservation(
+        pb.OpenReservationRequest(idempotency_key="res-1", path="cpu-eager@h1", start_unix_us=T0)
+    )
+    busy = {"j1": 1_000_001, "j2": 2_000_003, "j3": 333_333}
+    events = [event(k, T0 + 10_000_000 * i, b) for i, (k, b) in enumerate(busy.items())]
+    events.append(event("j3-fail", T0 + 50_000_000, 10_000, status="failed", met_quality=False))
+    await stub.RecordUsage(pb.RecordUsageRequest(events=events))
+    done = await stub.CompleteJob(
+        pb.CompleteJobRequest(
+            job_id="prep-1",
+            path="cpu-eager@h1",
+            status="completed",
+            met_quality=True,
+            prepare_us=7_000_000,
+            ended_unix_us=T0 + 60_000_000,
+        )
+    )
+    assert done.status == "completed"
+    closed = await stub.CloseReservation(
+        pb.CloseReservationRequest(reservation_id=res.reservation_id, end_unix_us=T0 + HOUR)
+    )
+    assert closed.state == "closed" and closed.cost_micros == 1_000_003
+    total = 0
+    for job in [*busy, "j3-fail", "prep-1"]:
+        cost = await stub.GetJobCost(pb.GetJobCostRequest(job_id=job))
+        total += cost.total_micros
+        shares = [ln for ln in cost.lines if ln.basis == "idle_share"]
+        if job in busy:
+            assert shares and shares[0].method == "busy_time_proportional/largest_remainder"
+    assert total == closed.cost_micros  # busy + preparation + idle shares = reserved time x price
+    # j2 worked twice as long as j1, so carries twice the idle (to rounding of one micro-unit).
+    j1 = await stub.GetJobCost(pb.GetJobCostRequest(job_id="j1"))
+    j2 = await stub.GetJobCost(pb.GetJobCostRequest(job_id="j2"))
+    idle1, idle2 = (sum(ln.amount_micros for ln in c.lines if ln.basis == "idle_share") for c in (j1, j2))
+    assert abs(idle2 - 2 * idle1) <= 2
+    report = await stub.CostReport(pb.CostReportRequest(group_by=["path"]))
+    row = report.rows[0]
+    assert row.total_micros == closed.cost_micros and row.jobs_completed == 4 and row.jobs_failed == 1
+    assert row.cost_per_completed_job_micros == round(closed.cost_micros / 4)
+    # Usage inside the closed reservation is refused; after it, it is charged busy time only.
+    late = pb.RecordUsageRequest(events=[event("late", T0 + 100, 10)])
+    await expect_status(stub.RecordUsage(late), grpc.StatusCode.FAILED_PRECONDITION, "closed")
+    after = await stub.RecordUsage(pb.RecordUsageRequest(events=[event("after", T0 + 2 * HOUR, 10)]))
+    assert after.accepted == 1
