@@ -16,7 +16,7 @@ export SWITCHYARD_XLA_PYTHON := $(XLA_ENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test setup setup-main setup-xla lint proto proto-check bench clean
+.PHONY: run test setup setup-main setup-xla setup-tools lint proto proto-check bench clean
 
 run: setup
 	$(PY) -m switchyard demo $(ARGS)
@@ -24,7 +24,7 @@ run: setup
 test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-setup: setup-main setup-xla
+setup: setup-main setup-xla setup-tools
 
 setup-main: $(MAIN_ENV)/.ready
 	@ln -sfn $(MAIN_ENV) $(VENV)
@@ -48,6 +48,13 @@ $(XLA_ENV)/.ready:
 	$(XLA_ENV)/bin/python -m pip install -q --upgrade pip
 	$(XLA_ENV)/bin/python -m pip install -q -r requirements/xla.txt
 	touch $@
+
+# The deployment tests render deploy/k8s with `kubectl kustomize`: a kubectl already on PATH
+# will do, else Debian's (package kubernetes-client). Idempotent; needs root for apt-get.
+setup-tools:
+	@command -v kubectl >/dev/null 2>&1 || { echo "== installing Debian's kubectl (kubernetes-client)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client; } >/dev/null \
+	  || echo "warning: could not install kubectl; tests/cluster/test_deploy.py will report it"; }
 
 lint: setup-main proto-check
 	$(VENV)/bin/ruff check .

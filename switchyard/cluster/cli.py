@@ -1,10 +1,65 @@
-"""CLI commands of this component (placeholder until the component lands)."""
+"""`switchyard up`, `switchyard demo` (the main job, what `make run` runs) and `switchyard health`.
+
+Registration only adds arguments; the commands import the cluster modules when they run, so
+the CLI still starts in the XLA environment (which has neither temporalio nor tritonclient).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 from typing import Any
 
 
+def _config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", default="", help="TOML config file (default: $SWITCHYARD_CONFIG, then built-in)"
+    )
+    parser.add_argument("--state-dir", default="", help="where the ledger, Temporal database and logs go")
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from switchyard.config import load_config
+
+    overrides: dict[str, Any] = {}
+    if args.state_dir:
+        overrides["state_dir"] = args.state_dir
+    return load_config(args.config or None, overrides=overrides)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from switchyard.cluster.up import up
+
+    return asyncio.run(up(_load(args)))
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from switchyard.cluster.demo import DemoOptions, demo
+
+    options = DemoOptions(keep=args.keep, requests=args.requests, concurrency=args.concurrency)
+    return asyncio.run(demo(_load(args), options))
+
+
+def _health(args: argparse.Namespace) -> int:
+    from switchyard.cluster.health import health_main
+
+    return health_main(args)
+
+
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Adds this component's subcommands; none yet."""
+    up = sub.add_parser("up", help="start the whole cluster on this machine; Ctrl-C stops it")
+    _config_args(up)
+    up.set_defaults(func=_up)
+
+    demo = sub.add_parser("demo", help="bring the cluster up and run the main job end to end (make run)")
+    _config_args(demo)
+    demo.add_argument("--keep", action="store_true", help="leave the cluster up afterwards (until Ctrl-C)")
+    demo.add_argument("--requests", type=int, default=300, help="inference requests through the router")
+    demo.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
+    demo.set_defaults(func=_demo)
+
+    health = sub.add_parser("health", help="grpc.health.v1 check of ADDRESS; exit 0 when SERVING")
+    health.add_argument("address", help="host:port")
+    health.add_argument("--service", default="", help='health service name ("" = the server)')
+    health.add_argument("--timeout", type=float, default=2.0, help="seconds")
+    health.set_defaults(func=_health)

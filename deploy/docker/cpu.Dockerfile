@@ -1,0 +1,33 @@
+# syntax=docker/dockerfile:1
+# CPU executor image: the main environment's torch (CPU build) and the executor's models.
+# Build from the repository root:  docker build -f deploy/docker/cpu.Dockerfile -t switchyard/executor-cpu .
+ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+COPY requirements/ requirements/
+# The CPU wheel of torch, not PyPI's CUDA build (several GB this image never uses).
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+COPY pyproject.toml README.md ./
+COPY switchyard/ switchyard/
+COPY services/ services/
+COPY clients/ clients/
+COPY workflows/ workflows/
+# requirements/main.txt is the constraint file: the same exact pins as CI, only what runs here.
+RUN pip install --no-cache-dir -c requirements/main.txt ".[executor]"
+
+FROM ${PYTHON_IMAGE}
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    SWITCHYARD_HOST=0.0.0.0
+COPY --from=build /opt/venv /opt/venv
+RUN useradd --system --uid 10001 --home-dir /var/lib/switchyard --create-home switchyard
+USER 10001:10001
+WORKDIR /var/lib/switchyard
+EXPOSE 8101
+HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
+  CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8101"]
+ENTRYPOINT ["python", "-m", "switchyard"]
+CMD ["executor", "serve", "--backend", "cpu", "--host", "0.0.0.0", "--port", "8101", "--models", "mlp,tiny-lm,minilm-l6"]

@@ -1,0 +1,33 @@
+# syntax=docker/dockerfile:1
+# CUDA executor image: PyPI's torch wheel carries its CUDA runtime (nvidia-* wheels), so a
+# slim Python base is enough; the node provides the driver (NVIDIA device plugin / toolkit).
+# Build from the repository root:  docker build -f deploy/docker/cuda.Dockerfile -t switchyard/executor-cuda .
+ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+COPY requirements/ requirements/
+RUN pip install --no-cache-dir torch==2.13.0
+COPY pyproject.toml README.md ./
+COPY switchyard/ switchyard/
+COPY services/ services/
+COPY clients/ clients/
+COPY workflows/ workflows/
+RUN pip install --no-cache-dir -c requirements/main.txt ".[executor]"
+
+FROM ${PYTHON_IMAGE}
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    SWITCHYARD_HOST=0.0.0.0
+COPY --from=build /opt/venv /opt/venv
+RUN useradd --system --uid 10001 --home-dir /var/lib/switchyard --create-home switchyard
+USER 10001:10001
+WORKDIR /var/lib/switchyard
+EXPOSE 8103
+HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
+  CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8103"]
+ENTRYPOINT ["python", "-m", "switchyard"]
+CMD ["executor", "serve", "--backend", "cuda", "--host", "0.0.0.0", "--port", "8103", "--models", "mlp,tiny-lm,minilm-l6"]

@@ -1,0 +1,32 @@
+# syntax=docker/dockerfile:1
+# TorchTPU executor image (TPU VMs only): torch >= 2.11 with torch_tpu and libtpu in their own
+# environment. The CPU wheel of torch is enough: the TPU runtime comes from libtpu.
+# Build from the repository root:  docker build -f deploy/docker/tpu.Dockerfile -t switchyard/executor-tpu .
+ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+COPY requirements/ requirements/
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+    && pip install --no-cache-dir torch-tpu==0.2.0 libtpu==0.0.51
+COPY pyproject.toml README.md ./
+COPY switchyard/ switchyard/
+COPY services/ services/
+COPY clients/ clients/
+COPY workflows/ workflows/
+RUN pip install --no-cache-dir -c requirements/main.txt .
+
+FROM ${PYTHON_IMAGE}
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 SWITCHYARD_HOST=0.0.0.0
+COPY --from=build /opt/venv /opt/venv
+RUN useradd --system --uid 10001 --home-dir /var/lib/switchyard --create-home switchyard
+USER 10001:10001
+WORKDIR /var/lib/switchyard
+EXPOSE 8104
+HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
+  CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8104"]
+ENTRYPOINT ["python", "-m", "switchyard"]
+CMD ["executor", "serve", "--backend", "tpu", "--host", "0.0.0.0", "--port", "8104", "--models", "mlp,tiny-lm"]

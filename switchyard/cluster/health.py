@@ -1,0 +1,107 @@
+"""Health and readiness probes for the local cluster: grpc.health.v1, Temporal, model status.
+
+One probe per kind of process, each returning a short word for the status table rather than
+raising: a cluster status that cannot be read is itself a status ("unreachable").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass
+from datetime import timedelta
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
+
+SERVING = "SERVING"
+NOT_SERVING = "NOT_SERVING"
+UNREACHABLE = "UNREACHABLE"
+
+
+async def grpc_health(address: str, service: str = "", timeout_s: float = 2.0) -> str:
+    """The grpc.health.v1 status of `service` at `address` (SERVING, NOT_SERVING, ...)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return "UNKNOWN_SERVICE"
+            return UNREACHABLE
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+async def temporal_health(address: str, namespace: str = "default", timeout_s: float = 3.0) -> str:
+    """SERVING once the Temporal frontend answers and the namespace exists."""
+    from temporalio.client import Client  # the XLA env has no temporalio: import on use
+
+    try:
+        client = await asyncio.wait_for(Client.connect(address, namespace=namespace), timeout_s)
+        ok = await asyncio.wait_for(client.service_client.check_health(), timeout_s)
+    except Exception:  # a probe reports, it does not raise: any failure is 'unreachable'
+        return UNREACHABLE
+    return SERVING if ok else NOT_SERVING
+
+
+@dataclass(frozen=True)
+class ModelState:
+    name: str
+    version: str
+    state: str  # LOADING | READY | FAILED | UNLOADED
+    mode: str
+
+
+async def executor_models(address: str, timeout_s: float = 3.0) -> list[ModelState] | None:
+    """Models an executor holds and their state; None when it cannot be asked."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = executor_pb2_grpc.ExecutorControlStub(channel)
+        try:
+            reply = await stub.ModelStatus(executor_pb2.ModelStatusRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return None
+    return [ModelState(m.name, m.version, m.state, m.mode) for m in reply.models]
+
+
+def readiness_summary(models: list[ModelState] | None) -> str:
+    """'3/3 ready' or the states that are not READY, for the status table."""
+    if models is None:
+        return "unknown"
+    if not models:
+        return "no models"
+    ready = [m for m in models if m.state == "READY"]
+    if len(ready) == len(models):
+        return f"{len(ready)}/{len(models)} ready ({', '.join(m.name for m in models)})"
+    waiting = ", ".join(f"{m.name}:{m.state}" for m in models if m.state != "READY")
+    return f"{len(ready)}/{len(models)} ready; {waiting}"
+
+
+def health_main(args: argparse.Namespace) -> int:
+    """`switchyard health ADDRESS`: exit 0 when SERVING (container and compose health checks)."""
+    status = asyncio.run(grpc_health(args.address, args.service, args.timeout))
+    print(status)
+    return 0 if status == SERVING else 1
+
+
+async def temporal_pollers(address: str, namespace: str, task_queue: str, timeout_s: float = 3.0) -> int:
+    """How many workers poll `task_queue` for workflow tasks (a trial worker's readiness)."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporalio.client import Client
+
+    try:
+        client = await asyncio.wait_for(Client.connect(address, namespace=namespace), timeout_s)
+        reply = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=namespace,
+                task_queue=TaskQueue(name=task_queue),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+            ),
+            timeout=timedelta(seconds=timeout_s),
+        )
+    except Exception:  # not reachable yet counts as no poller
+        return 0
+    return len(reply.pollers)

@@ -1,0 +1,255 @@
+"""What `switchyard up` starts: one ServiceSpec per process, derived from the Config.
+
+The plan is pure data (argv, environment, address, how to probe it), so it can be printed,
+tested and started by the supervisor without anything here touching a process. The order of
+the list is the start order; the supervisor stops in reverse.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from switchyard.config import Config, ConfigError, ExecutorConfig
+
+# Keyword search attributes operators filter trials by in the Temporal UI (DESIGN §4).
+SEARCH_ATTRIBUTES: tuple[tuple[str, str], ...] = (
+    ("SwitchyardModel", "Keyword"),
+    ("SwitchyardPaths", "KeywordList"),
+    ("SwitchyardVerdict", "Keyword"),
+)
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    argv: tuple[str, ...]
+    address: str  # host:port it serves ("" for the worker, which serves nothing)
+    probe: str  # grpc | temporal | process
+    env: Mapping[str, str] = field(default_factory=dict)
+    models: tuple[str, ...] = ()
+    startup_timeout_s: float = 120.0
+    info: str = ""  # extra line for the status table (e.g. the Temporal UI address)
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Concrete ports, with configured zeros replaced by free ones (tests use port 0)."""
+
+    temporal: int
+    temporal_ui: int
+    metering: int
+    evaluator: int
+    router: int
+    executors: Mapping[str, int]
+
+
+def free_port(host: str) -> int:
+    # A brief window exists between close and the child's bind; acceptable for port 0 in
+    # tests, and configured ports never go through here.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def resolve_ports(config: Config, executors: Iterable[ExecutorConfig]) -> Ports:
+    def pick(port: int) -> int:
+        return port if port else free_port(config.host)
+
+    return Ports(
+        temporal=pick(config.temporal.port),
+        temporal_ui=pick(config.temporal.ui_port),
+        metering=pick(config.metering_port),
+        evaluator=pick(config.evaluator_port),
+        router=pick(config.router.port),
+        executors={ex.backend: pick(ex.port) for ex in executors},
+    )
+
+
+def executor_python(ex: ExecutorConfig) -> str:
+    return ex.python or sys.executable
+
+
+def enabled_executors(config: Config) -> list[tuple[ExecutorConfig, str]]:
+    """The executors to start, each with the reason (for `auto`, what was found)."""
+    chosen: list[tuple[ExecutorConfig, str]] = []
+    for ex in config.executors:
+        if ex.enabled == "false":
+            continue
+        python_ok = not ex.python or Path(ex.python).exists()
+        if ex.enabled == "true":
+            if not python_ok:
+                raise ConfigError(
+                    f"executors.{ex.backend}.python = {ex.python} does not exist; "
+                    f"build its environment (make setup-{ex.backend}) or disable the executor"
+                )
+            chosen.append((ex, "enabled"))
+            continue
+        # auto: start only where the hardware and environment are present.
+        if ex.backend == "cpu":
+            chosen.append((ex, "auto: always"))
+        elif ex.backend == "xla" and ex.python and python_ok:
+            chosen.append((ex, f"auto: {ex.python}"))
+        elif ex.backend == "cuda" and Path("/dev/nvidiactl").exists():
+            chosen.append((ex, "auto: /dev/nvidiactl present"))
+        elif ex.backend == "tpu" and ex.python and python_ok and any(Path("/dev").glob("accel*")):
+            chosen.append((ex, "auto: /dev/accel* present"))
+    return chosen
+
+
+def _switchyard(python: str, *args: str) -> tuple[str, ...]:
+    return (python, "-m", "switchyard", *args)
+
+
+def build_plan(
+    config: Config, root: Path, temporal_bin: Path | None = None
+) -> tuple[list[ServiceSpec], Ports]:
+    """The processes of a one-machine cluster, in start order."""
+    state = config.state_dir.resolve()
+    executors = enabled_executors(config)
+    ports = resolve_ports(config, (ex for ex, _ in executors))
+    host = config.host
+    py = sys.executable
+    # Child processes import this checkout, whatever their interpreter (the XLA env too).
+    base_env = {"PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    temporal_address = config.temporal.address or f"{host}:{ports.temporal}"
+    metering = f"{host}:{ports.metering}"
+    evaluator = f"{host}:{ports.evaluator}"
+    specs: list[ServiceSpec] = []
+
+    if config.temporal.local:
+        binary = temporal_bin or Path(sys.executable).with_name("temporal")
+        if not binary.exists():
+            raise ConfigError(f"Temporal dev server binary not found at {binary} (package temporal-bin)")
+        argv = [
+            str(binary),
+            "server",
+            "start-dev",
+            "--ip",
+            host,
+            "--port",
+            str(ports.temporal),
+            "--ui-port",
+            str(ports.temporal_ui),
+            "--db-filename",
+            str(state / "temporal.db"),
+            "--namespace",
+            config.temporal.namespace,
+            "--log-level",
+            "warn",
+        ]
+        for name, kind in SEARCH_ATTRIBUTES:
+            argv += ["--search-attribute", f"{name}={kind}"]
+        specs.append(
+            ServiceSpec(
+                "temporal",
+                tuple(argv),
+                temporal_address,
+                "temporal",
+                info=f"UI http://{host}:{ports.temporal_ui}",
+                startup_timeout_s=60,
+            )
+        )
+
+    specs.append(
+        ServiceSpec(
+            "metering",
+            _switchyard(py, "metering", "serve", "--host", host, "--port", str(ports.metering)),
+            metering,
+            "grpc",
+            env={**base_env, "SWITCHYARD_DATABASE_URL": config.ledger_url},
+        )
+    )
+    specs.append(
+        ServiceSpec(
+            "evaluator",
+            _switchyard(py, "evaluator", "serve", "--host", host, "--port", str(ports.evaluator)),
+            evaluator,
+            "grpc",
+            env=base_env,
+        )
+    )
+    executor_addresses: dict[str, str] = {}
+    for ex, _why in executors:
+        port = ports.executors[ex.backend]
+        executor_addresses[ex.backend] = f"{host}:{port}"
+        env = dict(base_env)
+        if ex.backend == "xla":
+            env.setdefault("PJRT_DEVICE", os.environ.get("PJRT_DEVICE", "CPU"))
+        specs.append(
+            ServiceSpec(
+                f"executor-{ex.backend}",
+                _switchyard(
+                    executor_python(ex),
+                    "executor",
+                    "serve",
+                    "--backend",
+                    ex.backend,
+                    "--host",
+                    host,
+                    "--port",
+                    str(port),
+                    "--models",
+                    ",".join(ex.models),
+                ),
+                f"{host}:{port}",
+                "grpc",
+                env=env,
+                models=ex.models,
+                startup_timeout_s=600,
+            )
+        )
+    routes = config.router.routes_file or str(state / "routes.json")
+    specs.append(
+        ServiceSpec(
+            "router",
+            _switchyard(
+                py,
+                "router",
+                "serve",
+                "--host",
+                host,
+                "--port",
+                str(ports.router),
+                "--routes",
+                routes,
+                "--metering",
+                metering,
+                "--evaluator",
+                evaluator,
+                "--spool-dir",
+                str(state / "spool"),
+            ),
+            f"{host}:{ports.router}",
+            "grpc",
+            env=base_env,
+        )
+    )
+    if config.worker_enabled:
+        specs.append(
+            ServiceSpec(
+                "trial-worker",
+                _switchyard(
+                    py,
+                    "worker",
+                    "--temporal",
+                    temporal_address,
+                    "--namespace",
+                    config.temporal.namespace,
+                    "--task-queue",
+                    config.temporal.task_queue,
+                    "--metering",
+                    metering,
+                    "--evaluator",
+                    evaluator,
+                ),
+                "",
+                "process",
+                env=base_env,
+            )
+        )
+    return specs, ports

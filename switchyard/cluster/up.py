@@ -1,0 +1,204 @@
+"""`switchyard up`: the whole cluster on one machine, with a status table, until Ctrl-C.
+
+`LocalCluster` is the part the demo and the tests reuse: it plans, prepares the state
+directory, starts and health-checks every service, writes `cluster.json` (the addresses, for
+other commands and tests), and stops everything on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from switchyard.cluster import health, routes
+from switchyard.cluster.plan import Ports, ServiceSpec, build_plan
+from switchyard.cluster.supervisor import StartupFailed, Supervisor
+from switchyard.config import Config
+from switchyard.errors import FailedPrecondition
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _port_taken(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    service: str
+    address: str
+    health: str
+    models: str
+
+
+def format_table(rows: list[StatusRow]) -> str:
+    head = StatusRow("service", "address", "health", "models")
+    cols = list(zip(*[(r.service, r.address, r.health, r.models) for r in [head, *rows]], strict=True))
+    widths = [max(len(v) for v in col) for col in cols]
+    lines = []
+    for i, r in enumerate([head, *rows]):
+        vals = (r.service, r.address, r.health, r.models)
+        lines.append("  ".join(v.ljust(w) for v, w in zip(vals, widths, strict=True)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+@dataclass
+class LocalCluster:
+    config: Config
+    say: Callable[[str], None] = print
+    specs: list[ServiceSpec] = field(default_factory=list)
+    ports: Ports | None = None
+    supervisor: Supervisor | None = None
+    stop_event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.config.state_dir.resolve()
+
+    def address(self, name: str) -> str:
+        for spec in self.specs:
+            if spec.name == name:
+                return spec.address
+        raise FailedPrecondition(f"service {name} is not part of this cluster")
+
+    def has(self, name: str) -> bool:
+        return any(spec.name == name for spec in self.specs)
+
+    def _say(self, line: str) -> None:
+        self.say(line)
+
+    def prepare(self) -> None:
+        """Plans the processes and checks that their ports are free before starting any."""
+        self.specs, self.ports = build_plan(self.config, ROOT)
+        for spec in self.specs:
+            if not spec.address:
+                continue
+            host, port = spec.address.rsplit(":", 1)
+            if host in (self.config.host,) and _port_taken(host, int(port)):
+                raise FailedPrecondition(
+                    f"port {port} for {spec.name} is in use (another `switchyard up`?); stop it or "
+                    f"set a different port in the config (e.g. SWITCHYARD_ROUTER_PORT)"
+                )
+        (self.state_dir / "spool").mkdir(parents=True, exist_ok=True)
+        if not self.config.router.routes_file:
+            executors = {
+                s.name.removeprefix("executor-"): s for s in self.specs if s.name.startswith("executor-")
+            }
+            routes.write_default_routes(
+                self.state_dir / "routes.json", executors, self.config.router.shadow_share
+            )
+
+    async def start(self) -> None:
+        self.prepare()
+        self.supervisor = Supervisor(
+            self.specs,
+            self.state_dir / "logs",
+            self.config.temporal.namespace,
+            self.config.temporal.task_queue,
+            say=self._say,
+        )
+        self._say(f"starting {len(self.specs)} services (logs in {self.state_dir / 'logs'})")
+        await self.supervisor.start(self.stop_event)
+        self._write_state()
+
+    def _write_state(self) -> None:
+        assert self.supervisor is not None
+        state = {
+            "pid": os.getpid(),
+            "services": {
+                s.name: {"address": s.address, "pid": self.supervisor.pids().get(s.name), "info": s.info}
+                for s in self.specs
+            },
+            "temporal_ui": next((s.info.removeprefix("UI ") for s in self.specs if s.name == "temporal"), ""),
+            "ledger_url": self.config.ledger_url if not self.config.database_url else "(configured)",
+            "state_dir": str(self.state_dir),
+        }
+        path = self.state_dir / "cluster.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2), encoding="utf-8")
+        tmp.replace(path)
+
+    async def status(self) -> list[StatusRow]:
+        assert self.supervisor is not None
+        rows = []
+        for spec in self.specs:
+            status = await self.supervisor.probe(spec)
+            models = "-"
+            if spec.models:
+                models = health.readiness_summary(await health.executor_models(spec.address))
+            elif spec.info:
+                models = spec.info
+            rows.append(StatusRow(spec.name, spec.address or "(task queue)", status, models))
+        return rows
+
+    async def stop(self) -> None:
+        if self.supervisor is not None:
+            self._say("stopping: draining the router first, then every service")
+            await self.supervisor.stop()
+        (self.state_dir / "cluster.json").unlink(missing_ok=True)
+
+    async def __aenter__(self) -> LocalCluster:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+def install_stop_signals(event: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, event.set)
+
+
+async def serve_until_stopped(cluster: LocalCluster) -> int:
+    """Prints the status table, then waits for Ctrl-C/SIGTERM or a service dying."""
+    assert cluster.supervisor is not None
+    print(format_table(await cluster.status()), flush=True)
+    print("cluster is up; Ctrl-C stops it", flush=True)
+    died = await cluster.supervisor.watch(cluster.stop_event)
+    if died is not None:
+        child = cluster.supervisor.children[died]
+        print(
+            f"{died} exited unexpectedly (code {child.proc.returncode}); stopping the cluster",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+async def up(config: Config) -> int:
+    cluster = LocalCluster(config)
+    install_stop_signals(cluster.stop_event)
+    try:
+        await cluster.start()
+        if cluster.stop_event.is_set():
+            return 130
+        return await serve_until_stopped(cluster)
+    except StartupFailed as exc:
+        print(f"switchyard up failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await cluster.stop()

@@ -1,0 +1,191 @@
+"""deploy/: Dockerfiles pass hadolint, manifests render with `kubectl kustomize` and pass
+`kubernetes-validate` strictly, and both say what the services actually need.
+
+No container engine runs here, so images are linted and checked against the tree (every COPY
+source exists), not built. `SWITCHYARD_KUBECTL=/path/a:/path/b` renders with further kubectl
+binaries too (e.g. Debian's 1.20 with its kustomize v2.0.3, to keep the manifests portable).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from switchyard.config import env_names
+from tests.conftest import IN_CI, ROOT
+
+DEPLOY = ROOT / "deploy"
+DOCKERFILES = sorted((DEPLOY / "docker").glob("*.Dockerfile"))
+OVERLAYS = ["base", "overlays/production", "overlays/gpu", "overlays/tpu"]
+K8S_VERSION = kubernetes_validate.latest_version()
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    if found is None:
+        message = f"{name} not found; `make setup` installs it"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def _kubectls() -> list[str]:
+    extra = [p for p in os.environ.get("SWITCHYARD_KUBECTL", "").split(":") if p]
+    return ["kubectl", *extra]
+
+
+def render(overlay: str, kubectl: str = "kubectl") -> list[dict[str, Any]]:
+    binary = _tool(kubectl) if kubectl == "kubectl" else kubectl
+    proc = subprocess.run(
+        [binary, "kustomize", str(DEPLOY / "k8s" / overlay)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def workloads(docs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "StatefulSet"):
+            yield doc
+
+
+def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(doc["spec"]["template"]["spec"]["containers"])
+
+
+def test_every_environment_has_an_image() -> None:
+    assert {p.name for p in DOCKERFILES} == {
+        f"{n}.Dockerfile" for n in ("cpu", "cuda", "xla", "tpu", "control")
+    }
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_passes_hadolint(dockerfile: Path) -> None:
+    proc = subprocess.run([_tool("hadolint"), str(dockerfile)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_rejects_a_careless_dockerfile(tmp_path: Path) -> None:
+    # The linter must be able to fail: unpinned base and packages, cache kept, running as root.
+    bad = tmp_path / "bad.Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install requests\nCMD python app.py\n")
+    proc = subprocess.run([_tool("hadolint"), str(bad)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "DL3007" in proc.stdout and "DL3013" in proc.stdout
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_copies_only_what_the_tree_has(dockerfile: Path) -> None:
+    for line in dockerfile.read_text().splitlines():
+        if not line.startswith("COPY ") or "--from=" in line:
+            continue
+        *sources, _dest = line.split()[1:]
+        for src in sources:
+            assert (ROOT / src).exists(), f"{dockerfile.name}: COPY {src} does not exist in the repository"
+
+
+@pytest.mark.parametrize("kubectl", _kubectls())
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_manifests_render_and_validate(overlay: str, kubectl: str) -> None:
+    docs = render(overlay, kubectl)
+    assert docs
+    for doc in docs:
+        # strict: unknown fields (a typo in a probe, say) are errors, not silently dropped.
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_validator_rejects_a_broken_manifest() -> None:
+    doc = render("base")[0]
+    broken = {**doc, "spec": {"replicas": "three", "selector": {}, "template": {}}, "kind": "Deployment"}
+    broken["apiVersion"] = "apps/v1"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_every_service_has_a_workload_with_grpc_probes() -> None:
+    docs = render("base")
+    names = {d["metadata"]["name"] for d in workloads(docs)}
+    assert names >= {"router", "metering", "evaluator", "trial-worker", "executor-cpu", "executor-xla"}
+    for doc in workloads(docs):
+        for c in containers(doc):
+            assert {"name": "switchyard-config"} in [e.get("configMapRef") for e in c.get("envFrom", [])]
+            for port in c.get("ports", []):
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    assert c[probe]["grpc"]["port"] == port["containerPort"], (doc["metadata"]["name"], probe)
+    # PostgreSQL and Temporal are external: nothing here runs them.
+    images = [c["image"] for d in workloads(docs) for c in containers(d)]
+    assert not [i for i in images if "postgres" in i or "temporal" in i]
+
+
+def _resources(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    doc = next(d for d in workloads(docs) if d["metadata"]["name"] == name)
+    return dict(containers(doc)[0]["resources"])
+
+
+def test_accelerator_overlays_request_their_devices() -> None:
+    gpu = render("overlays/gpu")
+    assert _resources(gpu, "executor-cuda")["limits"]["nvidia.com/gpu"] == "1"
+    tpu = render("overlays/tpu")
+    assert _resources(tpu, "executor-tpu")["limits"]["google.com/tpu"] == "4"
+    assert _resources(tpu, "executor-xla")["limits"]["google.com/tpu"] == "4"
+    xla = next(d for d in workloads(tpu) if d["metadata"]["name"] == "executor-xla")
+    assert {"name": "PJRT_DEVICE", "value": "TPU"} in containers(xla)[0]["env"]
+    # The CPU-only base asks for no accelerator at all.
+    for doc in workloads(render("base")):
+        limits = containers(doc)[0].get("resources", {}).get("limits", {})
+        assert not {"nvidia.com/gpu", "google.com/tpu"} & set(limits)
+
+
+def test_production_overlay_is_namespaced_and_uses_the_registry() -> None:
+    docs = render("overlays/production")
+    for doc in docs:
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "switchyard", doc["metadata"]["name"]
+    for doc in workloads(docs):
+        for c in containers(doc):
+            assert c["image"].startswith("registry.example.com/switchyard/"), c["image"]
+
+
+def _switchyard_vars(text: str) -> set[str]:
+    return set(re.findall(r"\bSWITCHYARD_[A-Z0-9_]+\b", text))
+
+
+def test_configured_environment_variables_are_read_by_something() -> None:
+    # Each SWITCHYARD_* a manifest or the compose file sets must be a key of the cluster config
+    # or a variable some service reads; otherwise it is configuration that does nothing.
+    used = set()
+    for path in [*DEPLOY.glob("k8s/**/*.yaml"), DEPLOY / "compose" / "compose.yaml"]:
+        used |= _switchyard_vars(path.read_text())
+    code = "".join(
+        p.read_text()
+        for d in ("switchyard", "services", "workflows", "clients")
+        for p in (ROOT / d).rglob("*.py")
+    )
+    known = env_names() | _switchyard_vars(code)
+    assert used - known == set()
+
+
+def test_compose_file_is_consistent() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    services = compose["services"]
+    assert {"postgres", "temporal", "metering", "evaluator", "router", "worker", "executor-cpu"} <= set(
+        services
+    )
+    for name, svc in services.items():
+        for dep in svc.get("depends_on", []):
+            assert dep in services, f"{name} depends on unknown service {dep}"
+        build = svc.get("build")
+        if build:
+            assert (DEPLOY / "compose" / build["context"] / build["dockerfile"]).exists(), name
+    assert "SWITCHYARD_DATABASE_URL" in compose["x-switchyard-env"]
