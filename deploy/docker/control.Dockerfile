@@ -25,8 +25,6 @@ ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OF
 COPY --from=build /opt/venv /opt/venv
 RUN useradd --system --uid 10001 --home-dir /var/lib/switchyard --create-home switchyard
 WORKDIR /opt/switchyard
-COPY alembic.ini ./
-COPY migrations/ migrations/
 USER 10001:10001
 EXPOSE 8001 8201 8301
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s \

@@ -1,0 +1,174 @@
+"""`switchyard demo`, what `make run` runs: the cluster up, then the main job end to end.
+
+The main job (`run_main_job`) only needs the services' addresses, so the end-to-end test
+drives it against a `switchyard up` running in another process, exactly as here:
+a team principal and key, a few hundred requests through the router with `tritonclient.grpc`
+(a share mirrored to the XLA path), a `tiny-lm` trial cpu-eager vs xla to its verdict, and
+the finance report from the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from switchyard.cluster import finance, trial
+from switchyard.cluster.traffic import TeamKey, TrafficResult, create_team_key, send_requests
+from switchyard.cluster.up import LocalCluster, format_table, install_stop_signals, serve_until_stopped
+from switchyard.config import Config
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    keep: bool = False
+    requests: int = 300
+    concurrency: int = 8
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the main job finds the cluster (from LocalCluster or cluster.json)."""
+
+    router: str
+    metering: str
+    temporal: str
+    namespace: str
+    task_queue: str
+    executors: Mapping[str, str]
+    temporal_ui: str = ""
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, object], namespace: str = "default",
+                   task_queue: str = "switchyard-trials") -> Endpoints:  # fmt: skip
+        services = state["services"]
+        assert isinstance(services, dict)
+        temporal = services.get("temporal", {}).get("address") or str(state.get("temporal_address", ""))
+        return cls(
+            router=services["router"]["address"],
+            metering=services["metering"]["address"],
+            temporal=temporal,
+            namespace=namespace,
+            task_queue=task_queue,
+            executors={
+                name.removeprefix("executor-"): s["address"]
+                for name, s in services.items()
+                if name.startswith("executor-")
+            },
+            temporal_ui=str(state.get("temporal_ui", "")),
+        )
+
+
+@dataclass
+class MainJobResult:
+    team: TeamKey
+    traffic: list[TrafficResult] = field(default_factory=list)
+    trial: trial.TrialOutcome | None = None
+    finance: list[finance.PathCost] = field(default_factory=list)
+    reports: dict[str, Path] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+def _split(total: int, models: list[str]) -> dict[str, int]:
+    share = {m: total // len(models) for m in models}
+    share[models[0]] += total - sum(share.values())
+    return share
+
+
+async def run_main_job(
+    ep: Endpoints,
+    out_dir: Path,
+    requests: int = 300,
+    concurrency: int = 8,
+    tell: Callable[[str], None] = print,
+) -> MainJobResult:
+    """The whole job against a running cluster; returns what it measured."""
+    began = time.monotonic()
+    run = uuid.uuid4().hex[:8]
+    window_start_us = int(time.time() * 1_000_000)
+    await finance.ensure_prices(ep.metering, ep.executors)
+
+    team = await create_team_key(ep.metering, f"team-demo-{run}")
+    tell(f"team principal {team.team} ({team.principal_id}) with key id {team.key_id} and role infer")
+    result = MainJobResult(team)
+
+    reservations = await finance.open_reservations(ep.metering, ep.executors, run, window_start_us)
+    models = ["mlp", "tiny-lm"]
+    for model, count in _split(requests, models).items():
+        traffic = await send_requests(
+            ep.router, team.key, model, count, concurrency, seed=len(result.traffic)
+        )
+        result.traffic.append(traffic)
+        tell(
+            f"{model}: {traffic.ok}/{traffic.sent} ok through the router in {traffic.wall_s:.1f}s, "
+            f"p50 {traffic.p(50):.1f} ms, p99 {traffic.p(99):.1f} ms; answered by {traffic.answered_by}"
+            + (f"; errors {traffic.errors}" if traffic.errors else "")
+        )
+
+    if "xla" in ep.executors:
+        tell("trial: tiny-lm cpu-eager (reference) vs xla, started on Temporal ...")
+        outcome = await trial.run_trial(ep, out_dir, run)
+        result.trial = outcome
+        result.reports.update(outcome.reports)
+    else:
+        tell("trial skipped: no XLA executor in this cluster (make setup-xla)")
+
+    await finance.close_reservations(ep.metering, reservations)
+    result.finance = await finance.report(ep.metering, window_start_us)
+    html = await finance.write_html(ep.metering, out_dir / "finance.html", window_start_us)
+    if html is not None:
+        result.reports["finance"] = html
+    result.wall_s = time.monotonic() - began
+    return result
+
+
+def print_summary(result: MainJobResult, ep: Endpoints) -> None:
+    print()
+    if result.trial is not None:
+        print(f"trial {result.trial.trial_id}: {result.trial.status}")
+        for path, verdict in sorted(result.trial.verdicts.items()):
+            reason = result.trial.reasons.get(path, "")
+            print(f"  {path:<12} {verdict:<13} {reason}")
+    print()
+    print("finance report (this run's window; money in the ledger's currency)")
+    print(finance.format_table(result.finance))
+    print()
+    if ep.temporal_ui:
+        print(f"Temporal UI:   {ep.temporal_ui}  (workflow type TrialWorkflow, task queue {ep.task_queue})")
+    for name, report_path in sorted(result.reports.items()):
+        print(f"{name + ' report:':<14} {report_path}")
+    print(f"main job took {result.wall_s:.1f}s")
+
+
+async def demo(config: Config, options: DemoOptions) -> int:
+    began = time.monotonic()
+    cluster = LocalCluster(config)
+    install_stop_signals(cluster.stop_event)
+    try:
+        await cluster.start()
+        if cluster.stop_event.is_set():
+            return 130
+        print(format_table(await cluster.status()), flush=True)
+        state = json.loads((cluster.state_dir / "cluster.json").read_text())
+        ep = Endpoints.from_state(state, config.temporal.namespace, config.temporal.task_queue)
+        job = asyncio.ensure_future(
+            run_main_job(ep, cluster.state_dir / "reports", options.requests, options.concurrency)
+        )
+        stopper = asyncio.ensure_future(cluster.stop_event.wait())
+        await asyncio.wait({job, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not job.done():
+            job.cancel()
+            print("interrupted: stopping the cluster")
+            return 130
+        stopper.cancel()
+        print_summary(job.result(), ep)
+        print(f"demo finished in {time.monotonic() - began:.1f}s (cluster start included)")
+        if options.keep:
+            return await serve_until_stopped(cluster)
+        return 0
+    finally:
+        await cluster.stop()

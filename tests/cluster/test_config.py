@@ -1,0 +1,146 @@
+"""The cluster configuration: defaults, file, environment, and errors that name the key."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from switchyard.cluster.plan import build_plan, enabled_executors
+from switchyard.cluster.routes import render_routes
+from switchyard.config import ConfigError, env_names, load_config
+from tests.conftest import ROOT
+
+
+def test_embedded_defaults_are_the_documented_ports() -> None:
+    c = load_config(env={})
+    assert (c.router.port, c.metering_port, c.evaluator_port) == (8001, 8201, 8301)
+    assert (c.temporal.port, c.temporal.ui_port, c.temporal.local) == (7233, 8233, True)
+    assert {e.backend: e.port for e in c.executors} == {"cpu": 8101, "xla": 8102, "cuda": 8103, "tpu": 8104}
+    assert c.ledger_url.startswith("sqlite:///") and c.ledger_url.endswith("var/cluster/ledger.db")
+
+
+def test_file_then_environment_override_in_that_order(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[router]\nport = 9001\nshadow_share = 0.5\n[executors.cpu]\nmodels = ["mlp"]\n')
+    c = load_config(f, env={"SWITCHYARD_ROUTER_PORT": "9002", "SWITCHYARD_EXECUTORS_XLA_ENABLED": "false"})
+    assert c.router.port == 9002  # environment beats file
+    assert c.router.shadow_share == 0.5  # file beats defaults
+    assert c.executor("cpu").models == ("mlp",)
+    assert c.executor("xla").enabled == "false"
+
+
+def test_environment_values_are_typed() -> None:
+    env = {
+        "SWITCHYARD_EXECUTORS_CPU_MODELS": "mlp, tiny-lm",
+        "SWITCHYARD_WORKER_ENABLED": "no",
+        "SWITCHYARD_ROUTER_SHADOW_SHARE": "0.25",
+    }
+    c = load_config(env=env)
+    assert c.executor("cpu").models == ("mlp", "tiny-lm")
+    assert c.worker_enabled is False
+    assert c.router.shadow_share == 0.25
+    with pytest.raises(ConfigError, match="SWITCHYARD_ROUTER_PORT='eighty'"):
+        load_config(env={"SWITCHYARD_ROUTER_PORT": "eighty"})
+
+
+def test_postgres_url_and_remote_temporal_pass_through_unchanged() -> None:
+    env = {
+        "SWITCHYARD_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:5432/ledger",
+        "SWITCHYARD_TEMPORAL_ADDRESS": "temporal.prod:7233",
+        "SWITCHYARD_EXECUTORS_XLA_ENABLED": "false",
+    }
+    c = load_config(env=env)
+    assert c.ledger_url == env["SWITCHYARD_DATABASE_URL"]
+    specs, _ = build_plan(c, ROOT)
+    names = [s.name for s in specs]
+    assert "temporal" not in names  # a remote Temporal: no dev server here
+    metering = next(s for s in specs if s.name == "metering")
+    assert metering.env["SWITCHYARD_DATABASE_URL"] == env["SWITCHYARD_DATABASE_URL"]
+    worker = next(s for s in specs if s.name == "trial-worker")
+    assert "temporal.prod:7233" in worker.argv
+
+
+def test_xla_interpreter_alias_and_its_precedence(tmp_path: Path) -> None:
+    c = load_config(env={"SWITCHYARD_XLA_PYTHON": "/a/python"})
+    assert c.executor("xla").python == "/a/python"
+    c = load_config(
+        env={"SWITCHYARD_XLA_PYTHON": "/a/python", "SWITCHYARD_EXECUTORS_XLA_PYTHON": "/b/python"}
+    )
+    assert c.executor("xla").python == "/b/python"
+
+
+def test_auto_executors_start_only_where_their_environment_exists(tmp_path: Path) -> None:
+    missing = load_config(env={"SWITCHYARD_XLA_PYTHON": str(tmp_path / "nope")})
+    assert "xla" not in [e.backend for e, _ in enabled_executors(missing)]
+    present = load_config(env={"SWITCHYARD_XLA_PYTHON": sys.executable})
+    assert "xla" in [e.backend for e, _ in enabled_executors(present)]
+    forced = load_config(
+        env={"SWITCHYARD_XLA_PYTHON": str(tmp_path / "nope"), "SWITCHYARD_EXECUTORS_XLA_ENABLED": "true"}
+    )
+    with pytest.raises(ConfigError, match="make setup-xla"):
+        enabled_executors(forced)
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[router]\nprot = 1\n", "unknown configuration key 'router.prot'"),
+        ("[router]\nport = true\n", "'router.port' must be a int"),
+        ("[router]\nport = 70000\n", "between 0 and 65535"),
+        ("[router]\nshadow_share = 2\n", r"within \[0, 1\]"),
+        ('[database]\nurl = "mysql://x"\n', "sqlite:// or postgresql://"),
+        ("[executors.gpu9]\nport = 1\n", "unknown configuration key 'executors.gpu9'"),
+        ('[executors.cpu]\nenabled = "maybe"\n', "true, false or"),
+        ("router = [", "not valid TOML"),
+    ],
+)
+def test_bad_configuration_names_the_key(tmp_path: Path, toml: str, message: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(toml)
+    with pytest.raises(ConfigError, match=message):
+        load_config(f, env={})
+
+
+def test_missing_file_is_reported() -> None:
+    with pytest.raises(ConfigError, match="cannot read configuration file"):
+        load_config("/nonexistent/switchyard.toml", env={})
+
+
+def test_env_names_cover_the_documented_variables() -> None:
+    names = env_names()
+    assert {
+        "SWITCHYARD_DATABASE_URL",
+        "SWITCHYARD_TEMPORAL_ADDRESS",
+        "SWITCHYARD_XLA_PYTHON",
+        "SWITCHYARD_EXECUTORS_CPU_PORT",
+        "SWITCHYARD_CONFIG",
+    } <= names
+
+
+def test_port_zero_gets_a_free_port_for_every_service(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(
+        "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n[router]\nport = 0\n"
+        "[executors.cpu]\nport = 0\n[executors.xla]\nenabled = false\n"
+    )
+    specs, ports = build_plan(load_config(f, env={}), ROOT)
+    addresses = [s.address for s in specs if s.address]
+    assert len(set(addresses)) == len(addresses)
+    assert all(not a.endswith(":0") for a in addresses)
+    assert ports.router != 8001
+
+
+def test_derived_routes_pin_cpu_and_shadow_to_xla() -> None:
+    c = load_config(env={"SWITCHYARD_XLA_PYTHON": sys.executable})
+    specs, _ = build_plan(c, ROOT)
+    executors = {s.name.removeprefix("executor-"): s for s in specs if s.name.startswith("executor-")}
+    text = render_routes(executors, 0.2)
+    import tomllib
+
+    routes = tomllib.loads(text)
+    assert routes["deployments"]["cpu"]["address"] == "127.0.0.1:8101"
+    assert routes["routes"]["mlp"]["targets"] == ["cpu"]
+    assert routes["routes"]["mlp"]["shadow"] == {"share": 0.2, "candidates": ["xla"]}
+    assert "shadow" not in routes["routes"]["minilm-l6"]  # the XLA executor does not serve it
