@@ -17,14 +17,22 @@ COPY switchyard/ switchyard/
 COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
-RUN pip install --no-cache-dir -c requirements/main.txt ".[control]"
+RUN pip install --no-cache-dir -c requirements/main.txt ".[control]" \
+    && pip uninstall --yes switchyard
 
 FROM ${PYTHON_IMAGE}
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-    SWITCHYARD_HOST=0.0.0.0
+ENV PATH=/opt/venv/bin:$PATH PYTHONPATH=/opt/switchyard PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 COPY --from=build /opt/venv /opt/venv
 RUN useradd --system --uid 10001 --home-dir /var/lib/switchyard --create-home switchyard
+# The source tree itself runs (PYTHONPATH), as in a checkout: migrations, alembic.ini and the
+# model checkpoints are found next to the code, and the XLA image needs no project install.
 WORKDIR /opt/switchyard
+COPY switchyard/ switchyard/
+COPY services/ services/
+COPY clients/ clients/
+COPY workflows/ workflows/
+COPY alembic.ini ./
+COPY migrations/ migrations/
 USER 10001:10001
 EXPOSE 8001 8201 8301
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s \

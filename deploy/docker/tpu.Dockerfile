@@ -17,14 +17,21 @@ COPY switchyard/ switchyard/
 COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
-RUN pip install --no-cache-dir -c requirements/main.txt .
+RUN pip install --no-cache-dir -c requirements/main.txt . \
+    && pip uninstall --yes switchyard
 
 FROM ${PYTHON_IMAGE}
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 SWITCHYARD_HOST=0.0.0.0
+ENV PATH=/opt/venv/bin:$PATH PYTHONPATH=/opt/switchyard PYTHONUNBUFFERED=1
 COPY --from=build /opt/venv /opt/venv
 RUN useradd --system --uid 10001 --home-dir /var/lib/switchyard --create-home switchyard
+# The source tree itself runs (PYTHONPATH), as in a checkout: migrations, alembic.ini and the
+# model checkpoints are found next to the code, and the XLA image needs no project install.
+WORKDIR /opt/switchyard
+COPY switchyard/ switchyard/
+COPY services/ services/
+COPY clients/ clients/
+COPY workflows/ workflows/
 USER 10001:10001
-WORKDIR /var/lib/switchyard
 EXPOSE 8104
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
   CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8104"]

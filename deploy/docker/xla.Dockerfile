@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # XLA executor image: the XLA environment exactly as requirements/xla.txt pins it (torch 2.9.0 +
-# torch_xla 2.9.0, which pins its torch), with the project code installed without dependencies
-# so nothing outside that list comes in. PJRT_DEVICE=CPU by default; TPU hosts set
+# torch_xla 2.9.0, which pins its torch) and nothing else; the project's source runs from
+# /opt/switchyard. PJRT_DEVICE=CPU by default; TPU hosts set
 # PJRT_DEVICE=TPU and build with --build-arg LIBTPU_VERSION=0.0.51.
 # Build from the repository root:  docker build -f deploy/docker/xla.Dockerfile -t switchyard/executor-xla .
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
@@ -15,19 +15,19 @@ WORKDIR /src
 COPY requirements/ requirements/
 RUN pip install --no-cache-dir -r requirements/xla.txt \
     && if [ -n "${LIBTPU_VERSION}" ]; then pip install --no-cache-dir "libtpu==${LIBTPU_VERSION}"; fi
-COPY pyproject.toml README.md ./
+
+FROM ${PYTHON_IMAGE}
+ENV PATH=/opt/venv/bin:$PATH PYTHONPATH=/opt/switchyard PYTHONUNBUFFERED=1 PJRT_DEVICE=CPU
+COPY --from=build /opt/venv /opt/venv
+RUN useradd --system --uid 10001 --home-dir /var/lib/switchyard --create-home switchyard
+# The source tree itself runs (PYTHONPATH), as in a checkout: migrations, alembic.ini and the
+# model checkpoints are found next to the code, and the XLA image needs no project install.
+WORKDIR /opt/switchyard
 COPY switchyard/ switchyard/
 COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
-RUN pip install --no-cache-dir --no-deps .
-
-FROM ${PYTHON_IMAGE}
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PJRT_DEVICE=CPU SWITCHYARD_HOST=0.0.0.0
-COPY --from=build /opt/venv /opt/venv
-RUN useradd --system --uid 10001 --home-dir /var/lib/switchyard --create-home switchyard
 USER 10001:10001
-WORKDIR /var/lib/switchyard
 EXPOSE 8102
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
   CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8102"]

@@ -119,9 +119,9 @@ async def run_main_job(
 
     await finance.close_reservations(ep.metering, reservations)
     result.finance = await finance.report(ep.metering, window_start_us)
-    html = await finance.write_html(ep.metering, out_dir / "finance.html", window_start_us)
-    if html is not None:
-        result.reports["finance"] = html
+    result.reports["finance"] = await finance.write_html(
+        ep.metering, out_dir / "finance.html", window_start_us
+    )
     result.wall_s = time.monotonic() - began
     return result
 

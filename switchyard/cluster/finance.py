@@ -7,6 +7,8 @@ job and the idle share, in integer micro-units as the ledger keeps them.
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from pathlib import Path
 import grpc
 
 from switchyard.cluster.routes import PATH_IDS
+from switchyard.errors import FailedPrecondition
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc, metering_pb2, metering_pb2_grpc
 
 ACTOR = metering_pb2.Actor(principal="admin", source="switchyard demo")
@@ -22,6 +25,10 @@ ACTOR = metering_pb2.Actor(principal="admin", source="switchyard demo")
 # same two CPU cores, so the same price; the trial then compares cost per completed job.
 LOCAL_PRICES = {"cpu": 120_000, "xla": 120_000, "cuda": 2_500_000, "tpu": 1_200_000}
 CURRENCY = "USD"
+
+
+class FinanceError(FailedPrecondition):
+    """A finance step of the main job did not complete."""
 
 
 @dataclass(frozen=True)
@@ -176,12 +183,18 @@ def format_table(rows: list[PathCost]) -> str:
     return "\n".join(lines) if body else "(no cost lines in this window)"
 
 
-async def write_html(metering: str, path: Path, since_us: int) -> Path | None:
-    """The ledger's self-contained HTML report, where the metering package provides one."""
-    try:
-        from services.metering import html  # type: ignore[attr-defined]
-    except ImportError:
-        return None
+async def write_html(metering: str, path: Path, since_us: int) -> Path:
+    """The ledger's self-contained HTML report, made by the finance tool a person would run
+    (`switchyard ledger html`), so the demo shows exactly what that command gives."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    written: Path = await html.write_report(metering, path, since_us)
-    return written
+    argv = [sys.executable, "-m", "switchyard", "ledger", "html", "-o", str(path)]
+    argv += ["--since", str(since_us), "--metering", metering, "--as", "switchyard-demo"]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise FinanceError(
+            f"switchyard ledger html failed ({proc.returncode}): {out.decode(errors='replace')}"
+        )
+    return path
