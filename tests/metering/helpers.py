@@ -28,15 +28,9 @@ async def setup_path(
 
 def event(key: str, start: int, busy: int, path: str = "cpu-eager@h1", **kw: object) -> pb.UsageEvent:
     fields: dict[str, object] = dict(model="mlp", team="search", status="completed", met_quality=True)
+    fields.update(ended_unix_us=start + max(busy, 0))
     fields.update(kw)
-    return pb.UsageEvent(
-        idempotency_key=key,
-        path=path,
-        busy_us=busy,
-        started_unix_us=start,
-        ended_unix_us=start + busy,
-        **fields,  # type: ignore[arg-type]
-    )
+    return pb.UsageEvent(idempotency_key=key, path=path, busy_us=busy, started_unix_us=start, **fields)  # type: ignore[arg-type]
 
 
 async def expect_status(call: object, code: grpc.StatusCode, fragment: str = "") -> str:

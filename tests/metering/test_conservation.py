@@ -1,0 +1,131 @@
+"""Property: whatever the reservations, prices, jobs and failures, cost is conserved exactly.
+
+For each generated scenario (price changes inside the reservation, jobs with several usage
+events, failed and cancelled jobs, preparation charges, busy time that may even exceed the
+reservation), the lines inside a closed reservation sum to reserved time x price computed
+independently with exact fractions and rounded once; idle shares sum to the idle line;
+idle time is shared out completely; and the cost report agrees to the micro-unit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import select
+
+from services.metering.ledger import Ledger
+from services.metering.records import Actor, UsageEvent
+from services.metering.schema import LINES
+from tests.metering.helpers import T0
+
+HOUR = 3_600_000_000
+ACTOR = Actor("prop", "test")
+
+job_st = st.tuples(
+    st.lists(st.integers(0, 2 * HOUR), min_size=1, max_size=4),  # busy time of each usage event
+    st.sampled_from([("completed", True), ("completed", False), ("failed", False), ("cancelled", False)]),
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    length: int  # reserved microseconds
+    prices: list[tuple[float, int]]  # (where in the reservation it takes effect, micros per hour)
+    jobs: list[tuple[list[int], tuple[str, bool]]]  # (busy time per usage event, outcome)
+    prepare: list[int]  # preparation charges (each its own completed job)
+
+
+scenario_st = st.builds(
+    Scenario,
+    length=st.integers(1, 10 * HOUR),
+    prices=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 10**10)), min_size=1, max_size=3),
+    jobs=st.lists(job_st, max_size=6),
+    prepare=st.lists(st.integers(1, HOUR), max_size=2),
+)
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Ledger]:
+    led = Ledger.open(db_url)
+    try:
+        yield led
+    finally:
+        led.close()
+
+
+def exact_total(length: int, prices: list[tuple[int, int]]) -> int:
+    """Reserved time x price by exact fractions: the reference the ledger must meet."""
+    total = Fraction(0)
+    for i, (start, per_hour) in enumerate(prices):
+        stop = prices[i + 1][0] if i + 1 < len(prices) else length
+        total += Fraction((stop - start) * per_hour, HOUR)
+    whole = total.numerator // total.denominator
+    return whole + (1 if total - whole >= Fraction(1, 2) else 0)
+
+
+def run_scenario(ledger: Ledger, sc: Scenario) -> None:
+    tag = uuid.uuid4().hex[:10]
+    key, path = f"price-{tag}", f"path-{tag}"
+    length = sc.length
+    # Price changes at fractions of the reservation; the first is in force from its start.
+    starts = sorted({0, *(int(f * length) for f, _ in sc.prices[1:])})
+    values = [v for _, v in sc.prices][: len(starts)]
+    prices = list(zip(starts, values, strict=False))
+    for offset, per_hour in prices:
+        ledger.set_price(ACTOR, key, per_hour, "EUR", T0 + offset)
+    ledger.register_path(ACTOR, path, "cpu", "cpu-16", key, "h")
+    res = ledger.open_reservation(ACTOR, f"res-{tag}", path, T0, "")
+    events = []
+    for j, (busies, (status, quality)) in enumerate(sc.jobs):
+        for n, busy in enumerate(busies):
+            start = T0 + (j * 7919 + n * 104729) % length
+            last = n == len(busies) - 1
+            events.append(
+                UsageEvent(
+                    f"{tag}-{j}-{n}",
+                    path,
+                    model="m",
+                    team="t",
+                    job_id=f"{tag}-job{j}",
+                    kind="trial",
+                    status=status if last else "",
+                    met_quality=quality if last else False,
+                    busy_us=busy,
+                    started_us=start,
+                    ended_us=start + busy,
+                )
+            )
+    if events:
+        ledger.record_usage(events)
+    for p, prep in enumerate(sc.prepare):
+        ledger.complete_job(f"{tag}-prep{p}", path, "m", "t", "completed", True, "", prep, T0 + prep)
+    closed = ledger.close_reservation(ACTOR, res.reservation_id, T0 + length)
+
+    expected = exact_total(length, prices)
+    assert closed.cost_micros == expected
+    lines = ledger.read(
+        lambda c: c.execute(select(LINES).where(LINES.c.reservation_id == res.reservation_id)).all()
+    )
+    assert sum(r.amount_micros for r in lines) == expected  # jobs + idle = reserved time x price
+    idle_lines = [r for r in lines if r.basis in ("idle", "idle_share")]
+    assert sum(r.amount_micros for r in idle_lines) == closed.idle_micros
+    assert sum(r.quantity_us for r in lines) == length  # every reserved microsecond is on a line
+    busy_jobs = {r.job_id for r in lines if r.basis == "busy" and r.quantity_us > 0}
+    assert {r.job_id for r in idle_lines if r.basis == "idle_share"} == busy_jobs
+    report = ledger.cost_report(["path"], T0, 0)
+    row = next(r for r in report if r.group["path"] == path)
+    assert row.total_micros == expected and row.unpriced_events == 0
+    completed = sum(1 for _, (s, q) in sc.jobs if s == "completed" and q) + len(sc.prepare)
+    assert row.jobs_completed == completed
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=scenario_st)
+def test_cost_is_conserved_exactly(ledger: Ledger, sc: Scenario) -> None:
+    run_scenario(ledger, sc)
