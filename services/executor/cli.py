@@ -1,4 +1,7 @@
-"""CLI commands of this component (placeholder until the component lands)."""
+"""`switchyard executor serve|describe`: run an executor process, or describe a running one.
+
+Registration is cheap; torch and grpc are imported inside the command functions.
+"""
 
 from __future__ import annotations
 
@@ -7,4 +10,68 @@ from typing import Any
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Adds this component's subcommands; none yet."""
+    parser = sub.add_parser("executor", help="run or inspect an executor (one accelerator path)")
+    commands = parser.add_subparsers(dest="executor_command", required=True, metavar="SUBCOMMAND")
+
+    serve = commands.add_parser("serve", help="serve models on one backend over OIP gRPC")
+    serve.add_argument("--backend", default="cpu", help="cpu | cuda | xla | tpu (default cpu)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--port", type=int, default=-1, help="default: 8101 cpu, 8102 xla, 8103 cuda, 8104 tpu"
+    )
+    serve.add_argument(
+        "--models", default="mlp", help="comma-separated models to load at start (name[:version])"
+    )
+    serve.add_argument("--mode", default="", help="execution mode (default: the backend's first)")
+    serve.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 | fp64")
+    serve.add_argument("--buckets", default="1,2,4,8", help="batch buckets warmed at load")
+    serve.add_argument("--max-queue-delay-us", type=int, default=0)
+    serve.add_argument("--max-queue-size", type=int, default=64)
+    serve.add_argument("--no-batching", action="store_true", help="run every request alone")
+    serve.add_argument("--max-message-mb", type=int, default=64)
+    serve.add_argument("--price-key", default="")
+    serve.set_defaults(func=_serve)
+
+    describe = commands.add_parser("describe", help="print an executor's Describe as JSON")
+    describe.add_argument("--address", default="127.0.0.1:8101")
+    describe.set_defaults(func=_describe)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from services.executor.config import DEFAULT_PORTS, ExecutorConfig
+    from services.executor.server import start_executor
+
+    config = ExecutorConfig(
+        backend=args.backend,
+        host=args.host,
+        port=args.port if args.port >= 0 else DEFAULT_PORTS.get(args.backend, 8101),
+        models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
+        mode=args.mode,
+        precision=args.precision,
+        batch_buckets=tuple(int(b) for b in args.buckets.split(",")),
+        max_queue_delay_us=args.max_queue_delay_us,
+        max_queue_size=args.max_queue_size,
+        dynamic_batching=not args.no_batching,
+        max_message_bytes=args.max_message_mb * 1024 * 1024,
+        price_key=args.price_key,
+    )
+
+    async def run() -> None:
+        running = await start_executor(config)
+        print(f"executor {running.executor.executor_id} serving on {running.address}", flush=True)
+        await running.serve_until_signal()
+
+    asyncio.run(run())
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    import json
+
+    from clients.executor import ExecutorClient
+
+    with ExecutorClient(args.address) as client:
+        print(json.dumps(client.describe(), indent=2, sort_keys=True))
+    return 0

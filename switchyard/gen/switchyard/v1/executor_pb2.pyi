@@ -111,6 +111,8 @@ class DescribeResponse(_message.Message):
     HOST_FIELD_NUMBER: _builtins.int
     MODES_FIELD_NUMBER: _builtins.int
     MODELS_FIELD_NUMBER: _builtins.int
+    EXECUTOR_ID_FIELD_NUMBER: _builtins.int
+    REGISTERED_MODELS_FIELD_NUMBER: _builtins.int
     torch_version: _builtins.str
     resource_class: _builtins.str
     """pricing class, e.g. "cpu-2core", "gpu-h200" """
@@ -118,6 +120,8 @@ class DescribeResponse(_message.Message):
     """key into the ledger's price book"""
     host: _builtins.str
     """host id; paths on one host never measure at once"""
+    executor_id: _builtins.str
+    """host id and port; appears in response parameters"""
     @_builtins.property
     def device(self) -> Global___DeviceInfo: ...
     @_builtins.property
@@ -130,6 +134,10 @@ class DescribeResponse(_message.Message):
 
     @_builtins.property
     def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelStatus]: ...
+    @_builtins.property
+    def registered_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"name:version" this executor can load"""
+
     def __init__(
         self,
         *,
@@ -141,10 +149,12 @@ class DescribeResponse(_message.Message):
         host: _builtins.str = ...,
         modes: _abc.Iterable[_builtins.str] | None = ...,
         models: _abc.Iterable[Global___ModelStatus] | None = ...,
+        executor_id: _builtins.str = ...,
+        registered_models: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["device", b"device"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "host", b"host", "models", b"models", "modes", b"modes", "price_key", b"price_key", "resource_class", b"resource_class", "torch_version", b"torch_version", "versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "executor_id", b"executor_id", "host", b"host", "models", b"models", "modes", b"modes", "price_key", b"price_key", "registered_models", b"registered_models", "resource_class", b"resource_class", "torch_version", b"torch_version", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -163,13 +173,15 @@ class LoadModelRequest(_message.Message):
     MAX_QUEUE_SIZE_FIELD_NUMBER: _builtins.int
     DYNAMIC_BATCHING_FIELD_NUMBER: _builtins.int
     CHECKPOINT_SHA256_FIELD_NUMBER: _builtins.int
+    FACTORY_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
     model_name: _builtins.str
     version: _builtins.str
     """"" = the registry's default version"""
     mode: _builtins.str
     """eager | compile | lazy | strict | debug | defer_and_fuse"""
     precision: _builtins.str
-    """fp32 | bf16 | fp16 ("" = fp32)"""
+    """fp32 | bf16 | fp16 | fp64 ("" = fp32)"""
     max_queue_delay_us: _builtins.int
     """dynamic batching delay; 0 = no waiting"""
     max_queue_size: _builtins.int
@@ -177,6 +189,11 @@ class LoadModelRequest(_message.Message):
     dynamic_batching: _builtins.bool
     checkpoint_sha256: _builtins.str
     """if set, the checkpoint must hash to this"""
+    factory: _builtins.str
+    """User model: registers model_name/version from a factory ("package.module:function"
+    returning switchyard.models.registry.UserModel) and a safetensors file on the executor.
+    """
+    checkpoint_path: _builtins.str
     @_builtins.property
     def batch_buckets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """batch sizes warmed up; requests pad up to one"""
@@ -193,10 +210,12 @@ class LoadModelRequest(_message.Message):
         max_queue_size: _builtins.int = ...,
         dynamic_batching: _builtins.bool = ...,
         checkpoint_sha256: _builtins.str = ...,
+        factory: _builtins.str = ...,
+        checkpoint_path: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_buckets", b"batch_buckets", "checkpoint_sha256", b"checkpoint_sha256", "dynamic_batching", b"dynamic_batching", "max_queue_delay_us", b"max_queue_delay_us", "max_queue_size", b"max_queue_size", "mode", b"mode", "model_name", b"model_name", "precision", b"precision", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_buckets", b"batch_buckets", "checkpoint_path", b"checkpoint_path", "checkpoint_sha256", b"checkpoint_sha256", "dynamic_batching", b"dynamic_batching", "factory", b"factory", "max_queue_delay_us", b"max_queue_delay_us", "max_queue_size", b"max_queue_size", "mode", b"mode", "model_name", b"model_name", "precision", b"precision", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -325,6 +344,11 @@ class ModelStatus(_message.Message):
     TIMINGS_FIELD_NUMBER: _builtins.int
     COMPATIBILITY_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    COUNTERS_FIELD_NUMBER: _builtins.int
+    MAX_BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    DYNAMIC_BATCHING_FIELD_NUMBER: _builtins.int
+    MAX_QUEUE_DELAY_US_FIELD_NUMBER: _builtins.int
+    MAX_QUEUE_SIZE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     version: _builtins.str
     state: _builtins.str
@@ -333,12 +357,18 @@ class ModelStatus(_message.Message):
     precision: _builtins.str
     checkpoint_sha256: _builtins.str
     error: _builtins.str
+    max_batch_size: _builtins.int
+    dynamic_batching: _builtins.bool
+    max_queue_delay_us: _builtins.int
+    max_queue_size: _builtins.int
     @_builtins.property
     def batch_buckets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def timings(self) -> Global___PhaseTimings: ...
     @_builtins.property
     def compatibility(self) -> Global___CompatibilityReport: ...
+    @_builtins.property
+    def counters(self) -> Global___ModelCounters: ...
     def __init__(
         self,
         *,
@@ -352,14 +382,61 @@ class ModelStatus(_message.Message):
         timings: Global___PhaseTimings | None = ...,
         compatibility: Global___CompatibilityReport | None = ...,
         error: _builtins.str = ...,
+        counters: Global___ModelCounters | None = ...,
+        max_batch_size: _builtins.int = ...,
+        dynamic_batching: _builtins.bool = ...,
+        max_queue_delay_us: _builtins.int = ...,
+        max_queue_size: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["compatibility", b"compatibility", "timings", b"timings"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compatibility", b"compatibility", "counters", b"counters", "timings", b"timings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_buckets", b"batch_buckets", "checkpoint_sha256", b"checkpoint_sha256", "compatibility", b"compatibility", "error", b"error", "mode", b"mode", "name", b"name", "precision", b"precision", "state", b"state", "timings", b"timings", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_buckets", b"batch_buckets", "checkpoint_sha256", b"checkpoint_sha256", "compatibility", b"compatibility", "counters", b"counters", "dynamic_batching", b"dynamic_batching", "error", b"error", "max_batch_size", b"max_batch_size", "max_queue_delay_us", b"max_queue_delay_us", "max_queue_size", b"max_queue_size", "mode", b"mode", "name", b"name", "precision", b"precision", "state", b"state", "timings", b"timings", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelStatus: _TypeAlias = ModelStatus  # noqa: Y015
+
+@_typing.final
+class ModelCounters(_message.Message):
+    """Requests a model has seen since it was loaded."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    EXECUTIONS_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    EXPIRED_IN_QUEUE_FIELD_NUMBER: _builtins.int
+    CANCELLED_IN_QUEUE_FIELD_NUMBER: _builtins.int
+    REJECTED_QUEUE_FULL_FIELD_NUMBER: _builtins.int
+    requests: _builtins.int
+    """accepted into the queue"""
+    executions: _builtins.int
+    """batches run"""
+    rows: _builtins.int
+    """rows computed (before padding)"""
+    expired_in_queue: _builtins.int
+    """dropped: deadline passed while queued (never computed)"""
+    cancelled_in_queue: _builtins.int
+    """dropped: caller went away while queued"""
+    rejected_queue_full: _builtins.int
+    """refused with RESOURCE_EXHAUSTED"""
+    def __init__(
+        self,
+        *,
+        requests: _builtins.int = ...,
+        executions: _builtins.int = ...,
+        rows: _builtins.int = ...,
+        expired_in_queue: _builtins.int = ...,
+        cancelled_in_queue: _builtins.int = ...,
+        rejected_queue_full: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled_in_queue", b"cancelled_in_queue", "executions", b"executions", "expired_in_queue", b"expired_in_queue", "rejected_queue_full", b"rejected_queue_full", "requests", b"requests", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelCounters: _TypeAlias = ModelCounters  # noqa: Y015
 
 @_typing.final
 class LoadModelResponse(_message.Message):

@@ -1,0 +1,150 @@
+"""Backends on stock PyTorch devices (cpu, cuda): modes `eager` and `compile` (inductor).
+
+CPU and CUDA run the same code with the device changed; `torch.accelerator` covers CUDA's
+synchronisation and device count. Compile mode wraps inductor in a counting backend so each
+model knows how many graphs it compiled (per model, unlike dynamo's process-wide counters)
+and the executor can prove no compilation happened after warm-up. Graph-break reasons come
+from dynamo's counters, snapshotted around a load (loads are serialised by the runtime).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from services.executor.backends.base import (
+    Availability,
+    CompileCounters,
+    DeviceDescription,
+    PreparedModel,
+    base_versions,
+)
+
+
+def _dynamo_counters() -> tuple[int, tuple[str, ...], int]:
+    from torch._dynamo.utils import counters
+
+    reasons: dict[str, int] = dict(counters.get("graph_break", {}))
+    frames: dict[str, int] = dict(counters.get("frames", {}))
+    return sum(reasons.values()), tuple(sorted(reasons)), int(frames.get("total", 0))
+
+
+class _CountingInductor:
+    """A torch.compile backend: inductor, counting compilations and their time per model."""
+
+    def __init__(self) -> None:
+        self.compilations = 0
+        self.compile_time_s = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        from torch._inductor.compile_fx import compile_fx
+
+        start = time.perf_counter()
+        compiled = compile_fx(gm, example_inputs)
+        with self._lock:
+            self.compilations += 1
+            self.compile_time_s += time.perf_counter() - start
+        return compiled
+
+
+class TorchDeviceBackend:
+    """Shared implementation; subclasses set `name` and the torch device type."""
+
+    name = "cpu"
+    device_type = "cpu"
+    modes: tuple[str, ...] = ("eager", "compile")
+    precisions: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp64")
+    static_shapes = False
+
+    def availability(self) -> Availability:
+        return Availability(True)
+
+    def device(self) -> torch.device:
+        return torch.device(self.device_type)
+
+    def describe_device(self) -> DeviceDescription:
+        total, available = _host_memory()
+        return DeviceDescription(
+            backend=self.name,
+            device_type=self.device_type,
+            device_name=_cpu_name(),
+            device_count=1,
+            memory_total_bytes=total,
+            memory_available_bytes=available,
+        )
+
+    def versions(self) -> dict[str, str]:
+        return {**base_versions(), "torch_threads": str(torch.get_num_threads())}
+
+    def resource_class(self) -> str:
+        return f"cpu-{os.cpu_count() or 1}core"
+
+    def to_device(self, module: nn.Module, dtype: torch.dtype) -> nn.Module:
+        return module.to(device=self.device(), dtype=dtype)
+
+    def prepare(self, module: nn.Module, mode: str) -> PreparedModel:
+        if mode == "eager":
+            return PreparedModel(
+                run=lambda xs: module(*xs), module=module, mode=mode, counters=CompileCounters
+            )
+        counting = _CountingInductor()
+        compiled = torch.compile(module, backend=counting, dynamic=False)
+        frames_at_start = _dynamo_counters()[2]
+
+        def counters() -> CompileCounters:
+            breaks, reasons, frames = _dynamo_counters()
+            return CompileCounters(
+                compilations=counting.compilations,
+                compile_time_s=counting.compile_time_s,
+                graph_breaks=breaks,
+                graph_break_reasons=reasons,
+                # every dynamo frame compile after a model's first is a recompile (new shape or guard)
+                recompiles=max(0, frames - frames_at_start - 1),
+            )
+
+        return PreparedModel(run=lambda xs: compiled(*xs), module=module, mode=mode, counters=counters)
+
+    def synchronize(self) -> None:
+        if self.device_type != "cpu":
+            torch.accelerator.synchronize()
+
+    def counters(self) -> CompileCounters:
+        breaks, reasons, frames = _dynamo_counters()
+        return CompileCounters(graph_breaks=breaks, graph_break_reasons=reasons, recompiles=frames)
+
+    def inference_context(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.inference_mode()
+
+
+class CpuBackend(TorchDeviceBackend):
+    name = "cpu"
+    device_type = "cpu"
+
+
+def _host_memory() -> tuple[int, int]:
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info.get("MemTotal", 0), info.get("MemAvailable", 0)
+    except OSError:
+        return 0, 0
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"

@@ -1,0 +1,207 @@
+"""Triton-style dynamic batching: a bounded queue per model and one batch loop per model.
+
+Requests with the same non-batch shape are stacked into one batch of at most `max_batch`
+rows. With `max_queue_delay_us` = 0 batching is opportunistic: a batch takes what is queued
+the moment the device is free, so a lone request never waits, and under load requests pile up
+while the previous batch computes and go together. A positive delay holds the first request
+up to that long for company. With `dynamic_batching` off every request runs alone.
+
+A full queue refuses at once (`QueueFull` -> RESOURCE_EXHAUSTED). A request whose deadline
+passes while queued is dropped before compute (`ExpiredInQueue` -> DEADLINE_EXCEEDED), and
+one whose caller went away (cancelled future) is dropped too: no work is done for either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from switchyard.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+
+
+class QueueFull(ResourceExhausted):
+    """The model's queue is at its bound."""
+
+
+class ExpiredInQueue(DeadlineExceeded):
+    """The request's deadline passed before it reached the device."""
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch: int
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 64
+    dynamic_batching: bool = True
+
+
+@dataclass
+class QueuedRequest:
+    """One request's inputs (numpy, in declared order) waiting for a batch."""
+
+    arrays: list[np.ndarray]
+    rows: int
+    deadline: float | None  # time.monotonic() seconds
+    future: asyncio.Future[BatchResult]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def key(self) -> tuple[tuple[tuple[int, ...], str], ...]:
+        # requests batch together only with the same non-batch shape and wire dtype
+        return tuple((a.shape[1:], a.dtype.str) for a in self.arrays)
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One request's share of a batch's outputs, with its timings."""
+
+    outputs: list[np.ndarray]
+    queue_us: int
+    compute_us: int
+    batch_size: int
+    padded_batch_size: int
+
+
+@dataclass
+class BatchCounters:
+    requests: int = 0
+    executions: int = 0
+    rows: int = 0
+    expired_in_queue: int = 0
+    cancelled_in_queue: int = 0
+    rejected_queue_full: int = 0
+    queue_ns: int = 0
+    compute_ns: int = 0
+
+
+# Runs one assembled batch on the device: (requests) -> (per-request outputs, compute_s, padded rows)
+RunBatch = Callable[[list[QueuedRequest]], Awaitable[tuple[list[list[np.ndarray]], float, int]]]
+
+
+class Batcher:
+    def __init__(self, policy: BatchPolicy, run_batch: RunBatch) -> None:
+        self.policy = policy
+        self._run_batch = run_batch
+        self._queue: deque[QueuedRequest] = deque()
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self.counters = BatchCounters()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, arrays: list[np.ndarray], rows: int, deadline: float | None) -> BatchResult:
+        if self._closed:
+            raise Unavailable("the model is being unloaded; retry on another executor")
+        if len(self._queue) >= self.policy.max_queue_size:
+            self.counters.rejected_queue_full += 1
+            raise QueueFull(
+                f"queue is full ({self.policy.max_queue_size} requests waiting); retry later or raise "
+                "max_queue_size"
+            )
+        future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
+        self._queue.append(QueuedRequest(arrays, rows, deadline, future))
+        self.counters.requests += 1
+        self._wakeup.set()
+        return await future
+
+    async def close(self) -> None:
+        self._closed = True
+        self._task.cancel()
+        while self._queue:
+            item = self._queue.popleft()
+            if not item.future.done():
+                item.future.set_exception(Unavailable("the model was unloaded before this request ran"))
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    def _drop_dead(self) -> None:
+        """Removes cancelled and expired requests from the queue without computing them."""
+        now = time.monotonic()
+        kept: deque[QueuedRequest] = deque()
+        for item in self._queue:
+            if item.deadline is not None and now >= item.deadline:
+                self.counters.expired_in_queue += 1
+                if not item.future.done():
+                    item.future.set_exception(
+                        ExpiredInQueue(
+                            "the deadline expired while the request waited in the queue; it was not run"
+                        )
+                    )
+            elif item.future.done():
+                self.counters.cancelled_in_queue += 1
+            else:
+                kept.append(item)
+        self._queue = kept
+
+    def _take_batch(self) -> list[QueuedRequest]:
+        first = self._queue.popleft()
+        batch, rows = [first], first.rows
+        if not self.policy.dynamic_batching:
+            return batch
+        rest: deque[QueuedRequest] = deque()
+        while self._queue:
+            item = self._queue.popleft()
+            if item.key == first.key and rows + item.rows <= self.policy.max_batch:
+                batch.append(item)
+                rows += item.rows
+            else:
+                rest.append(item)
+        self._queue = rest
+        return batch
+
+    def _ready_rows(self) -> int:
+        first = self._queue[0]
+        return sum(i.rows for i in self._queue if i.key == first.key)
+
+    async def _loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            delay = self.policy.max_queue_delay_us / 1e6
+            if self.policy.dynamic_batching and delay > 0:
+                # Hold the oldest request up to the delay, unless a full batch is already there.
+                until = self._queue[0].enqueued + delay
+                while self._ready_rows() < self.policy.max_batch and time.perf_counter() < until:
+                    self._wakeup.clear()
+                    try:
+                        await asyncio.wait_for(self._wakeup.wait(), until - time.perf_counter())
+                    except TimeoutError:
+                        break
+                    if not self._queue:
+                        break
+            self._drop_dead()
+            if not self._queue:
+                continue
+            batch = self._take_batch()
+            await self._execute(batch)
+
+    async def _execute(self, batch: list[QueuedRequest]) -> None:
+        started = time.perf_counter()
+        try:
+            outputs, compute_s, padded = await self._run_batch(batch)
+        except Exception as exc:
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+            return
+        rows = sum(i.rows for i in batch)
+        self.counters.executions += 1
+        self.counters.rows += rows
+        compute_us = int(compute_s * 1e6)
+        self.counters.compute_ns += int(compute_s * 1e9)
+        for item, out in zip(batch, outputs, strict=True):
+            queue_us = int((started - item.enqueued) * 1e6)
+            self.counters.queue_ns += queue_us * 1000
+            if not item.future.done():
+                item.future.set_result(BatchResult(out, queue_us, compute_us, rows, padded))

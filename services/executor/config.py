@@ -1,0 +1,26 @@
+"""Executor configuration, parsed once at the edge (CLI or caller) into a frozen object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_BUCKETS = (1, 2, 4, 8)
+DEFAULT_PORTS = {"cpu": 8101, "xla": 8102, "cuda": 8103, "tpu": 8104}
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    backend: str = "cpu"
+    host: str = "127.0.0.1"
+    port: int = 0
+    models: tuple[str, ...] = ()  # loaded at start-up with the defaults below
+    mode: str = ""  # "" = the backend's default mode
+    precision: str = "fp32"
+    batch_buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 64
+    dynamic_batching: bool = True
+    max_message_bytes: int = 64 * 1024 * 1024
+    drain_grace_s: float = 10.0
+    price_key: str = ""  # "" = "<backend>/<resource class>"
+    executor_id: str = ""  # "" = "<host id>:<port>"

@@ -1,0 +1,139 @@
+"""switchyard.v1.ExecutorControl: an adapter from control messages to `Executor`.
+
+Describe, LoadModel (phase timings and compatibility findings), Unload, Train, ModelStatus
+and GetLoad. User models are registered by LoadModel when it names a factory and checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from services.executor.model_runtime import LoadedModel, LoadOptions
+from services.executor.runtime import Executor
+from switchyard.gen.switchyard.v1 import executor_pb2 as pb
+from switchyard.gen.switchyard.v1 import executor_pb2_grpc as pb_grpc
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def model_status(model: LoadedModel) -> pb.ModelStatus:
+    options, findings = model.options, model.findings
+    during = findings.during_load
+    status = pb.ModelStatus(
+        name=model.spec.name,
+        version=model.spec.version,
+        state=model.state,
+        mode=options.mode,
+        precision=options.precision,
+        batch_buckets=list(options.batch_buckets),
+        checkpoint_sha256=model.sha256,
+        timings=pb.PhaseTimings(
+            checkpoint_load_s=model.times.checkpoint_load_s,
+            to_device_s=model.times.to_device_s,
+            compile_s=model.times.compile_s,
+            total_s=model.times.total_s,
+        ),
+        compatibility=pb.CompatibilityReport(
+            fallback_ops=[pb.FallbackOp(op=op, count=n) for op, n in during.fallback_ops],
+            graph_breaks=during.graph_breaks,
+            graph_break_reasons=list(during.graph_break_reasons),
+            recompiles=during.recompiles,
+            unsupported_dtypes=findings.unsupported_dtypes,
+            adaptations=findings.adaptations,
+            compilations=during.compilations,
+            compile_time_s=during.compile_time_s,
+            compilations_after_warmup=model.compilations_after_warmup(),
+            notes=list(during.notes),
+        ),
+        error=model.error,
+        max_batch_size=model.max_batch,
+        dynamic_batching=options.dynamic_batching,
+        max_queue_delay_us=options.max_queue_delay_us,
+        max_queue_size=options.max_queue_size,
+    )
+    if model.batcher is not None:
+        c = model.batcher.counters
+        status.counters.CopyFrom(
+            pb.ModelCounters(
+                requests=c.requests,
+                executions=c.executions,
+                rows=c.rows,
+                expired_in_queue=c.expired_in_queue,
+                cancelled_in_queue=c.cancelled_in_queue,
+                rejected_queue_full=c.rejected_queue_full,
+            )
+        )
+    return status
+
+
+class ControlServicer(pb_grpc.ExecutorControlServicer):
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
+    async def Describe(self, request: pb.DescribeRequest, context: Context) -> pb.DescribeResponse:
+        d = self.executor.describe()
+        return pb.DescribeResponse(
+            device=pb.DeviceInfo(
+                backend=d.device.backend,
+                device_type=d.device.device_type,
+                device_name=d.device.device_name,
+                device_count=d.device.device_count,
+                memory_total_bytes=d.device.memory_total_bytes,
+                memory_available_bytes=d.device.memory_available_bytes,
+                available=d.device.available,
+                unavailable_reason=d.device.unavailable_reason,
+            ),
+            torch_version=d.torch_version,
+            versions=d.versions,
+            resource_class=d.resource_class,
+            price_key=d.price_key,
+            host=d.host,
+            modes=list(d.modes),
+            models=[model_status(m) for m in self.executor.models.values()],
+            executor_id=self.executor.executor_id,
+            registered_models=[f"{n}:{v}" for n, v in sorted(self.executor.registry.specs)],
+        )
+
+    async def LoadModel(self, request: pb.LoadModelRequest, context: Context) -> pb.LoadModelResponse:
+        if request.factory or request.checkpoint_path:
+            self.executor.register_user_model(
+                request.model_name, request.version, request.factory, Path(request.checkpoint_path),
+                request.checkpoint_sha256,
+            )  # fmt: skip
+        defaults = self.executor.default_options()
+        options = LoadOptions(
+            mode=request.mode or defaults.mode,
+            precision=request.precision or "fp32",
+            batch_buckets=tuple(request.batch_buckets) or defaults.batch_buckets,
+            max_queue_delay_us=request.max_queue_delay_us,
+            max_queue_size=request.max_queue_size or defaults.max_queue_size,
+            dynamic_batching=request.dynamic_batching,
+            checkpoint_sha256=request.checkpoint_sha256,
+        )
+        model = await self.executor.load_model(request.model_name, request.version, options)
+        return pb.LoadModelResponse(model=model_status(model))
+
+    async def Unload(self, request: pb.UnloadRequest, context: Context) -> pb.UnloadResponse:
+        await self.executor.unload(request.model_name, request.version)
+        return pb.UnloadResponse()
+
+    async def Train(self, request: pb.TrainRequest, context: Context) -> pb.TrainResponse:
+        result = await self.executor.train(
+            request.model_name, request.version, request.steps or 10, request.lr or 0.01, request.seed,
+            request.batch_size or 8,
+        )  # fmt: skip
+        return pb.TrainResponse(loss=result.loss, step_seconds=result.step_seconds, total_s=result.total_s)
+
+    async def ModelStatus(self, request: pb.ModelStatusRequest, context: Context) -> pb.ModelStatusResponse:
+        if request.model_name:
+            models = [self.executor.find(request.model_name, request.version)]
+        else:
+            models = list(self.executor.models.values())
+        return pb.ModelStatusResponse(models=[model_status(m) for m in models])
+
+    async def GetLoad(self, request: pb.GetLoadRequest, context: Context) -> pb.LoadReport:
+        load = self.executor.load()
+        return pb.LoadReport(in_flight=load.in_flight, queue_depth=load.queue_depth, draining=load.draining)

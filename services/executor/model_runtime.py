@@ -1,0 +1,215 @@
+"""One loaded model: its load phases, input validation, and batch compute on the backend.
+
+Loading times each phase separately (checkpoint load, to-device, compile/warm-up of every
+batch bucket, the device synchronised before each timer stops) and records the backend's
+compatibility findings. The model is READY only after every bucket is warmed; the counters
+taken then are the baseline for `compilations_after_warmup`, which must stay 0 while serving.
+
+Float inputs are accepted as the loaded precision's datatype or as FP32 (trials send the same
+FP32 inputs to every path); float outputs come back in the loaded precision (an fp64 golden
+run is not rounded to fp32). Compute runs on the executor's single device thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from services.executor.backends.base import PRECISIONS, Backend, CompileCounters, PreparedModel
+from services.executor.batching import Batcher, QueuedRequest
+from switchyard import codec
+from switchyard.codec import WireTensor
+from switchyard.errors import InvalidArgument
+from switchyard.models.registry import ModelSpec, TensorSpec, load_module
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    mode: str
+    precision: str
+    batch_buckets: tuple[int, ...]
+    max_queue_delay_us: int
+    max_queue_size: int
+    dynamic_batching: bool
+    checkpoint_sha256: str = ""
+
+
+@dataclass
+class PhaseTimes:
+    checkpoint_load_s: float = 0.0
+    to_device_s: float = 0.0
+    compile_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.checkpoint_load_s + self.to_device_s + self.compile_s
+
+
+@dataclass
+class Findings:
+    """Compatibility findings of a load (the same shape for every backend)."""
+
+    during_load: CompileCounters = field(default_factory=CompileCounters)
+    adaptations: list[str] = field(default_factory=list)
+    unsupported_dtypes: list[str] = field(default_factory=list)
+
+
+def _float_datatype(precision: str) -> str:
+    return codec.oip_datatype(PRECISIONS[precision])
+
+
+class LoadedModel:
+    def __init__(self, spec: ModelSpec, backend: Backend, options: LoadOptions) -> None:
+        self.spec = spec
+        self.backend = backend
+        self.options = options
+        self.state = "LOADING"
+        self.error = ""
+        self.times = PhaseTimes()
+        self.findings = Findings()
+        self.prepared: PreparedModel | None = None
+        self.batcher: Batcher | None = None
+        self.sha256 = spec.sha256
+        self._warm_counters = CompileCounters()
+        self.dtype = PRECISIONS[options.precision]
+        # static-shape backends and compiled graphs pad to a bucket so no new shape appears
+        self.pad_to_buckets = backend.static_shapes or options.mode == "compile"
+
+    # ---- declared tensors -------------------------------------------------------------
+    def wire_datatype(self, spec: TensorSpec) -> str:
+        return _float_datatype(self.options.precision) if spec.floating else spec.datatype
+
+    @property
+    def max_batch(self) -> int:
+        return max(self.options.batch_buckets)
+
+    # ---- loading (runs on the device thread) ------------------------------------------
+    def load(self) -> None:
+        start = time.perf_counter()
+        module = load_module(self.spec, self.options.checkpoint_sha256)
+        self.times.checkpoint_load_s = time.perf_counter() - start
+
+        start = time.perf_counter()
+        module = self.backend.to_device(module, self.dtype)
+        self.backend.synchronize()
+        self.times.to_device_s = time.perf_counter() - start
+
+        before = self.backend.counters()
+        start = time.perf_counter()
+        self.prepared = self.backend.prepare(module, self.options.mode)
+        generator = torch.Generator().manual_seed(0)
+        for bucket in self.options.batch_buckets:
+            self._run_tensors(self.spec.example_inputs(bucket, generator))
+        self.backend.synchronize()
+        self.times.compile_s = time.perf_counter() - start
+        own = self.prepared.counters()
+        process = self.backend.counters().since(before)
+        self.findings.during_load = CompileCounters(
+            compilations=own.compilations,
+            compile_time_s=own.compile_time_s,
+            graph_breaks=process.graph_breaks,
+            graph_break_reasons=process.graph_break_reasons,
+            recompiles=own.recompiles,
+            fallback_ops=process.fallback_ops or own.fallback_ops,
+            notes=own.notes + process.notes,
+        )
+        self.findings.adaptations = list(self.prepared.adaptations)
+        self._warm_counters = own
+
+    def compilations_after_warmup(self) -> int:
+        if self.prepared is None:
+            return 0
+        return self.prepared.counters().compilations - self._warm_counters.compilations
+
+    # ---- requests ---------------------------------------------------------------------
+    def validate(self, inputs: list[WireTensor]) -> tuple[list[np.ndarray], int]:
+        """Checks names, datatypes, ranks and dims; returns arrays in declared order and rows."""
+        by_name = {t.name: t for t in inputs}
+        if len(by_name) != len(inputs):
+            raise InvalidArgument("an input name appears twice; send each input once")
+        declared = {s.name for s in self.spec.inputs}
+        extra = sorted(set(by_name) - declared)
+        if extra:
+            raise InvalidArgument(f"unexpected input(s) {extra}; {self.spec.name} takes {sorted(declared)}")
+        arrays: list[np.ndarray] = []
+        rows = -1
+        for s in self.spec.inputs:
+            t = by_name.get(s.name)
+            if t is None:
+                raise InvalidArgument(f"missing input {s.name!r}; {self.spec.name} takes {sorted(declared)}")
+            allowed = {self.wire_datatype(s), "FP32"} if s.floating else {s.datatype}
+            if t.datatype not in allowed:
+                raise InvalidArgument(
+                    f"input {s.name!r} has datatype {t.datatype}; send {' or '.join(sorted(allowed))}"
+                )
+            want = f"[batch, {', '.join(str(d) for d in s.dims)}]".replace(", ]", "]")
+            if len(t.shape) != len(s.dims) + 1:
+                raise InvalidArgument(
+                    f"input {s.name!r} has rank {len(t.shape)} {list(t.shape)}; expected {want}"
+                )
+            for axis, (got, dim) in enumerate(zip(t.shape[1:], s.dims, strict=True), start=1):
+                limit = s.max_dims[axis - 1] if s.max_dims else None
+                if (dim >= 0 and got != dim) or got == 0 or (limit is not None and got > limit):
+                    bound = f" (at most {limit})" if limit is not None and dim < 0 else ""
+                    raise InvalidArgument(
+                        f"input {s.name!r} has shape {list(t.shape)}; expected {want}{bound}, "
+                        f"dimension {axis} is wrong"
+                    )
+            if rows not in (-1, t.shape[0]):
+                raise InvalidArgument(f"inputs disagree on the batch dimension ({rows} vs {t.shape[0]})")
+            rows = t.shape[0]
+            arrays.append(t.array)
+        if rows < 1 or rows > self.max_batch:
+            raise InvalidArgument(f"batch dimension is {rows}; this model accepts 1 to {self.max_batch} rows")
+        return arrays, rows
+
+    def bucket_for(self, rows: int) -> int:
+        buckets = self.options.batch_buckets
+        return buckets[bisect.bisect_left(buckets, rows)]
+
+    def compute(self, batch: list[QueuedRequest]) -> tuple[list[list[np.ndarray]], float, int]:
+        """Assembles, pads, runs and splits one batch (device thread). Returns compute seconds."""
+        start = time.perf_counter()
+        rows = sum(item.rows for item in batch)
+        padded = self.bucket_for(rows) if self.pad_to_buckets else rows
+        tensors = []
+        for i, _s in enumerate(self.spec.inputs):
+            first = batch[0].arrays[i]
+            if len(batch) == 1 and padded == rows:
+                buf = first
+            else:
+                # the one copy of a batch: stack requests, zero rows pad up to the bucket
+                buf = np.zeros((padded, *first.shape[1:]), dtype=first.dtype)
+                at = 0
+                for item in batch:
+                    buf[at : at + item.rows] = item.arrays[i]
+                    at += item.rows
+            datatype = codec.numpy_datatype(buf.dtype) if buf.dtype != np.uint16 else "BF16"
+            tensors.append(codec.to_torch(buf, datatype))
+        outputs = self._run_tensors(tensors)
+        per_request: list[list[np.ndarray]] = [[] for _ in batch]
+        for out in outputs:
+            arr = (
+                out.view(torch.int16).numpy().view(np.uint16) if out.dtype == torch.bfloat16 else out.numpy()
+            )
+            at = 0
+            for j, item in enumerate(batch):
+                per_request[j].append(arr[at : at + item.rows])
+                at += item.rows
+        return per_request, time.perf_counter() - start, padded
+
+    def _run_tensors(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        assert self.prepared is not None
+        device = self.backend.device()
+        moved = [
+            t.to(device=device, dtype=self.dtype) if t.is_floating_point() else t.to(device) for t in tensors
+        ]
+        with self.backend.inference_context():
+            result = self.prepared.run(moved)
+        self.backend.synchronize()
+        outs = list(result) if isinstance(result, tuple | list) else [result]
+        return [o.detach().to("cpu") for o in outs]

@@ -1,0 +1,262 @@
+"""The executor's domain: loaded models, inference, training, load and description.
+
+No grpc here (DESIGN §9): the servicers in `servicer.py` convert messages and call this.
+All device work (loading, warm-up, batches, training) runs on one device thread, so the event
+loop stays free to accept, validate and queue requests while the device computes, and two
+computations never overlap on the device (timings stay honest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from services.executor.backends.base import PRECISIONS, Backend, DeviceDescription, host_id
+from services.executor.batching import Batcher, BatchPolicy, BatchResult
+from services.executor.config import ExecutorConfig
+from services.executor.model_runtime import LoadedModel, LoadOptions
+from switchyard.codec import WireTensor
+from switchyard.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from switchyard.models.registry import ModelNotFound, ModelRegistry
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class ModelNotLoaded(NotFound):
+    """The model exists in the registry but this executor has not loaded it."""
+
+
+class Draining(Unavailable):
+    """The executor is shutting down and accepts no new work."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    loss: list[float]
+    step_seconds: list[float]
+    total_s: float
+
+
+@dataclass(frozen=True)
+class Description:
+    device: DeviceDescription
+    torch_version: str
+    versions: dict[str, str]
+    resource_class: str
+    price_key: str
+    host: str
+    modes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Load:
+    in_flight: int
+    queue_depth: int
+    draining: bool
+
+
+class Executor:
+    def __init__(self, config: ExecutorConfig, backend: Backend, registry: ModelRegistry) -> None:
+        self.config = config
+        self.backend = backend
+        self.registry = registry
+        self.models: dict[tuple[str, str], LoadedModel] = {}
+        self.in_flight = 0
+        self.draining = False
+        self.executor_id = config.executor_id or host_id()
+        self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{backend.name}-device")
+        self._load_lock = asyncio.Lock()
+
+    async def on_device(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._device, fn, *args)
+
+    # ---- models -------------------------------------------------------------------------
+    def default_options(self) -> LoadOptions:
+        c = self.config
+        return LoadOptions(
+            mode=c.mode or self.backend.modes[0],
+            precision=c.precision,
+            batch_buckets=c.batch_buckets,
+            max_queue_delay_us=c.max_queue_delay_us,
+            max_queue_size=c.max_queue_size,
+            dynamic_batching=c.dynamic_batching,
+        )
+
+    def check_options(self, options: LoadOptions) -> LoadOptions:
+        if options.mode not in self.backend.modes:
+            raise InvalidArgument(
+                f"mode {options.mode!r} is not offered by backend {self.backend.name}; "
+                f"use one of {list(self.backend.modes)}"
+            )
+        if options.precision not in PRECISIONS or options.precision not in self.backend.precisions:
+            raise InvalidArgument(
+                f"precision {options.precision!r} is not supported on {self.backend.name}; "
+                f"use one of {list(self.backend.precisions)}"
+            )
+        buckets = tuple(sorted(set(options.batch_buckets)))
+        if not buckets or buckets[0] < 1 or buckets[-1] > 1024:
+            raise InvalidArgument(f"batch buckets {list(options.batch_buckets)} must be between 1 and 1024")
+        if options.max_queue_size < 1 or options.max_queue_delay_us < 0:
+            raise InvalidArgument("max_queue_size must be >= 1 and max_queue_delay_us >= 0")
+        return LoadOptions(**{**options.__dict__, "batch_buckets": buckets})
+
+    async def load_model(self, name: str, version: str, options: LoadOptions) -> LoadedModel:
+        """Loads and warms a model; replaces a loaded one of the same name and version."""
+        if self.draining:
+            raise Draining("executor is draining; load the model on another executor")
+        spec = self.registry.get(name, version)
+        options = self.check_options(options)
+        model = LoadedModel(spec, self.backend, options)
+        async with self._load_lock:
+            try:
+                await self.on_device(model.load)
+            except Exception as exc:
+                model.state, model.error = "FAILED", str(exc)
+                log.warning("loading %s:%s failed: %s", spec.name, spec.version, exc)
+                raise
+            policy = BatchPolicy(
+                max_batch=model.max_batch,
+                max_queue_delay_us=options.max_queue_delay_us,
+                max_queue_size=options.max_queue_size,
+                dynamic_batching=options.dynamic_batching,
+            )
+
+            async def run_batch(batch: list[Any]) -> Any:
+                return await self.on_device(model.compute, batch)
+
+            model.batcher = Batcher(policy, run_batch)
+            model.state = "READY"
+            old = self.models.get((spec.name, spec.version))
+            self.models[(spec.name, spec.version)] = model
+        if old is not None and old.batcher is not None:
+            await old.batcher.close()
+        log.info(
+            "loaded %s:%s mode=%s precision=%s buckets=%s in %.2fs",
+            spec.name, spec.version, options.mode, options.precision, list(options.batch_buckets),
+            model.times.total_s,
+        )  # fmt: skip
+        return model
+
+    async def unload(self, name: str, version: str) -> None:
+        model = self.find(name, version)
+        del self.models[(model.spec.name, model.spec.version)]
+        model.state = "UNLOADED"
+        if model.batcher is not None:
+            await model.batcher.close()
+
+    def find(self, name: str, version: str) -> LoadedModel:
+        """The loaded model; "" version = the default version if loaded, else the only one."""
+        if version:
+            model = self.models.get((name, version))
+            if model is not None:
+                return model
+            self.registry.get(name, version)  # NOT_FOUND for an unknown name or version
+            raise ModelNotLoaded(f"model {name!r} version {version!r} is not loaded on this executor")
+        loaded = [m for (n, _), m in self.models.items() if n == name]
+        if not loaded:
+            if name not in self.registry.names():
+                raise ModelNotFound(f"unknown model {name!r}; this executor serves {self.loaded_names()}")
+            raise ModelNotLoaded(f"model {name!r} is not loaded on this executor; call LoadModel first")
+        default = self.registry.default_version(name)
+        return next((m for m in loaded if m.spec.version == default), loaded[0])
+
+    def loaded_names(self) -> list[str]:
+        return sorted({f"{n}:{v}" for n, v in self.models})
+
+    # ---- inference -----------------------------------------------------------------------
+    async def infer(
+        self, name: str, version: str, inputs: list[WireTensor], deadline: float | None
+    ) -> tuple[LoadedModel, BatchResult]:
+        if self.draining:
+            raise Draining("executor is draining; retry on another executor")
+        model = self.find(name, version)
+        if model.state != "READY" or model.batcher is None:
+            raise Unavailable(f"model {name!r} is {model.state}; retry when it is READY")
+        arrays, rows = model.validate(inputs)
+        self.in_flight += 1
+        try:
+            return model, await model.batcher.submit(arrays, rows, deadline)
+        finally:
+            self.in_flight -= 1
+
+    def load(self) -> Load:
+        depth = sum(m.batcher.depth for m in self.models.values() if m.batcher is not None)
+        return Load(in_flight=self.in_flight, queue_depth=depth, draining=self.draining)
+
+    def ready(self) -> bool:
+        return not self.draining and all(m.state == "READY" for m in self.models.values())
+
+    # ---- training ------------------------------------------------------------------------
+    async def train(
+        self, name: str, version: str, steps: int, lr: float, seed: int, batch_size: int
+    ) -> TrainResult:
+        model = self.find(name, version)
+        if model.spec.train_loss is None:
+            raise FailedPrecondition(
+                f"model {model.spec.name!r} has no training objective; train mlp or tiny-lm"
+            )
+        if not 1 <= steps <= 10_000 or not 1 <= batch_size <= 1024 or not lr > 0:
+            raise InvalidArgument("steps must be 1..10000, batch_size 1..1024 and lr > 0")
+        return await self.on_device(self._train, model, steps, lr, seed, batch_size)  # type: ignore[no-any-return]
+
+    def _train(self, model: LoadedModel, steps: int, lr: float, seed: int, batch_size: int) -> TrainResult:
+        """Trains a copy of the loaded weights so serving is not changed by training."""
+        assert model.prepared is not None and model.spec.train_loss is not None
+        module = copy.deepcopy(model.prepared.module).train()
+        optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9)
+        generator = torch.Generator().manual_seed(seed)
+        device = self.backend.device()
+        losses: list[float] = []
+        seconds: list[float] = []
+        begin = time.perf_counter()
+        for _ in range(steps):
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss = model.spec.train_loss(module, batch_size, generator, model.dtype, device)
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+            self.backend.synchronize()
+            losses.append(float(loss.detach().to("cpu", torch.float64)))
+            seconds.append(time.perf_counter() - start)
+        return TrainResult(losses, seconds, time.perf_counter() - begin)
+
+    # ---- description -------------------------------------------------------------------
+    def describe(self) -> Description:
+        resource_class = self.backend.resource_class()
+        return Description(
+            device=self.backend.describe_device(),
+            torch_version=torch.__version__,
+            versions=self.backend.versions(),
+            resource_class=resource_class,
+            price_key=self.config.price_key or f"{self.backend.name}/{resource_class}",
+            host=host_id(),
+            modes=self.backend.modes,
+        )
+
+    def register_user_model(
+        self, name: str, version: str, factory: str, checkpoint: Path, sha256: str
+    ) -> None:
+        if not factory or not str(checkpoint) or str(checkpoint) == ".":
+            raise InvalidArgument(
+                "a user model needs both factory ('package.module:function') and checkpoint_path"
+            )
+        if (name, version or "1") in self.registry.specs and self.registry.specs[
+            (name, version or "1")
+        ].platform != "pytorch_user":
+            raise InvalidArgument(f"{name!r} is a built-in model; register user models under another name")
+        self.registry.register_user(name, version, factory, checkpoint, sha256)
+
+    async def close(self) -> None:
+        for model in list(self.models.values()):
+            if model.batcher is not None:
+                await model.batcher.close()
+        self._device.shutdown(wait=False, cancel_futures=True)

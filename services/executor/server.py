@@ -1,0 +1,98 @@
+"""Starting an executor: in process (`start_executor`, for tests and the cluster) or as a CLI.
+
+`start_executor(config)` selects the backend, loads the configured models (each warmed for
+every bucket), and starts a grpc.aio server with the OIP and control services, health,
+reflection and explicit message limits. The returned `RunningExecutor` has `.port`,
+`.address`, `.executor` and async `stop()` (drain: NOT_SERVING, refuse new work, finish
+in-flight, stop) and `serve_until_signal()` (SIGTERM/SIGINT -> the same drain).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from services.executor.config import ExecutorConfig
+from services.executor.control import ControlServicer
+from services.executor.device import select_backend
+from services.executor.runtime import Executor
+from services.executor.servicer import InferenceServicer
+from switchyard.gen.inference import grpc_service_pb2_grpc
+from switchyard.gen.switchyard.v1 import executor_pb2_grpc
+from switchyard.grpcio import RunningServer, ServerOptions, start_server
+from switchyard.models.registry import ModelRegistry
+
+log = logging.getLogger(__name__)
+
+OIP_SERVICE = "inference.GRPCInferenceService"
+CONTROL_SERVICE = "switchyard.v1.ExecutorControl"
+
+
+@dataclass
+class RunningExecutor:
+    executor: Executor
+    server: RunningServer
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Drains: refuse new work (UNAVAILABLE), let in-flight requests finish, then stop."""
+        self.executor.draining = True
+        await self.server.drain(grace_s)
+        await self.executor.close()
+
+    async def serve_until_signal(self) -> None:
+        await self.server.wait_for_signal()
+        self.executor.draining = True
+        await self.executor.close()
+
+
+async def start_executor(config: ExecutorConfig, registry: ModelRegistry | None = None) -> RunningExecutor:
+    backend = select_backend(config.backend)
+    executor = Executor(config, backend, registry or ModelRegistry.with_builtins())
+    options = ServerOptions(
+        host=config.host,
+        port=config.port,
+        max_receive_bytes=config.max_message_bytes,
+        max_send_bytes=config.max_message_bytes,
+        drain_grace_s=config.drain_grace_s,
+    )
+    server = await start_server(
+        [
+            (
+                grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
+                InferenceServicer(executor),
+                OIP_SERVICE,
+            ),
+            (
+                executor_pb2_grpc.add_ExecutorControlServicer_to_server,
+                ControlServicer(executor),
+                CONTROL_SERVICE,
+            ),
+        ],
+        options,
+    )
+    if not config.executor_id:
+        executor.executor_id = f"{executor.executor_id}:{server.port}"
+    running = RunningExecutor(executor, server)
+    try:
+        for entry in config.models:
+            name, _, version = entry.partition(":")
+            await executor.load_model(name, version, executor.default_options())
+    except BaseException:
+        await running.stop(0)
+        raise
+    log.info(
+        "executor %s (%s) serving %s on %s",
+        executor.executor_id,
+        backend.name,
+        config.models,
+        running.address,
+    )
+    return running

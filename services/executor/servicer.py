@@ -1,0 +1,242 @@
+"""inference.GRPCInferenceService on an executor: an adapter from OIP messages to `Executor`.
+
+Convert the message, call the domain, convert back (DESIGN §9). Statuses come from the
+exception tree via switchyard.grpcio. Every ModelInfer response carries the parameters named
+in `switchyard.oip_params` (path, timings, load).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from services.executor.model_runtime import LoadedModel
+from services.executor.runtime import Executor
+from switchyard import codec, oip_params
+from switchyard.codec import WireTensor
+from switchyard.errors import InvalidArgument, SwitchyardError, Unimplemented
+from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from switchyard.gen.inference import model_config_pb2 as mc
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+SERVER_NAME = "switchyard-executor"
+SERVER_VERSION = "0.1.0"
+
+
+def _check_shared_memory(params: Any, where: str) -> None:
+    for key in oip_params.SHARED_MEMORY_KEYS:
+        if key in params:
+            raise Unimplemented(
+                f"{where} uses shared memory ({key}); switchyard executors accept tensors only in "
+                "raw_input_contents or contents"
+            )
+
+
+_CONTENT_FIELDS = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+def decode_inputs(request: pb.ModelInferRequest) -> list[WireTensor]:
+    """Raw contents (one per input, in order) or typed `contents`, never both."""
+    _check_shared_memory(request.parameters, "the request")
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidArgument(
+            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one per input, in order"
+        )
+    tensors = []
+    for i, tensor in enumerate(request.inputs):
+        _check_shared_memory(tensor.parameters, f"input {tensor.name!r}")
+        if raw:
+            tensors.append(codec.decode(tensor.name, tensor.datatype, tensor.shape, raw[i]))
+            continue
+        if tensor.datatype == "BYTES":
+            data = codec.encode_bytes(list(tensor.contents.bytes_contents))
+        else:
+            field = _CONTENT_FIELDS.get(tensor.datatype)
+            if field is None:
+                raise InvalidArgument(
+                    f"input {tensor.name!r}: {tensor.datatype} must be sent in raw_input_contents"
+                )
+            import numpy as np
+
+            values = getattr(tensor.contents, field)
+            wire_dtype = codec.element_dtype(tensor.datatype)
+            data = np.asarray(values, dtype=wire_dtype).tobytes()
+        tensors.append(codec.decode(tensor.name, tensor.datatype, tensor.shape, data))
+    return tensors
+
+
+def model_metadata(model: LoadedModel) -> pb.ModelMetadataResponse:
+    spec = model.spec
+    return pb.ModelMetadataResponse(
+        name=spec.name,
+        versions=[spec.version],
+        platform=spec.platform,
+        inputs=[
+            pb.ModelMetadataResponse.TensorMetadata(
+                name=s.name, datatype=model.wire_datatype(s), shape=[-1, *s.dims]
+            )
+            for s in spec.inputs
+        ],
+        outputs=[
+            pb.ModelMetadataResponse.TensorMetadata(
+                name=s.name, datatype=model.wire_datatype(s), shape=[-1, *s.dims]
+            )
+            for s in spec.outputs
+        ],
+    )
+
+
+def model_config(model: LoadedModel) -> mc.ModelConfig:
+    spec, options = model.spec, model.options
+    config = mc.ModelConfig(
+        name=spec.name,
+        platform=spec.platform,
+        backend=model.backend.name,
+        max_batch_size=model.max_batch,
+        input=[
+            mc.ModelInput(
+                name=s.name, data_type=mc.DataType.Value(f"TYPE_{model.wire_datatype(s)}"), dims=list(s.dims)
+            )
+            for s in spec.inputs
+        ],
+        output=[
+            mc.ModelOutput(
+                name=s.name, data_type=mc.DataType.Value(f"TYPE_{model.wire_datatype(s)}"), dims=list(s.dims)
+            )
+            for s in spec.outputs
+        ],
+        instance_group=[mc.ModelInstanceGroup(name=spec.name, count=1, kind=_instance_kind(model))],
+    )
+    if options.dynamic_batching:
+        config.dynamic_batching.preferred_batch_size.extend(options.batch_buckets)
+        config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    for key, value in (
+        ("mode", options.mode),
+        ("precision", options.precision),
+        ("checkpoint_sha256", model.sha256),
+        ("max_queue_size", str(options.max_queue_size)),
+    ):
+        config.parameters[key].string_value = value
+    return config
+
+
+def _instance_kind(model: LoadedModel) -> mc.ModelInstanceGroup.Kind.ValueType:
+    return mc.ModelInstanceGroup.KIND_CPU if model.backend.name == "cpu" else mc.ModelInstanceGroup.KIND_GPU
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.executor.ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
+        model = self.executor.find(request.name, request.version)
+        return pb.ModelReadyResponse(ready=model.state == "READY" and not self.executor.draining)
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Context
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration"]
+        )
+
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Context
+    ) -> pb.ModelMetadataResponse:
+        return model_metadata(self.executor.find(request.name, request.version))
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=model_config(self.executor.find(request.name, request.version)))
+
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Context
+    ) -> pb.ModelStatisticsResponse:
+        if request.name:
+            models = [self.executor.find(request.name, request.version)]
+        else:
+            models = list(self.executor.models.values())
+        response = pb.ModelStatisticsResponse()
+        for model in models:
+            c = model.batcher.counters if model.batcher is not None else None
+            stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
+            if c is None:
+                continue
+            stats.inference_count = c.rows
+            stats.execution_count = c.executions
+            stats.inference_stats.success.count = c.requests
+            stats.inference_stats.fail.count = (
+                c.expired_in_queue + c.cancelled_in_queue + c.rejected_queue_full
+            )
+            stats.inference_stats.queue.count = c.requests
+            stats.inference_stats.queue.ns = c.queue_ns
+            stats.inference_stats.compute_infer.count = c.executions
+            stats.inference_stats.compute_infer.ns = c.compute_ns
+        return response
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Each request answered in order; an error goes into error_message, the stream goes on."""
+        async for request in request_iterator:
+            try:
+                response = await self.ModelInfer(request, context)
+            except SwitchyardError as exc:
+                yield pb.ModelStreamInferResponse(error_message=f"{exc.status.value}: {exc}")
+                continue
+            yield pb.ModelStreamInferResponse(infer_response=response)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+        inputs = decode_inputs(request)
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        wanted = [o.name for o in request.outputs]
+        if wanted:
+            declared = [
+                s.name for s in self.executor.find(request.model_name, request.model_version).spec.outputs
+            ]
+            unknown = sorted(set(wanted) - set(declared))
+            if unknown:
+                raise InvalidArgument(f"unknown output(s) {unknown}; {request.model_name} has {declared}")
+        model, result = await self.executor.infer(request.model_name, request.model_version, inputs, deadline)
+        response = pb.ModelInferResponse(
+            model_name=model.spec.name, model_version=model.spec.version, id=request.id
+        )
+        for spec, array in zip(model.spec.outputs, result.outputs, strict=True):
+            if wanted and spec.name not in wanted:
+                continue
+            response.outputs.add(name=spec.name, datatype=model.wire_datatype(spec), shape=array.shape)
+            response.raw_output_contents.append(array.tobytes())
+        load = self.executor.load()
+        params = response.parameters
+        params[oip_params.BACKEND].string_param = model.backend.name
+        params[oip_params.MODE].string_param = model.options.mode
+        params[oip_params.PRECISION].string_param = model.options.precision
+        params[oip_params.EXECUTOR].string_param = self.executor.executor_id
+        params[oip_params.QUEUE_US].int64_param = result.queue_us
+        params[oip_params.COMPUTE_US].int64_param = result.compute_us
+        params[oip_params.BATCH_SIZE].int64_param = result.batch_size
+        params[oip_params.PADDED_BATCH_SIZE].int64_param = result.padded_batch_size
+        params[oip_params.COMPILATIONS_AFTER_WARMUP].int64_param = model.compilations_after_warmup()
+        params[oip_params.IN_FLIGHT].int64_param = load.in_flight
+        params[oip_params.QUEUE_DEPTH].int64_param = load.queue_depth
+        return response

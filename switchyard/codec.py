@@ -1,0 +1,168 @@
+"""OIP tensor codec: `raw_input_contents` / `raw_output_contents` <-> numpy and torch.
+
+Raw contents are little-endian, row-major. BYTES elements are each a 4-byte little-endian
+length followed by the bytes. Decoding a fixed-size datatype is a zero-copy, read-only numpy
+view of the request's bytes; the one copy happens when a batch is assembled (it has to exist
+anyway to pad and stack requests). BF16 has no numpy dtype, so it travels as uint16 bit
+patterns and becomes `torch.bfloat16` by a reinterpreting view.
+
+Errors are `InvalidArgument` with a message that says what to fix. This module imports numpy
+and torch only (it also runs in the XLA environment).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from switchyard.errors import InvalidArgument
+
+# OIP datatype -> (numpy dtype used on the wire, torch dtype)
+_FIXED: dict[str, tuple[np.dtype[np.generic], torch.dtype]] = {
+    "BOOL": (np.dtype(np.bool_), torch.bool),
+    "UINT8": (np.dtype("<u1"), torch.uint8),
+    "INT8": (np.dtype("<i1"), torch.int8),
+    "INT16": (np.dtype("<i2"), torch.int16),
+    "INT32": (np.dtype("<i4"), torch.int32),
+    "INT64": (np.dtype("<i8"), torch.int64),
+    "FP16": (np.dtype("<f2"), torch.float16),
+    "BF16": (np.dtype("<u2"), torch.bfloat16),
+    "FP32": (np.dtype("<f4"), torch.float32),
+    "FP64": (np.dtype("<f8"), torch.float64),
+}
+DATATYPES = (*_FIXED, "BYTES")
+_TORCH_TO_OIP = {t: name for name, (_, t) in _FIXED.items()}
+_NUMPY_TO_OIP = {np.dtype(d).newbyteorder("<"): n for n, (d, _) in _FIXED.items() if n != "BF16"}
+
+
+@dataclass(frozen=True)
+class WireTensor:
+    """One decoded tensor: `array` is a read-only view (BF16 as uint16 bit patterns)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    array: np.ndarray
+
+
+def element_size(datatype: str) -> int:
+    if datatype not in _FIXED:
+        raise InvalidArgument(f"datatype {datatype!r} has no fixed element size")
+    return int(_FIXED[datatype][0].itemsize)
+
+
+def torch_dtype(datatype: str) -> torch.dtype:
+    if datatype not in _FIXED:
+        raise InvalidArgument(f"datatype {datatype!r} is not a tensor datatype; use one of {DATATYPES}")
+    return _FIXED[datatype][1]
+
+
+def oip_datatype(dtype: torch.dtype) -> str:
+    try:
+        return _TORCH_TO_OIP[dtype]
+    except KeyError:
+        raise InvalidArgument(f"torch dtype {dtype} has no OIP datatype") from None
+
+
+def numpy_datatype(dtype: np.dtype[np.generic]) -> str:
+    if dtype.kind in ("S", "O", "U"):
+        return "BYTES"
+    try:
+        return _NUMPY_TO_OIP[dtype.newbyteorder("<")]
+    except KeyError:
+        raise InvalidArgument(f"numpy dtype {dtype} has no OIP datatype") from None
+
+
+def _check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"input {name!r}: shape {list(shape)} has a negative dimension")
+    return tuple(int(d) for d in shape)
+
+
+def decode(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> WireTensor:
+    """Decodes one raw tensor, validating its byte size against shape and datatype."""
+    dims = _check_shape(name, shape)
+    count = int(np.prod(dims, dtype=np.int64)) if dims else 1
+    if datatype == "BYTES":
+        return WireTensor(name, datatype, dims, _decode_bytes(name, raw, count).reshape(dims))
+    if datatype not in _FIXED:
+        raise InvalidArgument(f"input {name!r}: unknown datatype {datatype!r}; use one of {DATATYPES}")
+    np_dtype = _FIXED[datatype][0]
+    expected = count * np_dtype.itemsize
+    if len(raw) != expected:
+        raise InvalidArgument(
+            f"input {name!r}: {len(raw)} bytes of raw contents, but shape {list(dims)} of {datatype} "
+            f"needs {expected} bytes"
+        )
+    return WireTensor(name, datatype, dims, np.frombuffer(raw, dtype=np_dtype).reshape(dims))
+
+
+def _decode_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
+    items: list[bytes] = []
+    view = memoryview(raw)
+    pos = 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise InvalidArgument(f"input {name!r}: BYTES contents end inside a 4-byte length prefix")
+        (length,) = struct.unpack_from("<I", raw, pos)
+        pos += 4
+        if pos + length > len(raw):
+            raise InvalidArgument(f"input {name!r}: BYTES element {len(items)} runs past the contents")
+        items.append(bytes(view[pos : pos + length]))
+        pos += length
+    if len(items) != count:
+        raise InvalidArgument(f"input {name!r}: {len(items)} BYTES elements, but the shape needs {count}")
+    out = np.empty(count, dtype=object)
+    out[:] = items
+    return out
+
+
+def encode_bytes(values: Sequence[bytes]) -> bytes:
+    return b"".join(struct.pack("<I", len(v)) + v for v in values)
+
+
+def to_torch(array: np.ndarray, datatype: str) -> torch.Tensor:
+    """Numpy (possibly a read-only view) -> torch; copies only when the view is read-only."""
+    if datatype == "BYTES":
+        raise InvalidArgument("BYTES tensors cannot become torch tensors")
+    if not array.flags.writeable:
+        array = array.copy()
+    tensor = torch.from_numpy(array)
+    return tensor.view(torch.bfloat16) if datatype == "BF16" else tensor
+
+
+def encode_torch(tensor: torch.Tensor) -> tuple[str, bytes]:
+    """A CPU tensor -> (datatype, raw little-endian bytes); one copy, into the bytes object."""
+    datatype = oip_datatype(tensor.dtype)
+    t = tensor.detach().contiguous()
+    if datatype == "BF16":
+        t = t.view(torch.int16)
+    return datatype, t.numpy().tobytes()
+
+
+def encode_numpy(array: np.ndarray) -> tuple[str, bytes]:
+    """A numpy array -> (datatype, raw bytes); object/bytes arrays become BYTES."""
+    datatype = numpy_datatype(array.dtype)
+    if datatype == "BYTES":
+        flat = [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
+        return datatype, encode_bytes(flat)
+    return datatype, np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def decode_numpy(datatype: str, shape: Sequence[int], raw: bytes) -> np.ndarray:
+    """Client side: raw output -> numpy; BF16 widens exactly to float32."""
+    wire = decode("output", datatype, shape, raw)
+    if datatype == "BF16":
+        return (wire.array.astype(np.uint32) << 16).view(np.float32)
+    return wire.array
+
+
+def element_dtype(datatype: str) -> np.dtype[np.generic]:
+    """The numpy dtype of a fixed-size datatype on the wire (BF16: uint16 bit patterns)."""
+    if datatype not in _FIXED:
+        raise InvalidArgument(f"datatype {datatype!r} has no fixed element size")
+    return _FIXED[datatype][0]

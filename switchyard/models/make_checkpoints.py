@@ -1,0 +1,29 @@
+"""Writes the seeded reference checkpoints (run once; the files are committed).
+
+`python -m switchyard.models.make_checkpoints` rewrites `checkpoints/*.safetensors` and
+prints their sha256, which `registry.py` pins. Re-running gives the same bytes on the same
+torch version; the committed files, not this script, are the truth.
+"""
+
+from __future__ import annotations
+
+import torch
+from safetensors.torch import save_file
+
+from switchyard.models import mlp, tiny_lm
+from switchyard.models.registry import CHECKPOINTS, file_sha256
+
+
+def main() -> None:
+    CHECKPOINTS.mkdir(exist_ok=True)
+    for name, build, seed in (("mlp", mlp.build, 0), ("tiny_lm", tiny_lm.build, 1)):
+        torch.manual_seed(seed)
+        module = build()
+        state = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+        path = CHECKPOINTS / f"{name}.safetensors"
+        save_file(state, str(path), metadata={"model": name, "seed": str(seed)})
+        print(f"{path.name} {path.stat().st_size} bytes sha256 {file_sha256(path)}")
+
+
+if __name__ == "__main__":
+    main()

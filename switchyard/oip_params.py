@@ -1,0 +1,51 @@
+"""Names of the OIP parameters switchyard adds to inference responses (a contract).
+
+Every `ModelInferResponse` an executor returns carries these keys in `parameters`, so the
+router can route least-loaded from responses alone and the trial can prove that no
+compilation happened while measuring:
+
+| key | type | meaning |
+|---|---|---|
+| `backend` | string | the executor's backend (path): cpu, cuda, xla, tpu |
+| `mode` | string | execution mode the model was prepared in: eager, compile, lazy, ... |
+| `precision` | string | fp32, bf16, fp16 or fp64 |
+| `executor` | string | id of the executor process that answered (host id and port) |
+| `queue_us` | int64 | microseconds the request waited in the batching queue |
+| `compute_us` | int64 | microseconds of the batch's compute, device synchronised |
+| `batch_size` | int64 | requests in the executed batch |
+| `padded_batch_size` | int64 | batch size after padding up to a bucket |
+| `compilations_after_warmup` | int64 | compilations of this model since warm-up ended (must stay 0) |
+| `in_flight` | int64 | other requests inside this executor (queued + computing) as this one is answered |
+| `queue_depth` | int64 | requests of all models waiting in queues when answering |
+
+Requests may carry `REQUEST_PRIORITY` etc. in future; today the executor reads no request
+parameters except that Triton's shared-memory keys are refused with UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+BACKEND = "backend"
+MODE = "mode"
+PRECISION = "precision"
+EXECUTOR = "executor"
+QUEUE_US = "queue_us"
+COMPUTE_US = "compute_us"
+BATCH_SIZE = "batch_size"
+PADDED_BATCH_SIZE = "padded_batch_size"
+COMPILATIONS_AFTER_WARMUP = "compilations_after_warmup"
+IN_FLIGHT = "in_flight"
+QUEUE_DEPTH = "queue_depth"
+
+STRING_KEYS = (BACKEND, MODE, PRECISION, EXECUTOR)
+INT_KEYS = (
+    QUEUE_US,
+    COMPUTE_US,
+    BATCH_SIZE,
+    PADDED_BATCH_SIZE,
+    COMPILATIONS_AFTER_WARMUP,
+    IN_FLIGHT,
+    QUEUE_DEPTH,
+)
+
+# Triton's shared-memory request parameters; switchyard does not implement shared memory.
+SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
