@@ -1,10 +1,118 @@
-"""CLI commands of this component (placeholder until the component lands)."""
+"""Operator commands: `switchyard worker` and `switchyard trial start|status|report|cancel`.
+
+Registration is cheap (temporalio and the workflow modules are imported inside the command
+functions). Addresses come from flags, else from SWITCHYARD_TEMPORAL, SWITCHYARD_EVALUATOR,
+SWITCHYARD_METERING and SWITCHYARD_EXECUTORS ("cpu=127.0.0.1:8101,xla=127.0.0.1:8102").
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 
+def _executors(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, address = item.partition("=")
+        if not sep or not name or ":" not in address:
+            raise argparse.ArgumentTypeError(
+                f"executor {item!r}: write NAME=HOST:PORT, e.g. cpu=127.0.0.1:8101"
+            )
+        out[name] = address
+    return out
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from workflows.connections import WorkerConfig
+    from workflows.worker import run_worker
+
+    executors = _executors(os.environ.get("SWITCHYARD_EXECUTORS", ""))
+    for item in args.executor or []:
+        executors.update(_executors(item))
+    config = WorkerConfig(
+        temporal=args.temporal,
+        namespace=args.namespace,
+        evaluator=args.evaluator,
+        metering=args.metering,
+        executors=executors,
+        task_queue=args.task_queue,
+    )
+    asyncio.run(run_worker(config))
+    return 0
+
+
+def _trial(args: argparse.Namespace) -> int:
+    from workflows import trialctl
+
+    return trialctl.main(args)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--temporal",
+        default=os.environ.get("SWITCHYARD_TEMPORAL", "127.0.0.1:7233"),
+        help="Temporal frontend (default SWITCHYARD_TEMPORAL or 127.0.0.1:7233)",
+    )
+    parser.add_argument("--namespace", default="default", help="Temporal namespace (default: default)")
+    parser.add_argument(
+        "--metering",
+        default=os.environ.get("SWITCHYARD_METERING", "127.0.0.1:8201"),
+        help="metering address (default SWITCHYARD_METERING or 127.0.0.1:8201)",
+    )
+
+
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Adds this component's subcommands; none yet."""
+    """Adds `worker` and `trial`."""
+    worker = sub.add_parser("worker", help="run the trial worker (TrialWorkflow and its activities)")
+    _common(worker)
+    worker.add_argument(
+        "--evaluator",
+        default=os.environ.get("SWITCHYARD_EVALUATOR", "127.0.0.1:8301"),
+        help="evaluator address (default SWITCHYARD_EVALUATOR or 127.0.0.1:8301)",
+    )
+    worker.add_argument(
+        "--executor",
+        action="append",
+        metavar="NAME=HOST:PORT",
+        help="an executor the spec may name (repeatable)",
+    )
+    worker.add_argument(
+        "--task-queue", default="switchyard-trials", help="task queue (default switchyard-trials)"
+    )
+    worker.set_defaults(func=_worker)
+
+    trial = sub.add_parser("trial", help="start, watch, cancel trials and fetch their reports")
+    commands = trial.add_subparsers(dest="trial_command", required=True, metavar="COMMAND")
+    start = commands.add_parser("start", help="validate SPEC.json and start a TrialWorkflow")
+    start.add_argument("spec", help="trial spec (JSON file; see docs/trial-spec.md)")
+    start.add_argument("--id", default="", help="workflow id (default trial-<model>-<random>)")
+    start.add_argument("--wait", action="store_true", help="show live progress and wait for the verdicts")
+    start.add_argument(
+        "--task-queue", default="switchyard-trials", help="task queue (default switchyard-trials)"
+    )
+    status = commands.add_parser("status", help="progress of a running trial, or its verdicts")
+    status.add_argument("trial_id")
+    report = commands.add_parser("report", help="the stored report as HTML, Markdown or JSON")
+    report.add_argument("trial_id")
+    report.add_argument("-o", "--output", default="-", help="file to write (default stdout)")
+    report.add_argument(
+        "--format", choices=("html", "md", "json"), default="", help="default: from -o suffix, else md"
+    )
+    report.add_argument(
+        "--source",
+        choices=("ledger", "temporal"),
+        default="ledger",
+        help="where to read it (default the ledger)",
+    )
+    cancel = commands.add_parser(
+        "cancel", help="cancel a trial (closes its reservations, records it cancelled)"
+    )
+    cancel.add_argument("trial_id")
+    cancel.add_argument("--reason", default="cancelled by operator")
+    for parser in (start, status, report, cancel):
+        _common(parser)
+        parser.set_defaults(func=_trial)

@@ -1,0 +1,99 @@
+"""The trial spec: the shipped examples parse, and every bad field is named in the error."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workflows.spec import SpecError, parse_spec
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "local" / "trials").glob("*.json"))
+
+BASE: dict[str, Any] = {
+    "model": {"name": "tiny-lm"},
+    "inputs": {
+        "seed": 7,
+        "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 8], "high": 512}],
+    },
+    "paths": [
+        {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
+        {"name": "cpu-compile", "executor": "cpu", "mode": "compile"},
+    ],
+    "reference": "cpu-eager",
+}
+
+
+def test_examples_parse() -> None:
+    assert EXAMPLES, "deploy/local/trials/*.json should hold example specs"
+    for example in EXAMPLES:
+        spec = parse_spec(json.loads(example.read_text()))
+        assert spec.reference in {p.name for p in spec.paths}
+
+
+def test_minimal_spec_gets_documented_defaults() -> None:
+    spec = parse_spec(BASE)
+    assert spec.performance.scenarios == ("single-stream", "offline")
+    assert spec.paths[1].precision == "fp32"
+    assert spec.training is None and spec.candidates[0].name == "cpu-compile"
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(BASE)
+    node: Any = data
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node[int(key)] if key.isdigit() else node.setdefault(key, {})
+    if value is _DELETE:
+        del node[keys[-1]]
+    else:
+        node[int(keys[-1]) if keys[-1].isdigit() else keys[-1]] = value
+    return data
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("change", "value", "field", "words"),
+    [
+        ("paths.1.precision", "fp8", "paths[1].precision", "not one of fp32"),
+        ("paths.1.mode", 3, "paths[1].mode", "must be a string"),
+        ("reference", "gpu", "reference", "not one of the paths"),
+        ("performance.warmpu", 3, "performance.warmpu", "not a known field"),
+        ("performance.min_iterations", 0, "performance.min_iterations", ">= 1"),
+        ("performance.scenarios", ["burst"], "performance.scenarios[0]", "single-stream, offline"),
+        ("inputs.seed", "x", "inputs.seed", "integer"),
+        ("inputs.tensors.0.shape", [], "inputs.tensors[0].shape", "batch dimension"),
+        ("inputs.tensors.0.high", 0, "inputs.tensors[0].high", "greater than low"),
+        ("model.checkpoint_sha256", "abc", "model.checkpoint_sha256", "sha256"),
+        ("model", _DELETE, "model.name", "required"),
+        ("policy.min_cost_saving", 2, "policy.min_cost_saving", "between -1 and 1"),
+        ("training", {"steps": 0}, "training.steps", ">= 1"),
+        ("timeouts.heartbeat_s", 1000, "timeouts.heartbeat_s", "shorter than activity_s"),
+        ("criteria.min_cosine", 1.5, "criteria.min_cosine", "between 0 and 1"),
+    ],
+)
+def test_bad_fields_are_named(change: str, value: Any, field: str, words: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec(_with(change, value))
+    assert err.value.field == field
+    assert words in str(err.value)
+
+
+def test_duplicate_path_names_and_single_path() -> None:
+    data = copy.deepcopy(BASE)
+    data["paths"][1]["name"] = "cpu-eager"
+    with pytest.raises(SpecError, match=r"paths\[1\]\.name"):
+        parse_spec(data)
+    data["paths"] = data["paths"][:1]
+    with pytest.raises(SpecError, match="needs a reference and at least one candidate"):
+        parse_spec(data)
+
+
+def test_not_an_object() -> None:
+    with pytest.raises(SpecError, match="must be a JSON object"):
+        parse_spec([1, 2])

@@ -1,0 +1,255 @@
+"""Trial activities: one class, its dependencies (connections, clock) injected by the worker.
+
+Each activity does one phase step for one path and heartbeats while it waits, with details
+an operator can read in the Temporal UI (phase, progress). Measurement (performance.py) and
+ledger writes (ledger_activities.py) live in their own modules; this one prepares paths,
+runs the fixed inputs and asks the evaluator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from temporalio import activity
+
+from switchyard.gen.switchyard.v1 import evaluator_pb2 as epb
+from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
+from workflows import payloads
+from workflows.connections import Connections, grpc_errors
+from workflows.types import (
+    CompareRequest,
+    CorrectnessResult,
+    OutputVerdict,
+    PathInfo,
+    PrepareResult,
+    RunRequest,
+    RunResult,
+    Target,
+    TensorData,
+    TrainRequest,
+    TrainResult,
+)
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+
+def now_us(clock: Clock = time.time) -> int:
+    return int(clock() * 1_000_000)
+
+
+async def heartbeating(work: Awaitable[T], details: Callable[[], dict[str, Any]], every_s: float = 1.0) -> T:
+    """Await `work`, heartbeating every `every_s` so a dead worker is noticed within the timeout."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=every_s)
+        if done:
+            return task.result()
+        activity.heartbeat(details())
+
+
+def _load_request(target: Target, precision: str, mode: str, buckets: list[int]) -> xpb.LoadModelRequest:
+    return xpb.LoadModelRequest(
+        model_name=target.model,
+        version=target.version,
+        mode=mode,
+        precision=precision,
+        batch_buckets=buckets,
+        dynamic_batching=False,  # one request = one batch, so timings are not batching artefacts
+        checkpoint_sha256=target.checkpoint_sha256,
+    )
+
+
+def compatibility_dict(report: xpb.CompatibilityReport) -> dict[str, Any]:
+    return {
+        "fallback_ops": {op.op: op.count for op in report.fallback_ops},
+        "graph_breaks": report.graph_breaks,
+        "graph_break_reasons": list(report.graph_break_reasons),
+        "recompiles": report.recompiles,
+        "unsupported_dtypes": list(report.unsupported_dtypes),
+        "adaptations": list(report.adaptations),
+        "compilations": report.compilations,
+        "compile_time_s": report.compile_time_s,
+        "compilations_after_warmup": report.compilations_after_warmup,
+        "notes": list(report.notes),
+    }
+
+
+class PathActivities:
+    """Activities that act on an executor or the evaluator for one path."""
+
+    def __init__(self, connections: Connections, clock: Clock = time.time) -> None:
+        self.connections = connections
+        self.clock = clock
+
+    @activity.defn(name="describe_path")
+    async def describe_path(self, target: Target) -> PathInfo:
+        with grpc_errors(f"Describe on {target.executor} for path {target.path}"):
+            d = await self.connections.control(target.executor).Describe(xpb.DescribeRequest(), timeout=30)
+        host = d.host or "unknown-host"
+        return PathInfo(
+            path=target.path,
+            address=self.connections.executor_address(target.executor),
+            host=host,
+            backend=d.device.backend,
+            device_name=d.device.device_name,
+            device_count=d.device.device_count,
+            memory_total_bytes=d.device.memory_total_bytes,
+            resource_class=d.resource_class,
+            price_key=d.price_key,
+            torch_version=d.torch_version,
+            versions=dict(d.versions),
+            ledger_path=f"{target.path}@{host}",
+        )
+
+    @activity.defn(name="prepare_path")
+    async def prepare_path(self, target: Target) -> PrepareResult:
+        started = self.clock()
+        request = _load_request(target, target.precision, target.mode, target.batch_buckets)
+        with grpc_errors(f"LoadModel {target.model} ({target.mode}, {target.precision}) on {target.path}"):
+            response = await heartbeating(
+                self.connections.control(target.executor).LoadModel(request),
+                lambda: {
+                    "phase": "prepare",
+                    "path": target.path,
+                    "elapsed_s": round(self.clock() - started, 1),
+                },
+            )
+        m = response.model
+        return PrepareResult(
+            checkpoint_load_s=m.timings.checkpoint_load_s,
+            to_device_s=m.timings.to_device_s,
+            compile_s=m.timings.compile_s,
+            total_s=m.timings.total_s,
+            checkpoint_sha256=m.checkpoint_sha256,
+            compatibility=compatibility_dict(m.compatibility),
+            state=m.state,
+        )
+
+    @activity.defn(name="run_inputs")
+    async def run_inputs(self, request: RunRequest) -> RunResult:
+        """The fixed inputs through a path; `golden` loads the model in fp64 (eager) first."""
+        target = request.target
+        inputs = payloads.make_inputs(request.inputs)
+        batch = int(inputs[0][2].shape[0])
+        started = now_us(self.clock)
+        if request.golden:
+            load = _load_request(target, "fp64", "eager", [batch])
+            with grpc_errors(f"LoadModel {target.model} in fp64 for the golden run on {target.path}"):
+                await heartbeating(
+                    self.connections.control(target.executor).LoadModel(load),
+                    lambda: {"phase": "golden", "path": target.path},
+                )
+        runs: list[list[TensorData]] = []
+        busy_us = 0
+        stub = self.connections.oip(target.executor)
+        for i in range(request.repeats):
+            req = payloads.infer_request(
+                target.model, target.version, inputs, f"{target.trial_id}/{target.path}/{i}"
+            )
+            with grpc_errors(f"ModelInfer {target.model} on {target.path}"):
+                response = await stub.ModelInfer(req, timeout=120)
+            compute = response.parameters.get("compute_us")
+            busy_us += compute.int64_param if compute is not None else 0
+            runs.append(payloads.outputs_of(response))
+            activity.heartbeat({"phase": "golden" if request.golden else "correctness", "run": i + 1})
+        return RunResult(runs, busy_us, started, now_us(self.clock))
+
+    @activity.defn(name="compare_outputs")
+    async def compare_outputs(self, request: CompareRequest) -> CorrectnessResult:
+        golden = {t.name: t for t in request.golden}
+        repeat = {t.name: t for t in request.reference_repeat}
+        candidate = {t.name: t for t in request.candidate}
+        wanted = list(request.criteria.get("outputs") or [t.name for t in request.reference])
+        c = request.criteria
+        criteria = epb.Criteria(
+            precision=request.target.precision,
+            error_multiplier=c.get("error_multiplier", 0.0),
+            min_cosine=c.get("min_cosine", 0.0),
+            min_top1_agreement=c.get("min_top1_agreement", 0.0),
+            min_topk_agreement=c.get("min_topk_agreement", 0.0),
+            top_k=c.get("top_k", 0),
+            max_kl=c.get("max_kl", 0.0),
+            logits=c.get("logits", False),
+            atol_floor=c.get("atol_floor", 0.0),
+        )
+        verdicts: list[OutputVerdict] = []
+        for ref in request.reference:
+            if ref.name not in wanted:
+                continue
+            cand = candidate.get(ref.name)
+            if cand is None:
+                verdicts.append(OutputVerdict(ref.name, False, {}, [f"output {ref.name} missing"], ""))
+                continue
+
+            def tensor(t: TensorData | None) -> epb.Tensor | None:
+                return (
+                    None
+                    if t is None
+                    else epb.Tensor(datatype=t.datatype, shape=t.shape, data=payloads.raw(t))
+                )
+
+            with grpc_errors(f"Compare {ref.name} of {request.target.path}"):
+                r = await self.connections.evaluator().Compare(
+                    epb.CompareRequest(
+                        output_name=ref.name,
+                        reference=tensor(ref),
+                        candidate=tensor(cand),
+                        golden=tensor(golden.get(ref.name)),
+                        reference_repeat=tensor(repeat.get(ref.name)),
+                        criteria=criteria,
+                    ),
+                    timeout=120,
+                )
+            metrics = {f.name: getattr(r.metrics, f.name) for f in r.metrics.DESCRIPTOR.fields}
+            verdicts.append(OutputVerdict(ref.name, r.passed, metrics, list(r.reasons), r.justification))
+        return CorrectnessResult(bool(verdicts) and all(v.passed for v in verdicts), verdicts)
+
+    @activity.defn(name="train_path")
+    async def train_path(self, request: TrainRequest) -> TrainResult:
+        target, plan = request.target, request.plan
+        started = self.clock()
+        with grpc_errors(f"Train {target.model} on {target.path}"):
+            response = await heartbeating(
+                self.connections.control(target.executor).Train(
+                    xpb.TrainRequest(
+                        model_name=target.model,
+                        version=target.version,
+                        steps=plan["steps"],
+                        lr=plan["lr"],
+                        seed=plan["seed"],
+                        batch_size=plan["batch_size"],
+                    )
+                ),
+                lambda: {
+                    "phase": "training",
+                    "path": target.path,
+                    "elapsed_s": round(self.clock() - started, 1),
+                },
+            )
+        result = TrainResult(list(response.loss), list(response.step_seconds), response.total_s)
+        if request.reference_loss:
+            with grpc_errors(f"CompareLoss for {target.path}"):
+                c = await self.connections.evaluator().CompareLoss(
+                    epb.CompareLossRequest(
+                        reference=request.reference_loss,
+                        candidate=result.loss,
+                        target_loss=plan.get("target_loss", 0.0),
+                        max_relative_deviation=plan.get("max_relative_deviation", 0.0),
+                        precision=target.precision,
+                    ),
+                    timeout=60,
+                )
+            result.comparison = {
+                "passed": c.passed,
+                "deviation": list(c.deviation),
+                "max_relative_deviation": c.max_relative_deviation,
+                "reference_steps_to_target": c.reference_steps_to_target,
+                "candidate_steps_to_target": c.candidate_steps_to_target,
+                "reasons": list(c.reasons),
+                "justification": c.justification,
+            }
+        return result

@@ -1,0 +1,183 @@
+"""Ledger activities: the trial's own device time and jobs go through metering, the ledger's
+only writer. Every write carries an idempotency key built from the workflow run, so retries
+and a resumed worker never double count; money comes back as integer micro-units.
+
+A path holds a reservation from the start of its first phase to the end of its last; what
+its phases used is charged inside it (golden, correctness and training runs as preparation
+of the path, performance requests as jobs), and the idle remainder is explicit. Cost per
+completed job is the ledger's figure for that path and trial.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from workflows.activities import Clock, now_us
+from workflows.connections import Connections, grpc_errors
+from workflows.types import (
+    CloseRequest,
+    EconomicsRequest,
+    EconomicsResult,
+    PathInfo,
+    ReservationRequest,
+    ReservationResult,
+    TrialRecord,
+    UsageRecord,
+)
+
+ACTOR = mpb.Actor(source="trial-worker")
+
+
+class LedgerActivities:
+    def __init__(self, connections: Connections, clock: Clock = time.time) -> None:
+        self.connections = connections
+        self.clock = clock
+
+    def _actor(self) -> mpb.Actor:
+        info = activity.info()
+        return mpb.Actor(
+            principal="trial-worker",
+            source="trial-worker",
+            request_id=f"{info.workflow_id}/{info.activity_id}",
+        )
+
+    @activity.defn(name="register_path")
+    async def register_path(self, info: PathInfo) -> str:
+        """Register the path; returns "" when registered, else why its cost cannot be known."""
+        try:
+            await self.connections.metering().RegisterPath(
+                mpb.RegisterPathRequest(
+                    path=info.ledger_path,
+                    backend=info.backend,
+                    resource_class=info.resource_class,
+                    price_key=info.price_key,
+                    host=info.host,
+                    actor=self._actor(),
+                ),
+                timeout=30,
+            )
+        except grpc.aio.AioRpcError as err:
+            if err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS):
+                return f"ledger: {err.details()}"
+            with grpc_errors(f"RegisterPath {info.ledger_path}"):
+                raise
+        return ""
+
+    @activity.defn(name="open_reservation")
+    async def open_reservation(self, request: ReservationRequest) -> ReservationResult:
+        t = request.target
+        run = activity.info().workflow_run_id
+        start = request.start_unix_us or now_us(self.clock)
+        with grpc_errors(f"OpenReservation for {t.ledger_path}"):
+            r = await self.connections.metering().OpenReservation(
+                mpb.OpenReservationRequest(
+                    idempotency_key=f"{run}/{t.path}/reservation",
+                    path=t.ledger_path,
+                    start_unix_us=start,
+                    trial_id=t.trial_id,
+                    actor=self._actor(),
+                ),
+                timeout=30,
+            )
+        return ReservationResult(r.reservation_id, r.start_unix_us)
+
+    @activity.defn(name="record_path_usage")
+    async def record_path_usage(self, record: UsageRecord) -> None:
+        """Golden, correctness and training runs: device time of the trial, charged to the path."""
+        t = record.target
+        run = activity.info().workflow_run_id
+        event = mpb.UsageEvent(
+            idempotency_key=f"{run}/{t.path}/{record.phase}",
+            path=t.ledger_path,
+            model=t.model,
+            model_version=t.version,
+            team=t.team,
+            kind="prepare",
+            busy_us=min(record.busy_us, max(record.ended_unix_us - record.started_unix_us, 0)),
+            started_unix_us=record.started_unix_us,
+            ended_unix_us=record.ended_unix_us,
+            trial_id=t.trial_id,
+            arm=t.path,
+            tags={"phase": record.phase},
+        )
+        with grpc_errors(f"RecordUsage ({record.phase}) for {t.ledger_path}"):
+            await self.connections.metering().RecordUsage(
+                mpb.RecordUsageRequest(events=[event], actor=self._actor()), timeout=30
+            )
+
+    async def _close(self, reservation_id: str, end_us: int) -> mpb.Reservation:
+        with grpc_errors(f"CloseReservation {reservation_id}"):
+            return await self.connections.metering().CloseReservation(
+                mpb.CloseReservationRequest(
+                    reservation_id=reservation_id, end_unix_us=end_us, actor=self._actor()
+                ),
+                timeout=30,
+            )
+
+    @activity.defn(name="close_path")
+    async def close_path(self, request: CloseRequest) -> None:
+        """Cleanup after a failure or cancel: close the reservation, unload the model."""
+        t = request.target
+        if request.reservation_id:
+            await self._close(request.reservation_id, request.end_unix_us or now_us(self.clock))
+        if request.unload:
+            try:
+                await self.connections.control(t.executor).Unload(
+                    xpb.UnloadRequest(model_name=t.model, version=t.version), timeout=30
+                )
+            except (grpc.aio.AioRpcError, ApplicationError) as err:
+                activity.logger.info("unload of %s on %s: %s", t.model, t.path, err)
+
+    @activity.defn(name="economics")
+    async def economics(self, request: EconomicsRequest) -> EconomicsResult:
+        t = request.target
+        reservation = await self._close(request.reservation_id, now_us(self.clock))
+        with grpc_errors(f"CostReport for trial {t.trial_id}"):
+            report = await self.connections.metering().CostReport(
+                mpb.CostReportRequest(
+                    group_by=["path"],
+                    trial_id=t.trial_id,
+                    since_unix_us=request.since_unix_us,
+                    actor=self._actor(),
+                ),
+                timeout=60,
+            )
+        row = next((r for r in report.rows if r.group.get("path") == t.ledger_path), None)
+        if row is None:
+            raise ApplicationError(f"the ledger has no cost rows for {t.ledger_path} in trial {t.trial_id}")
+        return EconomicsResult(
+            currency=row.currency or reservation.currency,
+            total_micros=row.total_micros,
+            busy_micros=row.busy_micros,
+            idle_micros=row.idle_micros,
+            prepare_micros=row.prepare_micros,
+            reserved_micros=reservation.cost_micros,
+            jobs_completed=row.jobs_completed,
+            jobs_failed=row.jobs_failed,
+            cost_per_completed_job_micros=row.cost_per_completed_job_micros,
+            unpriced=row.unpriced_events > 0 or not row.currency,
+            unpriced_events=row.unpriced_events,
+        )
+
+    @activity.defn(name="record_trial")
+    async def record_trial(self, record: TrialRecord) -> None:
+        with grpc_errors(f"RecordTrial {record.trial_id}"):
+            await self.connections.metering().RecordTrial(
+                mpb.RecordTrialRequest(
+                    trial_id=record.trial_id,
+                    workflow_id=record.workflow_id,
+                    model=record.model,
+                    status=record.status,
+                    spec_json=record.spec_json,
+                    report_json=record.report_json,
+                    verdicts=record.verdicts,
+                    actor=self._actor(),
+                ),
+                timeout=60,
+            )

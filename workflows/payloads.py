@@ -1,0 +1,118 @@
+"""Trial inputs and outputs on the wire: seeded tensors, OIP requests, base64 tensor payloads.
+
+Inputs are regenerated from the spec's seed inside each activity instead of travelling
+through Temporal, so every path (and every retry) sees exactly the same bytes. A file of
+inputs is checked against its sha256 before use.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from temporalio.exceptions import ApplicationError
+
+from services.evaluator.tensors import encode
+from switchyard.gen.inference import grpc_service_pb2 as oip
+from workflows.types import InputsPlan, TensorData
+
+_NUMPY = {
+    "FP64": np.float64,
+    "FP32": np.float32,
+    "FP16": np.float16,
+    "BF16": np.float32,  # generated in float32, narrowed by the codec
+    "INT64": np.int64,
+    "INT32": np.int32,
+    "INT16": np.int16,
+    "INT8": np.int8,
+    "UINT8": np.uint8,
+    "BOOL": np.bool_,
+}
+MAX_OUTPUT_PAYLOAD = 1_500_000  # bytes per run: Temporal payloads are limited to ~2 MB
+
+
+def _load_file(plan: InputsPlan) -> dict[str, npt.NDArray[np.generic]]:
+    path = Path(plan.file)
+    try:
+        blob = path.read_bytes()
+    except OSError as exc:
+        raise ApplicationError(f"inputs.file {plan.file}: {exc.strerror}", non_retryable=True) from None
+    digest = hashlib.sha256(blob).hexdigest()
+    if digest != plan.file_sha256:
+        raise ApplicationError(
+            f"inputs.file {plan.file} hashes to {digest}, not inputs.file_sha256 {plan.file_sha256}",
+            type="InputsChecksum",
+            non_retryable=True,
+        )
+    with np.load(path) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+def make_inputs(plan: InputsPlan, batch: int | None = None) -> list[tuple[str, str, npt.NDArray[np.generic]]]:
+    """(name, datatype, array) per input; `batch` overrides the spec's batch dimension."""
+    out: list[tuple[str, str, npt.NDArray[np.generic]]] = []
+    if plan.file:
+        for name, stored in _load_file(plan).items():
+            datatype = {v: k for k, v in _NUMPY.items() if k != "BF16"}.get(stored.dtype.type, "FP32")
+            if batch is not None:
+                stored = np.resize(stored, (batch, *stored.shape[1:]))
+            out.append((name, datatype, stored))
+        return out
+    rng = np.random.default_rng([plan.seed] if batch is None else [plan.seed, batch])
+    for t in plan.tensors:
+        shape = list(t["shape"])
+        if batch is not None:
+            shape[0] = batch
+        datatype = str(t["datatype"])
+        dtype = _NUMPY[datatype]
+        if datatype in ("FP64", "FP32", "FP16", "BF16"):
+            array: npt.NDArray[np.generic] = rng.normal(t["low"], t["high"], size=shape).astype(dtype)
+        else:
+            array = rng.integers(int(t["low"]), int(t["high"]), size=shape).astype(dtype)
+        out.append((str(t["name"]), datatype, array))
+    return out
+
+
+def batch_of(plan: InputsPlan) -> int:
+    return int(make_inputs(plan)[0][2].shape[0]) if plan.file else int(plan.tensors[0]["shape"][0])
+
+
+def infer_request(
+    model: str, version: str, inputs: list[tuple[str, str, npt.NDArray[np.generic]]], request_id: str = ""
+) -> oip.ModelInferRequest:
+    request = oip.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    for name, datatype, array in inputs:
+        request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        request.raw_input_contents.append(encode(array, datatype))
+    return request
+
+
+def outputs_of(response: oip.ModelInferResponse) -> list[TensorData]:
+    tensors = []
+    for i, output in enumerate(response.outputs):
+        raw = response.raw_output_contents[i] if i < len(response.raw_output_contents) else b""
+        tensors.append(
+            TensorData(
+                output.name, output.datatype, list(output.shape), base64.b64encode(raw).decode("ascii")
+            )
+        )
+    size = sum(len(t.data_b64) for t in tensors)
+    if size > MAX_OUTPUT_PAYLOAD:
+        raise ApplicationError(
+            f"outputs of the correctness inputs are {size} bytes encoded, over the {MAX_OUTPUT_PAYLOAD} "
+            "a Temporal payload carries; use a smaller inputs batch or shape",
+            type="OutputsTooLarge",
+            non_retryable=True,
+        )
+    return tensors
+
+
+def raw(tensor: TensorData) -> bytes:
+    return base64.b64decode(tensor.data_b64)
+
+
+def sizes(inputs: list[tuple[str, str, npt.NDArray[np.generic]]]) -> dict[str, list[int]]:
+    return {name: list(array.shape) for name, _, array in inputs}

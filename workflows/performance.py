@@ -1,0 +1,212 @@
+"""The performance phase: warm-up, then single-stream and offline scenarios until both the
+minimum iteration count and the minimum duration are met, with proof that nothing compiled.
+
+Each request is one job in the ledger (kind "trial"), recorded at the end of its scenario
+with an idempotency key from the workflow run, so a retried activity never double counts.
+Finished scenarios are kept in the heartbeat details: if the worker dies mid-measurement,
+the retry resumes at the first unfinished scenario instead of measuring everything again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from switchyard.gen.inference import grpc_service_pb2 as oip
+from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from workflows import payloads
+from workflows.activities import Clock
+from workflows.connections import Connections, grpc_errors
+from workflows.types import PerformanceRequest, PerformanceResult, ScenarioResult
+
+USAGE_BATCH = 500
+
+
+@dataclasses.dataclass
+class _Sample:
+    started_us: int
+    ended_us: int
+    latency_s: float
+    compute_us: int
+    ok: bool
+
+
+class PerformanceActivities:
+    def __init__(self, connections: Connections, clock: Clock = time.time) -> None:
+        self.connections = connections
+        self.clock = clock
+
+    async def _compilations(self, request: PerformanceRequest) -> int:
+        t = request.target
+        with grpc_errors(f"ModelStatus of {t.model} on {t.path}"):
+            status = await self.connections.control(t.executor).ModelStatus(
+                xpb.ModelStatusRequest(model_name=t.model, version=t.version), timeout=30
+            )
+        if not status.models:
+            raise ApplicationError(
+                f"{t.model} is not loaded on {t.path}", type="NotLoaded", non_retryable=True
+            )
+        c = status.models[0].compatibility
+        return int(c.compilations_after_warmup + c.recompiles)
+
+    @activity.defn(name="measure_performance")
+    async def measure_performance(self, request: PerformanceRequest) -> PerformanceResult:
+        info = activity.info()
+        resumed: dict[str, Any] = dict(info.heartbeat_details[0]) if info.heartbeat_details else {}
+        done = [ScenarioResult(**s) for s in resumed.get("completed", [])]
+        before = int(resumed["compilations_before"]) if "compilations_before" in resumed else None
+        if before is None:
+            before = await self._compilations(request)
+        plan = request.plan
+        scenarios: list[tuple[str, int, int]] = []
+        if "single-stream" in plan["scenarios"]:
+            scenarios.append(("single-stream", 1, 1))
+        if "offline" in plan["scenarios"]:
+            scenarios += [("offline", b, int(plan["offline_concurrency"])) for b in plan["batch_sizes"]]
+        busy = int(resumed.get("busy_us", 0))
+        jobs = int(resumed.get("jobs", 0))
+        for name, batch, concurrency in scenarios:
+            if any(s.scenario == name and s.batch_size == batch for s in done):
+                continue
+            state: dict[str, Any] = {
+                "phase": "performance",
+                "path": request.target.path,
+                "scenario": name,
+                "batch": batch,
+                "done": 0,
+                "target": plan["min_iterations"],
+                "compilations_before": before,
+                "completed": [dataclasses.asdict(s) for s in done],
+                "busy_us": busy,
+                "jobs": jobs,
+                "attempt": info.attempt,
+            }
+            result, samples = await self._scenario(request, name, batch, concurrency, state)
+            await self._record(request, name, batch, info.attempt, samples)
+            busy += sum(s.compute_us for s in samples)
+            jobs += len(samples)
+            done.append(result)
+            state.update(completed=[dataclasses.asdict(s) for s in done], busy_us=busy, jobs=jobs)
+            activity.heartbeat(state)
+        after = await self._compilations(request)
+        problem = ""
+        if after != before:
+            problem = f"{after - before} compilation(s) or recompile(s) while measuring; the timings are not steady state"
+        return PerformanceResult(done, before, after, busy, jobs, not problem, problem)
+
+    async def _scenario(
+        self, request: PerformanceRequest, name: str, batch: int, concurrency: int, state: dict[str, Any]
+    ) -> tuple[ScenarioResult, list[_Sample]]:
+        t, plan = request.target, request.plan
+        inputs = payloads.make_inputs(request.inputs, batch)
+        stub = self.connections.oip(t.executor)
+        message = payloads.infer_request(t.model, t.version, inputs)
+
+        async def call() -> _Sample:
+            start_us = int(self.clock() * 1e6)
+            t0 = time.perf_counter()
+            try:
+                response: oip.ModelInferResponse = await stub.ModelInfer(message, timeout=60)
+            except Exception:  # a failed request is a failed job, counted, not a crash
+                return _Sample(start_us, int(self.clock() * 1e6), time.perf_counter() - t0, 0, False)
+            latency = time.perf_counter() - t0
+            compute = response.parameters.get("compute_us")
+            end_us = max(int(self.clock() * 1e6), start_us)
+            busy = min(compute.int64_param if compute is not None else int(latency * 1e6), end_us - start_us)
+            return _Sample(start_us, end_us, latency, busy, True)
+
+        for _ in range(int(plan["warmup"])):
+            await call()
+        samples: list[_Sample] = []
+        begin = time.perf_counter()
+        last_beat = begin
+
+        def satisfied() -> bool:
+            enough = len(samples) >= int(plan["min_iterations"])
+            return enough and time.perf_counter() - begin >= float(plan["min_seconds"])
+
+        async def worker() -> None:
+            nonlocal last_beat
+            while not satisfied():
+                samples.append(await call())
+                if time.perf_counter() - last_beat >= 0.5:
+                    last_beat = time.perf_counter()
+                    state.update(done=len(samples), elapsed_s=round(last_beat - begin, 2))
+                    activity.heartbeat(state)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - begin
+        good = [s for s in samples if s.ok]
+        if not good:
+            raise ApplicationError(
+                f"every request of {name} batch {batch} on {t.path} failed", type="AllFailed"
+            )
+        lat = np.array([s.latency_s * 1e3 for s in good])
+        edges = np.geomspace(max(lat.min(), 1e-3), max(lat.max(), lat.min() * 1.01, 1e-3), 21)
+        counts, _ = np.histogram(lat, bins=edges)
+        pct = {q: float(np.percentile(lat, q)) for q in (50, 90, 95, 99)}
+        return (
+            ScenarioResult(
+                scenario=name,
+                batch_size=batch,
+                concurrency=concurrency,
+                iterations=len(good),
+                seconds=elapsed,
+                p50_ms=pct[50],
+                p90_ms=pct[90],
+                p95_ms=pct[95],
+                p99_ms=pct[99],
+                mean_ms=float(lat.mean()),
+                compute_p50_ms=float(np.percentile([s.compute_us / 1e3 for s in good], 50)),
+                throughput=len(good) * batch / elapsed,
+                throughput_unit="samples/s",
+                input_sizes=payloads.sizes(inputs),
+                histogram_ms=[float(e) for e in edges],
+                histogram_counts=[int(c) for c in counts],
+                failed=len(samples) - len(good),
+            ),
+            samples,
+        )
+
+    async def _record(
+        self, request: PerformanceRequest, name: str, batch: int, attempt: int, samples: list[_Sample]
+    ) -> None:
+        """Each request is a job of the path; keys from the run id make a retry idempotent."""
+        t = request.target
+        if not request.ledger:
+            return
+        run = activity.info().workflow_run_id
+        events = [
+            mpb.UsageEvent(
+                idempotency_key=f"{run}/{t.path}/{name}-b{batch}/a{attempt}/{i}",
+                path=t.ledger_path,
+                model=t.model,
+                model_version=t.version,
+                team=t.team,
+                kind="trial",
+                status="completed" if s.ok else "failed",
+                met_quality=s.ok and request.met_quality,
+                busy_us=s.compute_us,
+                started_unix_us=s.started_us,
+                ended_unix_us=s.ended_us,
+                trial_id=t.trial_id,
+                arm=t.path,
+                tags={"scenario": name, "batch_size": str(batch)},
+            )
+            for i, s in enumerate(samples)
+        ]
+        for i in range(0, len(events), USAGE_BATCH):
+            with grpc_errors(f"RecordUsage for {t.path}"):
+                await self.connections.metering().RecordUsage(
+                    mpb.RecordUsageRequest(
+                        events=events[i : i + USAGE_BATCH], actor=mpb.Actor(source="trial-worker")
+                    ),
+                    timeout=60,
+                )

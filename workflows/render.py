@@ -1,0 +1,214 @@
+"""Rendering a stored trial report (JSON) as Markdown or as one self-contained HTML page.
+
+Every figure is printed with its basis: input sizes, batch, concurrency, iterations and
+duration for timings; currency and micro-units for money; the tolerance's justification for
+correctness. The HTML page carries its charts as inline SVG (workflows/charts.py).
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from typing import Any
+
+from workflows import charts
+
+
+def _money(micros: int | None, currency: str = "") -> str:
+    if micros is None:
+        return "n/a"
+    return f"{micros / 1e6:,.6f} {currency}".strip()
+
+
+def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    ref = report["reference"]
+    return sorted(report["paths"].items(), key=lambda kv: (kv[0] != ref, kv[0]))
+
+
+def _perf_lines(state: dict[str, Any]) -> list[str]:
+    perf = state.get("performance") or {}
+    if "skipped" in perf:
+        return [f"skipped: {perf['skipped']}"]
+    lines = []
+    for s in perf.get("scenarios", []):
+        sizes = ", ".join(f"{k} {v}" for k, v in s["input_sizes"].items())
+        lines.append(
+            f"{s['scenario']} batch {s['batch_size']} x{s['concurrency']}: p50 {s['p50_ms']:.3f} ms, "
+            f"p90 {s['p90_ms']:.3f}, p95 {s['p95_ms']:.3f}, p99 {s['p99_ms']:.3f} ms; "
+            f"{s['throughput']:.1f} {s['throughput_unit']} ({s['iterations']} requests in {s['seconds']:.2f} s; "
+            f"inputs {sizes}; {s['failed']} failed)"
+        )
+    if perf:
+        lines.append(
+            f"compilations/recompiles while measuring: {perf['compilations_after'] - perf['compilations_before']}"
+        )
+    return lines
+
+
+def markdown(report: dict[str, Any]) -> str:
+    out = [f"# Trial {report['trial_id']}: {report['model']['name']}", ""]
+    out.append(f"Status **{report['status']}**, {report['started']} to {report['ended']} "
+               f"({report['duration_s']:.1f} s). Reference path: **{report['reference']}**.")  # fmt: skip
+    if report.get("cancel_reason"):
+        out.append(f"Cancelled: {report['cancel_reason']}.")
+    out += [
+        "",
+        "## Verdicts",
+        "",
+        "| path | verdict | criterion | result | reason |",
+        "|---|---|---|---|---|",
+    ]
+    for path, v in report["verdicts"].items():
+        for name, c in v["criteria"].items():
+            out.append(
+                f"| {path} | **{v['verdict']}** | {name} | {c['result']} | {c['reason'].replace('|', '/')} |"
+            )
+    inputs = report["inputs"]
+    tensors = (
+        ", ".join(f"{t['name']} {t['datatype']} {t['shape']}" for t in inputs["tensors"]) or inputs["file"]
+    )
+    out += ["", "## System and inputs", "", f"Inputs: seed {inputs['seed']}; {tensors}.", ""]
+    out += ["| path | host | backend | device | mode | precision | torch | resource class |", "|---|" * 8]
+    config = {p["name"]: p for p in report["configuration"]["paths"]}
+    for name, s in _rows(report):
+        i = s.get("info") or {}
+        out.append(
+            f"| {name} | {s.get('host', '')} | {i.get('backend', '')} | {i.get('device_name', '')} | "
+            f"{config[name]['mode']} | {config[name]['precision']} | {i.get('torch_version', '')} | "
+            f"{i.get('resource_class', '')} |"
+        )
+    out.append("")
+    out.append("Placement (paths on one host were measured one after another): " + "; ".join(
+        f"{h}: {', '.join(p)}" for h, p in report["placement"].items()))  # fmt: skip
+    for name, s in _rows(report):
+        out += ["", f"## {name} ({s['role']})", ""]
+        p = s.get("prepare") or {}
+        if p:
+            out.append(
+                f"- prepare: checkpoint load {p['checkpoint_load_s']:.3f} s, to-device {p['to_device_s']:.3f} s, "
+                f"compile/warm-up {p['compile_s']:.3f} s, total {p['total_s']:.3f} s"
+            )
+            c = p["compatibility"]
+            out.append(
+                f"- compatibility: fallback ops {c['fallback_ops'] or 'none'}, graph breaks {c['graph_breaks']}, "
+                f"recompiles {c['recompiles']}, adaptations {c['adaptations'] or 'none'}"
+            )
+        corr = s.get("correctness") or {}
+        for o in corr.get("outputs", []):
+            m = o["metrics"]
+            out.append(
+                f"- correctness `{o['output']}`: {'PASS' if o['passed'] else 'FAIL'}; max abs {m['max_abs_error']:.3g}, "
+                f"rmse {m['rmse']:.3g} (allowed {m['allowed_rmse']:.3g}), cosine {m['cosine']:.6f}"
+            )
+            out.append(f"  - tolerance: {o['justification']}")
+        out += [f"- performance: {line}" for line in _perf_lines(s)]
+        tr = s.get("training") or {}
+        if tr.get("loss"):
+            out.append(
+                f"- training: {len(tr['loss'])} steps, final loss {tr['loss'][-1]:.5f}, {tr['total_s']:.2f} s"
+            )
+        e = s.get("economics") or {}
+        if "total_micros" in e:
+            out.append(
+                f"- economics: total {_money(e['total_micros'], e['currency'])} (busy {_money(e['busy_micros'])}, "
+                f"idle {_money(e['idle_micros'])}, preparation {_money(e['prepare_micros'])}); "
+                f"{e['jobs_completed']} jobs completed, {e['jobs_failed']} failed; cost per completed job "
+                f"{_money(e['cost_per_completed_job_micros'], e['currency'])}"
+            )
+        elif e:
+            out.append(f"- economics: unpriced ({e.get('problem', '')})")
+        for phase, err in s.get("errors", {}).items():
+            out.append(f"- error in {phase}: {err}")
+        out += [f"- note: {n}" for n in s.get("notes", [])]
+    return "\n".join(out) + "\n"
+
+
+def _charts(report: dict[str, Any]) -> list[str]:
+    rows = _rows(report)
+    svgs: list[str] = []
+    scenario_keys: list[tuple[str, int]] = []
+    for _, s in rows:
+        for sc in (s.get("performance") or {}).get("scenarios", []):
+            key = (sc["scenario"], sc["batch_size"])
+            if key not in scenario_keys:
+                scenario_keys.append(key)
+    for scenario, batch in scenario_keys:
+        series: dict[str, list[float | None]] = {}
+        for name, s in rows:
+            found = [x for x in (s.get("performance") or {}).get("scenarios", [])
+                     if (x["scenario"], x["batch_size"]) == (scenario, batch)]  # fmt: skip
+            series[name] = [found[0][k] if found else None for k in ("p50_ms", "p90_ms", "p95_ms", "p99_ms")]
+        svgs.append(
+            charts.bar_chart(f"Latency, {scenario} batch {batch}", "ms", ["p50", "p90", "p95", "p99"], series)
+        )
+    for i, (name, s) in enumerate(rows):
+        for sc in (s.get("performance") or {}).get("scenarios", []):
+            if sc["scenario"] == "single-stream":
+                svgs.append(charts.histogram(f"Latency distribution, {name} single-stream batch 1",
+                                             sc["histogram_ms"], sc["histogram_counts"], i))  # fmt: skip
+    losses = {name: s["training"]["loss"] for name, s in rows if (s.get("training") or {}).get("loss")}
+    if losses:
+        svgs.append(charts.line_chart("Training loss per step", "step", "loss", losses))
+    cost: dict[str, list[float | None]] = {}
+    currency = ""
+    for name, s in rows:
+        e = s.get("economics") or {}
+        cpj = e.get("cost_per_completed_job_micros")
+        currency = currency or e.get("currency", "")
+        cost[name] = [cpj / 1e6 if cpj else None]
+    svgs.append(
+        charts.bar_chart("Cost per completed job", currency or "unpriced", ["cost per completed job"], cost)
+    )
+    prep = {
+        name: [(s.get("prepare") or {}).get(k) for k in ("checkpoint_load_s", "to_device_s", "compile_s")]
+        for name, s in rows
+    }
+    svgs.append(
+        charts.bar_chart(
+            "Preparation by phase", "s", ["checkpoint load", "to device", "compile/warm-up"], prep
+        )
+    )
+    return svgs
+
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px;
+text-align:left;vertical-align:top}.ADOPT{color:#1a7f37;font-weight:bold}.REJECT{color:#cf222e;font-weight:bold}
+.INCONCLUSIVE{color:#9a6700;font-weight:bold}svg{display:block;margin:1em 0}pre{white-space:pre-wrap;
+font-size:12px;background:#f6f8fa;padding:8px}"""
+
+
+def html(report: dict[str, Any]) -> str:
+    """One self-contained page: verdicts, charts (inline SVG), the Markdown details, the spec."""
+    verdict_rows = "".join(
+        f"<tr><td>{escape(path)}</td><td class='{v['verdict']}'>{v['verdict']}</td><td>{escape(name)}</td>"
+        f"<td>{escape(c['result'])}</td><td>{escape(c['reason'])}</td></tr>"
+        for path, v in report["verdicts"].items()
+        for name, c in v["criteria"].items()
+    )
+    body = [
+        f"<h1>Trial {escape(report['trial_id'])}: {escape(report['model']['name'])}</h1>",
+        f"<p>Status <b>{escape(report['status'])}</b>; reference path <b>{escape(report['reference'])}</b>; "
+        f"{escape(report['started'])} to {escape(report['ended'])} ({report['duration_s']:.1f} s).</p>",
+        "<h2>Verdicts</h2><table><tr><th>path</th><th>verdict</th><th>criterion</th><th>result</th>"
+        f"<th>reason</th></tr>{verdict_rows}</table>",
+        "<h2>Charts</h2>",
+        *_charts(report),
+        "<h2>Details</h2>",
+        f"<pre>{escape(markdown(report))}</pre>",
+        "<h2>Spec</h2>",
+        f"<pre>{escape(json.dumps(report['spec'], indent=2))}</pre>",
+    ]
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>Trial {escape(report['trial_id'])}</title><style>{CSS}</style></head>"
+        f"<body>{''.join(body)}</body></html>\n"
+    )
+
+
+def render(report: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(report, indent=2) + "\n"
+    if fmt == "md":
+        return markdown(report)
+    return html(report)

@@ -1,0 +1,315 @@
+"""The trial specification: one JSON object, parsed once into frozen dataclasses (DESIGN §4).
+
+`parse_spec` checks every field and raises `SpecError` naming the field by its JSON path
+(e.g. `paths[1].precision`) and what to send instead, so an operator who pastes a spec into
+the Temporal UI learns at once what is wrong. The module is pure (no I/O, no clock), so the
+workflow can run it inside Temporal's sandbox. docs/trial-spec.md documents every field.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from workflows.specfields import Fields, SpecError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+MODES = ("eager", "compile", "lazy", "strict", "debug", "defer_and_fuse")
+SCENARIOS = ("single-stream", "offline")
+DATATYPES = ("FP64", "FP32", "FP16", "BF16", "INT64", "INT32", "INT16", "INT8", "UINT8", "BOOL")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+__all__ = ["SpecError", "TrialSpec", "parse_spec"]
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    name: str
+    version: str = ""
+    checkpoint_sha256: str = ""
+
+
+@dataclass(frozen=True)
+class InputTensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # including the batch dimension
+    low: float = 0.0  # integers: uniform in [low, high); floats: normal(low, high) = (mean, std)
+    high: float = 1.0
+
+
+@dataclass(frozen=True)
+class Inputs:
+    seed: int
+    tensors: tuple[InputTensor, ...] = ()
+    file: str = ""  # a .npz of named arrays instead of generated tensors
+    file_sha256: str = ""
+
+
+@dataclass(frozen=True)
+class PathSpec:
+    name: str
+    executor: str  # "host:port" or a name the worker resolves (e.g. "cpu", "xla")
+    mode: str
+    precision: str = "fp32"
+    version: str = ""  # overrides model.version for this path (e.g. a "perturbed" variant)
+
+
+@dataclass(frozen=True)
+class Criteria:
+    logits: bool = False
+    error_multiplier: float = 0.0
+    min_cosine: float = 0.0
+    min_top1_agreement: float = 0.0
+    min_topk_agreement: float = 0.0
+    top_k: int = 0
+    max_kl: float = 0.0
+    atol_floor: float = 0.0
+    outputs: tuple[str, ...] = ()  # outputs to compare; () = all
+
+
+@dataclass(frozen=True)
+class PerformancePlan:
+    warmup: int = 5
+    min_iterations: int = 50
+    min_seconds: float = 2.0
+    scenarios: tuple[str, ...] = SCENARIOS
+    batch_sizes: tuple[int, ...] = (1, 8)
+    offline_concurrency: int = 4
+    batch_buckets: tuple[int, ...] = ()  # () = batch_sizes plus the correctness batch
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    steps: int = 10
+    lr: float = 0.01
+    seed: int = 0
+    batch_size: int = 4
+    target_loss: float = 0.0
+    max_relative_deviation: float = 0.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    min_cost_saving: float = 0.0  # share of the reference's cost per completed job, e.g. 0.1
+    max_p95_regression: float = 0.1  # share of the reference's single-stream p95 latency
+    require_training: bool = False
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    heartbeat_s: float = 30.0
+    activity_s: float = 900.0
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    model: ModelRef
+    inputs: Inputs
+    paths: tuple[PathSpec, ...]
+    reference: str
+    criteria: Criteria = field(default_factory=Criteria)
+    performance: PerformancePlan = field(default_factory=PerformancePlan)
+    training: TrainingPlan | None = None
+    policy: Policy = field(default_factory=Policy)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    team: str = ""
+    description: str = ""
+
+    def path(self, name: str) -> PathSpec:
+        return next(p for p in self.paths if p.name == name)
+
+    @property
+    def reference_path(self) -> PathSpec:
+        return self.path(self.reference)
+
+    @property
+    def candidates(self) -> tuple[PathSpec, ...]:
+        return tuple(p for p in self.paths if p.name != self.reference)
+
+
+def _model(f: Fields) -> ModelRef:
+    sha = f.text("checkpoint_sha256", default="")
+    if sha and not _SHA.match(sha):
+        raise SpecError(f.at("checkpoint_sha256"), "must be 64 lowercase hex digits (a sha256)")
+    model = ModelRef(f.name("name", _NAME), f.text("version", default=""), sha)
+    f.done()
+    return model
+
+
+def _input_tensor(f: Fields) -> InputTensor:
+    datatype = f.choice("datatype", DATATYPES)
+    shape = f.ints("shape", minimum=1)
+    if not shape:
+        raise SpecError(f.at("shape"), "needs at least the batch dimension, e.g. [4, 16]")
+    floating = datatype in ("FP64", "FP32", "FP16", "BF16")
+    low = f.number("low", default=0.0)
+    high = f.number("high", default=1.0 if floating else 2.0)
+    if not floating and high <= low:
+        raise SpecError(
+            f.at("high"), f"must be greater than low ({low:g}): integers are drawn from [low, high)"
+        )
+    if floating and high < 0:
+        raise SpecError(f.at("high"), "is the standard deviation of float inputs and must be >= 0")
+    tensor = InputTensor(f.name("name", _NAME), datatype, tuple(shape), low, high)
+    f.done()
+    return tensor
+
+
+def _inputs(f: Fields) -> Inputs:
+    seed = f.integer("seed", minimum=0)
+    tensors = tuple(_input_tensor(t) for t in f.objects("tensors", default=[]))
+    file = f.text("file", default="")
+    sha = f.text("file_sha256", default="")
+    if bool(tensors) == bool(file):
+        raise SpecError(f.at("tensors"), "give either tensors (generated from the seed) or a file, not both")
+    if file and not _SHA.match(sha):
+        raise SpecError(f.at("file_sha256"), "a file needs its sha256 (64 lowercase hex digits)")
+    names = [t.name for t in tensors]
+    if len(set(names)) != len(names):
+        raise SpecError(f.at("tensors"), f"input names repeat: {names}")
+    batches = {t.shape[0] for t in tensors}
+    if len(batches) > 1:
+        raise SpecError(f.at("tensors"), f"all inputs need the same batch dimension, got {sorted(batches)}")
+    f.done()
+    return Inputs(seed, tensors, file, sha)
+
+
+def _path(f: Fields) -> PathSpec:
+    path = PathSpec(
+        name=f.name("name", _NAME),
+        executor=f.text("executor"),
+        mode=f.choice("mode", MODES),
+        precision=f.choice("precision", PRECISIONS, default="fp32"),
+        version=f.text("version", default=""),
+    )
+    if not path.executor:
+        raise SpecError(f.at("executor"), "give an executor address host:port or a name the worker knows")
+    f.done()
+    return path
+
+
+def _criteria(f: Fields) -> Criteria:
+    criteria = Criteria(
+        logits=f.flag("logits", False),
+        error_multiplier=f.number("error_multiplier", 0.0, minimum=0.0),
+        min_cosine=f.number("min_cosine", 0.0, minimum=0.0),
+        min_top1_agreement=f.number("min_top1_agreement", 0.0, minimum=0.0),
+        min_topk_agreement=f.number("min_topk_agreement", 0.0, minimum=0.0),
+        top_k=f.integer("top_k", 0, minimum=0),
+        max_kl=f.number("max_kl", 0.0, minimum=0.0),
+        atol_floor=f.number("atol_floor", 0.0, minimum=0.0),
+        outputs=tuple(f.strs("outputs", [])),
+    )
+    for key in ("min_cosine", "min_top1_agreement", "min_topk_agreement"):
+        if getattr(criteria, key) > 1:
+            raise SpecError(f.at(key), "is a share and must be between 0 and 1")
+    f.done()
+    return criteria
+
+
+def _performance(f: Fields) -> PerformancePlan:
+    d = PerformancePlan()
+    plan = PerformancePlan(
+        warmup=f.integer("warmup", d.warmup, minimum=0),
+        min_iterations=f.integer("min_iterations", d.min_iterations, minimum=1),
+        min_seconds=f.number("min_seconds", d.min_seconds, minimum=0.0),
+        scenarios=tuple(f.strs("scenarios", list(d.scenarios), options=SCENARIOS)),
+        batch_sizes=tuple(f.ints("batch_sizes", list(d.batch_sizes), minimum=1)),
+        offline_concurrency=f.integer("offline_concurrency", d.offline_concurrency, minimum=1),
+        batch_buckets=tuple(f.ints("batch_buckets", [], minimum=1)),
+    )
+    if not plan.scenarios:
+        raise SpecError(f.at("scenarios"), f"needs at least one of {', '.join(SCENARIOS)}")
+    if not plan.batch_sizes:
+        raise SpecError(f.at("batch_sizes"), "needs at least one batch size, e.g. [1, 8]")
+    if plan.min_seconds > 3600:
+        raise SpecError(f.at("min_seconds"), "must be at most 3600 per scenario")
+    f.done()
+    return plan
+
+
+def _training(f: Fields) -> TrainingPlan:
+    plan = TrainingPlan(
+        steps=f.integer("steps", 10, minimum=1),
+        lr=f.number("lr", 0.01, minimum=0.0),
+        seed=f.integer("seed", 0, minimum=0),
+        batch_size=f.integer("batch_size", 4, minimum=1),
+        target_loss=f.number("target_loss", 0.0, minimum=0.0),
+        max_relative_deviation=f.number("max_relative_deviation", 0.0, minimum=0.0),
+    )
+    if plan.lr <= 0:
+        raise SpecError(f.at("lr"), "must be > 0")
+    f.done()
+    return plan
+
+
+def _policy(f: Fields) -> Policy:
+    policy = Policy(
+        min_cost_saving=f.number("min_cost_saving", 0.0),
+        max_p95_regression=f.number("max_p95_regression", 0.1, minimum=0.0),
+        require_training=f.flag("require_training", False),
+    )
+    if not -1.0 < policy.min_cost_saving < 1.0:
+        raise SpecError(f.at("min_cost_saving"), "is a share of the reference's cost, between -1 and 1")
+    f.done()
+    return policy
+
+
+def _timeouts(f: Fields) -> Timeouts:
+    t = Timeouts(
+        heartbeat_s=f.number("heartbeat_s", 30.0, minimum=1.0),
+        activity_s=f.number("activity_s", 900.0, minimum=5.0),
+        max_attempts=f.integer("max_attempts", 3, minimum=1),
+    )
+    if t.heartbeat_s >= t.activity_s:
+        raise SpecError(f.at("heartbeat_s"), f"must be shorter than activity_s ({t.activity_s:g})")
+    f.done()
+    return t
+
+
+def parse_spec(data: Any) -> TrialSpec:
+    """Parse and check a trial spec (a JSON object); raises SpecError naming the field."""
+    f = Fields(data, "")
+    paths = tuple(_path(p) for p in f.objects("paths"))
+    if len(paths) < 2:
+        raise SpecError("paths", f"needs a reference and at least one candidate, got {len(paths)} path(s)")
+    names = [p.name for p in paths]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise SpecError(f"paths[{i}].name", f"{name!r} is used by another path; names must be unique")
+    reference = f.text("reference")
+    if reference not in names:
+        raise SpecError("reference", f"{reference!r} is not one of the paths ({', '.join(names)})")
+    inputs = _inputs(f.obj("inputs"))
+    training = _training(f.obj("training")) if f.has("training") else None
+    f.seen.add("training")
+    spec = TrialSpec(
+        model=_model(f.obj("model")),
+        inputs=inputs,
+        paths=paths,
+        reference=reference,
+        criteria=_criteria(f.obj("criteria")),
+        performance=_performance(f.obj("performance")),
+        training=training,
+        policy=_policy(f.obj("policy")),
+        timeouts=_timeouts(f.obj("timeouts")),
+        team=f.text("team", default=""),
+        description=f.text("description", default=""),
+    )
+    if spec.policy.require_training and spec.training is None:
+        raise SpecError("policy.require_training", "is true but the spec has no training plan")
+    f.done()
+    return spec
+
+
+def batch_buckets(spec: TrialSpec, correctness_batch: int) -> tuple[int, ...]:
+    """Batch sizes each path warms up: the plan's, or every size the trial will send."""
+    plan = spec.performance
+    sizes = set(plan.batch_buckets or (*plan.batch_sizes, correctness_batch))
+    if "single-stream" in plan.scenarios:
+        sizes.add(1)
+    return tuple(sorted(sizes))

@@ -1,0 +1,179 @@
+"""TrialWorkflow: one JSON spec in, a report with a verdict per path out (DESIGN §4).
+
+Per path: prepare -> correctness -> performance -> training -> economics. Paths on different
+hosts run in parallel; paths sharing a host (as Describe reports it) hold that host's lock for
+their whole pipeline, so their timings never overlap. The reference path goes first on its
+host; candidates elsewhere wait only for the reference outputs they are compared with.
+A path whose backend fails is INCONCLUSIVE with its reason; the trial itself completes.
+`progress` (query) and `cancel` (update) are for operators; search attributes model, paths
+and verdict let them filter in the UI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.workflow import ActivityCancellationType
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.pipeline import PathRun, TrialContext
+    from workflows.report import build_report
+    from workflows.spec import SpecError, TrialSpec, batch_buckets, parse_spec
+    from workflows.types import PHASES, PathInfo, Target, TrialRecord
+    from workflows.verdict import overall_verdict
+
+MODEL = SearchAttributeKey.for_keyword("model")
+PATHS = SearchAttributeKey.for_keyword_list("paths")
+VERDICT = SearchAttributeKey.for_keyword("verdict")
+SEARCH_ATTRIBUTES = (MODEL, PATHS, VERDICT)
+
+
+@workflow.defn(name="TrialWorkflow")
+class TrialWorkflow:
+    def __init__(self) -> None:
+        self.status = "starting"
+        self.runs: dict[str, PathRun] = {}
+        self.cancel_reason = ""
+        self.finished = False
+        self.tasks: list[asyncio.Task[None]] = []
+        self.report: dict[str, Any] = {}
+
+    @workflow.run
+    async def run(self, spec_json: dict[str, Any]) -> dict[str, Any]:
+        try:
+            spec = parse_spec(spec_json)
+        except SpecError as err:
+            self.status = "rejected"
+            raise ApplicationError(
+                f"invalid trial spec: {err}",
+                {"field": err.field},
+                type="InvalidTrialSpec",
+                non_retryable=True,
+            ) from None
+        info = workflow.info()
+        trial_id = info.workflow_id
+        started = workflow.now()
+        workflow.upsert_search_attributes(
+            [
+                MODEL.value_set(spec.model.name),
+                PATHS.value_set([p.name for p in spec.paths]),
+                VERDICT.value_set("RUNNING"),
+            ]
+        )
+        ctx = TrialContext(spec, trial_id, _options(spec))
+        record = TrialRecord(trial_id, trial_id, spec.model.name, "running", json.dumps(spec_json))
+        await ctx.activity("record_trial", record)
+        self.status = "running"
+        targets = [self._target(spec, trial_id, p.name) for p in spec.paths]
+        self.runs = {t.path: PathRun(ctx, t, t.path == spec.reference) for t in targets}
+        cancelled = False
+        try:
+            await self._run_paths(ctx)
+        except asyncio.CancelledError:
+            cancelled = True
+            self.cancel_reason = self.cancel_reason or "workflow cancellation requested"
+        if self.cancel_reason:
+            cancelled = True
+            self.status = "cancelled"
+            # cleanup must finish even though the trial was cancelled
+            await asyncio.shield(asyncio.gather(*(r.cleanup() for r in self.runs.values())))
+        self.report = build_report(
+            spec,
+            spec_json,
+            trial_id,
+            info.run_id,
+            started,
+            workflow.now(),
+            {name: r.state for name, r in self.runs.items()},
+            self.cancel_reason,
+        )
+        verdicts = {p: v["verdict"] for p, v in self.report["verdicts"].items()}
+        summary = "CANCELLED" if cancelled else overall_verdict(verdicts)
+        workflow.upsert_search_attributes([VERDICT.value_set(summary)])
+        record.status = "cancelled" if cancelled else "completed"
+        record.report_json = json.dumps(self.report)
+        record.verdicts = verdicts
+        await asyncio.shield(ctx.activity("record_trial", record))
+        self.status = record.status
+        self.finished = True
+        return self.report
+
+    async def _run_paths(self, ctx: TrialContext) -> None:
+        infos = await asyncio.gather(*(r.describe() for r in self.runs.values()))
+        locks: dict[str, asyncio.Lock] = {}
+        for info in infos:
+            if info is not None:
+                locks.setdefault(info.host, asyncio.Lock())
+        ordered = sorted(self.runs.values(), key=lambda r: not r.is_reference)
+        for run in ordered:
+            lock = locks.get(run.state.host, asyncio.Lock())
+            self.tasks.append(asyncio.create_task(run.pipeline(lock, self._reference())))
+        await asyncio.gather(*self.tasks)
+
+    def _reference(self) -> PathRun:
+        return next(r for r in self.runs.values() if r.is_reference)
+
+    @staticmethod
+    def _target(spec: TrialSpec, trial_id: str, name: str) -> Target:
+        p = spec.path(name)
+        inputs_batch = spec.inputs.tensors[0].shape[0] if spec.inputs.tensors else 1
+        return Target(
+            trial_id=trial_id,
+            path=p.name,
+            executor=p.executor,
+            model=spec.model.name,
+            version=p.version or spec.model.version,
+            checkpoint_sha256=spec.model.checkpoint_sha256,
+            mode=p.mode,
+            precision=p.precision,
+            batch_buckets=list(batch_buckets(spec, inputs_batch)),
+            team=spec.team,
+        )
+
+    @workflow.query
+    def progress(self) -> dict[str, Any]:
+        total = max(len(self.runs) * len(PHASES), 1)
+        done = sum(r.state.phases_done for r in self.runs.values())
+        return {
+            "trial_id": workflow.info().workflow_id,
+            "status": self.status,
+            "percent": round(100.0 * done / total, 1),
+            "paths": {name: r.state.summary() for name, r in self.runs.items()},
+            "verdicts": {p: v["verdict"] for p, v in self.report.get("verdicts", {}).items()},
+        }
+
+    @workflow.update
+    async def cancel(self, reason: str) -> str:
+        self.cancel_reason = reason or "cancelled by operator"
+        for task in self.tasks:
+            task.cancel()
+        await workflow.wait_condition(lambda: self.finished)
+        return self.status
+
+    @cancel.validator
+    def _validate_cancel(self, reason: str) -> None:
+        if self.finished or self.cancel_reason:
+            raise ValueError(f"trial is already {self.status}; nothing to cancel")
+
+
+def _options(spec: TrialSpec) -> dict[str, Any]:
+    t = spec.timeouts
+    return {
+        "start_to_close_timeout": timedelta(seconds=t.activity_s),
+        "heartbeat_timeout": timedelta(seconds=t.heartbeat_s),
+        "retry_policy": RetryPolicy(
+            maximum_attempts=t.max_attempts,
+            initial_interval=timedelta(seconds=1),
+            non_retryable_error_types=["InvalidTrialSpec"],
+        ),
+        "cancellation_type": ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+    }
+
+
+__all__ = ["SEARCH_ATTRIBUTES", "ActivityError", "PathInfo", "TrialWorkflow"]

@@ -1,0 +1,139 @@
+"""The operator side of trials: start (with a live progress bar), status, report, cancel.
+
+A spec is validated here first, so a typo is reported before anything starts; the workflow
+validates again (the Temporal UI does not pass through this command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError
+
+from workflows.render import render
+from workflows.spec import SpecError, parse_spec
+from workflows.trial import TrialWorkflow
+
+BAR = 30
+
+
+def _bar(progress: dict[str, Any]) -> str:
+    filled = int(BAR * progress.get("percent", 0) / 100)
+    paths = ", ".join(f"{n}: {p['phase']}/{p['status']}" for n, p in progress.get("paths", {}).items())
+    return f"[{'#' * filled}{'.' * (BAR - filled)}] {progress.get('percent', 0):5.1f}% {paths}"
+
+
+async def _watch(handle: WorkflowHandle[Any, Any], out: Any = sys.stderr) -> dict[str, Any]:
+    """Redraw the progress line until the workflow ends; return its result."""
+    result_task = asyncio.ensure_future(handle.result())
+    while not result_task.done():
+        try:
+            progress = await handle.query(TrialWorkflow.progress)
+            line = _bar(progress)
+            out.write("\r" + line[:160].ljust(160) if out.isatty() else line + "\n")
+            out.flush()
+        except RPCError:
+            pass  # no worker has picked the workflow up yet
+        await asyncio.wait({result_task}, timeout=0.5 if out.isatty() else 2.0)
+    if out.isatty():
+        out.write("\n")
+    report: dict[str, Any] = result_task.result()
+    return report
+
+
+def _summary(report: dict[str, Any]) -> str:
+    lines = [f"trial {report['trial_id']}: {report['status']}"]
+    for path, v in report["verdicts"].items():
+        lines.append(f"  {path}: {v['verdict']}")
+        lines += [f"    {name}: {c['result']}: {c['reason']}" for name, c in v["criteria"].items()]
+    return "\n".join(lines)
+
+
+async def _start(args: argparse.Namespace, client: Client) -> int:
+    text = Path(args.spec).read_text()
+    try:
+        spec_json = json.loads(text)
+    except json.JSONDecodeError as exc:
+        print(f"{args.spec}: not JSON: {exc}", file=sys.stderr)
+        return 2
+    try:
+        spec = parse_spec(spec_json)
+    except SpecError as err:
+        print(f"{args.spec}: invalid trial spec: {err}", file=sys.stderr)
+        return 2
+    workflow_id = args.id or f"trial-{spec.model.name}-{uuid.uuid4().hex[:8]}"
+    handle = await client.start_workflow(
+        TrialWorkflow.run, spec_json, id=workflow_id, task_queue=args.task_queue
+    )
+    print(f"started {workflow_id}")
+    if not args.wait:
+        return 0
+    report = await _watch(handle)
+    print(_summary(report))
+    return 0
+
+
+async def _status(args: argparse.Namespace, client: Client) -> int:
+    handle = client.get_workflow_handle(args.trial_id)
+    desc = await handle.describe()
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        print(_bar(await handle.query(TrialWorkflow.progress)))
+    elif desc.status == WorkflowExecutionStatus.COMPLETED:
+        print(_summary(await handle.result()))
+    else:
+        print(f"trial {args.trial_id}: {desc.status.name if desc.status else 'unknown'}")
+    return 0
+
+
+async def _report(args: argparse.Namespace, client: Client) -> int:
+    fmt = args.format or {".html": "html", ".json": "json"}.get(Path(args.output).suffix, "md")
+    if args.source == "ledger":
+        import grpc
+
+        from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+        from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+
+        async with grpc.aio.insecure_channel(args.metering) as channel:
+            stored = await mgrpc.MeteringAsyncStub(channel).GetTrialReport(
+                mpb.GetTrialReportRequest(trial_id=args.trial_id), timeout=30
+            )
+        if not stored.report_json:
+            print(
+                f"trial {args.trial_id} is {stored.status}; its report is written when it ends",
+                file=sys.stderr,
+            )
+            return 1
+        report = json.loads(stored.report_json)
+    else:
+        report = await client.get_workflow_handle(args.trial_id).result()
+    text = render(report, fmt)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output} ({fmt})")
+    return 0
+
+
+async def _cancel(args: argparse.Namespace, client: Client) -> int:
+    handle = client.get_workflow_handle(args.trial_id)
+    status = await handle.execute_update(TrialWorkflow.cancel, args.reason)
+    print(f"trial {args.trial_id}: {status}")
+    return 0
+
+
+async def _main(args: argparse.Namespace) -> int:
+    client = await Client.connect(args.temporal, namespace=args.namespace)
+    command = {"start": _start, "status": _status, "report": _report, "cancel": _cancel}[args.trial_command]
+    return await command(args, client)
+
+
+def main(args: argparse.Namespace) -> int:
+    return asyncio.run(_main(args))

@@ -1,0 +1,240 @@
+"""Activity inputs and outputs: one dataclass in, one out (DESIGN §9), JSON-friendly.
+
+Tensors travel as base64 text (Temporal's JSON converter has no bytes inside objects) and
+money as integer micro-units (it has no Decimal). The workflow keeps these in its state, so
+they are plain data with no behaviour beyond small helpers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+TASK_QUEUE = "switchyard-trials"
+PHASES = ("prepare", "correctness", "performance", "training", "economics")
+
+
+@dataclass
+class Target:
+    """Where and what one path runs; every path activity gets one."""
+
+    trial_id: str
+    path: str
+    executor: str
+    model: str
+    version: str
+    checkpoint_sha256: str
+    mode: str
+    precision: str
+    batch_buckets: list[int]
+    ledger_path: str = ""  # the path's id in the ledger, "<name>@<host>"
+    team: str = ""
+
+
+@dataclass
+class PathInfo:
+    path: str
+    address: str
+    host: str
+    backend: str
+    device_name: str
+    device_count: int
+    memory_total_bytes: int
+    resource_class: str
+    price_key: str
+    torch_version: str
+    versions: dict[str, str]
+    ledger_path: str
+
+
+@dataclass
+class TensorData:
+    name: str
+    datatype: str
+    shape: list[int]
+    data_b64: str
+
+
+@dataclass
+class InputsPlan:
+    """The spec's inputs as the activities need them (seeded generator or a checked file)."""
+
+    seed: int
+    tensors: list[dict[str, Any]]
+    file: str = ""
+    file_sha256: str = ""
+
+
+@dataclass
+class ReservationRequest:
+    target: Target
+    start_unix_us: int = 0
+
+
+@dataclass
+class ReservationResult:
+    reservation_id: str
+    start_unix_us: int
+
+
+@dataclass
+class RunRequest:
+    """Run the fixed inputs through a path `repeats` times (golden: load fp64 first)."""
+
+    target: Target
+    inputs: InputsPlan
+    repeats: int = 1
+    golden: bool = False
+
+
+@dataclass
+class RunResult:
+    runs: list[list[TensorData]]
+    busy_us: int
+    started_unix_us: int
+    ended_unix_us: int
+
+
+@dataclass
+class PrepareResult:
+    checkpoint_load_s: float
+    to_device_s: float
+    compile_s: float
+    total_s: float
+    checkpoint_sha256: str
+    compatibility: dict[str, Any]
+    state: str
+
+
+@dataclass
+class CompareRequest:
+    target: Target
+    criteria: dict[str, Any]
+    reference: list[TensorData]
+    candidate: list[TensorData]
+    golden: list[TensorData] = field(default_factory=list)
+    reference_repeat: list[TensorData] = field(default_factory=list)
+
+
+@dataclass
+class OutputVerdict:
+    output: str
+    passed: bool
+    metrics: dict[str, Any]
+    reasons: list[str]
+    justification: str
+
+
+@dataclass
+class CorrectnessResult:
+    passed: bool
+    outputs: list[OutputVerdict]
+
+
+@dataclass
+class PerformanceRequest:
+    target: Target
+    inputs: InputsPlan
+    plan: dict[str, Any]
+    met_quality: bool
+    ledger: bool = True  # false when the path could not be registered (no price key)
+
+
+@dataclass
+class ScenarioResult:
+    scenario: str
+    batch_size: int
+    concurrency: int
+    iterations: int
+    seconds: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    compute_p50_ms: float
+    throughput: float
+    throughput_unit: str
+    input_sizes: dict[str, list[int]]
+    histogram_ms: list[float]  # bucket edges, then counts follow in `histogram_counts`
+    histogram_counts: list[int]
+    failed: int = 0
+
+
+@dataclass
+class PerformanceResult:
+    scenarios: list[ScenarioResult]
+    compilations_before: int
+    compilations_after: int
+    busy_us: int
+    jobs: int
+    ok: bool
+    problem: str = ""
+
+
+@dataclass
+class TrainRequest:
+    target: Target
+    plan: dict[str, Any]
+    reference_loss: list[float] = field(default_factory=list)
+
+
+@dataclass
+class TrainResult:
+    loss: list[float]
+    step_seconds: list[float]
+    total_s: float
+    comparison: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class UsageRecord:
+    """Non-job usage of a path (golden, correctness, training): charged to the path."""
+
+    target: Target
+    phase: str
+    busy_us: int
+    started_unix_us: int
+    ended_unix_us: int
+    reservation_id: str
+
+
+@dataclass
+class CloseRequest:
+    target: Target
+    reservation_id: str
+    end_unix_us: int = 0
+    unload: bool = True
+
+
+@dataclass
+class EconomicsRequest:
+    target: Target
+    reservation_id: str
+    since_unix_us: int
+
+
+@dataclass
+class EconomicsResult:
+    currency: str
+    total_micros: int
+    busy_micros: int
+    idle_micros: int
+    prepare_micros: int
+    reserved_micros: int
+    jobs_completed: int
+    jobs_failed: int
+    cost_per_completed_job_micros: int
+    unpriced: bool
+    unpriced_events: int
+
+
+@dataclass
+class TrialRecord:
+    trial_id: str
+    workflow_id: str
+    model: str
+    status: str
+    spec_json: str
+    report_json: str = ""
+    verdicts: dict[str, str] = field(default_factory=dict)

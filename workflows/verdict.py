@@ -1,0 +1,114 @@
+"""Verdicts: ADOPT / REJECT / INCONCLUSIVE per candidate path, with the reason per criterion.
+
+Criteria in order: correctness (the evaluator's verdict; a path that fails it gets no speed
+verdict), compilation while measuring, latency (single-stream p95 against the reference's,
+within the policy's allowed regression), training (when a plan is given), and cost (cost per
+completed job from the ledger, at least the policy's saving). Any failed criterion REJECTs;
+otherwise any criterion that could not be judged makes the path INCONCLUSIVE.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workflows.spec import Policy
+
+PASS, FAIL, UNKNOWN, SKIPPED = "pass", "fail", "inconclusive", "skipped"
+
+
+def _p95(state: dict[str, Any]) -> tuple[float, str] | None:
+    scenarios = state.get("performance", {}).get("scenarios") or []
+    single = [s for s in scenarios if s["scenario"] == "single-stream"]
+    chosen = single or sorted(scenarios, key=lambda s: s["batch_size"])
+    if not chosen:
+        return None
+    s = chosen[0]
+    return float(s["p95_ms"]), f"{s['scenario']} batch {s['batch_size']}"
+
+
+def judge(
+    reference: dict[str, Any], candidate: dict[str, Any], policy: Policy, training: bool
+) -> dict[str, Any]:
+    """The verdict of one candidate path against the reference path (both PathState dicts)."""
+    criteria: dict[str, dict[str, str]] = {}
+
+    def put(name: str, result: str, reason: str) -> None:
+        criteria[name] = {"result": result, "reason": reason}
+
+    corr = candidate.get("correctness") or {}
+    if "passed" not in corr:
+        why = candidate["errors"].get("correctness") or candidate["errors"].get("prepare") or "did not run"
+        put("correctness", UNKNOWN, f"not established: {why}")
+    elif corr["passed"]:
+        put("correctness", PASS, "; ".join(r for o in corr["outputs"] for r in o["reasons"]))
+    else:
+        failed = [f"{o['output']}: {r}" for o in corr["outputs"] for r in o["reasons"] if r.endswith("fail")]
+        put("correctness", FAIL, "; ".join(failed) or "outputs differ from the reference")
+
+    if criteria["correctness"]["result"] != PASS:
+        put("latency", SKIPPED, "no speed verdict without correctness")
+    elif candidate["errors"].get("performance"):
+        put("latency", UNKNOWN, f"performance: {candidate['errors']['performance']}")
+    else:
+        mine, theirs = _p95(candidate), _p95(reference)
+        if mine is None or theirs is None or reference["errors"].get("performance"):
+            put("latency", UNKNOWN, "no comparable measurement on both paths")
+        else:
+            limit = theirs[0] * (1 + policy.max_p95_regression)
+            change = mine[0] / theirs[0] - 1 if theirs[0] else 0.0
+            ok = mine[0] <= limit
+            put(
+                "latency",
+                PASS if ok else FAIL,
+                f"p95 {mine[0]:.3f} ms vs reference {theirs[0]:.3f} ms ({mine[1]}): {change:+.1%}, "
+                f"allowed up to {policy.max_p95_regression:+.0%}",
+            )
+
+    if training:
+        tr = candidate.get("training") or {}
+        comparison = tr.get("comparison") or {}
+        if criteria["correctness"]["result"] != PASS:
+            put("training", SKIPPED, "not run without correctness")
+        elif "passed" not in comparison:
+            why = candidate["errors"].get("training") or tr.get("skipped") or "no loss comparison"
+            put("training", UNKNOWN if policy.require_training else SKIPPED, why)
+        else:
+            put("training", PASS if comparison["passed"] else FAIL, "; ".join(comparison["reasons"]))
+
+    econ, ref_econ = candidate.get("economics") or {}, reference.get("economics") or {}
+    mine_cpj = econ.get("cost_per_completed_job_micros", 0)
+    ref_cpj = ref_econ.get("cost_per_completed_job_micros", 0)
+    if criteria["correctness"]["result"] != PASS:
+        put("cost", SKIPPED, "no completed job within quality")
+    elif econ.get("unpriced") or ref_econ.get("unpriced") or not econ:
+        why = econ.get("problem") or ref_econ.get("problem") or "usage without a price in force"
+        put("cost", UNKNOWN, f"unpriced: {why}")
+    elif not mine_cpj or not ref_cpj:
+        put("cost", UNKNOWN, "no completed job on one of the paths")
+    else:
+        saving = 1 - mine_cpj / ref_cpj
+        ok = saving >= policy.min_cost_saving
+        put(
+            "cost",
+            PASS if ok else FAIL,
+            f"cost per completed job {mine_cpj} vs reference {ref_cpj} {econ.get('currency', '')} micro-units: "
+            f"saving {saving:+.1%}, policy needs at least {policy.min_cost_saving:+.0%}",
+        )
+
+    results = [c["result"] for c in criteria.values()]
+    if FAIL in results:
+        verdict = "REJECT"
+    elif UNKNOWN in results:
+        verdict = "INCONCLUSIVE"
+    else:
+        verdict = "ADOPT"
+    return {"verdict": verdict, "criteria": criteria}
+
+
+def overall_verdict(verdicts: dict[str, str]) -> str:
+    """One keyword for the UI filter: ADOPT if some path may be adopted, else the weakest."""
+    values = set(verdicts.values())
+    for v in ("ADOPT", "INCONCLUSIVE", "REJECT"):
+        if v in values:
+            return v
+    return "INCONCLUSIVE"

@@ -1,0 +1,91 @@
+"""The trial worker: hosts TrialWorkflow and its activities on task queue `switchyard-trials`.
+
+`build_worker` wires the activity classes to one shared `Connections` (dependency injection:
+tests and `switchyard up` pass their own addresses). `ensure_search_attributes` registers
+model / paths / verdict on the namespace so operators can filter trials in the UI; it is
+idempotent and runs at worker start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from workflows.activities import PathActivities
+from workflows.connections import Connections, WorkerConfig
+from workflows.ledger_activities import LedgerActivities
+from workflows.performance import PerformanceActivities
+from workflows.trial import SEARCH_ATTRIBUTES, TrialWorkflow
+
+log = logging.getLogger(__name__)
+
+
+async def ensure_search_attributes(client: Client, namespace: str = "default") -> None:
+    """Register the trial's search attributes on the namespace if they are missing."""
+    existing = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace)
+    )
+    missing = {
+        key.name: IndexedValueType.ValueType(key.indexed_value_type)
+        for key in SEARCH_ATTRIBUTES
+        if key.name not in existing.custom_attributes
+    }
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+        )
+        log.info("registered search attributes %s", ", ".join(sorted(missing)))
+
+
+def activities(connections: Connections) -> Sequence[Any]:
+    path = PathActivities(connections)
+    perf = PerformanceActivities(connections)
+    ledger = LedgerActivities(connections)
+    return [
+        path.describe_path,
+        path.prepare_path,
+        path.run_inputs,
+        path.compare_outputs,
+        path.train_path,
+        perf.measure_performance,
+        ledger.register_path,
+        ledger.open_reservation,
+        ledger.record_path_usage,
+        ledger.close_path,
+        ledger.economics,
+        ledger.record_trial,
+    ]
+
+
+def build_worker(client: Client, connections: Connections, task_queue: str | None = None) -> Worker:
+    return Worker(
+        client,
+        task_queue=task_queue or connections.config.task_queue,
+        workflows=[TrialWorkflow],
+        activities=activities(connections),
+        max_concurrent_activities=16,
+    )
+
+
+async def run_worker(config: WorkerConfig) -> None:
+    client = await Client.connect(config.temporal, namespace=config.namespace)
+    await ensure_search_attributes(client, config.namespace)
+    connections = Connections(config)
+    worker = build_worker(client, connections)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("trial worker on %s, task queue %s", config.temporal, config.task_queue)
+    async with worker:
+        await stop.wait()
+        log.info("signal received: finishing in-flight activities")
+    await connections.close()
