@@ -108,6 +108,7 @@ class PathActivities:
     @activity.defn(name="prepare_path")
     async def prepare_path(self, target: Target) -> PrepareResult:
         started = self.clock()
+        started_us = now_us(self.clock)
         request = _load_request(target, target.precision, target.mode, target.batch_buckets)
         with grpc_errors(f"LoadModel {target.model} ({target.mode}, {target.precision}) on {target.path}"):
             response = await heartbeating(
@@ -127,6 +128,8 @@ class PathActivities:
             checkpoint_sha256=m.checkpoint_sha256,
             compatibility=compatibility_dict(m.compatibility),
             state=m.state,
+            started_unix_us=started_us,
+            ended_unix_us=now_us(self.clock),
         )
 
     @activity.defn(name="run_inputs")

@@ -77,16 +77,16 @@ class Connections:
         )
 
     def control(self, executor: str) -> exec_grpc.ExecutorControlAsyncStub:
-        return exec_grpc.ExecutorControlAsyncStub(self.channel(self.executor_address(executor)))
+        return exec_grpc.ExecutorControlStub(self.channel(self.executor_address(executor)))
 
     def oip(self, executor: str) -> oip_grpc.GRPCInferenceServiceAsyncStub:
-        return oip_grpc.GRPCInferenceServiceAsyncStub(self.channel(self.executor_address(executor)))
+        return oip_grpc.GRPCInferenceServiceStub(self.channel(self.executor_address(executor)))
 
     def evaluator(self) -> eval_grpc.EvaluatorAsyncStub:
-        return eval_grpc.EvaluatorAsyncStub(self.channel(self.config.evaluator))
+        return eval_grpc.EvaluatorStub(self.channel(self.config.evaluator))
 
     def metering(self) -> meter_grpc.MeteringAsyncStub:
-        return meter_grpc.MeteringAsyncStub(self.channel(self.config.metering))
+        return meter_grpc.MeteringStub(self.channel(self.config.metering))
 
     async def close(self) -> None:
         for channel in self._channels.values():

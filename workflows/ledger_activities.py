@@ -137,7 +137,7 @@ class LedgerActivities:
     @activity.defn(name="economics")
     async def economics(self, request: EconomicsRequest) -> EconomicsResult:
         t = request.target
-        reservation = await self._close(request.reservation_id, now_us(self.clock))
+        reservation = await self._close(request.reservation_id, request.end_unix_us or now_us(self.clock))
         with grpc_errors(f"CostReport for trial {t.trial_id}"):
             report = await self.connections.metering().CostReport(
                 mpb.CostReportRequest(

@@ -40,6 +40,10 @@ from workflows.types import (
 )
 
 
+def _now_us() -> int:
+    return int(workflow.now().timestamp() * 1_000_000)
+
+
 class PathProblem(Exception):
     """A path cannot go on for a reason of the trial's own (not an activity failure)."""
 
@@ -90,6 +94,7 @@ class PathState:
     reservation_id: str = ""
     reservation_open: bool = False
     loaded: bool = False
+    timeline: dict[str, list[str]] = field(default_factory=dict)  # phase -> [start, end] (ISO)
 
     def summary(self) -> dict[str, Any]:
         return {"phase": self.phase, "status": self.status, "host": self.host, "errors": self.errors}
@@ -126,9 +131,11 @@ class PathRun:
     def _enter(self, phase: str) -> None:
         self.state.phase = phase
         self.state.status = "running"
+        self.state.timeline[phase] = [workflow.now().isoformat()]
 
     def _leave(self) -> None:
         self.state.phases_done += 1
+        self.state.timeline[self.state.phase].append(workflow.now().isoformat())
 
     async def pipeline(self, host_lock: asyncio.Lock, reference: PathRun) -> None:
         try:
@@ -152,8 +159,9 @@ class PathRun:
         t, spec = self.target, self.ctx.spec
         self._enter("prepare")
         if not self.state.ledger_problem:
+            # the start comes from the workflow so a retried activity sends the same request
             r: ReservationResult = await self.ctx.activity(
-                "open_reservation", ReservationRequest(t), ReservationResult
+                "open_reservation", ReservationRequest(t, _now_us()), ReservationResult
             )
             self.state.reservation_id, self.state.reservation_open = r.reservation_id, True
         try:
@@ -162,6 +170,8 @@ class PathRun:
             self.state.loaded = True
             prepared: PrepareResult = await self.ctx.activity("prepare_path", t, PrepareResult)
             self.state.prepare = dataclasses.asdict(prepared)
+            busy = int(prepared.total_s * 1e6)
+            await self._usage("prepare", busy, prepared.started_unix_us, prepared.ended_unix_us)
             self._leave()
             self._enter("correctness")
             passed = await self._correctness(reference)
@@ -196,7 +206,7 @@ class PathRun:
             if self.state.reservation_open:
                 econ: EconomicsResult = await self.ctx.activity(
                     "economics",
-                    EconomicsRequest(t, self.state.reservation_id, 0),
+                    EconomicsRequest(t, self.state.reservation_id, 0, _now_us()),
                     EconomicsResult,
                 )
                 self.state.reservation_open = False
@@ -236,10 +246,10 @@ class PathRun:
             self.outputs_ready.set()
             self.state.correctness = {"role": "reference", "golden": bool(self.golden), "passed": True}
             if self.golden:
-                # the reference's own error against float64 and its determinism, for the record
+                # the reference's own error against float64 (reference_rmse) and its run-to-run difference
                 own: CorrectnessResult = await self.ctx.activity(
                     "compare_outputs",
-                    CompareRequest(t, dataclasses.asdict(self.ctx.spec.criteria), self.golden, run.runs[0],
+                    CompareRequest(t, dataclasses.asdict(self.ctx.spec.criteria), run.runs[0], run.runs[1],
                                    self.golden, run.runs[1]),
                     CorrectnessResult,
                 )  # fmt: skip
@@ -285,7 +295,8 @@ class PathRun:
         """Close the reservation (if still open) and unload the model; safe to call twice."""
         if not self.state.reservation_open and not self.state.loaded:
             return
-        request = CloseRequest(self.target, self.state.reservation_id if self.state.reservation_open else "")
+        reservation = self.state.reservation_id if self.state.reservation_open else ""
+        request = CloseRequest(self.target, reservation, _now_us())
         try:
             await self.ctx.activity("close_path", request)
             self.state.reservation_open = False

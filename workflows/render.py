@@ -14,6 +14,14 @@ from typing import Any
 from workflows import charts
 
 
+CRITERIA_ORDER = ("trial", "correctness", "latency", "training", "cost")
+
+
+def _criteria(verdict: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
+    order = {name: i for i, name in enumerate(CRITERIA_ORDER)}
+    return sorted(verdict["criteria"].items(), key=lambda kv: order.get(kv[0], len(order)))
+
+
 def _money(micros: int | None, currency: str = "") -> str:
     if micros is None:
         return "n/a"
@@ -59,7 +67,7 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     for path, v in report["verdicts"].items():
-        for name, c in v["criteria"].items():
+        for name, c in _criteria(v):
             out.append(
                 f"| {path} | **{v['verdict']}** | {name} | {c['result']} | {c['reason'].replace('|', '/')} |"
             )
@@ -68,7 +76,10 @@ def markdown(report: dict[str, Any]) -> str:
         ", ".join(f"{t['name']} {t['datatype']} {t['shape']}" for t in inputs["tensors"]) or inputs["file"]
     )
     out += ["", "## System and inputs", "", f"Inputs: seed {inputs['seed']}; {tensors}.", ""]
-    out += ["| path | host | backend | device | mode | precision | torch | resource class |", "|---|" * 8]
+    out += [
+        "| path | host | backend | device | mode | precision | torch | resource class |",
+        "|" + "---|" * 8,
+    ]
     config = {p["name"]: p for p in report["configuration"]["paths"]}
     for name, s in _rows(report):
         i = s.get("info") or {}
@@ -94,6 +105,12 @@ def markdown(report: dict[str, Any]) -> str:
                 f"recompiles {c['recompiles']}, adaptations {c['adaptations'] or 'none'}"
             )
         corr = s.get("correctness") or {}
+        for o in (corr.get("against_float64") or {}).get("outputs", []):
+            m = o["metrics"]
+            out.append(
+                f"- own error against the float64 run `{o['output']}`: rmse {m['reference_rmse']:.3g}, "
+                f"deterministic {m['reference_deterministic']} (repeat max abs diff {m['reference_repeat_max_abs']:.3g})"
+            )
         for o in corr.get("outputs", []):
             m = o["metrics"]
             out.append(
@@ -113,10 +130,17 @@ def markdown(report: dict[str, Any]) -> str:
                 f"- economics: total {_money(e['total_micros'], e['currency'])} (busy {_money(e['busy_micros'])}, "
                 f"idle {_money(e['idle_micros'])}, preparation {_money(e['prepare_micros'])}); "
                 f"{e['jobs_completed']} jobs completed, {e['jobs_failed']} failed; cost per completed job "
-                f"{_money(e['cost_per_completed_job_micros'], e['currency'])}"
+                + (
+                    _money(e["cost_per_completed_job_micros"], e["currency"])
+                    if e["jobs_completed"]
+                    else "n/a"
+                )
             )
         elif e:
             out.append(f"- economics: unpriced ({e.get('problem', '')})")
+        if s.get("timeline"):
+            out.append("- timeline: " + ", ".join(
+                f"{phase} {span[0][11:19]}-{span[-1][11:19]}" for phase, span in s["timeline"].items()))  # fmt: skip
         for phase, err in s.get("errors", {}).items():
             out.append(f"- error in {phase}: {err}")
         out += [f"- note: {n}" for n in s.get("notes", [])]
@@ -184,7 +208,7 @@ def html(report: dict[str, Any]) -> str:
         f"<tr><td>{escape(path)}</td><td class='{v['verdict']}'>{v['verdict']}</td><td>{escape(name)}</td>"
         f"<td>{escape(c['result'])}</td><td>{escape(c['reason'])}</td></tr>"
         for path, v in report["verdicts"].items()
-        for name, c in v["criteria"].items()
+        for name, c in _criteria(v)
     )
     body = [
         f"<h1>Trial {escape(report['trial_id'])}: {escape(report['model']['name'])}</h1>",

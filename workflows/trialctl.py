@@ -101,7 +101,7 @@ async def _report(args: argparse.Namespace, client: Client) -> int:
         from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 
         async with grpc.aio.insecure_channel(args.metering) as channel:
-            stored = await mgrpc.MeteringAsyncStub(channel).GetTrialReport(
+            stored = await mgrpc.MeteringStub(channel).GetTrialReport(
                 mpb.GetTrialReportRequest(trial_id=args.trial_id), timeout=30
             )
         if not stored.report_json:

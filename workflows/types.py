@@ -104,6 +104,8 @@ class PrepareResult:
     checkpoint_sha256: str
     compatibility: dict[str, Any]
     state: str
+    started_unix_us: int = 0
+    ended_unix_us: int = 0
 
 
 @dataclass
@@ -212,6 +214,7 @@ class EconomicsRequest:
     target: Target
     reservation_id: str
     since_unix_us: int
+    end_unix_us: int
 
 
 @dataclass

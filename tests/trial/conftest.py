@@ -3,7 +3,6 @@ download), the evaluator and metering services in-process on port 0, and the CPU
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from services.evaluator.server import start_evaluator
 from switchyard.grpcio import RunningServer, ServerOptions
+from tests.trial.stack import Stack, free_port, set_prices, start_xla_executor, wait_serving, xla_python
 from workflows.trial import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,4 +42,29 @@ def temporal_address(env: WorkflowEnvironment) -> str:
     return str(env.client.service_client.config.target_host)
 
 
-os.environ.setdefault("TEMPORAL_DEBUG", "")
+@pytest.fixture(scope="session")
+async def stack(
+    temporal_env: WorkflowEnvironment, evaluator: RunningServer, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    from services.executor.config import ExecutorConfig
+    from services.executor.server import start_executor
+    from services.metering.server import start_metering
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.db'}"
+    metering = await start_metering(url, ServerOptions(port=0))
+    cpu = await start_executor(ExecutorConfig(backend="cpu", port=0))
+    xla_process = None
+    xla = ""
+    if xla_python() and (ROOT / "services" / "executor" / "backends" / "xla.py").exists():
+        port = free_port()
+        xla_process = start_xla_executor(port)
+        xla = f"127.0.0.1:{port}"
+        await wait_serving(xla)
+    running = Stack(temporal_env, evaluator.address, metering.address, url, cpu.address, xla)
+    await set_prices(running)
+    yield running
+    if xla_process is not None:
+        xla_process.terminate()
+        xla_process.wait(30)
+    await cpu.stop(0)
+    await metering.stop(0)

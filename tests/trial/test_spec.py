@@ -97,3 +97,13 @@ def test_duplicate_path_names_and_single_path() -> None:
 def test_not_an_object() -> None:
     with pytest.raises(SpecError, match="must be a JSON object"):
         parse_spec([1, 2])
+
+
+def test_readme_start_workflow_json_is_a_valid_spec() -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"## Trials from the Temporal UI.*?```json\n(.*?)\n```", readme, re.S)
+    assert block is not None
+    spec = parse_spec(json.loads(block.group(1)))
+    assert [p.name for p in spec.paths] == ["cpu-eager", "cpu-compile", "xla"]

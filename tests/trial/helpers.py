@@ -1,0 +1,100 @@
+"""Building small trial specs, running them on a worker, and reading the ledger back."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+
+from tests.trial.stack import Stack
+from workflows.connections import Connections, WorkerConfig
+from workflows.trial import TrialWorkflow
+from workflows.worker import build_worker
+
+TINY_INPUTS = {
+    "seed": 1234,
+    "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 8], "high": 512}],
+}
+QUICK_PERF = {
+    "warmup": 2,
+    "min_iterations": 10,
+    "min_seconds": 0.3,
+    "batch_sizes": [1, 4],
+    "offline_concurrency": 2,
+}
+
+
+def tiny_spec(paths: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"name": "tiny-lm"},
+        "inputs": copy.deepcopy(TINY_INPUTS),
+        "paths": paths,
+        "reference": paths[0]["name"],
+        "criteria": {"logits": True},
+        "performance": dict(QUICK_PERF),
+        "timeouts": {"heartbeat_s": 10, "activity_s": 600, "max_attempts": 3},
+        "team": "test",
+    }
+    spec.update(extra)
+    return spec
+
+
+def connections(stack: Stack) -> Connections:
+    return Connections(
+        WorkerConfig(evaluator=stack.evaluator, metering=stack.metering, executors=stack.executors())
+    )
+
+
+async def run_trial(stack: Stack, spec: dict[str, Any], prefix: str = "trial") -> dict[str, Any]:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    conns = connections(stack)
+    try:
+        async with build_worker(stack.env.client, conns, task_queue=queue):
+            result: dict[str, Any] = await stack.env.client.execute_workflow(
+                TrialWorkflow.run, spec, id=f"{prefix}-{uuid.uuid4().hex[:8]}", task_queue=queue
+            )
+    finally:
+        await conns.close()
+    return result
+
+
+def ledger_state(stack: Stack, trial_id: str) -> dict[str, Any]:
+    """Reservations of the trial with their line totals, read straight from the ledger file."""
+    engine = sa.create_engine(stack.database_url)
+    try:
+        with engine.connect() as conn:
+            reservations = conn.execute(
+                sa.text("SELECT reservation_id, state, cost_micros FROM reservations WHERE trial_id = :t"),
+                {"t": trial_id},
+            ).all()
+            lines = {
+                r.reservation_id: conn.execute(
+                    sa.text(
+                        "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger_lines WHERE reservation_id = :r"
+                    ),
+                    {"r": r.reservation_id},
+                ).scalar_one()
+                for r in reservations
+            }
+            trial = conn.execute(
+                sa.text("SELECT status, report_json, verdicts_json FROM trials WHERE trial_id = :t"),
+                {"t": trial_id},
+            ).first()
+            audit = [
+                row.action
+                for row in conn.execute(
+                    sa.text("SELECT action FROM audit_log WHERE resource = :r ORDER BY seq"),
+                    {"r": f"trial/{trial_id}"},
+                )
+            ]
+    finally:
+        engine.dispose()
+    return {
+        "reservations": [
+            (r.reservation_id, r.state, r.cost_micros, lines[r.reservation_id]) for r in reservations
+        ],
+        "trial": trial,
+        "audit": audit,
+    }

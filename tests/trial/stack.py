@@ -1,0 +1,98 @@
+"""The services a trial needs, started for real: Temporal dev server, evaluator, metering on a
+SQLite file, a CPU executor in-process and, where the XLA environment exists, an XLA executor
+process. Prices are set for the price keys the executors describe."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from temporalio.testing import WorkflowEnvironment
+
+from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
+from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+
+ROOT = Path(__file__).resolve().parents[2]
+PRICE_MICROS_PER_HOUR = 3_600_000  # 3.60 USD an hour = 1 micro-unit per millisecond
+
+
+@dataclass
+class Stack:
+    env: WorkflowEnvironment
+    evaluator: str
+    metering: str
+    database_url: str
+    cpu: str
+    xla: str  # "" when the XLA environment is missing
+
+    @property
+    def temporal(self) -> str:
+        return str(self.env.client.service_client.config.target_host)
+
+    def executors(self) -> dict[str, str]:
+        found = {"cpu": self.cpu}
+        if self.xla:
+            found["xla"] = self.xla
+        return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def xla_python() -> str:
+    path = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
+    return path if path and Path(path).exists() else ""
+
+
+async def wait_serving(address: str, timeout_s: float = 180.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with grpc.aio.insecure_channel(address) as channel:
+        while True:
+            try:
+                await xgrpc.ExecutorControlStub(channel).Describe(xpb.DescribeRequest(), timeout=5)
+                return
+            except grpc.aio.AioRpcError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+
+def start_xla_executor(port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
+    command = [xla_python(), "-m", "switchyard", "executor", "serve", "--backend", "xla", "--port", str(port)]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+async def set_prices(stack: Stack) -> None:
+    async with grpc.aio.insecure_channel(stack.metering) as meter:
+        for address in stack.executors().values():
+            async with grpc.aio.insecure_channel(address) as channel:
+                d = await xgrpc.ExecutorControlStub(channel).Describe(xpb.DescribeRequest(), timeout=10)
+            await mgrpc.MeteringStub(meter).SetPrice(
+                mpb.SetPriceRequest(
+                    price_key=d.price_key,
+                    micros_per_hour=PRICE_MICROS_PER_HOUR,
+                    currency="USD",
+                    effective_from_unix_us=1,
+                    actor=mpb.Actor(principal="test", source="test"),
+                )
+            )
+
+
+def worker_command(stack: Stack, task_queue: str) -> list[str]:
+    command = [sys.executable, "-m", "switchyard", "worker", "--temporal", stack.temporal]
+    command += ["--evaluator", stack.evaluator, "--metering", stack.metering, "--task-queue", task_queue]
+    for name, address in stack.executors().items():
+        command += ["--executor", f"{name}={address}"]
+    return command

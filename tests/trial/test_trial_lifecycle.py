@@ -1,0 +1,123 @@
+"""A trial survives its worker being killed mid-performance, and cancel leaves the ledger whole."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import uuid
+from typing import Any
+
+from temporalio.client import WorkflowHandle
+
+from tests.trial.helpers import connections, ledger_state, tiny_spec
+from tests.trial.stack import ROOT, Stack, worker_command
+from workflows.trial import TrialWorkflow
+from workflows.worker import build_worker
+
+LONG_PERF = {
+    "warmup": 1,
+    "min_iterations": 5,
+    "min_seconds": 2.5,
+    "batch_sizes": [1],
+    "offline_concurrency": 1,
+}
+
+
+async def _wait_for_phase(
+    handle: WorkflowHandle[Any, Any], path: str, phase: str, timeout_s: float = 120
+) -> None:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            progress = await handle.query(TrialWorkflow.progress)
+            state = progress["paths"].get(path, {})
+            if state.get("phase") == phase and state.get("status") == "running":
+                return
+            await asyncio.sleep(0.2)
+
+
+def _spawn_worker(stack: Stack, queue: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        worker_command(stack, queue), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+async def test_killed_worker_resumes_mid_performance_and_completes(stack: Stack) -> None:
+    spec = tiny_spec(
+        [
+            {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
+            {"name": "cpu-eager-2", "executor": "cpu", "mode": "eager"},
+        ],
+        performance=LONG_PERF,
+        timeouts={"heartbeat_s": 3, "activity_s": 300, "max_attempts": 5},
+    )
+    queue = f"kill-{uuid.uuid4().hex[:8]}"
+    first = _spawn_worker(stack, queue)
+    second = None
+    try:
+        handle = await stack.env.client.start_workflow(
+            TrialWorkflow.run, spec, id=f"kill-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        await _wait_for_phase(handle, "cpu-eager", "performance")
+        await asyncio.sleep(1.0)  # mid-scenario
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        second = _spawn_worker(stack, queue)
+        report = await asyncio.wait_for(handle.result(), 240)
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(20)
+    assert report["status"] == "completed"
+    assert report["verdicts"]["cpu-eager-2"]["criteria"]["correctness"]["result"] == "pass"
+    perf = report["paths"]["cpu-eager"]["performance"]
+    assert [s["scenario"] for s in perf["scenarios"]] == ["single-stream", "offline"]
+    history = await handle.fetch_history()
+    names = {}
+    retried = []
+    for event in history.events:
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            names[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+        if event.HasField("activity_task_started_event_attributes"):
+            attrs = event.activity_task_started_event_attributes
+            if attrs.attempt > 1:
+                retried.append(names[attrs.scheduled_event_id])
+    assert "measure_performance" in retried, retried
+    state = ledger_state(stack, report["trial_id"])
+    assert all(status == "closed" and cost == lines for _, status, cost, lines in state["reservations"])
+
+
+async def test_cancel_stops_the_trial_and_leaves_the_ledger_consistent(stack: Stack) -> None:
+    spec = tiny_spec(
+        [
+            {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
+            {"name": "cpu-eager-2", "executor": "cpu", "mode": "eager"},
+        ],
+        performance={**LONG_PERF, "min_seconds": 120.0},
+    )
+    queue = f"cancel-{uuid.uuid4().hex[:8]}"
+    conns = connections(stack)
+    try:
+        async with build_worker(stack.env.client, conns, task_queue=queue):
+            handle = await stack.env.client.start_workflow(
+                TrialWorkflow.run, spec, id=f"cancel-{uuid.uuid4().hex[:8]}", task_queue=queue
+            )
+            await _wait_for_phase(handle, "cpu-eager", "performance")
+            async with asyncio.timeout(60):
+                status = await handle.execute_update(TrialWorkflow.cancel, "operator changed their mind")
+            report = await handle.result()
+    finally:
+        await conns.close()
+    assert status == "cancelled"
+    assert report["status"] == "cancelled" and report["cancel_reason"] == "operator changed their mind"
+    assert report["verdicts"]["cpu-eager-2"]["verdict"] == "INCONCLUSIVE"
+    state = ledger_state(stack, report["trial_id"])
+    assert state["trial"].status == "cancelled"
+    assert "trial.cancel" in state["audit"]
+    assert state["reservations"]
+    for rid, status_, cost, lines in state["reservations"]:
+        assert status_ == "closed", f"{rid} left open"
+        assert cost == lines
