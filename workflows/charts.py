@@ -12,7 +12,8 @@ def _frame(title: str, body: str, height: int = H) -> str:
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" '
         f'role="img" aria-label="{escape(title)}">'
-        f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>'
+        f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="14" '
+        f'font-weight="bold">{escape(title)}</text>'
         f"{body}</svg>"
     )
 
@@ -31,7 +32,8 @@ def bar_chart(title: str, unit: str, groups: list[str], series: dict[str, list[f
     group_w = plot_w / len(groups)
     bar_w = group_w * 0.8 / max(len(series), 1)
     parts = [f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{W - 20}" y2="{TOP + plot_h}" stroke="#333"/>']
-    parts.append(f'<text x="12" y="{TOP + plot_h / 2}" font-size="11" transform="rotate(-90 12 {TOP + plot_h / 2})" '
+    parts.append(f'<text x="12" y="{TOP + plot_h / 2}" font-size="11" transform="rotate(-90 12 '
+                 f'{TOP + plot_h / 2})" '
                  f'text-anchor="middle">{escape(unit)}</text>')  # fmt: skip
     for gi, label in enumerate(groups):
         gx = LEFT + gi * group_w + group_w * 0.1
@@ -96,7 +98,8 @@ def line_chart(title: str, x_label: str, y_label: str, series: dict[str, list[fl
         )
         dash = ' stroke-dasharray="5,3"' if si else ""
         parts.append(
-            f'<polyline points="{points}" fill="none" stroke="{COLORS[si % len(COLORS)]}" stroke-width="2"{dash}>'
+            f'<polyline points="{points}" fill="none" stroke="{COLORS[si % len(COLORS)]}" '
+            f'stroke-width="2"{dash}>'
             f"<title>{escape(name)}</title></polyline>"
         )
     parts.append(_legend(list(series)))
@@ -115,11 +118,13 @@ def histogram(title: str, edges: list[float], counts: list[int], color_index: in
     for i, c in enumerate(counts):
         h = plot_h * c / top
         parts.append(
-            f'<rect x="{LEFT + i * bw:.1f}" y="{30 + plot_h - h:.1f}" width="{bw * 0.95:.1f}" height="{h:.1f}" '
+            f'<rect x="{LEFT + i * bw:.1f}" y="{30 + plot_h - h:.1f}" width="{bw * 0.95:.1f}" '
+            f'height="{h:.1f}" '
             f'fill="{COLORS[color_index % len(COLORS)]}"><title>{_fmt(edges[i])}-{_fmt(edges[i + 1])} ms: '
             f"{c}</title></rect>"
         )
     parts.append(f'<text x="{LEFT}" y="{height - 12}" font-size="10">{_fmt(edges[0])} ms</text>')
-    parts.append(f'<text x="{W - 20}" y="{height - 12}" font-size="10" text-anchor="end">{_fmt(edges[-1])} ms '
+    parts.append(f'<text x="{W - 20}" y="{height - 12}" font-size="10" '
+                 f'text-anchor="end">{_fmt(edges[-1])} ms '
                  "(log scale)</text>")  # fmt: skip
     return _frame(title, "".join(parts), height)

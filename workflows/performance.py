@@ -98,7 +98,10 @@ class PerformanceActivities:
         after = await self._compilations(request)
         problem = ""
         if after != before:
-            problem = f"{after - before} compilation(s) or recompile(s) while measuring; the timings are not steady state"
+            problem = (
+                f"{after - before} compilation(s) or recompile(s) while measuring; "
+                "the timings are not steady state"
+            )
         return PerformanceResult(done, before, after, busy, jobs, not problem, problem)
 
     async def _scenario(

@@ -13,7 +13,6 @@ from typing import Any
 
 from workflows import charts
 
-
 CRITERIA_ORDER = ("trial", "correctness", "latency", "training", "cost")
 
 
@@ -43,12 +42,14 @@ def _perf_lines(state: dict[str, Any]) -> list[str]:
         lines.append(
             f"{s['scenario']} batch {s['batch_size']} x{s['concurrency']}: p50 {s['p50_ms']:.3f} ms, "
             f"p90 {s['p90_ms']:.3f}, p95 {s['p95_ms']:.3f}, p99 {s['p99_ms']:.3f} ms; "
-            f"{s['throughput']:.1f} {s['throughput_unit']} ({s['iterations']} requests in {s['seconds']:.2f} s; "
+            f"{s['throughput']:.1f} {s['throughput_unit']} ({s['iterations']} requests in "
+            f"{s['seconds']:.2f} s; "
             f"inputs {sizes}; {s['failed']} failed)"
         )
     if perf:
         lines.append(
-            f"compilations/recompiles while measuring: {perf['compilations_after'] - perf['compilations_before']}"
+            f"compilations/recompiles while measuring: "
+            f"{perf['compilations_after'] - perf['compilations_before']}"
         )
     return lines
 
@@ -96,12 +97,14 @@ def markdown(report: dict[str, Any]) -> str:
         p = s.get("prepare") or {}
         if p:
             out.append(
-                f"- prepare: checkpoint load {p['checkpoint_load_s']:.3f} s, to-device {p['to_device_s']:.3f} s, "
+                f"- prepare: checkpoint load {p['checkpoint_load_s']:.3f} s, to-device "
+                f"{p['to_device_s']:.3f} s, "
                 f"compile/warm-up {p['compile_s']:.3f} s, total {p['total_s']:.3f} s"
             )
             c = p["compatibility"]
             out.append(
-                f"- compatibility: fallback ops {c['fallback_ops'] or 'none'}, graph breaks {c['graph_breaks']}, "
+                f"- compatibility: fallback ops {c['fallback_ops'] or 'none'}, graph breaks "
+                f"{c['graph_breaks']}, "
                 f"recompiles {c['recompiles']}, adaptations {c['adaptations'] or 'none'}"
             )
         corr = s.get("correctness") or {}
@@ -109,12 +112,14 @@ def markdown(report: dict[str, Any]) -> str:
             m = o["metrics"]
             out.append(
                 f"- own error against the float64 run `{o['output']}`: rmse {m['reference_rmse']:.3g}, "
-                f"deterministic {m['reference_deterministic']} (repeat max abs diff {m['reference_repeat_max_abs']:.3g})"
+                f"deterministic {m['reference_deterministic']} (repeat max abs diff "
+                f"{m['reference_repeat_max_abs']:.3g})"
             )
         for o in corr.get("outputs", []):
             m = o["metrics"]
             out.append(
-                f"- correctness `{o['output']}`: {'PASS' if o['passed'] else 'FAIL'}; max abs {m['max_abs_error']:.3g}, "
+                f"- correctness `{o['output']}`: {'PASS' if o['passed'] else 'FAIL'}; max abs "
+                f"{m['max_abs_error']:.3g}, "
                 f"rmse {m['rmse']:.3g} (allowed {m['allowed_rmse']:.3g}), cosine {m['cosine']:.6f}"
             )
             out.append(f"  - tolerance: {o['justification']}")
@@ -127,7 +132,8 @@ def markdown(report: dict[str, Any]) -> str:
         e = s.get("economics") or {}
         if "total_micros" in e:
             out.append(
-                f"- economics: total {_money(e['total_micros'], e['currency'])} (busy {_money(e['busy_micros'])}, "
+                f"- economics: total {_money(e['total_micros'], e['currency'])} (busy "
+                f"{_money(e['busy_micros'])}, "
                 f"idle {_money(e['idle_micros'])}, preparation {_money(e['prepare_micros'])}); "
                 f"{e['jobs_completed']} jobs completed, {e['jobs_failed']} failed; cost per completed job "
                 + (
@@ -140,7 +146,8 @@ def markdown(report: dict[str, Any]) -> str:
             out.append(f"- economics: unpriced ({e.get('problem', '')})")
         if s.get("timeline"):
             out.append("- timeline: " + ", ".join(
-                f"{phase} {span[0][11:19]}-{span[-1][11:19]}" for phase, span in s["timeline"].items()))  # fmt: skip
+                f"{phase} {span[0][11:19]}-{span[-1][11:19]}"
+                for phase, span in sorted(s["timeline"].items(), key=lambda kv: kv[1][0])))  # fmt: skip
         for phase, err in s.get("errors", {}).items():
             out.append(f"- error in {phase}: {err}")
         out += [f"- note: {n}" for n in s.get("notes", [])]

@@ -96,6 +96,7 @@ class Policy:
     min_cost_saving: float = 0.0  # share of the reference's cost per completed job, e.g. 0.1
     max_p95_regression: float = 0.1  # share of the reference's single-stream p95 latency
     require_training: bool = False
+    amortize_over_jobs: int = 0  # 0 = the trial's own jobs carry the preparation cost
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,7 @@ def _policy(f: Fields) -> Policy:
         min_cost_saving=f.number("min_cost_saving", 0.0),
         max_p95_regression=f.number("max_p95_regression", 0.1, minimum=0.0),
         require_training=f.flag("require_training", False),
+        amortize_over_jobs=f.integer("amortize_over_jobs", 0, minimum=0),
     )
     if not -1.0 < policy.min_cost_saving < 1.0:
         raise SpecError(f.at("min_cost_saving"), "is a share of the reference's cost, between -1 and 1")

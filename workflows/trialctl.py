@@ -57,7 +57,7 @@ def _summary(report: dict[str, Any]) -> str:
 
 
 async def _start(args: argparse.Namespace, client: Client) -> int:
-    text = Path(args.spec).read_text()
+    text = await asyncio.to_thread(Path(args.spec).read_text)
     try:
         spec_json = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -117,7 +117,7 @@ async def _report(args: argparse.Namespace, client: Client) -> int:
     if args.output == "-":
         sys.stdout.write(text)
     else:
-        Path(args.output).write_text(text)
+        await asyncio.to_thread(Path(args.output).write_text, text)
         print(f"wrote {args.output} ({fmt})")
     return 0
 

@@ -26,6 +26,17 @@ def _p95(state: dict[str, Any]) -> tuple[float, str] | None:
     return float(s["p95_ms"]), f"{s['scenario']} batch {s['batch_size']}"
 
 
+def cost_per_job(econ: dict[str, Any], policy: Policy) -> int:
+    """The ledger's cost per completed job, or with preparation spread over a job horizon."""
+    jobs = int(econ.get("jobs_completed", 0))
+    if not jobs:
+        return 0
+    if not policy.amortize_over_jobs:
+        return int(econ.get("cost_per_completed_job_micros", 0))
+    steady = (int(econ["total_micros"]) - int(econ["prepare_micros"])) // jobs
+    return steady + int(econ["prepare_micros"]) // policy.amortize_over_jobs
+
+
 def judge(
     reference: dict[str, Any], candidate: dict[str, Any], policy: Policy, training: bool
 ) -> dict[str, Any]:
@@ -76,8 +87,12 @@ def judge(
             put("training", PASS if comparison["passed"] else FAIL, "; ".join(comparison["reasons"]))
 
     econ, ref_econ = candidate.get("economics") or {}, reference.get("economics") or {}
-    mine_cpj = econ.get("cost_per_completed_job_micros", 0)
-    ref_cpj = ref_econ.get("cost_per_completed_job_micros", 0)
+    mine_cpj, ref_cpj = cost_per_job(econ, policy), cost_per_job(ref_econ, policy)
+    basis = (
+        f"preparation amortised over {policy.amortize_over_jobs} jobs"
+        if policy.amortize_over_jobs
+        else "the ledger's figure for the trial, preparation included"
+    )
     if criteria["correctness"]["result"] != PASS:
         put("cost", SKIPPED, "no completed job within quality")
     elif econ.get("unpriced") or ref_econ.get("unpriced") or not econ:
@@ -91,8 +106,9 @@ def judge(
         put(
             "cost",
             PASS if ok else FAIL,
-            f"cost per completed job {mine_cpj} vs reference {ref_cpj} {econ.get('currency', '')} micro-units: "
-            f"saving {saving:+.1%}, policy needs at least {policy.min_cost_saving:+.0%}",
+            f"cost per completed job {mine_cpj} vs reference {ref_cpj} {econ.get('currency', '')} "
+            f"micro-units "
+            f"({basis}): saving {saving:+.1%}, policy needs at least {policy.min_cost_saving:+.0%}",
         )
 
     results = [c["result"] for c in criteria.values()]

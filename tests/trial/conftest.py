@@ -48,6 +48,7 @@ async def stack(
 ) -> AsyncIterator[Stack]:
     from services.executor.config import ExecutorConfig
     from services.executor.server import start_executor
+
     from services.metering.server import start_metering
 
     url = f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.db'}"

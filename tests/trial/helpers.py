@@ -15,7 +15,7 @@ from workflows.worker import build_worker
 
 TINY_INPUTS = {
     "seed": 1234,
-    "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 8], "high": 512}],
+    "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 32], "high": 512}],
 }
 QUICK_PERF = {
     "warmup": 2,

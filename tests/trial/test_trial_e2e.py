@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+from typing import Any
 
 import grpc
 import pytest
@@ -17,7 +19,7 @@ from workflows.render import render
 VERDICTS = {"ADOPT", "REJECT", "INCONCLUSIVE"}
 
 
-def _conserved(stack: Stack, trial_id: str) -> dict[str, object]:
+def _conserved(stack: Stack, trial_id: str) -> dict[str, Any]:
     state = ledger_state(stack, trial_id)
     assert state["reservations"], "the trial's device time must be in the ledger"
     for rid, status, cost, lines in state["reservations"]:
@@ -47,7 +49,7 @@ async def test_three_path_trial_has_all_four_parts_and_verdicts(stack: Stack) ->
         assert state["prepare"]["total_s"] > 0 and state["prepare"]["compatibility"] is not None
         scenarios = {(s["scenario"], s["batch_size"]) for s in state["performance"]["scenarios"]}
         assert scenarios == {("single-stream", 1), ("offline", 1), ("offline", 4)}
-        assert all(s["iterations"] >= 10 and s["input_sizes"]["input_ids"][1] == 8
+        assert all(s["iterations"] >= 10 and s["input_sizes"]["input_ids"][1] == 32
                    for s in state["performance"]["scenarios"])  # fmt: skip
         assert len(state["training"]["loss"]) == 3
         assert state["economics"]["cost_per_completed_job_micros"] > 0
@@ -65,7 +67,7 @@ async def test_three_path_trial_has_all_four_parts_and_verdicts(stack: Stack) ->
     assert xla_compat["compile_time_s"] > 0 or xla_compat["compilations"] > 0
     # one host: the paths' performance phases never overlapped
     windows = sorted(tuple(s["timeline"]["performance"]) for s in report["paths"].values())
-    assert all(a[1] <= b[0] for a, b in zip(windows, windows[1:], strict=False))
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(windows))
     assert len(report["placement"]) == 1
 
     state = _conserved(stack, report["trial_id"])
@@ -82,7 +84,7 @@ async def test_three_path_trial_has_all_four_parts_and_verdicts(stack: Stack) ->
     assert page.count("<svg") >= 5 and "Training loss per step" in page and "Cost per completed job" in page
     assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
-    found = [w.id async for w in stack.env.client.list_workflows(f'model = "tiny-lm" AND paths = "xla"')]
+    found = [w.id async for w in stack.env.client.list_workflows('model = "tiny-lm" AND paths = "xla"')]
     assert report["trial_id"] in found
 
 
