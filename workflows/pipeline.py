@@ -121,7 +121,10 @@ class PathRun:
         self.state.host = info.host
         self.state.info = dataclasses.asdict(info)
         self.target.ledger_path = info.ledger_path
-        self.state.ledger_problem = await self.ctx.activity("register_path", info, str)
+        try:
+            self.state.ledger_problem = await self.ctx.activity("register_path", info, str)
+        except ActivityError as err:
+            self.state.ledger_problem = f"ledger: {_reason(err)}"
         return info
 
     def _fail(self, phase: str, reason: str) -> None:

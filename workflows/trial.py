@@ -68,7 +68,12 @@ class TrialWorkflow:
         )
         ctx = TrialContext(spec, trial_id, _options(spec))
         record = TrialRecord(trial_id, trial_id, spec.model.name, "running", json.dumps(spec_json))
-        await ctx.activity("record_trial", record)
+        notes: list[str] = []
+        try:
+            await ctx.activity("record_trial", record)
+        except ActivityError as err:
+            # the trial still runs; its report says the ledger could not be written
+            notes.append(f"ledger: could not record the trial start: {err.cause or err}")
         self.status = "running"
         targets = [self._target(spec, trial_id, p.name) for p in spec.paths]
         self.runs = {t.path: PathRun(ctx, t, t.path == spec.reference) for t in targets}
@@ -97,9 +102,13 @@ class TrialWorkflow:
         summary = "CANCELLED" if cancelled else overall_verdict(verdicts)
         workflow.upsert_search_attributes([VERDICT.value_set(summary)])
         record.status = "cancelled" if cancelled else "completed"
-        record.report_json = json.dumps(self.report)
         record.verdicts = verdicts
-        await asyncio.shield(ctx.activity("record_trial", record))
+        try:
+            self.report["notes"] = notes
+            record.report_json = json.dumps(self.report)
+            await asyncio.shield(ctx.activity("record_trial", record))
+        except ActivityError as err:
+            notes.append(f"ledger: could not store the report: {err.cause or err}")
         self.status = record.status
         self.finished = True
         return self.report
@@ -110,6 +119,8 @@ class TrialWorkflow:
         for info in infos:
             if info is not None:
                 locks.setdefault(info.host, asyncio.Lock())
+        if self.cancel_reason:
+            raise asyncio.CancelledError()
         ordered = sorted(self.runs.values(), key=lambda r: not r.is_reference)
         for run in ordered:
             lock = locks.get(run.state.host, asyncio.Lock())

@@ -5,6 +5,7 @@ process. Prices are set for the price keys the executors describe."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import socket
 import subprocess
@@ -51,8 +52,12 @@ def free_port() -> int:
 
 
 def xla_python() -> str:
+    """The XLA env's interpreter: $SWITCHYARD_XLA_PYTHON (make exports it), else the Makefile's path."""
     path = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
-    return path if path and Path(path).exists() else ""
+    if not path:
+        digest = hashlib.sha256((ROOT / "requirements" / "xla.txt").read_bytes()).hexdigest()[:12]
+        path = str(Path.home() / ".cache" / "switchyard" / f"xla-{digest}" / "bin" / "python")
+    return path if Path(path).exists() else ""
 
 
 async def wait_serving(address: str, timeout_s: float = 180.0) -> None:
