@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from services.executor.config import ExecutorConfig
-from services.executor.server import start_executor
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from services.evaluator.server import start_evaluator
+from services.executor.config import ExecutorConfig
+from services.executor.server import start_executor
 from services.metering.server import start_metering
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc

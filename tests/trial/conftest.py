@@ -48,7 +48,6 @@ async def stack(
 ) -> AsyncIterator[Stack]:
     from services.executor.config import ExecutorConfig
     from services.executor.server import start_executor
-
     from services.metering.server import start_metering
 
     url = f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.db'}"
