@@ -72,6 +72,7 @@ class Ledger:
         def run(conn: Connection, now: int) -> Any:
             row = reservations.set_price(conn, key, micros_per_hour, currency, effective_us or now, now)
             detail = {"micros_per_hour": micros_per_hour, "currency": currency, "version": row.version}
+            detail["unchanged"] = row.created_us != now
             audit.append(conn, actor, "price.set", f"price/{key}", "ok", now, detail)
             return row
 

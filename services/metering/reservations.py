@@ -42,6 +42,14 @@ def set_price(
         raise Conflict(f"price {key} from {effective_us} is already {old.micros_per_hour} {old.currency}")
     if rows and rows[0].currency != currency:
         raise BadInput(f"price key {key} is priced in {rows[0].currency}; a key keeps one currency")
+    in_force = max(
+        (r for r in rows if r.effective_from_us <= effective_us),
+        key=lambda r: r.effective_from_us,
+        default=None,
+    )
+    later = [r for r in rows if r.effective_from_us > effective_us]
+    if in_force is not None and in_force.micros_per_hour == micros_per_hour and not later:
+        return in_force  # already the price from then on: nothing changes, so no new version
     charged = conn.execute(
         select(func.max(LINES.c.at_us))
         .join(PATHS, PATHS.c.path == LINES.c.path)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, or_, select, update
+from sqlalchemy import Connection, Table, and_, or_, select, update
 
 from services.metering import costmodel
 from services.metering.costmodel import Price, PriceBook
@@ -24,6 +24,17 @@ from services.metering.records import UsageEvent, UsageResult, validate_event
 from services.metering.schema import JOBS, LINES, PATHS, PRICES, RESERVATIONS
 
 CHUNK = 900  # bound parameters per IN (...) list, under SQLite's historical limit of 999
+
+
+def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    """executemany straight to the driver: the hot path skips Core's per-row parameter
+    processing, which costs more than the insert itself (see benchmarks/ledger.py)."""
+    if not rows:
+        return
+    cols = list(rows[0])
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    sql = f"INSERT INTO {table.name} ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))})"
+    conn.exec_driver_sql(sql, [tuple(r[c] for c in cols) for r in rows])
 
 
 def chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
@@ -153,9 +164,7 @@ def _merge_jobs(conn: Connection, events: Sequence[UsageEvent]) -> None:
     for part in chunks(ids):
         for r in conn.execute(select(JOBS).where(JOBS.c.job_id.in_(part))):
             stored[r.job_id] = r
-    fresh = [j for k, j in jobs.items() if k not in stored]
-    if fresh:
-        conn.execute(JOBS.insert(), fresh)
+    bulk_insert(conn, JOBS, [j for k, j in jobs.items() if k not in stored])
     for job_id, old in stored.items():
         new = jobs[job_id]
         if old.path != new["path"]:
@@ -244,5 +253,5 @@ def record_usage(conn: Connection, events: Sequence[UsageEvent], now_us: int) ->
             }
         )
     _merge_jobs(conn, fresh)
-    conn.execute(LINES.insert(), rows)
+    bulk_insert(conn, LINES, rows)
     return UsageResult(len(rows), dup, unpriced)

@@ -146,3 +146,15 @@ async def test_reservation_idle_is_shared_by_busy_time_and_conserved(stub: pb_gr
     await expect_status(stub.RecordUsage(late), grpc.StatusCode.FAILED_PRECONDITION, "closed")
     after = await stub.RecordUsage(pb.RecordUsageRequest(events=[event("after", T0 + 2 * HOUR, 10)]))
     assert after.accepted == 1
+
+
+async def test_setting_the_price_already_in_force_is_a_no_op(stub: pb_grpc.MeteringAsyncStub) -> None:
+    """A re-run that sets the same price again (e.g. `switchyard up` twice) must not fail or fork versions."""
+    await setup_path(stub)
+    await stub.RecordUsage(pb.RecordUsageRequest(events=[event("x", T0 + HOUR, 10)]))
+    again = pb.SetPriceRequest(
+        price_key="cpu-std", micros_per_hour=3_600_000, currency="USD", effective_from_unix_us=T0 + 5
+    )
+    assert (await stub.SetPrice(again)).version == f"cpu-std@{T0}"
+    again.micros_per_hour = 1
+    await expect_status(stub.SetPrice(again), grpc.StatusCode.FAILED_PRECONDITION, "already charged")
