@@ -51,9 +51,23 @@ class UsageEvent:
         return hashlib.sha256(
             repr(
                 (
-                    self.idempotency_key, self.path, self.model, self.model_version, self.team, self.principal,
-                    self.job_id, self.kind, self.status, self.met_quality, self.busy_us, self.started_us,
-                    self.ended_us, self.trial_id, self.arm, self.tags, self.reservation_id,
+                    self.idempotency_key,
+                    self.path,
+                    self.model,
+                    self.model_version,
+                    self.team,
+                    self.principal,
+                    self.job_id,
+                    self.kind,
+                    self.status,
+                    self.met_quality,
+                    self.busy_us,
+                    self.started_us,
+                    self.ended_us,
+                    self.trial_id,
+                    self.arm,
+                    self.tags,
+                    self.reservation_id,
                 )
             ).encode()
         ).hexdigest()
