@@ -16,7 +16,7 @@ from workflows import charts
 CRITERIA_ORDER = ("trial", "correctness", "latency", "training", "cost")
 
 
-def _criteria(verdict: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
+def criteria_in_order(verdict: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
     order = {name: i for i, name in enumerate(CRITERIA_ORDER)}
     return sorted(verdict["criteria"].items(), key=lambda kv: order.get(kv[0], len(order)))
 
@@ -68,7 +68,7 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     for path, v in report["verdicts"].items():
-        for name, c in _criteria(v):
+        for name, c in criteria_in_order(v):
             out.append(
                 f"| {path} | **{v['verdict']}** | {name} | {c['result']} | {c['reason'].replace('|', '/')} |"
             )
@@ -215,7 +215,7 @@ def html(report: dict[str, Any]) -> str:
         f"<tr><td>{escape(path)}</td><td class='{v['verdict']}'>{v['verdict']}</td><td>{escape(name)}</td>"
         f"<td>{escape(c['result'])}</td><td>{escape(c['reason'])}</td></tr>"
         for path, v in report["verdicts"].items()
-        for name, c in _criteria(v)
+        for name, c in criteria_in_order(v)
     )
     body = [
         f"<h1>Trial {escape(report['trial_id'])}: {escape(report['model']['name'])}</h1>",

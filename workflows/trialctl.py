@@ -17,7 +17,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
-from workflows.render import render
+from workflows.render import criteria_in_order, render
 from workflows.spec import SpecError, parse_spec
 from workflows.trial import TrialWorkflow
 
@@ -52,11 +52,11 @@ def _summary(report: dict[str, Any]) -> str:
     lines = [f"trial {report['trial_id']}: {report['status']}"]
     for path, v in report["verdicts"].items():
         lines.append(f"  {path}: {v['verdict']}")
-        lines += [f"    {name}: {c['result']}: {c['reason']}" for name, c in v["criteria"].items()]
+        lines += [f"    {name}: {c['result']}: {c['reason']}" for name, c in criteria_in_order(v)]
     return "\n".join(lines)
 
 
-async def _start(args: argparse.Namespace, client: Client) -> int:
+async def _start(args: argparse.Namespace) -> int:
     text = await asyncio.to_thread(Path(args.spec).read_text)
     try:
         spec_json = json.loads(text)
@@ -69,6 +69,7 @@ async def _start(args: argparse.Namespace, client: Client) -> int:
         print(f"{args.spec}: invalid trial spec: {err}", file=sys.stderr)
         return 2
     workflow_id = args.id or f"trial-{spec.model.name}-{uuid.uuid4().hex[:8]}"
+    client = await Client.connect(args.temporal, namespace=args.namespace)
     handle = await client.start_workflow(
         TrialWorkflow.run, spec_json, id=workflow_id, task_queue=args.task_queue
     )
@@ -80,7 +81,8 @@ async def _start(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-async def _status(args: argparse.Namespace, client: Client) -> int:
+async def _status(args: argparse.Namespace) -> int:
+    client = await Client.connect(args.temporal, namespace=args.namespace)
     handle = client.get_workflow_handle(args.trial_id)
     desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.RUNNING:
@@ -92,7 +94,7 @@ async def _status(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-async def _report(args: argparse.Namespace, client: Client) -> int:
+async def _report(args: argparse.Namespace) -> int:
     fmt = args.format or {".html": "html", ".json": "json"}.get(Path(args.output).suffix, "md")
     if args.source == "ledger":
         import grpc
@@ -112,6 +114,7 @@ async def _report(args: argparse.Namespace, client: Client) -> int:
             return 1
         report = json.loads(stored.report_json)
     else:
+        client = await Client.connect(args.temporal, namespace=args.namespace)
         report = await client.get_workflow_handle(args.trial_id).result()
     text = render(report, fmt)
     if args.output == "-":
@@ -122,7 +125,8 @@ async def _report(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-async def _cancel(args: argparse.Namespace, client: Client) -> int:
+async def _cancel(args: argparse.Namespace) -> int:
+    client = await Client.connect(args.temporal, namespace=args.namespace)
     handle = client.get_workflow_handle(args.trial_id)
     status = await handle.execute_update(TrialWorkflow.cancel, args.reason)
     print(f"trial {args.trial_id}: {status}")
@@ -130,9 +134,8 @@ async def _cancel(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    client = await Client.connect(args.temporal, namespace=args.namespace)
     command = {"start": _start, "status": _status, "report": _report, "cancel": _cancel}[args.trial_command]
-    return await command(args, client)
+    return await command(args)
 
 
 def main(args: argparse.Namespace) -> int:
