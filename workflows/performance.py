@@ -43,6 +43,23 @@ class PerformanceActivities:
         self.connections = connections
         self.clock = clock
 
+    async def _memory(self, request: PerformanceRequest) -> tuple[int, int]:
+        """Device memory total and available now (Describe); sampled during measurement."""
+        t = request.target
+        try:
+            d = await self.connections.control(t.executor).Describe(xpb.DescribeRequest(), timeout=10)
+        except Exception:  # memory is a side figure: a failed sample is skipped, not fatal
+            return 0, 0
+        return int(d.device.memory_total_bytes), int(d.device.memory_available_bytes)
+
+    async def _sample_memory(self, request: PerformanceRequest, state: dict[str, Any]) -> None:
+        """Keep the lowest available memory seen in the heartbeat state (it survives a retry)."""
+        _, available = await self._memory(request)
+        if available:
+            state["memory_min_available"] = min(
+                int(state.get("memory_min_available") or available), available
+            )
+
     async def _compilations(self, request: PerformanceRequest) -> int:
         t = request.target
         with grpc_errors(f"ModelStatus of {t.model} on {t.path}"):
@@ -70,6 +87,7 @@ class PerformanceActivities:
             scenarios.append(("single-stream", 1, 1))
         if "offline" in plan["scenarios"]:
             scenarios += [("offline", b, int(plan["offline_concurrency"])) for b in plan["batch_sizes"]]
+        memory = {"memory_min_available": resumed.get("memory_min_available", 0)}
         busy = int(resumed.get("busy_us", 0))
         jobs = int(resumed.get("jobs", 0))
         for name, batch, concurrency in scenarios:
@@ -87,22 +105,26 @@ class PerformanceActivities:
                 "busy_us": busy,
                 "jobs": jobs,
                 "attempt": info.attempt,
+                **memory,
             }
             result, samples = await self._scenario(request, name, batch, concurrency, state)
             await self._record(request, name, batch, info.attempt, samples)
             busy += sum(s.compute_us for s in samples)
             jobs += len(samples)
             done.append(result)
+            memory["memory_min_available"] = state.get("memory_min_available", 0)
             state.update(completed=[dataclasses.asdict(s) for s in done], busy_us=busy, jobs=jobs)
             activity.heartbeat(state)
         after = await self._compilations(request)
+        total, low = await self._memory(request)
+        lowest = min(low, int(memory.get("memory_min_available") or low))
         problem = ""
         if after != before:
             problem = (
                 f"{after - before} compilation(s) or recompile(s) while measuring; "
                 "the timings are not steady state"
             )
-        return PerformanceResult(done, before, after, busy, jobs, not problem, problem)
+        return PerformanceResult(done, before, after, busy, jobs, not problem, problem, total, lowest)
 
     async def _scenario(
         self, request: PerformanceRequest, name: str, batch: int, concurrency: int, state: dict[str, Any]
@@ -142,6 +164,7 @@ class PerformanceActivities:
                 if time.perf_counter() - last_beat >= 0.5:
                     last_beat = time.perf_counter()
                     state.update(done=len(samples), elapsed_s=round(last_beat - begin, 2))
+                    await self._sample_memory(request, state)
                     activity.heartbeat(state)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))

@@ -46,6 +46,12 @@ def _perf_lines(state: dict[str, Any]) -> list[str]:
             f"{s['seconds']:.2f} s; "
             f"inputs {sizes}; {s['failed']} failed)"
         )
+    if perf.get("memory_total_bytes"):
+        used = perf["memory_total_bytes"] - perf["memory_min_available_bytes"]
+        lines.append(
+            f"device memory: peak in use while measuring {used / 2**20:,.0f} MiB of "
+            f"{perf['memory_total_bytes'] / 2**20:,.0f} MiB (device-wide, sampled via Describe)"
+        )
     if perf:
         lines.append(
             f"compilations/recompiles while measuring: "
@@ -141,6 +147,16 @@ def markdown(report: dict[str, Any]) -> str:
                     if e["jobs_completed"]
                     else "n/a"
                 )
+            )
+            done, failed = e["jobs_completed"], e["jobs_failed"]
+            adaptations = (p.get("compatibility") or {}).get("adaptations") or [] if p else []
+            out.append(
+                f"- availability {done / (done + failed):.2%} of {done + failed} requests; "
+                if done + failed
+                else "- availability: no requests; "
+            )
+            out[-1] += f"adaptations the path needed (effort): {len(adaptations)}" + (
+                f" ({'; '.join(adaptations)})" if adaptations else ""
             )
         elif e:
             out.append(f"- economics: unpriced ({e.get('problem', '')})")

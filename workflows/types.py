@@ -172,6 +172,8 @@ class PerformanceResult:
     jobs: int
     ok: bool
     problem: str = ""
+    memory_total_bytes: int = 0
+    memory_min_available_bytes: int = 0  # device-wide; total - this = peak use while measuring
 
 
 @dataclass

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any
+from xml.etree import ElementTree
 
 import grpc
 import pytest
@@ -82,6 +84,8 @@ async def test_three_path_trial_has_all_four_parts_and_verdicts(stack: Stack) ->
         )
     page = render(json.loads(stored.report_json), "html")
     assert page.count("<svg") >= 5 and "Training loss per step" in page and "Cost per completed job" in page
+    for svg in re.findall(r"<svg.*?</svg>", page, re.S):
+        ElementTree.fromstring(svg)  # every chart is well-formed SVG
     assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
     found = [w.id async for w in stack.env.client.list_workflows('model = "tiny-lm" AND paths = "xla"')]
