@@ -89,7 +89,7 @@ class PathActivities:
     async def describe_path(self, target: Target) -> PathInfo:
         with grpc_errors(f"Describe on {target.executor} for path {target.path}"):
             d = await self.connections.control(target.executor).Describe(xpb.DescribeRequest(), timeout=30)
-        host = d.host or "unknown-host"
+        host = self.connections.host_of(target.executor, d.host or "unknown-host")
         return PathInfo(
             path=target.path,
             address=self.connections.executor_address(target.executor),

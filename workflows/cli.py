@@ -12,15 +12,19 @@ import os
 from typing import Any
 
 
-def _executors(text: str) -> dict[str, str]:
+def _executors(text: str, hosts: dict[str, str] | None = None) -> dict[str, str]:
+    """NAME=HOST:PORT[@HOSTID],... ; the optional host id overrides the executor's own."""
     out: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, address = item.partition("=")
+        address, _, host = address.partition("@")
         if not sep or not name or ":" not in address:
             raise argparse.ArgumentTypeError(
-                f"executor {item!r}: write NAME=HOST:PORT, e.g. cpu=127.0.0.1:8101"
+                f"executor {item!r}: write NAME=HOST:PORT[@HOSTID], e.g. cpu=127.0.0.1:8101"
             )
         out[name] = address
+        if host and hosts is not None:
+            hosts[name] = host
     return out
 
 
@@ -30,9 +34,10 @@ def _worker(args: argparse.Namespace) -> int:
     from workflows.connections import WorkerConfig
     from workflows.worker import run_worker
 
-    executors = _executors(os.environ.get("SWITCHYARD_EXECUTORS", ""))
+    hosts: dict[str, str] = {}
+    executors = _executors(os.environ.get("SWITCHYARD_EXECUTORS", ""), hosts)
     for item in args.executor or []:
-        executors.update(_executors(item))
+        executors.update(_executors(item, hosts))
     config = WorkerConfig(
         temporal=args.temporal,
         namespace=args.namespace,
@@ -40,6 +45,7 @@ def _worker(args: argparse.Namespace) -> int:
         metering=args.metering,
         executors=executors,
         task_queue=args.task_queue,
+        hosts=hosts,
     )
     asyncio.run(run_worker(config))
     return 0
@@ -77,8 +83,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     worker.add_argument(
         "--executor",
         action="append",
-        metavar="NAME=HOST:PORT",
-        help="an executor the spec may name (repeatable)",
+        metavar="NAME=HOST:PORT[@HOSTID]",
+        help="an executor the spec may name (repeatable); @HOSTID overrides the host it reports",
     )
     worker.add_argument(
         "--task-queue", default="switchyard-trials", help="task queue (default switchyard-trials)"

@@ -46,6 +46,9 @@ class WorkerConfig:
     metering: str = "127.0.0.1:8201"
     executors: dict[str, str] = field(default_factory=dict)
     task_queue: str = "switchyard-trials"
+    # executor name or address -> host id, overriding Describe's; for executors whose own
+    # hostname hides where they run (containers sharing a node share its cores)
+    hosts: dict[str, str] = field(default_factory=dict)
 
 
 class Connections:
@@ -75,6 +78,10 @@ class Connections:
             type="UnknownExecutor",
             non_retryable=True,
         )
+
+    def host_of(self, executor: str, described: str) -> str:
+        address = self.executor_address(executor)
+        return self.config.hosts.get(executor) or self.config.hosts.get(address) or described
 
     def control(self, executor: str) -> exec_grpc.ExecutorControlAsyncStub:
         return exec_grpc.ExecutorControlStub(self.channel(self.executor_address(executor)))

@@ -1,0 +1,65 @@
+"""Paths on different hosts run in parallel; paths sharing a host never measure at once."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from services.executor.config import ExecutorConfig
+from services.executor.server import RunningExecutor, start_executor
+from tests.trial.helpers import tiny_spec
+from tests.trial.stack import Stack, set_prices
+from workflows.connections import Connections, WorkerConfig
+from workflows.trial import TrialWorkflow
+from workflows.worker import build_worker
+
+
+@pytest.fixture
+async def second_executor(stack: Stack) -> AsyncIterator[RunningExecutor]:
+    executor = await start_executor(ExecutorConfig(backend="cpu", port=0))
+    yield executor
+    await executor.stop(0)
+
+
+async def test_hosts_run_in_parallel_and_a_shared_host_is_serialised(
+    stack: Stack, second_executor: RunningExecutor
+) -> None:
+    await set_prices(stack)
+    spec = tiny_spec(
+        [
+            {"name": "ref-a", "executor": "exec-a", "mode": "eager"},
+            {"name": "cand-b", "executor": "exec-b", "mode": "eager"},
+            {"name": "cand-a", "executor": "exec-a", "mode": "eager"},
+        ]
+    )
+    # the operator declares where each executor runs (both are on this machine in the test)
+    config = WorkerConfig(
+        evaluator=stack.evaluator,
+        metering=stack.metering,
+        executors={"exec-a": stack.cpu, "exec-b": second_executor.address},
+        hosts={"exec-a": "host-a", "exec-b": "host-b"},
+    )
+    queue = f"place-{uuid.uuid4().hex[:8]}"
+    conns = Connections(config)
+    try:
+        async with build_worker(stack.env.client, conns, task_queue=queue):
+            report = await stack.env.client.execute_workflow(
+                TrialWorkflow.run, spec, id=f"place-{uuid.uuid4().hex[:8]}", task_queue=queue
+            )
+    finally:
+        await conns.close()
+    assert report["placement"] == {"host-a": ["ref-a", "cand-a"], "host-b": ["cand-b"]}
+    paths = report["paths"]
+
+    def span(path: str) -> tuple[str, str]:
+        timeline = paths[path]["timeline"]
+        return timeline["prepare"][0], timeline["economics"][-1]
+
+    # host-b did not wait for host-a: cand-b started before ref-a finished
+    assert span("cand-b")[0] < span("ref-a")[1]
+    # host-a ran its paths one after the other
+    assert span("ref-a")[1] <= span("cand-a")[0]
+    for name in ("cand-a", "cand-b"):
+        assert report["verdicts"][name]["criteria"]["correctness"]["result"] == "pass"
