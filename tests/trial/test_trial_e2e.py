@@ -107,3 +107,24 @@ async def test_perturbed_variant_is_rejected_on_correctness(stack: Stack) -> Non
     assert verdict["criteria"]["latency"]["result"] == "skipped"  # no speed verdict without correctness
     assert "skipped" in report["paths"]["perturbed"]["performance"]
     _conserved(stack, report["trial_id"])
+
+
+async def test_failing_paths_are_inconclusive_and_the_trial_completes(stack: Stack) -> None:
+    spec = tiny_spec(
+        [
+            {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
+            {"name": "no-such-version", "executor": "cpu", "mode": "eager", "version": "v999"},
+            {"name": "unreachable", "executor": "127.0.0.1:1", "mode": "eager"},
+        ],
+        timeouts={"heartbeat_s": 10, "activity_s": 60, "max_attempts": 2},
+    )
+    report = await run_trial(stack, spec, "failing")
+    assert report["status"] == "completed"
+    missing = report["verdicts"]["no-such-version"]
+    assert missing["verdict"] == "INCONCLUSIVE"
+    assert "v999" in report["paths"]["no-such-version"]["errors"]["prepare"]
+    assert "NOT_FOUND" in missing["criteria"]["correctness"]["reason"]
+    down = report["verdicts"]["unreachable"]
+    assert down["verdict"] == "INCONCLUSIVE"
+    assert "Describe failed" in down["criteria"]["correctness"]["reason"]
+    _conserved(stack, report["trial_id"])
