@@ -81,6 +81,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _client(html)
     html.set_defaults(func=_run("html"))
 
+    reverse = lsub.add_parser("reverse", help="correct the ledger: a reversal line cancels one usage line")
+    reverse.add_argument("line_key", help="idempotency key of the usage line to cancel")
+    reverse.add_argument("--reason", required=True)
+    reverse.add_argument("--key", default="", help="idempotency key of the correction (default: derived)")
+    _client(reverse)
+    reverse.set_defaults(func=_run("reverse"))
+
     audit = sub.add_parser("audit", help="the audit trail")
     asub = audit.add_subparsers(dest="audit_command", required=True)
     verify = asub.add_parser("verify", help="recompute the hash chain; name the first broken row")

@@ -224,6 +224,17 @@ def html(args: argparse.Namespace) -> int:
 
 
 @guarded
+def reverse(args: argparse.Namespace) -> int:
+    key = args.key or f"reversal:{args.line_key}"
+    req = pb.ReverseUsageRequest(idempotency_key=key, reverses_key=args.line_key, reason=args.reason)
+    req.actor.CopyFrom(actor(args))
+    r = call(args, lambda stub: stub.ReverseUsage(req))
+    state = "already recorded" if r.duplicate else "recorded"
+    print(f"reversal {key} {state}: {money(r.amount_micros)} {r.currency}".rstrip())
+    return 0
+
+
+@guarded
 def audit_verify(args: argparse.Namespace) -> int:
     v = call(args, lambda stub: stub.VerifyAudit(pb.VerifyAuditRequest()))
     if v.ok:

@@ -66,6 +66,16 @@ class Ledger:
     def record_usage(self, events: Sequence[UsageEvent]) -> UsageResult:
         return self.write(lambda conn, now: usage.record_usage(conn, events, now))
 
+    def reverse_usage(self, actor: Actor, key: str, reverses: str, reason: str) -> tuple[Any, bool]:
+        def run(conn: Connection, now: int) -> tuple[Any, bool]:
+            row, duplicate = usage.reverse_usage(conn, key, reverses, reason, now)
+            if not duplicate:
+                detail = {"reverses": reverses, "reason": reason, "amount_micros": row.amount_micros}
+                audit.append(conn, actor, "usage.reverse", f"line/{reverses}", "ok", now, detail)
+            return row, duplicate
+
+        return self.write(run)
+
     def set_price(
         self, actor: Actor, key: str, micros_per_hour: int, currency: str, effective_us: int
     ) -> Any:

@@ -88,7 +88,7 @@ def cost_report(
         *_cols(LINES, groups, dialect, LINES.c.at_us),
         func.coalesce(func.max(LINES.c.currency), "").label("currency"),
         func.coalesce(func.sum(amount), 0).label("total"),
-        by(("busy",)).label("busy"),
+        by(("busy", "reversal")).label("busy"),  # corrections count where most originals are
         by(IDLE).label("idle"),
         by(("prepare",)).label("prepare"),
         func.sum(case((amount.is_(None), 1), else_=0)).label("unpriced"),

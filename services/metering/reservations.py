@@ -175,8 +175,9 @@ def close_reservation(conn: Connection, rid: str, end_us: int, now_us: int) -> R
     idle_us = (end_us - res.start_us) - sum(r.quantity_us for r in lines)
     weights: dict[str, int] = {}
     for r in lines:
-        if r.basis == "busy" and r.job_id and r.quantity_us > 0:
+        if r.basis in ("busy", "reversal") and r.job_id:
             weights[r.job_id] = weights.get(r.job_id, 0) + r.quantity_us
+    weights = {job: w for job, w in weights.items() if w > 0}  # a fully reversed job shares no idle
     idle = None if reserved.total_micros is None else reserved.total_micros - charged
     _write_idle_lines(conn, res, end_us, idle, idle_us, weights, reserved, now_us)
     conn.execute(

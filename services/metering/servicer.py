@@ -116,6 +116,15 @@ class MeteringServicer(pb_grpc.MeteringServicer):
             accepted=result.accepted, duplicates=result.duplicates, unpriced=result.unpriced
         )
 
+    async def ReverseUsage(self, request: pb.ReverseUsageRequest, context: Any) -> pb.ReverseUsageResponse:
+        r = request
+        row, duplicate = await self._w(
+            lambda: self.ledger.reverse_usage(actor_of(r.actor), r.idempotency_key, r.reverses_key, r.reason)
+        )
+        return pb.ReverseUsageResponse(
+            amount_micros=row.amount_micros or 0, currency=row.currency or "", duplicate=duplicate
+        )
+
     async def OpenReservation(self, request: pb.OpenReservationRequest, context: Any) -> pb.Reservation:
         r = request
         res = await self._w(

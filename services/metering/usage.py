@@ -10,6 +10,7 @@ because that reservation's idle lines are already final.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -255,3 +256,49 @@ def record_usage(conn: Connection, events: Sequence[UsageEvent], now_us: int) ->
     _merge_jobs(conn, fresh)
     bulk_insert(conn, LINES, rows)
     return UsageResult(len(rows), dup, unpriced)
+
+
+def reverse_usage(conn: Connection, key: str, reverses: str, reason: str, now_us: int) -> tuple[Any, bool]:
+    """Cancel one busy or preparation line with a reversal line (negated amount and time).
+
+    The reversal sits where the original did (same time, path, job, reservation), so reports
+    over any window and a later reservation close both see the correction. A closed
+    reservation's cost is final, so its lines cannot be reversed. Returns (row, duplicate).
+    """
+    if not key or not reverses:
+        raise BadInput("idempotency_key and reverses_key are both required")
+    digest = hashlib.sha256(repr(("reversal", key, reverses, reason)).encode()).hexdigest()
+    stored = conn.execute(select(LINES).where(LINES.c.idempotency_key == key)).first()
+    if stored is not None:
+        if stored.content_hash != digest:
+            raise Conflict(f"idempotency key {key} is already stored with different content; use a new key")
+        return stored, True
+    orig = conn.execute(select(LINES).where(LINES.c.idempotency_key == reverses)).first()
+    if orig is None:
+        raise UnknownEntity(f"no usage line with idempotency key {reverses!r}")
+    if orig.basis not in ("busy", "prepare"):
+        raise WrongState(
+            f"line {reverses} is a {orig.basis} line; only busy and preparation lines are reversed"
+        )
+    already = conn.execute(
+        select(LINES.c.idempotency_key).where(
+            LINES.c.basis == "reversal", LINES.c.method == f"reverses {reverses}"
+        )
+    ).first()
+    if already is not None:
+        raise WrongState(f"line {reverses} is already reversed by {already.idempotency_key}")
+    if orig.reservation_id:
+        state = conn.execute(
+            select(RESERVATIONS.c.state).where(RESERVATIONS.c.reservation_id == orig.reservation_id)
+        ).scalar()
+        if state != "open":
+            raise WrongState(
+                f"line {reverses} is in closed reservation {orig.reservation_id}; its cost is final"
+            )
+    row = {c.name: getattr(orig, c.name) for c in LINES.columns if c.name != "id"}
+    row.update(idempotency_key=key, content_hash=digest, basis="reversal", recorded_us=now_us)
+    row.update(quantity_us=-orig.quantity_us, method=f"reverses {reverses}")
+    row.update(amount_micros=None if orig.amount_micros is None else -orig.amount_micros)
+    row["tags_json"] = json.dumps({"reason": reason}, sort_keys=True)
+    bulk_insert(conn, LINES, [row])
+    return conn.execute(select(LINES).where(LINES.c.idempotency_key == key)).one(), False

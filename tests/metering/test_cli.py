@@ -114,7 +114,10 @@ def test_finance_cli_end_to_end(
     assert cli(served, "keys", "revoke", key.split(".")[0]) == 0
     assert cli(served, "roles", "revoke", "carol", "ledger:read", "--scope", "team:search") == 0
     assert cli(served, "roles", "revoke", "carol", "ledger:read", "--scope", "team:search") == 1
-    capsys.readouterr()
+    assert cli(served, "ledger", "reverse", "e3", "--reason", "customer credit") == 0
+    assert "reversal reversal:e3 recorded: -0.125000 USD" in capsys.readouterr().out
+    assert cli(served, "ledger", "reverse", "nope", "--reason", "x") == 1
+    assert "NOT_FOUND" in capsys.readouterr().err
     assert cli(served, "audit", "verify") == 0
     assert "audit chain OK" in capsys.readouterr().out
     assert cli(served, "audit", "query", "--action", "price.set") == 0

@@ -1,8 +1,8 @@
-"""Property: whatever the reservations, prices, jobs and failures, cost is conserved exactly.
+"""Property: whatever the reservations, prices, jobs, failures and corrections, cost is conserved exactly.
 
 For each generated scenario (price changes inside the reservation, jobs with several usage
-events, failed and cancelled jobs, preparation charges, busy time that may even exceed the
-reservation), the lines inside a closed reservation sum to reserved time x price computed
+events, failed and cancelled jobs, preparation charges, reversed usage lines, busy time that
+may even exceed the reservation), the lines inside a closed reservation sum to reserved time x price computed
 independently with exact fractions and rounded once; idle shares sum to the idle line;
 idle time is shared out completely; and the cost report agrees to the micro-unit.
 """
@@ -39,6 +39,7 @@ class Scenario:
     prices: list[tuple[float, int]]  # (where in the reservation it takes effect, micros per hour)
     jobs: list[tuple[list[int], tuple[str, bool]]]  # (busy time per usage event, outcome)
     prepare: list[int]  # preparation charges (each its own completed job)
+    corrections: set[int]  # jobs whose first usage line is reversed before the close
 
 
 scenario_st = st.builds(
@@ -47,6 +48,7 @@ scenario_st = st.builds(
     prices=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 10**10)), min_size=1, max_size=3),
     jobs=st.lists(job_st, max_size=6),
     prepare=st.lists(st.integers(1, HOUR), max_size=2),
+    corrections=st.sets(st.integers(0, 5), max_size=3),
 )
 
 
@@ -103,6 +105,9 @@ def run_scenario(ledger: Ledger, sc: Scenario) -> None:
             )
     if events:
         ledger.record_usage(events)
+    for j in sorted(sc.corrections):
+        if j < len(sc.jobs):
+            ledger.reverse_usage(ACTOR, f"{tag}-fix{j}", f"{tag}-{j}-0", "test correction")
     for p, prep in enumerate(sc.prepare):
         ledger.complete_job(f"{tag}-prep{p}", path, "m", "t", "completed", True, "", prep, T0 + prep)
     closed = ledger.close_reservation(ACTOR, res.reservation_id, T0 + length)
@@ -116,7 +121,11 @@ def run_scenario(ledger: Ledger, sc: Scenario) -> None:
     idle_lines = [r for r in lines if r.basis in ("idle", "idle_share")]
     assert sum(r.amount_micros for r in idle_lines) == closed.idle_micros
     assert sum(r.quantity_us for r in lines) == length  # every reserved microsecond is on a line
-    busy_jobs = {r.job_id for r in lines if r.basis == "busy" and r.quantity_us > 0}
+    net: dict[str, int] = {}
+    for r in lines:
+        if r.basis in ("busy", "reversal"):
+            net[r.job_id] = net.get(r.job_id, 0) + r.quantity_us
+    busy_jobs = {job for job, us in net.items() if us > 0}
     assert {r.job_id for r in idle_lines if r.basis == "idle_share"} == busy_jobs
     report = ledger.cost_report(["path"], T0, 0)
     row = next(r for r in report if r.group["path"] == path)

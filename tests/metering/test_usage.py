@@ -158,3 +158,34 @@ async def test_setting_the_price_already_in_force_is_a_no_op(stub: pb_grpc.Meter
     assert (await stub.SetPrice(again)).version == f"cpu-std@{T0}"
     again.micros_per_hour = 1
     await expect_status(stub.SetPrice(again), grpc.StatusCode.FAILED_PRECONDITION, "already charged")
+
+
+async def test_a_correction_is_a_reversal_row_and_conservation_still_holds(
+    stub: pb_grpc.MeteringAsyncStub,
+) -> None:
+    await setup_path(stub, per_hour=3_600_000)
+    res = await stub.OpenReservation(
+        pb.OpenReservationRequest(idempotency_key="r", path="cpu-eager@h1", start_unix_us=T0)
+    )
+    await stub.RecordUsage(
+        pb.RecordUsageRequest(events=[event("ok", T0, 1_000_000), event("wrong", T0 + 5, 2_000_000)])
+    )
+    rev = pb.ReverseUsageRequest(
+        idempotency_key="fix-1", reverses_key="wrong", reason="double-reported by a retry"
+    )
+    first = await stub.ReverseUsage(rev)
+    assert (first.amount_micros, first.duplicate) == (-2000, False)
+    assert (await stub.ReverseUsage(rev)).duplicate
+    rev2 = pb.ReverseUsageRequest(idempotency_key="fix-2", reverses_key="wrong")
+    await expect_status(stub.ReverseUsage(rev2), grpc.StatusCode.FAILED_PRECONDITION, "already reversed")
+    closed = await stub.CloseReservation(
+        pb.CloseReservationRequest(reservation_id=res.reservation_id, end_unix_us=T0 + HOUR)
+    )
+    wrong = await stub.GetJobCost(pb.GetJobCostRequest(job_id="wrong"))
+    assert [ln.basis for ln in wrong.lines] == ["busy", "reversal"] and wrong.total_micros == 0
+    ok = await stub.GetJobCost(pb.GetJobCostRequest(job_id="ok"))
+    assert ok.total_micros == closed.cost_micros  # the only job left carries all the idle time
+    rev3 = pb.ReverseUsageRequest(idempotency_key="fix-3", reverses_key="ok")
+    await expect_status(stub.ReverseUsage(rev3), grpc.StatusCode.FAILED_PRECONDITION, "final")
+    audit = (await stub.QueryAudit(pb.QueryAuditRequest(action="usage.reverse"))).records
+    assert len(audit) == 1 and "double-reported" in audit[0].detail_json

@@ -203,6 +203,64 @@ class RecordUsageResponse(_message.Message):
 Global___RecordUsageResponse: _TypeAlias = RecordUsageResponse  # noqa: Y015
 
 @_typing.final
+class ReverseUsageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    REVERSES_KEY_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    idempotency_key: _builtins.str
+    """of the reversal itself"""
+    reverses_key: _builtins.str
+    """idempotency key of the usage line to cancel"""
+    reason: _builtins.str
+    @_builtins.property
+    def actor(self) -> Global___Actor: ...
+    def __init__(
+        self,
+        *,
+        idempotency_key: _builtins.str = ...,
+        reverses_key: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        actor: Global___Actor | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "idempotency_key", b"idempotency_key", "reason", b"reason", "reverses_key", b"reverses_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReverseUsageRequest: _TypeAlias = ReverseUsageRequest  # noqa: Y015
+
+@_typing.final
+class ReverseUsageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AMOUNT_MICROS_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    DUPLICATE_FIELD_NUMBER: _builtins.int
+    amount_micros: _builtins.int
+    """the reversal's amount (minus the original's); 0 if unpriced"""
+    currency: _builtins.str
+    duplicate: _builtins.bool
+    """this reversal was already recorded"""
+    def __init__(
+        self,
+        *,
+        amount_micros: _builtins.int = ...,
+        currency: _builtins.str = ...,
+        duplicate: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amount_micros", b"amount_micros", "currency", b"currency", "duplicate", b"duplicate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReverseUsageResponse: _TypeAlias = ReverseUsageResponse  # noqa: Y015
+
+@_typing.final
 class OpenReservationRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

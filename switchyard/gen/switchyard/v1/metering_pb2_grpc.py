@@ -39,6 +39,11 @@ class MeteringStub:
                 request_serializer=switchyard_dot_v1_dot_metering__pb2.RecordUsageRequest.SerializeToString,
                 response_deserializer=switchyard_dot_v1_dot_metering__pb2.RecordUsageResponse.FromString,
                 _registered_method=True)
+        self.ReverseUsage = channel.unary_unary(
+                '/switchyard.v1.Metering/ReverseUsage',
+                request_serializer=switchyard_dot_v1_dot_metering__pb2.ReverseUsageRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_metering__pb2.ReverseUsageResponse.FromString,
+                _registered_method=True)
         self.OpenReservation = channel.unary_unary(
                 '/switchyard.v1.Metering/OpenReservation',
                 request_serializer=switchyard_dot_v1_dot_metering__pb2.OpenReservationRequest.SerializeToString,
@@ -142,6 +147,13 @@ class MeteringServicer:
     def RecordUsage(self, request, context):
         """Usage: batched and idempotent per event key. Same key + same content = accepted once;
         same key + different content = ALREADY_EXISTS and nothing of the batch is written.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReverseUsage(self, request, context):
+        """A correction: a reversal line that cancels one usage line (journal rows are never changed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -272,6 +284,11 @@ def add_MeteringServicer_to_server(servicer, server):
                     request_deserializer=switchyard_dot_v1_dot_metering__pb2.RecordUsageRequest.FromString,
                     response_serializer=switchyard_dot_v1_dot_metering__pb2.RecordUsageResponse.SerializeToString,
             ),
+            'ReverseUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReverseUsage,
+                    request_deserializer=switchyard_dot_v1_dot_metering__pb2.ReverseUsageRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_metering__pb2.ReverseUsageResponse.SerializeToString,
+            ),
             'OpenReservation': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenReservation,
                     request_deserializer=switchyard_dot_v1_dot_metering__pb2.OpenReservationRequest.FromString,
@@ -395,6 +412,33 @@ class Metering:
             '/switchyard.v1.Metering/RecordUsage',
             switchyard_dot_v1_dot_metering__pb2.RecordUsageRequest.SerializeToString,
             switchyard_dot_v1_dot_metering__pb2.RecordUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReverseUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.Metering/ReverseUsage',
+            switchyard_dot_v1_dot_metering__pb2.ReverseUsageRequest.SerializeToString,
+            switchyard_dot_v1_dot_metering__pb2.ReverseUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,8 @@ class MeteringStub:
     """Usage: batched and idempotent per event key. Same key + same content = accepted once;
     same key + different content = ALREADY_EXISTS and nothing of the batch is written.
     """
+    ReverseUsage: _grpc.UnaryUnaryMultiCallable[_metering_pb2.ReverseUsageRequest, _metering_pb2.ReverseUsageResponse]
+    """A correction: a reversal line that cancels one usage line (journal rows are never changed)."""
     OpenReservation: _grpc.UnaryUnaryMultiCallable[_metering_pb2.OpenReservationRequest, _metering_pb2.Reservation]
     CloseReservation: _grpc.UnaryUnaryMultiCallable[_metering_pb2.CloseReservationRequest, _metering_pb2.Reservation]
     CompleteJob: _grpc.UnaryUnaryMultiCallable[_metering_pb2.CompleteJobRequest, _metering_pb2.Job]
@@ -68,6 +70,8 @@ class MeteringAsyncStub(MeteringStub):
     """Usage: batched and idempotent per event key. Same key + same content = accepted once;
     same key + different content = ALREADY_EXISTS and nothing of the batch is written.
     """
+    ReverseUsage: _aio.UnaryUnaryMultiCallable[_metering_pb2.ReverseUsageRequest, _metering_pb2.ReverseUsageResponse]  # type: ignore[assignment]
+    """A correction: a reversal line that cancels one usage line (journal rows are never changed)."""
     OpenReservation: _aio.UnaryUnaryMultiCallable[_metering_pb2.OpenReservationRequest, _metering_pb2.Reservation]  # type: ignore[assignment]
     CloseReservation: _aio.UnaryUnaryMultiCallable[_metering_pb2.CloseReservationRequest, _metering_pb2.Reservation]  # type: ignore[assignment]
     CompleteJob: _aio.UnaryUnaryMultiCallable[_metering_pb2.CompleteJobRequest, _metering_pb2.Job]  # type: ignore[assignment]
@@ -101,6 +105,14 @@ class MeteringServicer(metaclass=_abc_1.ABCMeta):
         """Usage: batched and idempotent per event key. Same key + same content = accepted once;
         same key + different content = ALREADY_EXISTS and nothing of the batch is written.
         """
+
+    @_abc_1.abstractmethod
+    def ReverseUsage(
+        self,
+        request: _metering_pb2.ReverseUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metering_pb2.ReverseUsageResponse, _abc.Awaitable[_metering_pb2.ReverseUsageResponse]]:
+        """A correction: a reversal line that cancels one usage line (journal rows are never changed)."""
 
     @_abc_1.abstractmethod
     def OpenReservation(
