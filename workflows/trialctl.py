@@ -14,12 +14,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
 from workflows.render import criteria_in_order, render
 from workflows.spec import SpecError, parse_spec
 from workflows.trial import TrialWorkflow
+from workflows.worker import connect
 
 BAR = 30
 
@@ -69,7 +70,7 @@ async def _start(args: argparse.Namespace) -> int:
         print(f"{args.spec}: invalid trial spec: {err}", file=sys.stderr)
         return 2
     workflow_id = args.id or f"trial-{spec.model.name}-{uuid.uuid4().hex[:8]}"
-    client = await Client.connect(args.temporal, namespace=args.namespace)
+    client = await connect(args.temporal, args.namespace)
     handle = await client.start_workflow(
         TrialWorkflow.run, spec_json, id=workflow_id, task_queue=args.task_queue
     )
@@ -82,7 +83,7 @@ async def _start(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    client = await Client.connect(args.temporal, namespace=args.namespace)
+    client = await connect(args.temporal, args.namespace)
     handle = client.get_workflow_handle(args.trial_id)
     desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.RUNNING:
@@ -114,7 +115,7 @@ async def _report(args: argparse.Namespace) -> int:
             return 1
         report = json.loads(stored.report_json)
     else:
-        client = await Client.connect(args.temporal, namespace=args.namespace)
+        client = await connect(args.temporal, args.namespace)
         report = await client.get_workflow_handle(args.trial_id).result()
     text = render(report, fmt)
     if args.output == "-":
@@ -126,7 +127,7 @@ async def _report(args: argparse.Namespace) -> int:
 
 
 async def _cancel(args: argparse.Namespace) -> int:
-    client = await Client.connect(args.temporal, namespace=args.namespace)
+    client = await connect(args.temporal, args.namespace)
     handle = client.get_workflow_handle(args.trial_id)
     status = await handle.execute_update(TrialWorkflow.cancel, args.reason)
     print(f"trial {args.trial_id}: {status}")

@@ -45,6 +45,16 @@ async def ensure_search_attributes(client: Client, namespace: str = "default") -
         log.info("registered search attributes %s", ", ".join(sorted(missing)))
 
 
+async def connect(address: str, namespace: str) -> Client:
+    """A client whose workflows and activities carry OpenTelemetry spans (DESIGN §8); the
+    spans go wherever the process's tracer provider sends them (none configured = no-op)."""
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+
+    return await Client.connect(
+        address, namespace=namespace, interceptors=[TracingInterceptor(always_create_workflow_spans=True)]
+    )
+
+
 def activities(connections: Connections) -> Sequence[Any]:
     path = PathActivities(connections)
     perf = PerformanceActivities(connections)
@@ -76,7 +86,7 @@ def build_worker(client: Client, connections: Connections, task_queue: str | Non
 
 
 async def run_worker(config: WorkerConfig) -> None:
-    client = await Client.connect(config.temporal, namespace=config.namespace)
+    client = await connect(config.temporal, config.namespace)
     await ensure_search_attributes(client, config.namespace)
     connections = Connections(config)
     worker = build_worker(client, connections)
