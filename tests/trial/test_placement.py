@@ -9,9 +9,10 @@ import pytest
 
 from services.executor.config import ExecutorConfig
 from services.executor.server import RunningExecutor, start_executor
-from tests.trial.helpers import tiny_spec
+from tests.trial.helpers import QUICK_PERF, tiny_spec
 from tests.trial.stack import Stack, set_prices
 from workflows.connections import Connections, WorkerConfig
+from workflows.render import render
 from workflows.trial import TrialWorkflow
 from workflows.worker import build_worker
 
@@ -32,7 +33,9 @@ async def test_hosts_run_in_parallel_and_a_shared_host_is_serialised(
             {"name": "ref-a", "executor": "exec-a", "mode": "eager"},
             {"name": "cand-b", "executor": "exec-b", "mode": "eager"},
             {"name": "cand-a", "executor": "exec-a", "mode": "eager"},
-        ]
+        ],
+        training={"steps": 3, "lr": 0.01, "seed": 0, "batch_size": 2, "target_loss": 0.1},
+        performance={**QUICK_PERF, "batch_sizes": [1]},
     )
     # the operator declares where each executor runs (both are on this machine in the test)
     config = WorkerConfig(
@@ -63,3 +66,10 @@ async def test_hosts_run_in_parallel_and_a_shared_host_is_serialised(
     assert span("ref-a")[1] <= span("cand-a")[0]
     for name in ("cand-a", "cand-b"):
         assert report["verdicts"][name]["criteria"]["correctness"]["result"] == "pass"
+        # training: each path's loss curve against the reference's, judged by the evaluator
+        training = paths[name]["training"]
+        assert len(training["loss"]) == 3 and training["comparison"]["passed"]
+        assert training["comparison"]["max_relative_deviation"] < 1e-6  # same eager kernels, same data
+        assert report["verdicts"][name]["criteria"]["training"]["result"] == "pass"
+    page = render(report, "html")
+    assert "Training loss per step" in page

@@ -14,7 +14,7 @@ import pytest
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from tests.conftest import IN_CI
-from tests.trial.helpers import ledger_state, run_trial, tiny_spec
+from tests.trial.helpers import QUICK_PERF, ledger_state, run_trial, tiny_spec
 from tests.trial.stack import Stack
 from workflows.render import render
 
@@ -41,7 +41,9 @@ async def test_three_path_trial_has_all_four_parts_and_verdicts(stack: Stack) ->
             {"name": "cpu-compile", "executor": "cpu", "mode": "compile"},
             {"name": "xla", "executor": "xla", "mode": "lazy"},
         ],
-        training={"steps": 3, "lr": 0.01, "seed": 0, "batch_size": 2},
+        # one bucket keeps compile time (inductor, XLA) to one graph per path; training is
+        # covered on eager paths in test_placement, where it costs no compilation
+        performance={**QUICK_PERF, "batch_sizes": [1]},
     )
     report = await run_trial(stack, spec, "three")
     assert report["status"] == "completed"
@@ -50,17 +52,15 @@ async def test_three_path_trial_has_all_four_parts_and_verdicts(stack: Stack) ->
         assert not state["errors"].get("prepare"), (name, state["errors"])
         assert state["prepare"]["total_s"] > 0 and state["prepare"]["compatibility"] is not None
         scenarios = {(s["scenario"], s["batch_size"]) for s in state["performance"]["scenarios"]}
-        assert scenarios == {("single-stream", 1), ("offline", 1), ("offline", 4)}
+        assert scenarios == {("single-stream", 1), ("offline", 1)}
         assert all(s["iterations"] >= 10 and s["input_sizes"]["input_ids"][1] == 32
                    for s in state["performance"]["scenarios"])  # fmt: skip
-        assert len(state["training"]["loss"]) == 3
         assert state["economics"]["cost_per_completed_job_micros"] > 0
-        assert state["economics"]["jobs_completed"] >= 30
+        assert state["economics"]["jobs_completed"] >= 20
     for name in ("cpu-compile", "xla"):
         verdict = report["verdicts"][name]
         assert verdict["verdict"] in VERDICTS
         assert verdict["criteria"]["correctness"]["result"] == "pass", verdict
-        assert verdict["criteria"]["training"]["result"] == "pass", verdict
         assert {"latency", "cost"} <= set(verdict["criteria"])
         assert (
             "torch._dynamo.utils.same" in report["paths"][name]["correctness"]["outputs"][0]["justification"]
@@ -83,7 +83,7 @@ async def test_three_path_trial_has_all_four_parts_and_verdicts(stack: Stack) ->
             mpb.GetTrialReportRequest(trial_id=report["trial_id"])
         )
     page = render(json.loads(stored.report_json), "html")
-    assert page.count("<svg") >= 5 and "Training loss per step" in page and "Cost per completed job" in page
+    assert page.count("<svg") >= 5 and "Latency distribution" in page and "Cost per completed job" in page
     for svg in re.findall(r"<svg.*?</svg>", page, re.S):
         ElementTree.fromstring(svg)  # every chart is well-formed SVG
     assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
