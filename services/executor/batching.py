@@ -180,6 +180,9 @@ class Batcher:
                         break
                     if not self._queue:
                         break
+            elif self.policy.dynamic_batching:
+                # Let handlers whose requests already arrived enqueue them before a batch forms.
+                await asyncio.sleep(0)
             self._drop_dead()
             if not self._queue:
                 continue

@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--no-batching", action="store_true", help="run every request alone")
     serve.add_argument("--max-message-mb", type=int, default=64)
     serve.add_argument("--price-key", default="")
+    serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: cores - 1)")
     serve.set_defaults(func=_serve)
 
     describe = commands.add_parser("describe", help="print an executor's Describe as JSON")
@@ -56,6 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
         dynamic_batching=not args.no_batching,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         price_key=args.price_key,
+        cpu_threads=args.threads,
     )
 
     async def run() -> None:

@@ -24,3 +24,5 @@ class ExecutorConfig:
     drain_grace_s: float = 10.0
     price_key: str = ""  # "" = "<backend>/<resource class>"
     executor_id: str = ""  # "" = "<host id>:<port>"
+    inline_compute_us: int = 1000  # batches expected faster than this skip the device thread
+    cpu_threads: int = 0  # torch intra-op threads; 0 = cores - 1 (at least 1)

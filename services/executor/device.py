@@ -44,12 +44,22 @@ def load_backend_class(name: str) -> type[Backend]:
     return cls
 
 
-def select_backend(name: str) -> Backend:
-    """Instantiates the named backend; raises BackendUnavailable with the reason if it can't run."""
+def select_backend(name: str, cpu_threads: int = 0) -> Backend:
+    """Instantiates the named backend; raises BackendUnavailable with the reason if it can't run.
+
+    `cpu_threads` sets torch's intra-op threads (0 = one fewer than the cores, at least 1):
+    the gRPC event loop needs a core of its own, and an oversubscribed OpenMP pool on a busy
+    host is many times slower than one thread.
+    """
     backend = load_backend_class(name)()
     availability = backend.availability()
     if not availability.available:
         raise BackendUnavailable(f"backend {name!r} is unavailable: {availability.reason}")
+    import os
+
+    import torch
+
+    torch.set_num_threads(cpu_threads or max(1, (os.cpu_count() or 1) - 1))
     return backend
 
 

@@ -75,6 +75,7 @@ class LoadedModel:
         self.batcher: Batcher | None = None
         self.sha256 = spec.sha256
         self._warm_counters = CompileCounters()
+        self.warm_compute_s: dict[int, float] = {}
         self.dtype = PRECISIONS[options.precision]
         # static-shape backends and compiled graphs pad to a bucket so no new shape appears
         self.pad_to_buckets = backend.static_shapes or options.mode == "compile"
@@ -102,10 +103,15 @@ class LoadedModel:
         start = time.perf_counter()
         self.prepared = self.backend.prepare(module, self.options.mode)
         generator = torch.Generator().manual_seed(0)
-        for bucket in self.options.batch_buckets:
-            self._run_tensors(self.spec.example_inputs(bucket, generator))
+        examples = {b: self.spec.example_inputs(b, generator) for b in self.options.batch_buckets}
+        for inputs in examples.values():
+            self._run_tensors(inputs)
         self.backend.synchronize()
         self.times.compile_s = time.perf_counter() - start
+        for bucket, inputs in examples.items():  # warm timings, for the inline-compute decision
+            begin = time.perf_counter()
+            self._run_tensors(inputs)
+            self.warm_compute_s[bucket] = time.perf_counter() - begin
         own = self.prepared.counters()
         process = self.backend.counters().since(before)
         self.findings.during_load = CompileCounters(
@@ -166,6 +172,9 @@ class LoadedModel:
         if rows < 1 or rows > self.max_batch:
             raise InvalidArgument(f"batch dimension is {rows}; this model accepts 1 to {self.max_batch} rows")
         return arrays, rows
+
+    def expected_compute_s(self, rows: int) -> float:
+        return self.warm_compute_s.get(self.bucket_for(rows), float("inf"))
 
     def bucket_for(self, rows: int) -> int:
         buckets = self.options.batch_buckets

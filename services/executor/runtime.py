@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import torch
 
 from services.executor.backends.base import PRECISIONS, Backend, DeviceDescription, host_id
-from services.executor.batching import Batcher, BatchPolicy, BatchResult
+from services.executor.batching import Batcher, BatchPolicy, BatchResult, QueuedRequest
 from services.executor.config import ExecutorConfig
 from services.executor.model_runtime import LoadedModel, LoadOptions
 from switchyard.codec import WireTensor
@@ -75,9 +75,30 @@ class Executor:
         self.executor_id = config.executor_id or host_id()
         self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{backend.name}-device")
         self._load_lock = asyncio.Lock()
+        self._device_jobs = 0
 
     async def on_device(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._device, fn, *args)
+        self._device_jobs += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._device, fn, *args)
+        finally:
+            self._device_jobs -= 1
+
+    async def run_batch(self, model: LoadedModel, batch: list[QueuedRequest]) -> Any:
+        """A short batch with nothing else in flight runs inline on the event loop.
+
+        A thread hand-off costs more than a small model's compute, and with nothing else in
+        flight there is nothing to overlap with. Under load the device thread is used, so the
+        event loop receives and decodes the next requests while the device computes. Inline
+        only when the device thread is idle (two computations never overlap) and the batch's
+        warm-up time is within `inline_compute_us`.
+        """
+        rows = sum(item.rows for item in batch)
+        limit = self.config.inline_compute_us / 1e6
+        alone = self.in_flight <= len(batch) and self._device_jobs == 0
+        if alone and model.expected_compute_s(rows) <= limit:
+            return model.compute(batch)
+        return await self.on_device(model.compute, batch)
 
     # ---- models -------------------------------------------------------------------------
     def default_options(self) -> LoadOptions:
@@ -130,8 +151,8 @@ class Executor:
                 dynamic_batching=options.dynamic_batching,
             )
 
-            async def run_batch(batch: list[Any]) -> Any:
-                return await self.on_device(model.compute, batch)
+            async def run_batch(batch: list[QueuedRequest]) -> Any:
+                return await self.run_batch(model, batch)
 
             model.batcher = Batcher(policy, run_batch)
             model.state = "READY"

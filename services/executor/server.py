@@ -54,7 +54,7 @@ class RunningExecutor:
 
 
 async def start_executor(config: ExecutorConfig, registry: ModelRegistry | None = None) -> RunningExecutor:
-    backend = select_backend(config.backend)
+    backend = select_backend(config.backend, config.cpu_threads)
     executor = Executor(config, backend, registry or ModelRegistry.with_builtins())
     options = ServerOptions(
         host=config.host,

@@ -1,8 +1,8 @@
 """Writes the seeded reference checkpoints (run once; the files are committed).
 
 `python -m switchyard.models.make_checkpoints` rewrites `checkpoints/*.safetensors` and
-prints their sha256, which `registry.py` pins. Re-running gives the same bytes on the same
-torch version; the committed files, not this script, are the truth.
+prints their sha256, which `registry.py` pins. Bytes can differ across torch builds
+(initialisers change), so the committed files, not this script, are the truth.
 """
 
 from __future__ import annotations
@@ -14,9 +14,14 @@ from switchyard.models import mlp, tiny_lm
 from switchyard.models.registry import CHECKPOINTS, file_sha256
 
 
-def main() -> None:
+MODELS = {"mlp": (mlp.build, 0), "tiny_lm": (tiny_lm.build, 1)}
+
+
+def main(names: list[str]) -> None:
+    """Rewrites the named checkpoints (all when none are named)."""
     CHECKPOINTS.mkdir(exist_ok=True)
-    for name, build, seed in (("mlp", mlp.build, 0), ("tiny_lm", tiny_lm.build, 1)):
+    for name in names or list(MODELS):
+        build, seed = MODELS[name]
         torch.manual_seed(seed)
         module = build()
         state = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
@@ -26,4 +31,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 IN_FEATURES = 64
-HIDDEN = 256
+HIDDEN = 1024
 OUT_FEATURES = 16
 
 

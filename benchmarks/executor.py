@@ -1,0 +1,280 @@
+"""Executor benchmark: in-process model time, batch-1 latency against a minimal grpc.aio OIP
+server (the floor for Python gRPC), and throughput at N concurrent clients with dynamic
+batching on versus off. Prints ratios against baselines measured in the same run and writes
+out/bench/executor.json.
+
+    .venv/bin/python benchmarks/executor.py [--model mlp] [--requests 1000] [--seconds 5]
+
+Servers run as subprocesses (the executor via `switchyard executor serve`, the baseline via
+this file's `--serve-baseline`), the clients in this process; all share this host's cores, so
+absolute figures depend on what else runs. Targets (issue 2): executor p50 within 10% of the
+baseline; batching >= 3x the throughput of no batching for mlp at 16 clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from clients.executor import build_infer_request  # noqa: E402
+from switchyard.gen.inference import grpc_service_pb2 as oip  # noqa: E402
+from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc  # noqa: E402
+from switchyard.gen.switchyard.v1 import executor_pb2 as ctl  # noqa: E402
+from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc  # noqa: E402
+
+
+def _threads() -> int:
+    return max(1, (os.cpu_count() or 1) - 1)  # the executor's default, so all three compare alike
+
+
+# ---- the baseline: a minimal OIP server, one model, no batching, compute inline -----------
+async def serve_baseline(model_name: str) -> None:
+    import torch
+
+    from switchyard import codec
+    from switchyard.models.registry import ModelRegistry, load_module
+
+    torch.set_num_threads(_threads())
+    spec = ModelRegistry.with_builtins().get(model_name)
+    module = load_module(spec)
+
+    class Minimal(oip_grpc.GRPCInferenceServiceServicer):
+        async def ModelInfer(self, request: oip.ModelInferRequest, context: Any) -> oip.ModelInferResponse:
+            tensors = [
+                codec.to_torch(codec.decode(i.name, i.datatype, i.shape, raw).array, i.datatype)
+                for i, raw in zip(request.inputs, request.raw_input_contents, strict=True)
+            ]
+            with torch.inference_mode():
+                out = module(*tensors)
+            datatype, raw = codec.encode_torch(out)
+            response = oip.ModelInferResponse(model_name=model_name)
+            response.outputs.add(name=spec.outputs[0].name, datatype=datatype, shape=out.shape)
+            response.raw_output_contents.append(raw)
+            return response
+
+    server = grpc.aio.server()
+    oip_grpc.add_GRPCInferenceServiceServicer_to_server(Minimal(), server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"serving on 127.0.0.1:{port}", flush=True)
+    await server.wait_for_termination()
+
+
+def _spawn(args: list[str]) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "serving on " in line:
+            return proc, line.rsplit("serving on ", 1)[1].strip()
+    raise RuntimeError(f"{args} exited without serving")
+
+
+# ---- measurement ----------------------------------------------------------------------------
+def _example(model: str) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    if model == "mlp":
+        return {"x": rng.standard_normal((1, 64)).astype(np.float32)}
+    return {"input_ids": rng.integers(1000, 2000, (1, 32)).astype(np.int64)}
+
+
+async def latency(address: str, request: oip.ModelInferRequest, n: int) -> dict[str, float]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(min(200, n)):
+            await stub.ModelInfer(request)
+        samples = []
+        for _ in range(n):
+            start = time.perf_counter()
+            await stub.ModelInfer(request)
+            samples.append(time.perf_counter() - start)
+    samples.sort()
+    return {
+        "p50_us": samples[len(samples) // 2] * 1e6,
+        "p99_us": samples[int(len(samples) * 0.99)] * 1e6,
+        "mean_us": statistics.fmean(samples) * 1e6,
+        "requests": n,
+    }
+
+
+async def throughput(
+    address: str, request: oip.ModelInferRequest, clients: int, seconds: float
+) -> dict[str, float]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        batch_sizes: list[int] = []
+        done = 0
+        stop_at = 0.0
+
+        async def client() -> None:
+            nonlocal done
+            while time.perf_counter() < stop_at:
+                response = await stub.ModelInfer(request)
+                done += 1
+                if "batch_size" in response.parameters:
+                    batch_sizes.append(response.parameters["batch_size"].int64_param)
+
+        stop_at = time.perf_counter() + 1.0  # warm-up
+        await asyncio.gather(*(client() for _ in range(clients)))
+        done, batch_sizes[:] = 0, []
+        start = time.perf_counter()
+        stop_at = start + seconds
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+    return {
+        "requests_per_s": done / elapsed,
+        "requests": done,
+        "seconds": elapsed,
+        "mean_batch_size": statistics.fmean(batch_sizes) if batch_sizes else 1.0,
+    }
+
+
+def in_process(model: str, n: int) -> dict[str, float]:
+    import torch
+
+    from switchyard.models.registry import ModelRegistry, load_module
+
+    torch.set_num_threads(_threads())
+    module = load_module(ModelRegistry.with_builtins().get(model))
+    out: dict[str, float] = {}
+    for batch in (1, 16):
+        x = [torch.from_numpy(np.repeat(a, batch, axis=0)) for a in _example(model).values()]
+        with torch.inference_mode():
+            for _ in range(50):
+                module(*x)
+            samples = []
+            for _ in range(n):
+                start = time.perf_counter()
+                module(*x)
+                samples.append(time.perf_counter() - start)
+        out[f"batch{batch}_p50_us"] = sorted(samples)[len(samples) // 2] * 1e6
+    return out
+
+
+async def reload(address: str, model: str, batching: bool, buckets: list[int]) -> None:
+    async with grpc.aio.insecure_channel(address) as channel:
+        await ctl_grpc.ExecutorControlStub(channel).LoadModel(
+            ctl.LoadModelRequest(model_name=model, batch_buckets=buckets, dynamic_batching=batching)
+        )
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    buckets = [int(b) for b in args.buckets.split(",")]
+    request = build_infer_request(args.model, _example(args.model))
+    py = sys.executable
+    executor, ex_addr = _spawn(
+        [py, "-m", "switchyard", "--log-level", "WARNING", "executor", "serve", "--port", "0",
+         "--models", args.model, "--buckets", args.buckets]
+    )  # fmt: skip
+    baseline, base_addr = _spawn([py, __file__, "--serve-baseline", "--model", args.model])
+    try:
+        result: dict[str, Any] = {
+            "model": args.model,
+            "input": {
+                name: {"shape": list(a.shape), "dtype": str(a.dtype)}
+                for name, a in _example(args.model).items()
+            },
+            "config": {
+                "backend": "cpu",
+                "mode": "eager",
+                "precision": "fp32",
+                "torch_threads": _threads(),
+                "batch_buckets": buckets,
+                "max_queue_delay_us": 0,
+                "clients": args.clients,
+                "latency_requests": args.requests,
+                "throughput_seconds": args.seconds,
+                "host_cores": os.cpu_count(),
+            },  # fmt: skip
+            "in_process": in_process(args.model, args.requests),
+        }
+        # Alternate the two servers twice so a noisy neighbour hits both alike; keep the best round.
+        rounds: dict[str, list[dict[str, float]]] = {"baseline": [], "executor": []}
+        for _ in range(2):
+            rounds["baseline"].append(await latency(base_addr, request, args.requests))
+            rounds["executor"].append(await latency(ex_addr, request, args.requests))
+        best = {k: min(v, key=lambda r: r["p50_us"]) for k, v in rounds.items()}
+        result["latency_batch1"] = {
+            **best,
+            "p50_ratio_executor_over_baseline": best["executor"]["p50_us"] / best["baseline"]["p50_us"],
+            "p99_ratio_executor_over_baseline": best["executor"]["p99_us"] / best["baseline"]["p99_us"],
+        }
+        tp: dict[str, Any] = {
+            "baseline_no_batching": await throughput(base_addr, request, args.clients, args.seconds)
+        }
+        await reload(ex_addr, args.model, False, buckets)
+        tp["executor_batching_off"] = await throughput(ex_addr, request, args.clients, args.seconds)
+        await reload(ex_addr, args.model, True, buckets)
+        tp["executor_batching_on"] = await throughput(ex_addr, request, args.clients, args.seconds)
+        tp["ratio_on_over_off"] = (
+            tp["executor_batching_on"]["requests_per_s"] / tp["executor_batching_off"]["requests_per_s"]
+        )
+        result["throughput"] = tp
+        return result
+    finally:
+        for proc in (executor, baseline):
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def report(result: dict[str, Any]) -> None:
+    lat, tp, ip = result["latency_batch1"], result["throughput"], result["in_process"]
+    print(f"model {result['model']} input {result['input']} config {result['config']}")
+    print(
+        f"in-process model time: batch 1 p50 {ip['batch1_p50_us']:.0f} us, batch 16 p50 {ip['batch16_p50_us']:.0f} us"
+    )
+    for name in ("baseline", "executor"):
+        r = lat[name]
+        print(
+            f"batch-1 latency {name:9s}: p50 {r['p50_us']:.0f} us  p99 {r['p99_us']:.0f} us  ({r['requests']} requests)"
+        )
+    print(
+        f"executor / minimal server: p50 x{lat['p50_ratio_executor_over_baseline']:.3f} "
+        f"(target <= 1.10), p99 x{lat['p99_ratio_executor_over_baseline']:.3f}"
+    )
+    for name in ("baseline_no_batching", "executor_batching_off", "executor_batching_on"):
+        r = tp[name]
+        print(
+            f"throughput {name:22s}: {r['requests_per_s']:.0f} req/s (mean batch {r['mean_batch_size']:.1f})"
+        )
+    print(
+        f"batching on / off at {result['config']['clients']} clients: x{tp['ratio_on_over_off']:.2f} (target >= 3)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--buckets", default="1,2,4,8,16")
+    parser.add_argument("--serve-baseline", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_baseline:
+        asyncio.run(serve_baseline(args.model))
+        return
+    result = asyncio.run(run(args))
+    report(result)
+    out = ROOT / "out" / "bench" / "executor.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
