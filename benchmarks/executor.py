@@ -67,7 +67,7 @@ async def serve_baseline(model_name: str) -> None:
             return response
 
     server = grpc.aio.server()
-    oip_grpc.add_GRPCInferenceServiceServicer_to_server(Minimal(), server)  # type: ignore[no-untyped-call]
+    oip_grpc.add_GRPCInferenceServiceServicer_to_server(Minimal(), server)  # type: ignore[abstract]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(f"serving on 127.0.0.1:{port}", flush=True)
@@ -199,7 +199,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "latency_requests": args.requests,
                 "throughput_seconds": args.seconds,
                 "host_cores": os.cpu_count(),
-            },  # fmt: skip
+            },
             "in_process": in_process(args.model, args.requests),
         }
         # Alternate the two servers twice so a noisy neighbour hits both alike; keep the best round.
@@ -235,12 +235,14 @@ def report(result: dict[str, Any]) -> None:
     lat, tp, ip = result["latency_batch1"], result["throughput"], result["in_process"]
     print(f"model {result['model']} input {result['input']} config {result['config']}")
     print(
-        f"in-process model time: batch 1 p50 {ip['batch1_p50_us']:.0f} us, batch 16 p50 {ip['batch16_p50_us']:.0f} us"
+        f"in-process model time: batch 1 p50 {ip['batch1_p50_us']:.0f} us, "
+        f"batch 16 p50 {ip['batch16_p50_us']:.0f} us"
     )
     for name in ("baseline", "executor"):
         r = lat[name]
         print(
-            f"batch-1 latency {name:9s}: p50 {r['p50_us']:.0f} us  p99 {r['p99_us']:.0f} us  ({r['requests']} requests)"
+            f"batch-1 latency {name:9s}: p50 {r['p50_us']:.0f} us  p99 {r['p99_us']:.0f} us  "
+            f"({r['requests']} requests)"
         )
     print(
         f"executor / minimal server: p50 x{lat['p50_ratio_executor_over_baseline']:.3f} "
@@ -252,7 +254,8 @@ def report(result: dict[str, Any]) -> None:
             f"throughput {name:22s}: {r['requests_per_s']:.0f} req/s (mean batch {r['mean_batch_size']:.1f})"
         )
     print(
-        f"batching on / off at {result['config']['clients']} clients: x{tp['ratio_on_over_off']:.2f} (target >= 3)"
+        f"batching on / off at {result['config']['clients']} clients: "
+        f"x{tp['ratio_on_over_off']:.2f} (target >= 3)"
     )
 
 

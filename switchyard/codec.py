@@ -6,37 +6,52 @@ view of the request's bytes; the one copy happens when a batch is assembled (it 
 anyway to pad and stack requests). BF16 has no numpy dtype, so it travels as uint16 bit
 patterns and becomes `torch.bfloat16` by a reinterpreting view.
 
-Errors are `InvalidArgument` with a message that says what to fix. This module imports numpy
-and torch only (it also runs in the XLA environment).
+Errors are `InvalidArgument` with a message that says what to fix. This module needs numpy;
+torch is imported only by the functions that convert to or from it (clients need no torch).
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from switchyard.errors import InvalidArgument
 
-# OIP datatype -> (numpy dtype used on the wire, torch dtype)
-_FIXED: dict[str, tuple[np.dtype[np.generic], torch.dtype]] = {
-    "BOOL": (np.dtype(np.bool_), torch.bool),
-    "UINT8": (np.dtype("<u1"), torch.uint8),
-    "INT8": (np.dtype("<i1"), torch.int8),
-    "INT16": (np.dtype("<i2"), torch.int16),
-    "INT32": (np.dtype("<i4"), torch.int32),
-    "INT64": (np.dtype("<i8"), torch.int64),
-    "FP16": (np.dtype("<f2"), torch.float16),
-    "BF16": (np.dtype("<u2"), torch.bfloat16),
-    "FP32": (np.dtype("<f4"), torch.float32),
-    "FP64": (np.dtype("<f8"), torch.float64),
+if TYPE_CHECKING:  # torch is imported lazily: clients and the CLI use the codec without it
+    import torch
+
+# OIP datatype -> (numpy dtype used on the wire, name of the torch dtype)
+_FIXED: dict[str, tuple[np.dtype[np.generic], str]] = {
+    "BOOL": (np.dtype(np.bool_), "bool"),
+    "UINT8": (np.dtype("<u1"), "uint8"),
+    "INT8": (np.dtype("<i1"), "int8"),
+    "INT16": (np.dtype("<i2"), "int16"),
+    "INT32": (np.dtype("<i4"), "int32"),
+    "INT64": (np.dtype("<i8"), "int64"),
+    "FP16": (np.dtype("<f2"), "float16"),
+    "BF16": (np.dtype("<u2"), "bfloat16"),
+    "FP32": (np.dtype("<f4"), "float32"),
+    "FP64": (np.dtype("<f8"), "float64"),
 }
 DATATYPES = (*_FIXED, "BYTES")
-_TORCH_TO_OIP = {t: name for name, (_, t) in _FIXED.items()}
 _NUMPY_TO_OIP = {np.dtype(d).newbyteorder("<"): n for n, (d, _) in _FIXED.items() if n != "BF16"}
+
+
+@functools.cache
+def _torch_dtypes() -> dict[str, torch.dtype]:
+    import torch
+
+    return {name: getattr(torch, attr) for name, (_, attr) in _FIXED.items()}
+
+
+@functools.cache
+def _torch_to_oip() -> dict[torch.dtype, str]:
+    return {t: name for name, t in _torch_dtypes().items()}
 
 
 @dataclass(frozen=True)
@@ -58,12 +73,12 @@ def element_size(datatype: str) -> int:
 def torch_dtype(datatype: str) -> torch.dtype:
     if datatype not in _FIXED:
         raise InvalidArgument(f"datatype {datatype!r} is not a tensor datatype; use one of {DATATYPES}")
-    return _FIXED[datatype][1]
+    return _torch_dtypes()[datatype]
 
 
 def oip_datatype(dtype: torch.dtype) -> str:
     try:
-        return _TORCH_TO_OIP[dtype]
+        return _torch_to_oip()[dtype]
     except KeyError:
         raise InvalidArgument(f"torch dtype {dtype} has no OIP datatype") from None
 
@@ -129,6 +144,8 @@ def to_torch(array: np.ndarray, datatype: str) -> torch.Tensor:
     """Numpy (possibly a read-only view) -> torch; copies only when the view is read-only."""
     if datatype == "BYTES":
         raise InvalidArgument("BYTES tensors cannot become torch tensors")
+    import torch
+
     if not array.flags.writeable:
         array = array.copy()
     tensor = torch.from_numpy(array)
@@ -137,6 +154,8 @@ def to_torch(array: np.ndarray, datatype: str) -> torch.Tensor:
 
 def encode_torch(tensor: torch.Tensor) -> tuple[str, bytes]:
     """A CPU tensor -> (datatype, raw little-endian bytes); one copy, into the bytes object."""
+    import torch
+
     datatype = oip_datatype(tensor.dtype)
     t = tensor.detach().contiguous()
     if datatype == "BF16":

@@ -234,7 +234,6 @@ class Executor:
         assert model.prepared is not None and model.spec.train_loss is not None
         module = copy.deepcopy(model.prepared.module).train()
         optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9)
-        generator = torch.Generator().manual_seed(seed)
         device = self.backend.device()
         losses: list[float] = []
         seconds: list[float] = []
@@ -242,6 +241,8 @@ class Executor:
         for _ in range(steps):
             start = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
+            # the same seeded batch every step: a curve that must fall on every correct path
+            generator = torch.Generator().manual_seed(seed)
             loss = model.spec.train_loss(module, batch_size, generator, model.dtype, device)
             loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()

@@ -9,7 +9,9 @@ in-flight, stop) and `serve_until_signal()` (SIGTERM/SIGINT -> the same drain).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 from dataclasses import dataclass
 
 from services.executor.config import ExecutorConfig
@@ -42,15 +44,37 @@ class RunningExecutor:
         return self.server.address
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """Drains: refuse new work (UNAVAILABLE), let in-flight requests finish, then stop."""
+        """Drains, then stops.
+
+        Health turns NOT_SERVING and new work is refused with UNAVAILABLE ("draining") while
+        the port stays open, so routers see why; requests already inside (queued or computing)
+        finish within the grace period; then the server stops.
+        """
+        grace = self.server.options.drain_grace_s if grace_s is None else grace_s
         self.executor.draining = True
-        await self.server.drain(grace_s)
+        await self.server.set_serving(False)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + grace
+        # polling: in_flight is a plain counter, and a drain happens once per process
+        while self.executor.in_flight > 0 and loop.time() < until:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        await self.server.server.stop(max(0.0, until - loop.time()))
         await self.executor.close()
 
     async def serve_until_signal(self) -> None:
-        await self.server.wait_for_signal()
-        self.executor.draining = True
-        await self.executor.close()
+        """Serves until SIGTERM or SIGINT, then drains as `stop` does."""
+        loop = asyncio.get_running_loop()
+        signalled = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, signalled.set)
+        terminated = asyncio.ensure_future(self.server.server.wait_for_termination())
+        waiter = asyncio.ensure_future(signalled.wait())
+        await asyncio.wait({terminated, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if signalled.is_set():
+            log.info("signal received: draining %s", self.address)
+            await self.stop()
+        terminated.cancel()
+        waiter.cancel()
 
 
 async def start_executor(config: ExecutorConfig, registry: ModelRegistry | None = None) -> RunningExecutor:

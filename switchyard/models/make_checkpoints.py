@@ -13,7 +13,6 @@ from safetensors.torch import save_file
 from switchyard.models import mlp, tiny_lm
 from switchyard.models.registry import CHECKPOINTS, file_sha256
 
-
 MODELS = {"mlp": (mlp.build, 0), "tiny_lm": (tiny_lm.build, 1)}
 
 

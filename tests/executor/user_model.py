@@ -1,0 +1,40 @@
+"""A user model factory for tests (imported by path, as a user's would be)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from switchyard.models.registry import TensorSpec, UserModel
+
+
+class Scaler(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(features))
+
+
+class Breaking(Scaler):
+    """Forces a dynamo graph break, so compile mode has a finding to report."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        hidden = self.linear(features)
+        torch._dynamo.graph_break()
+        return torch.tanh(hidden)
+
+
+def build() -> UserModel:
+    return UserModel(Scaler(), (TensorSpec("features", "FP32", (4,)),), (TensorSpec("score", "FP32", (2,)),))
+
+
+def build_breaking() -> UserModel:
+    return UserModel(
+        Breaking(), (TensorSpec("features", "FP32", (4,)),), (TensorSpec("score", "FP32", (2,)),)
+    )
+
+
+def not_a_user_model() -> nn.Module:
+    return Scaler()
