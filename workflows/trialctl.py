@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
 from workflows.render import criteria_in_order, render
@@ -31,13 +31,34 @@ def _bar(progress: dict[str, Any]) -> str:
     return f"[{'#' * filled}{'.' * (BAR - filled)}] {progress.get('percent', 0):5.1f}% {paths}"
 
 
-async def _watch(handle: WorkflowHandle[Any, Any], out: Any = sys.stderr) -> dict[str, Any]:
+async def _activity_details(client: Client, handle: WorkflowHandle[Any, Any]) -> str:
+    """What the running activities last reported in their heartbeats (e.g. requests measured)."""
+    desc = await handle.describe()
+    parts = []
+    for pending in desc.raw_description.pending_activities:
+        if not pending.heartbeat_details.payloads:
+            continue
+        details = (await client.data_converter.decode(pending.heartbeat_details.payloads))[0]
+        if isinstance(details, dict) and "scenario" in details:
+            parts.append(
+                f"{details.get('path')}: {details['scenario']} b{details.get('batch')} "
+                f"{details.get('done', 0)}/{details.get('target')}"
+            )
+        elif isinstance(details, dict) and "phase" in details:
+            parts.append(f"{details.get('path', '')}: {details['phase']} {details.get('elapsed_s', '')}s")
+    return "; ".join(parts)
+
+
+async def _watch(client: Client, handle: WorkflowHandle[Any, Any], out: Any = sys.stderr) -> dict[str, Any]:
     """Redraw the progress line until the workflow ends; return its result."""
     result_task = asyncio.ensure_future(handle.result())
     while not result_task.done():
         try:
             progress = await handle.query(TrialWorkflow.progress)
             line = _bar(progress)
+            details = await _activity_details(client, handle)
+            if details:
+                line += f" | {details}"
             out.write("\r" + line[:160].ljust(160) if out.isatty() else line + "\n")
             out.flush()
         except RPCError:
@@ -77,7 +98,7 @@ async def _start(args: argparse.Namespace) -> int:
     print(f"started {workflow_id}")
     if not args.wait:
         return 0
-    report = await _watch(handle)
+    report = await _watch(client, handle)
     print(_summary(report))
     return 0
 

@@ -33,8 +33,10 @@ def _conserved(stack: Stack, trial_id: str) -> dict[str, Any]:
 async def test_three_path_trial_has_all_four_parts_and_verdicts(stack: Stack) -> None:
     if not stack.xla:
         if IN_CI:
-            pytest.fail("the XLA environment is missing (make setup-xla)")
-        pytest.skip("NOTICE: XLA environment missing; the three-path trial needs it (make setup-xla)")
+            pytest.fail("no XLA executor: the XLA environment or backend is missing (make setup-xla)")
+        pytest.skip(
+            "NOTICE: no XLA executor here (XLA environment or backend missing); the three-path trial needs it"
+        )
     spec = tiny_spec(
         [
             {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
