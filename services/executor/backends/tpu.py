@@ -1,0 +1,165 @@
+"""The tpu backend: TorchTPU (`torch_tpu`, the PyTorch-native `tpu` device) on TPU VMs.
+
+It runs in its own environment (torch >= 2.11 + torch_tpu + libtpu, requirements/tpu.txt) and
+only on a TPU host. Everything that decides whether it can run lives in `tpu_env`, which never
+imports torch_tpu in-process before it is known to be safe (a host without libtpu aborts on
+import). Modes (DESIGN §3):
+- `strict`  -> torch.tpu.EagerMode.DEFER_NEVER: every op dispatched eagerly;
+- `debug`   -> DEFER_NEVER_AND_LAUNCH_BLOCKING: eager and blocking, errors at their op;
+- `defer_and_fuse` -> DEFER_AND_FUSE: ops are deferred and fused into larger executables;
+- `compile` -> torch.compile(backend="tpu") through a counting wrapper, eager ops strict.
+Compile signals: compilations counted by the wrapper (compile mode); the runtime's
+compilation-cache misses, hits and requests come from private classmethods and are
+"unknown" when this torch_tpu lacks them. Without a TPU none of this runs: `availability()`
+says why and the executor refuses to start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from services.executor.backends import tpu_env
+from services.executor.backends.base import (
+    Availability,
+    CompileCounters,
+    DeviceDescription,
+    PreparedModel,
+    base_versions,
+)
+
+STATIC_SHAPES_ADAPTATION = (
+    "static shapes: batches padded up to the warmed batch buckets (one executable per shape)"
+)
+
+
+class _CountingTpuCompiler:
+    """torch.compile backend: TorchTPU's own, counting compilations and their time."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.compilations = 0
+        self.compile_time_s = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **kw: Any) -> Any:
+        start = time.perf_counter()
+        compiled = self._inner(gm, example_inputs, **kw)
+        with self._lock:
+            self.compilations += 1
+            self.compile_time_s += time.perf_counter() - start
+        return compiled
+
+
+class TpuBackend:
+    name = "tpu"
+    modes: tuple[str, ...] = tuple(tpu_env.TPU_MODES)  # strict first: the default
+    precisions: tuple[str, ...] = ("fp32", "bf16")
+    static_shapes = True
+
+    def __init__(self) -> None:
+        self._detection: tpu_env.TpuDetection | None = None
+        self._tpu: Any = None
+        self._notes: list[str] = []
+        self._sync: Any = None
+
+    def availability(self) -> Availability:
+        if self._detection is None:
+            self._detection = tpu_env.detect()
+        return Availability(self._detection.available, self._detection.reason)
+
+    def _module(self) -> Any:
+        """torch.tpu, imported only once detection said the host can run it."""
+        if self._tpu is None:
+            tpu_env.require_available(self._detection or tpu_env.detect())
+            importlib.import_module("torch_tpu")
+            self._tpu = torch.tpu  # type: ignore[attr-defined]
+            self._sync = tpu_env.synchronizer(torch, self._notes)
+        return self._tpu
+
+    def device(self) -> torch.device:
+        return torch.device("tpu")
+
+    def describe_device(self) -> DeviceDescription:
+        found = self._detection or tpu_env.detect()
+        self._detection = found
+        return DeviceDescription(
+            backend=self.name,
+            device_type="tpu",
+            device_name=found.device_name,
+            device_count=found.device_count,
+            memory_total_bytes=0,  # per-chip HBM is a private API in torch_tpu 0.2.0; not guessed
+            memory_available_bytes=0,
+            available=found.available,
+            unavailable_reason=found.reason,
+        )
+
+    def versions(self) -> dict[str, str]:
+        found = self._detection or tpu_env.detect()
+        return {**base_versions(), **found.versions}
+
+    def resource_class(self) -> str:
+        name = (self._detection.device_name if self._detection else "") or "unknown"
+        return "tpu-" + name.lower().replace("tpu ", "")
+
+    def to_device(self, module: nn.Module, dtype: torch.dtype) -> nn.Module:
+        self._module()
+        moved = module.to(device=self.device(), dtype=dtype)
+        self.synchronize()
+        return moved
+
+    def prepare(self, module: nn.Module, mode: str) -> PreparedModel:
+        tpu = self._module()
+        member = tpu_env.eager_mode_for(mode, tpu.EagerMode)
+        eager = member if member is not None else getattr(tpu.EagerMode, tpu_env.COMPILE_EAGER_FALLBACK)
+        if member is not None:
+            fn: Any = module
+            counting: _CountingTpuCompiler | None = None
+        else:
+            from torch._dynamo.backends.registry import lookup_backend
+
+            counting = _CountingTpuCompiler(lookup_backend("tpu"))
+            fn = torch.compile(module, backend=counting, dynamic=False)
+
+        def run(xs: list[torch.Tensor]) -> Any:
+            with tpu.set_eager_mode(eager):
+                return fn(*xs)
+
+        def counters() -> CompileCounters:
+            base = self.counters()
+            if counting is None:
+                return base
+            return CompileCounters(
+                compilations=counting.compilations,
+                compile_time_s=counting.compile_time_s,
+                recompiles=base.recompiles,
+                notes=base.notes,
+            )
+
+        return PreparedModel(
+            run=run, module=module, mode=mode, counters=counters, adaptations=[STATIC_SHAPES_ADAPTATION]
+        )
+
+    def synchronize(self) -> None:
+        self._module()
+        self._sync()
+
+    def counters(self) -> CompileCounters:
+        tpu = self._module()
+        notes: list[str] = []
+        values = tpu_env.probe_private(tpu, tpu_env.PRIVATE_COUNTERS, notes)
+        misses = values.get("_get_cache_misses")
+        return CompileCounters(
+            # a cache miss is a new executable: the eager modes' compilation count
+            compilations=misses if misses is not None else 0,
+            notes=tuple(self._notes + notes + ([] if misses is not None else ["compilations: unknown"])),
+        )
+
+    def inference_context(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.no_grad()
