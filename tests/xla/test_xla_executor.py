@@ -1,0 +1,150 @@
+"""The xla executor, a real process in the XLA environment, against the cpu executor.
+
+Both are called through `tritonclient.grpc`. Outputs are judged by the project's evaluator
+rule (DESIGN §4): against a float64 in-process run of the same checkpoint, the xla output's
+RMSE may be at most 2x the cpu path's own RMSE (fp32; 3x under 1000 elements), as in
+`torch._dynamo.utils.same`. The control API must report compile time, compilations and the
+fallback ops, and serving must not compile after warm-up; a request with a new shape does
+compile, and that is counted and reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as triton
+from safetensors.torch import save_file
+
+from services.evaluator.compare import Criteria, compare
+from services.evaluator.tensors import DecodedTensor
+from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
+from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
+from switchyard.models.registry import ModelRegistry, load_module
+from tests.xla import fallback_model
+from tests.xla.conftest import BUCKETS, ExecutorProcess
+
+pytestmark = [pytest.mark.xla, pytest.mark.slow]
+
+# Warmed shapes: mlp [b, 64] FP32, tiny-lm [b, 32] INT64 (batches pad up to a bucket).
+CASES = {
+    "mlp": ("x", "FP32", "y", lambda g, b: torch.randn(b, 64, generator=g).numpy()),
+    "tiny-lm": ("input_ids", "INT64", "logits", lambda g, b: torch.randint(0, 512, (b, 32), generator=g).numpy()),
+}
+
+
+def infer(address: str, model: str, name: str, datatype: str, output: str, array: np.ndarray) -> np.ndarray:
+    client = triton.InferenceServerClient(url=address)
+    try:
+        tensor = triton.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        result = client.infer(model, [tensor], outputs=[triton.InferRequestedOutput(output)])
+        out = result.as_numpy(output)
+        assert out is not None
+        return out
+    finally:
+        client.close()
+
+
+def status(address: str, model: str) -> ctl.ModelStatus:
+    with grpc.insecure_channel(address) as channel:
+        reply = ctl_grpc.ExecutorControlStub(channel).ModelStatus(ctl.ModelStatusRequest(model_name=model))
+    (found,) = [m for m in reply.models if m.name == model]
+    return found
+
+
+def golden(model: str, array: np.ndarray) -> np.ndarray:
+    """The float64 run of the same checkpoint in this process: the basis of the tolerance."""
+    module = load_module(ModelRegistry.with_builtins().get(model)).double()
+    x = torch.from_numpy(array)
+    with torch.no_grad():
+        return module(x.double() if x.is_floating_point() else x).numpy()  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def xla(executors: dict[str, ExecutorProcess]) -> Iterator[str]:
+    yield executors["xla"].address
+
+
+@pytest.mark.parametrize("model", sorted(CASES))
+def test_xla_matches_cpu_within_justified_tolerance(executors: dict[str, ExecutorProcess], model: str) -> None:
+    name, datatype, output, make = CASES[model]
+    array = make(torch.Generator().manual_seed(5), 3)  # 3 rows: padded to bucket 4 on xla
+    cpu = infer(executors["cpu"].address, model, name, datatype, output, array)
+    xla = infer(executors["xla"].address, model, name, datatype, output, array)
+    assert xla.shape == cpu.shape and xla.dtype == np.float32
+    verdict = compare(
+        reference=DecodedTensor("FP32", cpu.astype(np.float64)),
+        candidate=DecodedTensor("FP32", xla.astype(np.float64)),
+        golden=DecodedTensor("FP64", golden(model, array)),
+        reference_repeat=None,
+        criteria=Criteria(precision="fp32", logits=model == "tiny-lm"),
+    )
+    assert verdict.passed, verdict.reasons
+
+
+def test_describe_reports_xla_versions_and_device(xla: str) -> None:
+    with grpc.insecure_channel(xla) as channel:
+        described = ctl_grpc.ExecutorControlStub(channel).Describe(ctl.DescribeRequest())
+    assert described.device.backend == "xla" and described.device.device_type == "xla"
+    assert described.device.available and described.device.device_count >= 1
+    assert described.torch_version.startswith("2.9.0")
+    assert described.versions["torch_xla"] == "2.9.0"
+    assert described.versions["pjrt_device"] == "CPU"
+    assert list(described.modes) == ["lazy"]
+
+
+@pytest.mark.parametrize("model", sorted(CASES))
+def test_load_reports_compile_time_and_fallbacks(xla: str, model: str) -> None:
+    found = status(xla, model)
+    assert found.state == "READY" and found.mode == "lazy"
+    compat = found.compatibility
+    # one XLA graph per warmed bucket, compiled during the load, with XLA's own compile time
+    assert compat.compilations == len(BUCKETS.split(","))
+    assert compat.compile_time_s > 0 and found.timings.compile_s >= compat.compile_time_s * 0.5
+    assert found.timings.checkpoint_load_s > 0 and found.timings.to_device_s > 0
+    assert any(a.startswith("static shapes") for a in compat.adaptations)
+    assert list(compat.fallback_ops) == []  # every op of mlp and tiny-lm lowers to XLA
+
+
+def test_fallback_op_is_captured_and_still_correct(xla: str, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "median_head.safetensors"
+    save_file(fallback_model.seeded_state(), str(checkpoint))
+    request = ctl.LoadModelRequest(
+        model_name="median-head",
+        factory=fallback_model.FACTORY,
+        checkpoint_path=str(checkpoint),
+        batch_buckets=[1, 4],
+    )
+    with grpc.insecure_channel(xla) as channel:
+        loaded = ctl_grpc.ExecutorControlStub(channel).LoadModel(request, timeout=120).model
+    assert loaded.state == "READY"
+    fallbacks = {f.op: f.count for f in loaded.compatibility.fallback_ops}
+    assert fallbacks.get("aten::median.dim_values", 0) >= 2  # once per warmed bucket
+
+    array = torch.randn(3, fallback_model.FEATURES, generator=torch.Generator().manual_seed(2)).numpy()
+    out = infer(xla, "median-head", "x", "FP32", "y", array)
+    module = fallback_model.build().module
+    module.load_state_dict(fallback_model.seeded_state())
+    with torch.no_grad():
+        expected = module(torch.from_numpy(array)).numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_serving_never_compiles_after_warmup_and_a_new_shape_is_counted(xla: str) -> None:
+    gen = torch.Generator().manual_seed(9)
+    for model, (name, datatype, output, make) in CASES.items():
+        for rows in (1, 2, 3, 4, 5, 7, 8):
+            infer(xla, model, name, datatype, output, make(gen, rows))
+        assert status(xla, model).compatibility.compilations_after_warmup == 0, model
+
+    # seq 16 was never warmed: XLA compiles a new graph, and the executor says so
+    ids = torch.randint(0, 512, (2, 16), generator=gen).numpy()
+    logits = infer(xla, "tiny-lm", "input_ids", "INT64", "logits", ids)
+    assert logits.shape == (2, 16, 512)
+    assert status(xla, "tiny-lm").compatibility.compilations_after_warmup == 1
+    assert status(xla, "mlp").compatibility.compilations_after_warmup == 0
