@@ -9,14 +9,17 @@ MAIN_HASH := $(shell sha256sum requirements/main.txt | cut -c1-12)
 XLA_HASH := $(shell sha256sum requirements/xla.txt | cut -c1-12)
 MAIN_ENV := $(CACHE)/main-$(MAIN_HASH)
 XLA_ENV := $(CACHE)/xla-$(XLA_HASH)
+TPU_HASH := $(shell sha256sum requirements/tpu.txt | cut -c1-12)
+TPU_ENV := $(CACHE)/tpu-$(TPU_HASH)
 VENV := .venv
 PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)
 export SWITCHYARD_XLA_PYTHON := $(XLA_ENV)/bin/python
+export SWITCHYARD_TPU_PYTHON := $(TPU_ENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test setup setup-main setup-xla setup-tools lint proto proto-check bench clean
+.PHONY: run test setup setup-main setup-xla setup-tpu setup-tools lint proto proto-check bench clean
 
 run: setup
 	$(PY) -m switchyard demo $(ARGS)
@@ -55,6 +58,17 @@ setup-tools:
 	@command -v kubectl >/dev/null 2>&1 || { echo "== installing Debian's kubectl (kubernetes-client)"; \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client; } >/dev/null \
 	  || echo "warning: could not install kubectl; tests/cluster/test_deploy.py will report it"; }
+
+# TorchTPU: TPU VMs only, so not part of `setup` (without libtpu, importing torch_tpu aborts).
+setup-tpu: $(TPU_ENV)/.ready
+
+$(TPU_ENV)/.ready:
+	@echo "== building TorchTPU environment in $(TPU_ENV) (torch_tpu + libtpu; TPU VMs only)"
+	rm -rf $(TPU_ENV)
+	$(PYTHON) -m venv $(TPU_ENV)
+	$(TPU_ENV)/bin/python -m pip install -q --upgrade pip
+	$(TPU_ENV)/bin/python -m pip install -q -r requirements/tpu.txt
+	touch $@
 
 lint: setup-main proto-check
 	$(VENV)/bin/ruff check .

@@ -39,10 +39,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from switchyard.errors import SwitchyardError
+
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except SwitchyardError as exc:
+        # an expected refusal (e.g. a backend unavailable here): its message, not a traceback
+        print(f"switchyard {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -86,7 +86,8 @@ def wait_serving(process: subprocess.Popen[str], timeout_s: float = START_TIMEOU
         except queue.Empty:
             if process.poll() is not None:
                 time.sleep(0.2)
-                raise RuntimeError(f"executor exited {process.returncode}:\n" + "\n".join(lines[-40:]))
+                tail = "\n".join(lines[-40:])
+                raise RuntimeError(f"executor exited {process.returncode}:\n{tail}") from None
     process.kill()
     raise RuntimeError(f"executor did not serve within {timeout_s}s:\n" + "\n".join(lines[-40:]))
 

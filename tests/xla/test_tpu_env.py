@@ -10,6 +10,8 @@ that private counters degrade to "unknown" instead of crashing.
 from __future__ import annotations
 
 import enum
+import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 
 from services.executor.backends import tpu_env
 from switchyard.errors import FailedPrecondition, InvalidArgument
+from tests.conftest import ROOT
 
 
 class FakeEagerMode(enum.Enum):
@@ -123,3 +126,23 @@ def test_sync_route_and_private_probes() -> None:
     assert values == {"_get_cache_requests": None, "_get_cache_hits": 7, "_get_cache_misses": None}
     assert any("_get_cache_requests not found: recorded unknown" in n for n in notes)
     assert any("_get_cache_misses failed (RuntimeError): recorded unknown" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    ("backend", "reason"),
+    [("tpu", "torch_tpu is not installed"), ("xla", "torch_xla is not installed")],
+)
+def test_executor_refuses_to_start_with_the_reason(backend: str, reason: str) -> None:
+    # the main environment has neither torch_tpu nor torch_xla: a real `serve` must say so
+    done = subprocess.run(
+        [sys.executable, "-m", "switchyard", "executor", "serve", "--backend", backend, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"backend {backend!r} is unavailable: {reason}" in done.stderr
+    assert "Traceback" not in done.stderr

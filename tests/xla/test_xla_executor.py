@@ -10,7 +10,7 @@ compile, and that is counted and reported.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -30,10 +30,19 @@ from tests.xla.conftest import BUCKETS, ExecutorProcess
 
 pytestmark = [pytest.mark.xla, pytest.mark.slow]
 
+
 # Warmed shapes: mlp [b, 64] FP32, tiny-lm [b, 32] INT64 (batches pad up to a bucket).
-CASES = {
-    "mlp": ("x", "FP32", "y", lambda g, b: torch.randn(b, 64, generator=g).numpy()),
-    "tiny-lm": ("input_ids", "INT64", "logits", lambda g, b: torch.randint(0, 512, (b, 32), generator=g).numpy()),
+def _mlp_input(gen: torch.Generator, rows: int) -> np.ndarray:
+    return torch.randn(rows, 64, generator=gen).numpy()
+
+
+def _lm_input(gen: torch.Generator, rows: int) -> np.ndarray:
+    return torch.randint(0, 512, (rows, 32), generator=gen).numpy()
+
+
+CASES: dict[str, tuple[str, str, str, Callable[[torch.Generator, int], np.ndarray]]] = {
+    "mlp": ("x", "FP32", "y", _mlp_input),
+    "tiny-lm": ("input_ids", "INT64", "logits", _lm_input),
 }
 
 
@@ -43,7 +52,7 @@ def infer(address: str, model: str, name: str, datatype: str, output: str, array
         tensor = triton.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         result = client.infer(model, [tensor], outputs=[triton.InferRequestedOutput(output)])
-        out = result.as_numpy(output)
+        out: np.ndarray | None = result.as_numpy(output)
         assert out is not None
         return out
     finally:
@@ -71,7 +80,9 @@ def xla(executors: dict[str, ExecutorProcess]) -> Iterator[str]:
 
 
 @pytest.mark.parametrize("model", sorted(CASES))
-def test_xla_matches_cpu_within_justified_tolerance(executors: dict[str, ExecutorProcess], model: str) -> None:
+def test_xla_matches_cpu_within_justified_tolerance(
+    executors: dict[str, ExecutorProcess], model: str
+) -> None:
     name, datatype, output, make = CASES[model]
     array = make(torch.Generator().manual_seed(5), 3)  # 3 rows: padded to bucket 4 on xla
     cpu = infer(executors["cpu"].address, model, name, datatype, output, array)

@@ -155,7 +155,7 @@ def detect(
     if importlib.util.find_spec("torch_tpu") is None:
         return no(
             "torch_tpu is not installed in this environment "
-            "(TorchTPU runs in its own env on TPU VMs: pip install -r requirements/tpu.txt)"
+            "(TorchTPU runs in its own env on TPU VMs: `make setup-tpu`, then $SWITCHYARD_TPU_PYTHON)"
         )
     if _major_minor(torch_version) < MIN_TORCH:
         return no(f"torch_tpu needs torch >= 2.11, this environment has torch {torch_version}")
