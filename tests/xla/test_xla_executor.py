@@ -20,7 +20,7 @@ import torch
 import tritonclient.grpc as triton
 from safetensors.torch import save_file
 
-from services.evaluator.compare import Criteria, compare
+from services.evaluator.compare import Comparison, Criteria, compare
 from services.evaluator.tensors import DecodedTensor
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
@@ -46,12 +46,16 @@ CASES: dict[str, tuple[str, str, str, Callable[[torch.Generator, int], np.ndarra
 }
 
 
-def infer(address: str, model: str, name: str, datatype: str, output: str, array: np.ndarray) -> np.ndarray:
+def infer(
+    address: str, model: str, name: str, datatype: str, output: str, array: np.ndarray, version: str = ""
+) -> np.ndarray:
     client = triton.InferenceServerClient(url=address)
     try:
         tensor = triton.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
-        result = client.infer(model, [tensor], outputs=[triton.InferRequestedOutput(output)])
+        result = client.infer(
+            model, [tensor], model_version=version, outputs=[triton.InferRequestedOutput(output)]
+        )
         out: np.ndarray | None = result.as_numpy(output)
         assert out is not None
         return out
@@ -61,8 +65,9 @@ def infer(address: str, model: str, name: str, datatype: str, output: str, array
 
 def status(address: str, model: str) -> ctl.ModelStatus:
     with grpc.insecure_channel(address) as channel:
-        reply = ctl_grpc.ExecutorControlStub(channel).ModelStatus(ctl.ModelStatusRequest(model_name=model))
-    (found,) = [m for m in reply.models if m.name == model]
+        request = ctl.ModelStatusRequest(model_name=model, version="1")
+        reply = ctl_grpc.ExecutorControlStub(channel).ModelStatus(request)
+    (found,) = [m for m in reply.models if m.name == model and m.version == "1"]
     return found
 
 
@@ -72,6 +77,16 @@ def golden(model: str, array: np.ndarray) -> np.ndarray:
     x = torch.from_numpy(array)
     with torch.no_grad():
         return module(x.double() if x.is_floating_point() else x).numpy()  # type: ignore[no-any-return]
+
+
+def judge(model: str, array: np.ndarray, cpu: np.ndarray, xla: np.ndarray) -> Comparison:
+    return compare(
+        reference=DecodedTensor("FP32", cpu.astype(np.float64)),
+        candidate=DecodedTensor("FP32", xla.astype(np.float64)),
+        golden=DecodedTensor("FP64", golden(model, array)),
+        reference_repeat=None,
+        criteria=Criteria(precision="fp32", logits=model == "tiny-lm"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,14 +103,23 @@ def test_xla_matches_cpu_within_justified_tolerance(
     cpu = infer(executors["cpu"].address, model, name, datatype, output, array)
     xla = infer(executors["xla"].address, model, name, datatype, output, array)
     assert xla.shape == cpu.shape and xla.dtype == np.float32
-    verdict = compare(
-        reference=DecodedTensor("FP32", cpu.astype(np.float64)),
-        candidate=DecodedTensor("FP32", xla.astype(np.float64)),
-        golden=DecodedTensor("FP64", golden(model, array)),
-        reference_repeat=None,
-        criteria=Criteria(precision="fp32", logits=model == "tiny-lm"),
-    )
+    verdict = judge(model, array, cpu, xla)
     assert verdict.passed, verdict.reasons
+
+
+def test_the_tolerance_rejects_a_perturbed_checkpoint(executors: dict[str, ExecutorProcess]) -> None:
+    # The same rule must fail a candidate whose weights differ (registry version "perturbed").
+    xla = executors["xla"].address
+    with grpc.insecure_channel(xla) as channel:
+        request = ctl.LoadModelRequest(model_name="mlp", version="perturbed", batch_buckets=[1, 4])
+        assert ctl_grpc.ExecutorControlStub(channel).LoadModel(request, timeout=120).model.state == "READY"
+    array = _mlp_input(torch.Generator().manual_seed(5), 3)
+    cpu = infer(executors["cpu"].address, "mlp", "x", "FP32", "y", array)
+    perturbed = infer(xla, "mlp", "x", "FP32", "y", array, version="perturbed")
+    verdict = judge("mlp", array, cpu, perturbed)
+    assert not verdict.passed and any(
+        r.startswith("rmse vs float64") and r.endswith("fail") for r in verdict.reasons
+    )
 
 
 def test_describe_reports_xla_versions_and_device(xla: str) -> None:
