@@ -124,6 +124,8 @@ class LoadedModel:
             notes=own.notes + process.notes,
         )
         self.findings.adaptations = list(self.prepared.adaptations)
+        # precisions this path cannot run (e.g. fp64 on TPU): a compatibility finding for trials
+        self.findings.unsupported_dtypes = [p for p in PRECISIONS if p not in self.backend.precisions]
         self._warm_counters = own
 
     def compilations_after_warmup(self) -> int:

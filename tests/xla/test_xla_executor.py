@@ -144,6 +144,7 @@ def test_load_reports_compile_time_and_fallbacks(xla: str, model: str) -> None:
     assert found.timings.checkpoint_load_s > 0 and found.timings.to_device_s > 0
     assert any(a.startswith("static shapes") for a in compat.adaptations)
     assert list(compat.fallback_ops) == []  # every op of mlp and tiny-lm lowers to XLA
+    assert list(compat.unsupported_dtypes) == []  # PJRT CPU runs fp32, bf16, fp16 and fp64
 
 
 def test_fallback_op_is_captured_and_still_correct(xla: str, tmp_path: Path) -> None:

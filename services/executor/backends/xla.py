@@ -53,7 +53,7 @@ def to_compile_counters(counters: XlaCounters) -> CompileCounters:
 class XlaBackend:
     name = "xla"
     modes: tuple[str, ...] = ("lazy",)
-    precisions: tuple[str, ...] = ("fp32", "bf16")
+    precisions: tuple[str, ...] = ("fp32", "bf16")  # TPU; PJRT CPU also runs fp16 and fp64
     static_shapes = True
 
     def __init__(self) -> None:
@@ -62,6 +62,8 @@ class XlaBackend:
         if "PJRT_DEVICE" not in os.environ:
             os.environ["PJRT_DEVICE"] = "TPU" if tpu_env.scan_pci() else "CPU"
         self._pjrt = os.environ["PJRT_DEVICE"]
+        if self._pjrt == "CPU":
+            self.precisions = ("fp32", "bf16", "fp16", "fp64")
         self._txla: Any = None
         self._metrics: TorchXlaMetrics | None = None
 
