@@ -111,35 +111,58 @@ async def latency(address: str, request: oip.ModelInferRequest, n: int) -> dict[
     }
 
 
-async def throughput(
-    address: str, request: oip.ModelInferRequest, clients: int, seconds: float
-) -> dict[str, float]:
+async def _client_tasks(
+    address: str, model: str, tasks: int, begin: float, end: float
+) -> tuple[int, list[int]]:
+    """Closed-loop clients: each sends its next request when the last one is answered."""
+    request = build_infer_request(model, _example(model))
+    done = 0
+    batch_sizes: list[int] = []
     async with grpc.aio.insecure_channel(address) as channel:
         stub = oip_grpc.GRPCInferenceServiceStub(channel)
-        batch_sizes: list[int] = []
-        done = 0
-        stop_at = 0.0
 
         async def client() -> None:
             nonlocal done
-            while time.perf_counter() < stop_at:
+            while (now := time.time()) < end:
                 response = await stub.ModelInfer(request)
-                done += 1
-                if "batch_size" in response.parameters:
-                    batch_sizes.append(response.parameters["batch_size"].int64_param)
+                if now >= begin:  # before `begin` is warm-up
+                    done += 1
+                    if "batch_size" in response.parameters:
+                        batch_sizes.append(response.parameters["batch_size"].int64_param)
 
-        stop_at = time.perf_counter() + 1.0  # warm-up
-        await asyncio.gather(*(client() for _ in range(clients)))
-        done, batch_sizes[:] = 0, []
-        start = time.perf_counter()
-        stop_at = start + seconds
-        await asyncio.gather(*(client() for _ in range(clients)))
-        elapsed = time.perf_counter() - start
+        await asyncio.gather(*(client() for _ in range(tasks)))
+    return done, batch_sizes
+
+
+def _client_process(address: str, model: str, tasks: int, begin: float, end: float, out: Any) -> None:
+    out.put(asyncio.run(_client_tasks(address, model, tasks, begin, end)))
+
+
+def throughput(address: str, model: str, clients: int, seconds: float, processes: int) -> dict[str, float]:
+    """`clients` concurrent clients spread over `processes` processes (one Python process
+    cannot generate enough load to keep a server busy)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    begin = time.time() + 4.0  # spawn + warm-up
+    end = begin + seconds
+    procs = [
+        ctx.Process(target=_client_process, args=(address, model, clients // processes, begin, end, out))
+        for _ in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=seconds + 120) for _ in procs]
+    for proc in procs:
+        proc.join()
+    done = sum(r[0] for r in results)
+    sizes = [b for r in results for b in r[1]]
     return {
-        "requests_per_s": done / elapsed,
+        "requests_per_s": done / seconds,
         "requests": done,
-        "seconds": elapsed,
-        "mean_batch_size": statistics.fmean(batch_sizes) if batch_sizes else 1.0,
+        "seconds": seconds,
+        "mean_batch_size": statistics.fmean(sizes) if sizes else 1.0,
     }
 
 
@@ -176,9 +199,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     buckets = [int(b) for b in args.buckets.split(",")]
     request = build_infer_request(args.model, _example(args.model))
     py = sys.executable
+    models = ",".join([args.model, *args.also])
     executor, ex_addr = _spawn(
         [py, "-m", "switchyard", "--log-level", "WARNING", "executor", "serve", "--port", "0",
-         "--models", args.model, "--buckets", args.buckets]
+         "--models", models, "--buckets", args.buckets, *args.executor_args.split()]
     )  # fmt: skip
     baseline, base_addr = _spawn([py, __file__, "--serve-baseline", "--model", args.model])
     try:
@@ -196,6 +220,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "batch_buckets": buckets,
                 "max_queue_delay_us": 0,
                 "clients": args.clients,
+                "client_processes": args.processes,
                 "latency_requests": args.requests,
                 "throughput_seconds": args.seconds,
                 "host_cores": os.cpu_count(),
@@ -214,16 +239,38 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "p99_ratio_executor_over_baseline": best["executor"]["p99_us"] / best["baseline"]["p99_us"],
         }
         tp: dict[str, Any] = {
-            "baseline_no_batching": await throughput(base_addr, request, args.clients, args.seconds)
+            "baseline_no_batching": throughput(
+                base_addr, args.model, args.clients, args.seconds, args.processes
+            )
         }
         await reload(ex_addr, args.model, False, buckets)
-        tp["executor_batching_off"] = await throughput(ex_addr, request, args.clients, args.seconds)
+        tp["executor_batching_off"] = throughput(
+            ex_addr, args.model, args.clients, args.seconds, args.processes
+        )
         await reload(ex_addr, args.model, True, buckets)
-        tp["executor_batching_on"] = await throughput(ex_addr, request, args.clients, args.seconds)
+        tp["executor_batching_on"] = throughput(
+            ex_addr, args.model, args.clients, args.seconds, args.processes
+        )
         tp["ratio_on_over_off"] = (
             tp["executor_batching_on"]["requests_per_s"] / tp["executor_batching_off"]["requests_per_s"]
         )
         result["throughput"] = tp
+        # Where compute outweighs gRPC overhead, batching pays more: the same on/off comparison.
+        result["throughput_other_models"] = {}
+        for other in args.also:
+            figures: dict[str, Any] = {
+                "input": {
+                    n: {"shape": list(a.shape), "dtype": str(a.dtype)} for n, a in _example(other).items()
+                }
+            }
+            for label, batching in (("executor_batching_off", False), ("executor_batching_on", True)):
+                await reload(ex_addr, other, batching, buckets)
+                figures[label] = throughput(ex_addr, other, args.clients, args.seconds, args.processes)
+            figures["ratio_on_over_off"] = (
+                figures["executor_batching_on"]["requests_per_s"]
+                / figures["executor_batching_off"]["requests_per_s"]
+            )
+            result["throughput_other_models"][other] = figures
         return result
     finally:
         for proc in (executor, baseline):
@@ -257,6 +304,13 @@ def report(result: dict[str, Any]) -> None:
         f"batching on / off at {result['config']['clients']} clients: "
         f"x{tp['ratio_on_over_off']:.2f} (target >= 3)"
     )
+    for other, figures in result["throughput_other_models"].items():
+        off, on = figures["executor_batching_off"], figures["executor_batching_on"]
+        print(
+            f"{other} {figures['input']}: batching off {off['requests_per_s']:.0f} req/s, "
+            f"on {on['requests_per_s']:.0f} req/s (mean batch {on['mean_batch_size']:.1f}): "
+            f"x{figures['ratio_on_over_off']:.2f}"
+        )
 
 
 def main() -> None:
@@ -266,6 +320,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--buckets", default="1,2,4,8,16")
+    parser.add_argument("--also", nargs="*", default=["minilm-l6"], help="models for on/off throughput only")
+    parser.add_argument("--executor-args", default="", help="extra `executor serve` arguments")
+    parser.add_argument("--processes", type=int, default=4, help="client processes sharing the clients")
     parser.add_argument("--serve-baseline", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_baseline:

@@ -13,6 +13,7 @@ torch is imported only by the functions that convert to or from it (clients need
 from __future__ import annotations
 
 import functools
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ def _check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
 def decode(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> WireTensor:
     """Decodes one raw tensor, validating its byte size against shape and datatype."""
     dims = _check_shape(name, shape)
-    count = int(np.prod(dims, dtype=np.int64)) if dims else 1
+    count = math.prod(dims)
     if datatype == "BYTES":
         return WireTensor(name, datatype, dims, _decode_bytes(name, raw, count).reshape(dims))
     if datatype not in _FIXED:

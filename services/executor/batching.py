@@ -80,6 +80,8 @@ class BatchCounters:
     compute_ns: int = 0
 
 
+# Computes one batch synchronously: (requests) -> (per-request outputs, compute_s, padded rows)
+ComputeNow = Callable[[list[QueuedRequest]], tuple[list[list[np.ndarray]], float, int]]
 # Runs one assembled batch on the device: (requests) -> (per-request outputs, compute_s, padded rows)
 RunBatch = Callable[[list[QueuedRequest]], Awaitable[tuple[list[list[np.ndarray]], float, int]]]
 
@@ -92,11 +94,34 @@ class Batcher:
         self._wakeup = asyncio.Event()
         self._closed = False
         self.counters = BatchCounters()
+        self._executing = False
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, no batch executing, no delay to wait out: a request may run at once."""
+        waits = self.policy.dynamic_batching and self.policy.max_queue_delay_us > 0
+        return not waits and not self._queue and not self._executing and not self._closed
+
+    def run_now(self, arrays: list[np.ndarray], rows: int, compute: ComputeNow) -> BatchResult:
+        """Runs a lone request synchronously, skipping the queue's task hand-offs.
+
+        The caller checked `idle` and runs this on the event loop, so nothing can enqueue
+        while it computes; counters are kept as for a queued request.
+        """
+        future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
+        item = QueuedRequest(arrays, rows, None, future)
+        outputs, compute_s, padded = compute([item])
+        self.counters.requests += 1
+        self.counters.executions += 1
+        self.counters.rows += rows
+        self.counters.compute_ns += int(compute_s * 1e9)
+        queue_us = int((time.perf_counter() - item.enqueued - compute_s) * 1e6)
+        return BatchResult(outputs[0], max(0, queue_us), int(compute_s * 1e6), rows, padded)
 
     async def submit(self, arrays: list[np.ndarray], rows: int, deadline: float | None) -> BatchResult:
         if self._closed:
@@ -181,8 +206,13 @@ class Batcher:
                     if not self._queue:
                         break
             elif self.policy.dynamic_batching:
-                # Let handlers whose requests already arrived enqueue them before a batch forms.
-                await asyncio.sleep(0)
+                # Let handlers whose requests already arrived enqueue them before a batch forms:
+                # yield while the queue still grows (a lone request costs one loop turn).
+                for _ in range(8):
+                    depth = len(self._queue)
+                    await asyncio.sleep(0)
+                    if len(self._queue) <= depth or len(self._queue) >= self.policy.max_batch:
+                        break
             self._drop_dead()
             if not self._queue:
                 continue
@@ -191,6 +221,7 @@ class Batcher:
 
     async def _execute(self, batch: list[QueuedRequest]) -> None:
         started = time.perf_counter()
+        self._executing = True
         try:
             outputs, compute_s, padded = await self._run_batch(batch)
         except Exception as exc:
@@ -198,6 +229,8 @@ class Batcher:
                 if not item.future.done():
                     item.future.set_exception(exc)
             return
+        finally:
+            self._executing = False
         rows = sum(i.rows for i in batch)
         self.counters.executions += 1
         self.counters.rows += rows

@@ -30,6 +30,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--no-batching", action="store_true", help="run every request alone")
     serve.add_argument("--max-message-mb", type=int, default=64)
     serve.add_argument("--price-key", default="")
+    serve.add_argument(
+        "--inline-compute-us",
+        type=int,
+        default=1000,
+        help="lone batches faster than this skip the device thread",
+    )
     serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: cores - 1)")
     serve.set_defaults(func=_serve)
 
@@ -58,6 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         price_key=args.price_key,
         cpu_threads=args.threads,
+        inline_compute_us=args.inline_compute_us,
     )
 
     async def run() -> None:

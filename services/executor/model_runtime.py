@@ -77,6 +77,7 @@ class LoadedModel:
         self._warm_counters = CompileCounters()
         self.warm_compute_s: dict[int, float] = {}
         self.dtype = PRECISIONS[options.precision]
+        self.device = backend.device()
         # static-shape backends and compiled graphs pad to a bucket so no new shape appears
         self.pad_to_buckets = backend.static_shapes or options.mode == "compile"
 
@@ -215,7 +216,7 @@ class LoadedModel:
 
     def _run_tensors(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         assert self.prepared is not None
-        device = self.backend.device()
+        device = self.device
         moved = [
             t.to(device=device, dtype=self.dtype) if t.is_floating_point() else t.to(device) for t in tensors
         ]
@@ -223,4 +224,6 @@ class LoadedModel:
             result = self.prepared.run(moved)
         self.backend.synchronize()
         outs = list(result) if isinstance(result, tuple | list) else [result]
+        if device.type == "cpu":  # .to("cpu") costs a dispatch even when it is a no-op
+            return [o.detach() for o in outs]
         return [o.detach().to("cpu") for o in outs]

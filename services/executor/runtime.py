@@ -94,11 +94,13 @@ class Executor:
         warm-up time is within `inline_compute_us`.
         """
         rows = sum(item.rows for item in batch)
-        limit = self.config.inline_compute_us / 1e6
-        alone = self.in_flight <= len(batch) and self._device_jobs == 0
-        if alone and model.expected_compute_s(rows) <= limit:
+        if self.in_flight <= len(batch) and self._inline_ok(model, rows):
             return model.compute(batch)
         return await self.on_device(model.compute, batch)
+
+    def _inline_ok(self, model: LoadedModel, rows: int) -> bool:
+        limit = self.config.inline_compute_us / 1e6
+        return self._device_jobs == 0 and model.expected_compute_s(rows) <= limit
 
     # ---- models -------------------------------------------------------------------------
     def default_options(self) -> LoadOptions:
@@ -203,9 +205,13 @@ class Executor:
         if model.state != "READY" or model.batcher is None:
             raise Unavailable(f"model {name!r} is {model.state}; retry when it is READY")
         arrays, rows = model.validate(inputs)
+        batcher = model.batcher
+        if self.in_flight == 0 and batcher.idle and self._inline_ok(model, rows):
+            # Alone and short: compute right here; queue and thread hand-offs would cost more.
+            return model, batcher.run_now(arrays, rows, model.compute)
         self.in_flight += 1
         try:
-            return model, await model.batcher.submit(arrays, rows, deadline)
+            return model, await batcher.submit(arrays, rows, deadline)
         finally:
             self.in_flight -= 1
 

@@ -29,6 +29,8 @@ SERVER_VERSION = "0.1.0"
 
 
 def _check_shared_memory(params: Any, where: str) -> None:
+    if not params:
+        return
     for key in oip_params.SHARED_MEMORY_KEYS:
         if key in params:
             raise Unimplemented(
@@ -142,6 +144,22 @@ def _instance_kind(model: LoadedModel) -> mc.ModelInstanceGroup.Kind.ValueType:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
+        self._templates: dict[int, tuple[LoadedModel, pb.ModelInferResponse]] = {}
+
+    def _template(self, model: LoadedModel) -> pb.ModelInferResponse:
+        """The parts of a response fixed for a loaded model, built once per load."""
+        cached = self._templates.get(id(model))
+        if cached is not None and cached[0] is model:
+            return cached[1]
+        template = pb.ModelInferResponse(model_name=model.spec.name, model_version=model.spec.version)
+        params = template.parameters
+        params[oip_params.BACKEND].string_param = model.backend.name
+        params[oip_params.MODE].string_param = model.options.mode
+        params[oip_params.PRECISION].string_param = model.options.precision
+        params[oip_params.EXECUTOR].string_param = self.executor.executor_id
+        self._templates = {k: v for k, v in self._templates.items() if v[0].state == "READY"}
+        self._templates[id(model)] = (model, template)
+        return template
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -218,9 +236,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if unknown:
                 raise InvalidArgument(f"unknown output(s) {unknown}; {request.model_name} has {declared}")
         model, result = await self.executor.infer(request.model_name, request.model_version, inputs, deadline)
-        response = pb.ModelInferResponse(
-            model_name=model.spec.name, model_version=model.spec.version, id=request.id
-        )
+        response = pb.ModelInferResponse()
+        response.CopyFrom(self._template(model))  # name, version and the fixed parameters
+        response.id = request.id
+
         for spec, array in zip(model.spec.outputs, result.outputs, strict=True):
             if wanted and spec.name not in wanted:
                 continue
@@ -228,10 +247,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             response.raw_output_contents.append(array.tobytes())
         load = self.executor.load()
         params = response.parameters
-        params[oip_params.BACKEND].string_param = model.backend.name
-        params[oip_params.MODE].string_param = model.options.mode
-        params[oip_params.PRECISION].string_param = model.options.precision
-        params[oip_params.EXECUTOR].string_param = self.executor.executor_id
         params[oip_params.QUEUE_US].int64_param = result.queue_us
         params[oip_params.COMPUTE_US].int64_param = result.compute_us
         params[oip_params.BATCH_SIZE].int64_param = result.batch_size
