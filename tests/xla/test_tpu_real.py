@@ -26,8 +26,19 @@ found = tpu_env.detect()
 out = {"available": found.available, "reason": found.reason, "versions": dict(found.versions)}
 if found.available or found.reason.startswith("no TPU device"):
     import torch, torch_tpu  # safe: libtpu is present (an absent one aborts the import)
+    from torch._dynamo.backends.registry import lookup_backend
     out["modes"] = {m: getattr(tpu_env.eager_mode_for(m, torch.tpu.EagerMode), "name", None)
                     for m in tpu_env.TPU_MODES}
+    entered = []
+    for m in ("strict", "debug", "defer_and_fuse"):
+        with torch.tpu.set_eager_mode(tpu_env.eager_mode_for(m, torch.tpu.EagerMode)):
+            entered.append(str(torch.tpu.eager_mode).rsplit(".", 1)[-1])
+    out["entered"] = entered
+    out["compile_backend"] = type(lookup_backend("tpu")).__name__
+    notes = []
+    out["private"] = tpu_env.probe_private(torch.tpu, tpu_env.PRIVATE_COUNTERS, notes)
+    tpu_env.synchronizer(torch, notes)
+    out["notes"] = notes
 print(json.dumps(out))
 """
 
@@ -54,7 +65,12 @@ def test_real_detection_and_mode_mapping(tpu_python: str) -> None:
     if not found["available"]:
         assert found["reason"].startswith(("no TPU device", "libtpu is not installed")), found
     if "modes" in found:
+        # every name the tpu backend uses exists in this torch_tpu and behaves as read
         assert found["modes"] == {m: TPU_MODES[m] for m in TPU_MODES}
+        assert found["entered"] == ["DEFER_NEVER", "DEFER_NEVER_AND_LAUNCH_BLOCKING", "DEFER_AND_FUSE"]
+        assert found["compile_backend"] == "TpuBackend"
+        assert set(found["private"]) == {"_get_cache_requests", "_get_cache_hits", "_get_cache_misses"}
+        assert any(n.startswith("sync: torch.accelerator.synchronize()") for n in found["notes"])
 
 
 def test_real_executor_refuses_without_a_tpu(tpu_python: str) -> None:

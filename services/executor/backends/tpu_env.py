@@ -196,12 +196,16 @@ def eager_mode_for(mode: str, eager_mode_enum: Any) -> Any | None:
 
 
 def synchronizer(torch_mod: Any, notes: list[str]) -> Callable[[], None]:
-    """How to wait for the TPU: torch.accelerator when it routes to tpu, else torch.tpu."""
+    """How to wait for the TPU: torch.accelerator.synchronize wherever torch has it.
+
+    DESIGN §3 names torch.tpu.synchronize(), but from torch 2.11 torch_tpu makes it internal
+    and it raises RuntimeError when user code calls it; torch.accelerator routes to the same
+    function as "the framework". Older torch (no torch.accelerator.synchronize) uses torch.tpu.
+    """
     acc = getattr(torch_mod, "accelerator", None)
-    current = acc.current_accelerator() if acc is not None and hasattr(acc, "synchronize") else None
-    if current is not None and current.type == "tpu":
+    if acc is not None and hasattr(acc, "synchronize"):
         notes.append("sync: torch.accelerator.synchronize() (torch.tpu.synchronize is internal here)")
-        return acc.synchronize  # type: ignore[no-any-return,union-attr]
+        return acc.synchronize  # type: ignore[no-any-return]
     notes.append("sync: torch.tpu.synchronize()")
     return torch_mod.tpu.synchronize  # type: ignore[no-any-return]
 
