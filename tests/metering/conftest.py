@@ -7,6 +7,7 @@ time. Under CI=true an unreachable server fails the tests; elsewhere they skip w
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import grpc
 import psycopg
 import pytest
 
+from services.metering.db import migrate
 from services.metering.server import RunningMetering, start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
@@ -36,15 +38,43 @@ def pg_unavailable() -> str | None:
     return _pg_reason()
 
 
-def make_pg_database(reason: str | None) -> str:
+def make_pg_database(reason: str | None, template: str = "") -> str:
     if reason:
         if IN_CI:
             pytest.fail(f"{reason}; CI=true requires PostgreSQL")
         pytest.skip(f"NOTICE: {reason}; PostgreSQL tests skipped")
     name = f"sy_metering_{uuid.uuid4().hex[:12]}"
+    clause = f' TEMPLATE "{template}"' if template else ""
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"{clause}')
+        # Tests check behaviour, not crash durability: skip the WAL flush at each commit.
+        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
     return name
+
+
+def pg_url(name: str) -> str:
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+
+
+@pytest.fixture(scope="session")
+def migrated_templates(
+    tmp_path_factory: pytest.TempPathFactory, pg_unavailable: str | None
+) -> Iterator[dict[str, str]]:
+    """Databases migrated once per session; each test starts from a copy (migrating ~50 fresh
+    databases would dominate the run). test_migrations.py migrates fresh ones itself."""
+    folder = tmp_path_factory.mktemp("ledger-template")
+    sqlite_file = folder / "template.db"
+    migrate(f"sqlite:///{sqlite_file}")
+    out = {"sqlite": str(sqlite_file)}
+    if pg_unavailable is None:
+        name = make_pg_database(None)
+        migrate(pg_url(name))
+        out["postgres"] = name
+    try:
+        yield out
+    finally:
+        if "postgres" in out:
+            drop_pg_database(out["postgres"])
 
 
 def drop_pg_database(name: str) -> None:
@@ -53,13 +83,34 @@ def drop_pg_database(name: str) -> None:
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path, pg_unavailable: str | None) -> Iterator[str]:
+def fresh_db_url(request: pytest.FixtureRequest, tmp_path: Path, pg_unavailable: str | None) -> Iterator[str]:
+    """An empty database (no schema) of each kind."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'ledger.db'}"
         return
     name = make_pg_database(pg_unavailable)
     try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+        yield pg_url(name)
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    pg_unavailable: str | None,
+    migrated_templates: dict[str, str],
+) -> Iterator[str]:
+    """A database of each kind at the newest schema, private to the test."""
+    if request.param == "sqlite":
+        target = tmp_path / "ledger.db"
+        shutil.copyfile(migrated_templates["sqlite"], target)
+        yield f"sqlite:///{target}"
+        return
+    name = make_pg_database(pg_unavailable, migrated_templates.get("postgres", ""))
+    try:
+        yield pg_url(name)
     finally:
         drop_pg_database(name)
 

@@ -134,7 +134,7 @@ def run_scenario(ledger: Ledger, sc: Scenario) -> None:
     assert row.jobs_completed == completed
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=scenario_st)
 def test_cost_is_conserved_exactly(ledger: Ledger, sc: Scenario) -> None:
     run_scenario(ledger, sc)

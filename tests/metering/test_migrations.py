@@ -29,7 +29,8 @@ def alembic_cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_alembic_upgrade_head_and_check_are_clean(db_url: str) -> None:
+def test_alembic_upgrade_head_and_check_are_clean(fresh_db_url: str) -> None:
+    db_url = fresh_db_url
     up = alembic_cli(db_url, "upgrade", "head")
     assert up.returncode == 0, up.stderr
     check = alembic_cli(db_url, "check")
@@ -43,7 +44,8 @@ def test_alembic_upgrade_head_and_check_are_clean(db_url: str) -> None:
     engine.dispose()
 
 
-def test_downgrade_to_base_and_back(db_url: str) -> None:
+def test_downgrade_to_base_and_back(fresh_db_url: str) -> None:
+    db_url = fresh_db_url
     cfg = alembic_config(db_url)
     command.upgrade(cfg, "head")
     command.downgrade(cfg, "base")
