@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from services.metering.db import make_engines, migrate, resolve_url  # noqa: E402
 from services.metering.schema import JOBS, LINES  # noqa: E402
-from services.metering.usage import bulk_insert  # noqa: E402
+from services.metering.usage import insert_dicts  # noqa: E402
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb  # noqa: E402
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -123,8 +123,8 @@ def baseline(url: str, prefix: str, n: int, batch: int, with_jobs: bool, driver:
             part = rows[start : start + batch]
             with engines.write.begin() as conn:
                 if driver:  # what the service does: rows straight to the DBAPI executemany
-                    bulk_insert(conn, JOBS, [job for _, job in part])
-                    bulk_insert(conn, LINES, [line for line, _ in part])
+                    insert_dicts(conn, JOBS, [job for _, job in part])
+                    insert_dicts(conn, LINES, [line for line, _ in part])
                     continue
                 if with_jobs:
                     conn.execute(JOBS.insert(), [job for _, job in part])
@@ -282,6 +282,7 @@ def main() -> int:
     parser.add_argument("--no-postgres", action="store_true")
     args = parser.parse_args()
     results = []
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         results.append(run_one("sqlite (WAL, synchronous=FULL)", f"sqlite:///{tmp}/bench.db", args))
     if not args.no_postgres:
@@ -308,12 +309,16 @@ def main() -> int:
         rounds=args.rounds,
         python=platform.python_version(),
         cpus=os.cpu_count(),
+        load_avg_1min_before=round(load_before, 2),
+        load_avg_1min_after=round(os.getloadavg()[0], 2),
         rows_per_event="1 journal line + 1 job",
         target="20,000 events/s on SQLite, ratio >= 0.5",
     )
     print(
         f"ledger write throughput: {args.events} events x {args.rounds} rounds, batches of {args.batch}, "
-        f"{args.inflight} in flight; service in its own process, best round of each side"
+        f"{args.inflight} in flight; service in its own process, best round of each side; "
+        f"{os.cpu_count()} CPUs, 1-min load average {config['load_avg_1min_before']} -> "
+        f"{config['load_avg_1min_after']}"
     )
     for r in results:
         print(

@@ -20,22 +20,47 @@ from sqlalchemy import Connection, Table, and_, or_, select, update
 
 from services.metering import costmodel
 from services.metering.costmodel import Price, PriceBook
-from services.metering.errors import BadInput, Conflict, UnknownEntity, WrongState
+from services.metering.errors import BadInput, Conflict, MeteringError, UnknownEntity, WrongState
 from services.metering.records import UsageEvent, UsageResult, validate_event
 from services.metering.schema import JOBS, LINES, PATHS, PRICES, RESERVATIONS
 
 CHUNK = 900  # bound parameters per IN (...) list, under SQLite's historical limit of 999
 
 
-def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+LINE_COLUMNS = (
+    "idempotency_key", "content_hash", "basis", "at_us", "end_us", "quantity_us", "amount_micros", "currency",
+    "price_version", "method", "path", "reservation_id", "job_id", "model", "team", "trial_id", "arm",
+    "tags_json", "recorded_us",
+)  # fmt: skip
+
+
+def bulk_insert(
+    conn: Connection,
+    table: Table,
+    cols: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    skip_existing: bool = False,
+) -> int:
     """executemany straight to the driver: the hot path skips Core's per-row parameter
-    processing, which costs more than the insert itself (see benchmarks/ledger.py)."""
+    processing, which costs more than the insert itself (see benchmarks/ledger.py).
+    With `skip_existing`, rows whose key exists are skipped (ON CONFLICT DO NOTHING, on both
+    SQLite and PostgreSQL); returns how many rows were inserted."""
     if not rows:
-        return
-    cols = list(rows[0])
+        return 0
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     sql = f"INSERT INTO {table.name} ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))})"
-    conn.exec_driver_sql(sql, [tuple(r[c] for c in cols) for r in rows])
+    if skip_existing:
+        sql += " ON CONFLICT DO NOTHING"
+    return int(conn.exec_driver_sql(sql, list(rows)).rowcount)
+
+
+def insert_dicts(
+    conn: Connection, table: Table, rows: Sequence[dict[str, Any]], skip_existing: bool = False
+) -> int:
+    if not rows:
+        return 0
+    cols = list(rows[0])
+    return bulk_insert(conn, table, cols, [tuple(r[c] for c in cols) for r in rows], skip_existing)
 
 
 def chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
@@ -128,8 +153,8 @@ def _existing(conn: Connection, keys: list[str]) -> dict[str, str]:
     return out
 
 
-def _merge_jobs(conn: Connection, events: Sequence[UsageEvent]) -> None:
-    """Create the events' jobs, or move existing ones to a terminal status (once)."""
+def _job_rows(events: Sequence[UsageEvent]) -> dict[str, dict[str, Any]]:
+    """The jobs these events describe, merged per job id (a job may span several events)."""
     jobs: dict[str, dict[str, Any]] = {}
     for ev in events:
         job_id = ev.effective_job_id
@@ -158,6 +183,11 @@ def _merge_jobs(conn: Connection, events: Sequence[UsageEvent]) -> None:
         job["ended_us"] = max(job["ended_us"], ev.ended_us or ev.started_us)
         if ev.status:
             job["status"], job["met_quality"] = ev.status, ev.met_quality
+    return jobs
+
+
+def _merge_jobs(conn: Connection, jobs: dict[str, dict[str, Any]]) -> None:
+    """Create the jobs, or move existing ones to a terminal status (once)."""
     if not jobs:
         return
     ids = list(jobs)
@@ -165,7 +195,7 @@ def _merge_jobs(conn: Connection, events: Sequence[UsageEvent]) -> None:
     for part in chunks(ids):
         for r in conn.execute(select(JOBS).where(JOBS.c.job_id.in_(part))):
             stored[r.job_id] = r
-    bulk_insert(conn, JOBS, [j for k, j in jobs.items() if k not in stored])
+    insert_dicts(conn, JOBS, [j for k, j in jobs.items() if k not in stored])
     for job_id, old in stored.items():
         new = jobs[job_id]
         if old.path != new["path"]:
@@ -212,6 +242,22 @@ def record_usage(conn: Connection, events: Sequence[UsageEvent], now_us: int) ->
             continue
         seen[ev.idempotency_key] = digest
         fresh.append(ev)
+    # Fast path, the usual case of a batch of new events: two INSERTs that skip existing keys,
+    # no lookups. If any key or job already existed (a retry, a job seen before), the savepoint
+    # is undone and the batch takes the careful path, which classifies every key.
+    try:
+        rows, unpriced = _lines(conn, fresh, seen, now_us)
+    except MeteringError:
+        rows = []  # maybe only about keys already stored: the careful path decides
+    if rows:
+        jobs = _job_rows(fresh)
+        savepoint = conn.begin_nested()
+        if bulk_insert(conn, LINES, LINE_COLUMNS, rows, skip_existing=True) == len(rows) and insert_dicts(
+            conn, JOBS, list(jobs.values()), skip_existing=True
+        ) == len(jobs):
+            savepoint.commit()
+            return UsageResult(len(rows), dup, unpriced)
+        savepoint.rollback()
     stored = _existing(conn, list(seen))
     for key, digest in stored.items():
         if digest != seen[key]:
@@ -220,42 +266,38 @@ def record_usage(conn: Connection, events: Sequence[UsageEvent], now_us: int) ->
     fresh = [ev for ev in fresh if ev.idempotency_key not in stored]
     if not fresh:
         return UsageResult(0, dup, 0)
+    rows, unpriced = _lines(conn, fresh, seen, now_us)
+    _merge_jobs(conn, _job_rows(fresh))
+    bulk_insert(conn, LINES, LINE_COLUMNS, rows)
+    return UsageResult(len(rows), dup, unpriced)
+
+
+def _lines(
+    conn: Connection, fresh: Sequence[UsageEvent], seen: dict[str, str], now_us: int
+) -> tuple[list[tuple[Any, ...]], int]:
+    """One priced (or unpriced) journal line per event, in its reservation if it has one."""
     price_keys = load_paths(conn, (e.path for e in fresh))
     book = load_price_book(conn, price_keys.values())
     windows = _reservations(conn, fresh)
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[Any, ...]] = []
     unpriced = 0
     for ev in fresh:
         rid = _match(ev, windows.get(ev.path, []))
         price = book.at(price_keys[ev.path], ev.started_us)
-        amount = costmodel.charge(ev.busy_us, price, f"event {ev.idempotency_key}") if price else None
-        unpriced += price is None
-        rows.append(
-            {
-                "idempotency_key": ev.idempotency_key,
-                "content_hash": seen[ev.idempotency_key],
-                "basis": "prepare" if ev.kind == "prepare" else "busy",
-                "at_us": ev.started_us,
-                "end_us": ev.ended_us or ev.started_us + ev.busy_us,
-                "quantity_us": ev.busy_us,
-                "amount_micros": amount,
-                "currency": price.currency if price else None,
-                "price_version": price.version if price else None,
-                "method": None if price else "unpriced: no price in force",
-                "path": ev.path,
-                "reservation_id": rid,
-                "job_id": ev.effective_job_id,
-                "model": ev.model,
-                "team": ev.team,
-                "trial_id": ev.trial_id,
-                "arm": ev.arm,
-                "tags_json": json.dumps(dict(ev.tags), sort_keys=True) if ev.tags else "{}",
-                "recorded_us": now_us,
-            }
-        )
-    _merge_jobs(conn, fresh)
-    bulk_insert(conn, LINES, rows)
-    return UsageResult(len(rows), dup, unpriced)
+        if price is None:
+            unpriced += 1
+            amount, currency, version, method = None, None, None, "unpriced: no price in force"
+        else:
+            amount = costmodel.charge(ev.busy_us, price, f"event {ev.idempotency_key}")
+            currency, version, method = price.currency, price.version, None
+        line = (  # in LINE_COLUMNS order
+            ev.idempotency_key, seen[ev.idempotency_key], "prepare" if ev.kind == "prepare" else "busy",
+            ev.started_us, ev.ended_us or ev.started_us + ev.busy_us, ev.busy_us, amount, currency, version,
+            method, ev.path, rid, ev.effective_job_id, ev.model, ev.team, ev.trial_id, ev.arm,
+            json.dumps(dict(ev.tags), sort_keys=True) if ev.tags else "{}", now_us,
+        )  # fmt: skip
+        rows.append(line)
+    return rows, unpriced
 
 
 def reverse_usage(conn: Connection, key: str, reverses: str, reason: str, now_us: int) -> tuple[Any, bool]:
@@ -300,5 +342,5 @@ def reverse_usage(conn: Connection, key: str, reverses: str, reason: str, now_us
     row.update(quantity_us=-orig.quantity_us, method=f"reverses {reverses}")
     row.update(amount_micros=None if orig.amount_micros is None else -orig.amount_micros)
     row["tags_json"] = json.dumps({"reason": reason}, sort_keys=True)
-    bulk_insert(conn, LINES, [row])
+    insert_dicts(conn, LINES, [row])
     return conn.execute(select(LINES).where(LINES.c.idempotency_key == key)).one(), False
