@@ -138,15 +138,22 @@ class Batcher:
         self._wakeup.set()
         return await future
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 0.0) -> None:
+        """Refuses new work, lets queued and running batches finish within `grace_s`, then
+        fails whatever is left with UNAVAILABLE (never leaves a caller waiting forever)."""
         self._closed = True
+        loop = asyncio.get_running_loop()
+        until = loop.time() + grace_s
+        # polling: a close happens once per model, and the loop must keep running batches
+        while (self._queue or self._executing) and loop.time() < until:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
         self._task.cancel()
-        while self._queue:
-            item = self._queue.popleft()
-            if not item.future.done():
-                item.future.set_exception(Unavailable("the model was unloaded before this request ran"))
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        for item in self._queue:
+            if not item.future.done():
+                item.future.set_exception(Unavailable("the model was unloaded before this request finished"))
+        self._queue.clear()
 
     def _drop_dead(self) -> None:
         """Removes cancelled and expired requests from the queue without computing them."""
@@ -224,6 +231,11 @@ class Batcher:
         self._executing = True
         try:
             outputs, compute_s, padded = await self._run_batch(batch)
+        except asyncio.CancelledError:  # closed mid-batch: answer the callers, then stop
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(Unavailable("the model was unloaded while this request ran"))
+            raise
         except Exception as exc:
             for item in batch:
                 if not item.future.done():

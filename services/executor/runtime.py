@@ -161,7 +161,7 @@ class Executor:
             old = self.models.get((spec.name, spec.version))
             self.models[(spec.name, spec.version)] = model
         if old is not None and old.batcher is not None:
-            await old.batcher.close()
+            await old.batcher.close(grace_s=30.0)  # requests already queued on the old one finish
         log.info(
             "loaded %s:%s mode=%s precision=%s buckets=%s in %.2fs",
             spec.name, spec.version, options.mode, options.precision, list(options.batch_buckets),
@@ -174,7 +174,7 @@ class Executor:
         del self.models[(model.spec.name, model.spec.version)]
         model.state = "UNLOADED"
         if model.batcher is not None:
-            await model.batcher.close()
+            await model.batcher.close(grace_s=30.0)
 
     def find(self, name: str, version: str) -> LoadedModel:
         """The loaded model; "" version = the default version if loaded, else the only one."""

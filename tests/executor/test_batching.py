@@ -75,3 +75,23 @@ async def test_batching_off_runs_each_request_alone(executor: RunningExecutor) -
     assert [r.parameters["batch_size"].int64_param for r in responses] == [1] * 6
     counters = (await _status(executor)).counters
     assert (counters.requests, counters.executions) == (6, 6)
+
+
+async def test_unload_finishes_queued_requests_then_refuses(executor: RunningExecutor) -> None:
+    x = np.ones((1, 64), np.float32)
+    async with grpc.aio.insecure_channel(executor.address) as channel:
+        await _load(channel, batch_buckets=[1, 4], dynamic_batching=True, max_queue_delay_us=300_000)
+        stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        request = build_infer_request("mlp", {"x": x}, version="perturbed")
+        queued = [asyncio.ensure_future(stub.ModelInfer(request, timeout=10)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        await ctl_grpc.ExecutorControlStub(channel).Unload(
+            ctl.UnloadRequest(model_name="mlp", version="perturbed")
+        )
+        for response in await asyncio.gather(*queued):  # drained, not dropped
+            assert response.parameters["batch_size"].int64_param == 2
+        try:
+            await stub.ModelInfer(request, timeout=5)
+            raise AssertionError("an unloaded model answered")
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.NOT_FOUND and "not loaded" in (exc.details() or "")
