@@ -89,13 +89,19 @@ class TpuBackend:
     def describe_device(self) -> DeviceDescription:
         found = self._detection or tpu_env.detect()
         self._detection = found
+        total = 0
+        if found.available:
+            try:  # experimental in torch_tpu 0.2.0 (HBM per device from the chip generation)
+                total = int(self._module().get_device_properties(0).total_memory)
+            except Exception as exc:  # unknown generation or a changed API: unknown, not a crash
+                self._notes.append(f"device memory unknown ({type(exc).__name__})")
         return DeviceDescription(
             backend=self.name,
             device_type="tpu",
             device_name=found.device_name,
             device_count=found.device_count,
-            memory_total_bytes=0,  # per-chip HBM is a private API in torch_tpu 0.2.0; not guessed
-            memory_available_bytes=0,
+            memory_total_bytes=total,
+            memory_available_bytes=0,  # torch_tpu 0.2.0 has no public free-memory query
             available=found.available,
             unavailable_reason=found.reason,
         )
