@@ -165,9 +165,16 @@ async def start_server(
     options: ServerOptions,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> RunningServer:
-    """Start a grpc.aio server with health, reflection, limits and error mapping."""
+    """Start a grpc.aio server with health, reflection, limits and error mapping.
+
+    When a tracer provider is installed (`switchyard.telemetry.setup`), every RPC is also a
+    span parented on the caller's trace context; without one nothing extra is wrapped.
+    """
+    from switchyard import telemetry
+
+    tracing = [telemetry.ServerTracingInterceptor()] if telemetry.enabled() else []
     server = grpc.aio.server(
-        interceptors=[*interceptors, ErrorInterceptor()],
+        interceptors=[*tracing, *interceptors, ErrorInterceptor()],
         options=options.channel_options(),
     )
     names = []

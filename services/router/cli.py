@@ -1,4 +1,4 @@
-"""CLI commands of this component (placeholder until the component lands)."""
+"""`switchyard router serve`: the OIP front door on port 8001."""
 
 from __future__ import annotations
 
@@ -7,4 +7,45 @@ from typing import Any
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Adds this component's subcommands; none yet."""
+    router = sub.add_parser("router", help="the OIP front door: routing, failover, shadow, auth, usage")
+    commands = router.add_subparsers(dest="router_command", required=True, metavar="SUBCOMMAND")
+    serve = commands.add_parser("serve", help="serve OIP on --port, forwarding to the configured executors")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8001)
+    serve.add_argument(
+        "--config", required=True, help="routes TOML file (deployments, routes, [router] limits)"
+    )
+    serve.add_argument("--metering", default="", help="metering HOST:PORT (auth and usage)")
+    serve.add_argument("--spool-dir", default="", help="durable usage spool (default: [router] spool_dir)")
+    serve.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    from services.router import config
+    from services.router.server import start_router
+    from switchyard import telemetry
+    from switchyard.errors import SwitchyardError
+    from switchyard.grpcio import ServerOptions
+
+    try:
+        cfg = config.load(Path(args.config))
+    except SwitchyardError as exc:
+        print(f"switchyard router: {exc}")
+        return 2
+    telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-router"))
+
+    async def run() -> None:
+        running = await start_router(
+            cfg,
+            args.metering,
+            ServerOptions(host=args.host, port=args.port),
+            Path(args.spool_dir) if args.spool_dir else None,
+        )
+        print(f"router serving OIP on {running.address}", flush=True)
+        await running.serve_until_signal()
+
+    asyncio.run(run())
+    return 0

@@ -1,0 +1,178 @@
+"""RouterAdmin servicer: routes read and changed at run time, every change audited.
+
+Changing a route needs a key with role `admin`; reading needs any valid key. A route is
+validated whole (the same rules as the config file) before it replaces the old one, and
+each attempt, allowed or denied, becomes an audit row with the route as detail.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+import grpc
+
+from services.router.auth import Identity
+from services.router.config import Policy, Route, ShadowSpec, Target, validate_route
+from services.router.forward import Router
+from switchyard.errors import InvalidArgument, NotFound, PermissionDenied
+from switchyard.gen.switchyard.v1 import router_pb2 as rpb
+from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+def _target_from(msg: rpb.Target) -> Target:
+    return Target(msg.deployment, msg.model, msg.version, msg.weight or 1.0)
+
+
+def route_from_proto(msg: rpb.Route) -> Route:
+    try:
+        policy = Policy(msg.policy or "failover")
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown policy {msg.policy!r}; use one of {[p.value for p in Policy]}"
+        ) from None
+    shadow = None
+    if msg.HasField("shadow") and (msg.shadow.candidates or msg.shadow.share):
+        shadow = ShadowSpec(msg.shadow.share, tuple(_target_from(c) for c in msg.shadow.candidates))
+    return Route(msg.model, policy, tuple(_target_from(t) for t in msg.targets), shadow, msg.max_in_flight)
+
+
+def _target_to(t: Target) -> rpb.Target:
+    return rpb.Target(deployment=t.deployment, model=t.model, version=t.version, weight=t.weight)
+
+
+def route_to_proto(route: Route) -> rpb.Route:
+    msg = rpb.Route(
+        model=route.model,
+        policy=route.policy.value,
+        max_in_flight=route.max_in_flight,
+        targets=[_target_to(t) for t in route.targets],
+    )
+    if route.shadow is not None:
+        msg.shadow.share = route.shadow.share
+        msg.shadow.candidates.extend(_target_to(c) for c in route.shadow.candidates)
+    return msg
+
+
+class AdminServicer(rgrpc.RouterAdminServicer):
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    async def _caller(self, context: Ctx, resource: str, need_admin: bool) -> tuple[Identity, str]:
+        request_id = uuid.uuid4().hex
+        identity = await self.router.identify(
+            context.invocation_metadata() or (), resource, request_id, context.peer()
+        )
+        if need_admin and not identity.is_admin():
+            reason = f"principal {identity.name!r} lacks role `admin` (scope *) needed to change routes"
+            self.router.audit_denial(
+                identity, resource, reason, "PERMISSION_DENIED", request_id, context.peer()
+            )
+            raise PermissionDenied(reason)
+        return identity, request_id
+
+    def _audit_change(
+        self,
+        identity: Identity,
+        action: str,
+        route: str,
+        detail: dict[str, Any],
+        request_id: str,
+        context: Ctx,
+    ) -> None:
+        self.router.audit(
+            identity,
+            action,
+            f"route:{route}",
+            "ok",
+            json.dumps(detail, default=str),
+            request_id,
+            context.peer(),
+        )
+
+    async def ListRoutes(self, request: rpb.ListRoutesRequest, context: Ctx) -> rpb.ListRoutesResponse:
+        await self._caller(context, "routes", need_admin=False)
+        routes = sorted(self.router.routes.values(), key=lambda r: r.model)
+        return rpb.ListRoutesResponse(routes=[route_to_proto(r) for r in routes])
+
+    async def SetRoute(self, request: rpb.SetRouteRequest, context: Ctx) -> rpb.Route:
+        identity, request_id = await self._caller(context, f"route:{request.route.model}", need_admin=True)
+        route = validate_route(route_from_proto(request.route), self.router.config.deployments)
+        old = self.router.routes.get(route.model)
+        # Copy-on-write: requests already running keep the route object they started with.
+        self.router.routes = {**self.router.routes, route.model: route}
+        self._audit_change(
+            identity,
+            "route.set",
+            route.model,
+            {"old": asdict(old) if old else None, "new": asdict(route)},
+            request_id,
+            context,
+        )
+        return route_to_proto(route)
+
+    async def DeleteRoute(self, request: rpb.DeleteRouteRequest, context: Ctx) -> rpb.DeleteRouteResponse:
+        identity, request_id = await self._caller(context, f"route:{request.model}", need_admin=True)
+        if request.model not in self.router.routes:
+            raise NotFound(
+                f"no route for model {request.model!r}; routed models: {sorted(self.router.routes)}"
+            )
+        routes = dict(self.router.routes)
+        old = routes.pop(request.model)
+        self.router.routes = routes
+        self._audit_change(identity, "route.delete", request.model, {"old": asdict(old)}, request_id, context)
+        return rpb.DeleteRouteResponse()
+
+    async def ListDeployments(
+        self, request: rpb.ListDeploymentsRequest, context: Ctx
+    ) -> rpb.ListDeploymentsResponse:
+        await self._caller(context, "deployments", need_admin=False)
+        now = time.monotonic()
+        out = []
+        for state in self.router.pool.states.values():
+            d = state.deployment
+            out.append(
+                rpb.DeploymentState(
+                    name=d.name,
+                    address=d.address,
+                    path=d.path,
+                    healthy=state.admitted(now),
+                    ejected_for_s=max(0.0, state.ejected_until - now),
+                    ejections=state.ejections,
+                    last_error=state.last_error,
+                    in_flight=state.in_flight,
+                    queue_depth=state.queue_depth,
+                    service_time_us=state.service_time_us,
+                    price_micros_per_hour=d.price_micros_per_hour,
+                )
+            )
+        return rpb.ListDeploymentsResponse(deployments=out)
+
+    async def ShadowReport(self, request: rpb.ShadowReportRequest, context: Ctx) -> rpb.ShadowReportResponse:
+        await self._caller(context, "shadow", need_admin=False)
+        stats = [
+            s
+            for (model, _), s in sorted(self.router.shadow_stats.items())
+            if not request.model or model == request.model
+        ]
+        return rpb.ShadowReportResponse(
+            stats=[
+                rpb.ShadowStats(
+                    model=s.model,
+                    candidate=s.candidate,
+                    pairs=s.pairs,
+                    failures=s.failures + s.skipped,
+                    diverged=s.diverged,
+                    max_abs_error=s.max_abs_error,
+                    mean_max_abs_error=s.mean_max_abs_error,
+                    min_cosine=s.min_cosine,
+                    comparer="local",
+                )
+                for s in stats
+            ]
+        )

@@ -1,0 +1,356 @@
+"""The router's request path: admit, pick a deployment, forward the bytes, account for it.
+
+`Router.infer` takes the serialized ModelInferRequest and returns the serialized response.
+It reads the request header without decoding tensors, forwards `raw + overrides` (model
+name/version of the chosen target appended, see `wire`), and appends the router's own
+response parameters (`path`, `router_overhead_us`, `request_id`) to the executor's bytes.
+Retry: one more deployment when the first answered UNAVAILABLE (the executor did not take
+the request: not connected, draining, or gone); OIP inference has no side effects, and only
+the attempt that answered is charged. The remaining deadline goes with every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from services.router import wire
+from services.router.auth import ANONYMOUS, Authenticator, Identity, authorize, bearer_key
+from services.router.config import Route, RouterConfig, Target
+from services.router.executors import ExecutorPool
+from services.router.policies import DeploymentState, plan
+from services.router.shadow import ShadowStats, divergence
+from services.router.spool import Spool
+from switchyard import telemetry
+from switchyard.errors import (
+    DeadlineExceeded,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    SwitchyardError,
+    Unauthenticated,
+)
+from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+
+log = logging.getLogger(__name__)
+
+Metadata = Iterable[Any]  # (key, value) pairs; grpc.aio.Metadata or a plain sequence
+
+
+class UpstreamError(Exception):
+    """An executor's own status, passed through to the caller unchanged (with the path named)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+@dataclass
+class Outcome:
+    status: str = "failed"
+    path: str = ""
+    busy_us: int = 0
+
+
+def tags_key(tags: dict[str, str] | None) -> str:
+    return (tags or {}).get("candidate", "")
+
+
+def _int(params: dict[str, wire.Param], key: str) -> int:
+    value = params.get(key, 0)
+    return int(value) if isinstance(value, int | float) else 0
+
+
+class Router:
+    def __init__(
+        self,
+        config: RouterConfig,
+        pool: ExecutorPool,
+        auth: Authenticator | None,
+        spool: Spool | None,
+    ) -> None:
+        self.config = config
+        self.settings = config.settings
+        self.routes: dict[str, Route] = {r.model: r for r in config.routes}
+        self.pool = pool
+        self.auth = auth
+        self.spool = spool
+        self.rng = random.Random()
+        self.in_flight: dict[str, int] = {}
+        self.shadow_stats: dict[tuple[str, str], ShadowStats] = {}
+        self._shadow_pending = 0
+        self._background: set[asyncio.Task[None]] = set()
+
+    # ---- admission ----------------------------------------------------------------------------
+    def route_for(self, model: str) -> Route:
+        route = self.routes.get(model)
+        if route is None:
+            raise NotFound(f"unknown model {model!r}; the router serves {sorted(self.routes)}")
+        return route
+
+    async def identify(self, metadata: Metadata, resource: str, request_id: str, peer: str) -> Identity:
+        if self.auth is None:
+            return ANONYMOUS
+        try:
+            return await self.auth.identify(bearer_key(metadata))
+        except Unauthenticated as exc:
+            self.audit_denial(None, resource, str(exc), "UNAUTHENTICATED", request_id, peer)
+            raise
+
+    async def admit(self, metadata: Metadata, model: str, request_id: str, peer: str) -> Identity:
+        identity = await self.identify(metadata, f"model:{model}", request_id, peer)
+        try:
+            authorize(identity, model)
+        except PermissionDenied as exc:
+            self.audit_denial(identity, f"model:{model}", str(exc), "PERMISSION_DENIED", request_id, peer)
+            raise
+        return identity
+
+    def audit(
+        self,
+        identity: Identity | None,
+        action: str,
+        resource: str,
+        outcome: str,
+        detail_json: str,
+        request_id: str,
+        peer: str,
+    ) -> None:
+        if self.spool is None:
+            return
+        actor = mpb.Actor(
+            principal=identity.principal_id if identity else "",
+            source=f"router {peer}".strip(),
+            request_id=request_id,
+            trace_id=telemetry.current_trace_id(),
+        )
+        self.spool.audit(
+            mpb.AppendAuditRequest(
+                actor=actor, action=action, resource=resource, outcome=outcome, detail_json=detail_json
+            )
+        )
+
+    def audit_denial(
+        self, identity: Identity | None, resource: str, reason: str, status: str, request_id: str, peer: str
+    ) -> None:
+        import json
+
+        detail = json.dumps({"status": status, "reason": reason})
+        self.audit(identity, "request.denied", resource, "denied", detail, request_id, peer)
+
+    # ---- inference ----------------------------------------------------------------------------
+    async def infer(self, raw: bytes, metadata: Metadata, time_remaining: float | None, peer: str) -> bytes:
+        t0 = time.perf_counter_ns()
+        started_us = time.time_ns() // 1000
+        request_id = uuid.uuid4().hex
+        header = wire.read_header(raw)
+        route = self.route_for(header.model_name)
+        identity = await self.admit(metadata, route.model, request_id, peer)
+        limit = route.max_in_flight or self.settings.max_in_flight
+        count = self.in_flight.get(route.model, 0)
+        if count >= limit:
+            self._usage(route, identity, request_id, header, Outcome(), started_us, "primary")
+            raise ResourceExhausted(
+                f"model {route.model!r} has {count} requests in flight (limit {limit}); retry with back-off"
+            )
+        self.in_flight[route.model] = count + 1
+        outcome = Outcome()
+        try:
+            reply, target, wait_ns = await self._forward(
+                route, header, raw, time_remaining, request_id, outcome
+            )
+        except asyncio.CancelledError:
+            outcome.status = "cancelled"
+            raise
+        finally:
+            self.in_flight[route.model] -= 1
+            self._usage(route, identity, request_id, header, outcome, started_us, "primary")
+        if route.shadow is not None and self.rng.random() < route.shadow.share:
+            self._mirror(route, header, raw, reply, time_remaining, request_id, identity)
+        extra: dict[str, wire.Param] = {"path": outcome.path, "request_id": request_id}
+        suffix = b""
+        if target.model and target.model != route.model:
+            suffix = wire.string_field(wire.MODEL_NAME, route.model)  # callers see the name they asked for
+        extra["router_overhead_us"] = (time.perf_counter_ns() - t0 - wait_ns) // 1000
+        return reply + suffix + wire.parameters_field(extra)
+
+    def _body(self, raw: bytes, header: wire.Header, target: Target) -> bytes:
+        body = raw
+        if target.model and target.model != header.model_name:
+            body += wire.string_field(wire.MODEL_NAME, target.model)
+        if target.version and target.version != header.model_version:
+            body += wire.string_field(wire.MODEL_VERSION, target.version)  # the route pins the version
+        return body
+
+    async def _forward(
+        self,
+        route: Route,
+        header: wire.Header,
+        raw: bytes,
+        time_remaining: float | None,
+        request_id: str,
+        outcome: Outcome,
+    ) -> tuple[bytes, Target, int]:
+        budget = self.settings.default_timeout_s if time_remaining is None else time_remaining
+        deadline = time.monotonic() + budget
+        choices = plan(route, self.pool.states, self.rng)
+        metadata = [("x-request-id", request_id)]
+        if telemetry.enabled():
+            telemetry.inject_metadata(metadata)
+        wait_ns = 0
+        for attempt, (target, state) in enumerate(choices):
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                raise DeadlineExceeded(f"deadline expired in the router before model {route.model!r} ran")
+            outcome.path = state.deployment.path
+            t1 = time.perf_counter_ns()
+            try:
+                reply = await self.pool.infer(
+                    target.deployment, self._body(raw, header, target), timeout, metadata
+                )
+            except grpc.aio.AioRpcError as exc:
+                wait_ns += time.perf_counter_ns() - t1
+                code = exc.code()
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    self.pool.eject(target.deployment, f"UNAVAILABLE: {exc.details()}")
+                    if attempt + 1 < len(choices):
+                        continue  # not taken by that executor: once more elsewhere
+                raise UpstreamError(code, f"{exc.details()} (path {state.deployment.path})") from None
+            elapsed = time.perf_counter_ns() - t1
+            wait_ns += elapsed
+            self._account(state, reply, elapsed, outcome)
+            return reply, target, wait_ns
+        raise AssertionError("plan() returns at least one choice")
+
+    def _account(self, state: DeploymentState, reply: bytes, elapsed_ns: int, outcome: Outcome) -> None:
+        params = wire.read_parameters(reply)
+        if "in_flight" in params or "queue_depth" in params:
+            state.report_load(_int(params, "in_flight"), _int(params, "queue_depth"))
+        compute = _int(params, "compute_us")
+        batch = max(1, _int(params, "batch_size"))
+        outcome.busy_us = compute // batch  # this request's share of the batch's device time
+        state.observe_service_time(elapsed_ns / 1000)
+        outcome.status = "completed"
+
+    def _usage(
+        self,
+        route: Route,
+        identity: Identity,
+        request_id: str,
+        header: wire.Header,
+        outcome: Outcome,
+        started_us: int,
+        arm: str,
+        tags: dict[str, str] | None = None,
+    ) -> None:
+        if self.spool is None:
+            return
+        self.spool.usage(
+            mpb.UsageEvent(
+                idempotency_key=request_id if arm == "primary" else f"{request_id}:{arm}:{tags_key(tags)}",
+                path=outcome.path,
+                model=route.model,
+                model_version=header.model_version,
+                team=identity.team,
+                principal=identity.principal_id,
+                kind="request",
+                status=outcome.status,
+                met_quality=outcome.status == "completed",
+                busy_us=outcome.busy_us,
+                started_unix_us=started_us,
+                ended_unix_us=time.time_ns() // 1000,
+                arm=arm,
+                tags=tags or {},
+            )
+        )
+
+    # ---- shadow -------------------------------------------------------------------------------
+    def _mirror(
+        self,
+        route: Route,
+        header: wire.Header,
+        raw: bytes,
+        primary: bytes,
+        time_remaining: float | None,
+        request_id: str,
+        identity: Identity,
+    ) -> None:
+        assert route.shadow is not None
+        for candidate in route.shadow.candidates:
+            key = (route.model, candidate.label(route.model))
+            stats = self.shadow_stats.setdefault(key, ShadowStats(*key))
+            if self._shadow_pending >= self.settings.shadow_max_pending:
+                stats.skipped += 1
+                continue
+            self._shadow_pending += 1
+            task = asyncio.create_task(
+                self._shadow_one(
+                    route, header, raw, primary, time_remaining, request_id, identity, candidate, stats
+                )
+            )
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _shadow_one(
+        self,
+        route: Route,
+        header: wire.Header,
+        raw: bytes,
+        primary: bytes,
+        time_remaining: float | None,
+        request_id: str,
+        identity: Identity,
+        candidate: Target,
+        stats: ShadowStats,
+    ) -> None:
+        state = self.pool.states[candidate.deployment]
+        outcome = Outcome(path=state.deployment.path)
+        started_us = time.time_ns() // 1000
+        tags: dict[str, str] = {"shadow_of": request_id, "candidate": stats.candidate}
+        try:
+            budget = self.settings.default_timeout_s if time_remaining is None else max(time_remaining, 1.0)
+            t1 = time.perf_counter_ns()
+            reply = await self.pool.infer(
+                candidate.deployment,
+                self._body(raw, header, candidate),
+                budget,
+                [("x-request-id", request_id)],
+            )
+            self._account(state, reply, time.perf_counter_ns() - t1, outcome)
+            d = divergence(
+                pb.ModelInferResponse.FromString(primary),
+                pb.ModelInferResponse.FromString(reply),
+                self.settings.shadow_atol,
+                self.settings.shadow_rtol,
+            )
+            stats.add(d)
+            tags.update(
+                max_abs_error=repr(d.max_abs_error),
+                cosine=repr(d.cosine),
+                diverged=str(d.diverged).lower(),
+                comparer="local",
+            )
+        except grpc.aio.AioRpcError as exc:
+            stats.failures += 1
+            tags["error"] = exc.code().name
+        except (SwitchyardError, ValueError, KeyError) as exc:
+            stats.failures += 1
+            tags["error"] = f"comparison failed: {exc}"
+        finally:
+            self._shadow_pending -= 1
+            self._usage(route, identity, request_id, header, outcome, started_us, "shadow", tags)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)

@@ -1,0 +1,79 @@
+"""gRPC adapter from the router's ports (AuthPort, MeteringSink) to the metering service.
+
+Status codes coming back become switchyard errors here, so the auth cache and the spool
+reason about Unavailable / Unauthenticated without importing grpc.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from services.router.auth import Identity
+from services.router.executors import CHANNEL_OPTIONS
+from switchyard import errors, telemetry
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+
+_BY_CODE: dict[grpc.StatusCode, type[errors.SwitchyardError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: errors.NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExists,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
+    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+    grpc.StatusCode.UNIMPLEMENTED: errors.Unimplemented,
+    grpc.StatusCode.CANCELLED: errors.Unavailable,  # the channel went away under the call
+}
+
+
+def as_error(exc: grpc.aio.AioRpcError) -> errors.SwitchyardError:
+    kind = _BY_CODE.get(exc.code(), errors.SwitchyardError)
+    return kind(exc.details() or exc.code().name)
+
+
+class MeteringClient:
+    """Authenticate, RecordUsage and AppendAudit over one channel, with short timeouts."""
+
+    def __init__(self, address: str, timeout_s: float = 2.0) -> None:
+        self.address = address
+        self._timeout = timeout_s
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = mgrpc.MeteringStub(self._channel)
+
+    def _metadata(self) -> list[tuple[str, str]]:
+        return telemetry.inject_metadata([]) if telemetry.enabled() else []
+
+    async def authenticate(self, key: str) -> Identity:
+        try:
+            reply = await self._stub.Authenticate(
+                mpb.AuthenticateRequest(key=key), timeout=self._timeout, metadata=self._metadata()
+            )
+        except grpc.aio.AioRpcError as exc:
+            error = as_error(exc)
+            if isinstance(error, errors.NotFound | errors.PermissionDenied | errors.InvalidArgument):
+                raise errors.Unauthenticated("API key is unknown, revoked or expired") from None
+            raise error from None
+        p = reply.principal
+        return Identity(
+            p.principal_id, p.name, p.team, reply.key_id, tuple((r.role, r.scope) for r in reply.roles)
+        )
+
+    async def record_usage(self, request: mpb.RecordUsageRequest) -> None:
+        if not request.HasField("actor"):
+            request.actor.source = "router"
+        try:
+            await self._stub.RecordUsage(request, timeout=self._timeout, metadata=self._metadata())
+        except grpc.aio.AioRpcError as exc:
+            raise as_error(exc) from None
+
+    async def append_audit(self, request: mpb.AppendAuditRequest) -> None:
+        try:
+            await self._stub.AppendAudit(request, timeout=self._timeout, metadata=self._metadata())
+        except grpc.aio.AioRpcError as exc:
+            raise as_error(exc) from None
+
+    async def close(self) -> None:
+        await self._channel.close()

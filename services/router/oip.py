@@ -1,0 +1,136 @@
+"""The router's OIP servicer (`inference.GRPCInferenceService`): an adapter over `Router`.
+
+ModelInfer is registered with no (de)serialiser, so the request arrives as the caller's bytes
+and the executor's bytes go back out: tensors are never decoded or re-encoded in the router.
+The small metadata RPCs are answered from a serving deployment of the model's route, with
+the model name the caller used. Server-level RPCs describe the router itself.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from services.router.forward import Router, UpstreamError
+from services.router.policies import plan
+from switchyard.errors import Unavailable, Unimplemented
+from switchyard.gen.inference import grpc_service_pb2 as pb
+
+SERVICE = "inference.GRPCInferenceService"
+VERSION = "0.1.0"
+Req = TypeVar("Req", bound=Message)
+Rep = TypeVar("Rep", bound=Message)
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+class OipServicer:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    async def model_infer(self, raw: bytes, context: Ctx) -> bytes:
+        try:
+            return await self.router.infer(
+                raw, context.invocation_metadata() or (), context.time_remaining(), context.peer()
+            )
+        except UpstreamError as exc:
+            await context.abort(exc.code, exc.details)
+            raise
+
+    async def _upstream(
+        self, model: str, context: Ctx, method: str, request: Req, reply_type: type[Rep]
+    ) -> Rep:
+        """Ask one serving deployment of the route the small RPC, as the model name it serves."""
+        router = self.router
+        route = router.route_for(model)
+        await router.admit(context.invocation_metadata() or (), route.model, uuid.uuid4().hex, context.peer())
+        target, state = plan(route, router.pool.states, router.rng)[0]
+        if target.model:
+            request.model_name = target.model  # type: ignore[attr-defined]
+        if target.version:
+            request.version = target.version  # type: ignore[attr-defined]
+        stub: Any = router.pool.channels[target.deployment].unary_unary(
+            f"/{SERVICE}/{method}",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=reply_type.FromString,
+        )
+        timeout = context.time_remaining() or router.settings.default_timeout_s
+        try:
+            reply: Rep = await stub(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                router.pool.eject(target.deployment, f"UNAVAILABLE: {exc.details()}")
+            await context.abort(exc.code(), f"{exc.details()} (path {state.deployment.path})")
+            raise
+        return reply
+
+    async def model_metadata(
+        self, request: pb.ModelMetadataRequest, context: Ctx
+    ) -> pb.ModelMetadataResponse:
+        name = request.name
+        reply = await self._upstream(name, context, "ModelMetadata", request, pb.ModelMetadataResponse)
+        reply.name = name
+        return reply
+
+    async def model_config(self, request: pb.ModelConfigRequest, context: Ctx) -> pb.ModelConfigResponse:
+        name = request.name
+        reply = await self._upstream(name, context, "ModelConfig", request, pb.ModelConfigResponse)
+        reply.config.name = name
+        return reply
+
+    async def model_ready(self, request: pb.ModelReadyRequest, context: Ctx) -> pb.ModelReadyResponse:
+        try:
+            return await self._upstream(request.name, context, "ModelReady", request, pb.ModelReadyResponse)
+        except Unavailable:
+            return pb.ModelReadyResponse(ready=False)  # no healthy deployment: not ready, not an error
+
+    async def server_live(self, request: pb.ServerLiveRequest, context: Ctx) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(self, request: pb.ServerReadyRequest, context: Ctx) -> pb.ServerReadyResponse:
+        states = self.router.pool.states.values()
+        now = time.monotonic()
+        return pb.ServerReadyResponse(ready=any(s.admitted(now) for s in states))
+
+    async def server_metadata(
+        self, request: pb.ServerMetadataRequest, context: Ctx
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name="switchyard-router", version=VERSION, extensions=[])
+
+    async def model_statistics(
+        self, request: pb.ModelStatisticsRequest, context: Ctx
+    ) -> pb.ModelStatisticsResponse:
+        raise Unimplemented(
+            "ModelStatistics is served by each executor; the router keeps no model statistics"
+        )
+
+    async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Ctx) -> AsyncIterator[bytes]:
+        raise Unimplemented("ModelStreamInfer is not supported by the router; use ModelInfer")
+        yield b""  # pragma: no cover  (makes this an async generator)
+
+
+def _unary(fn: Callable[..., Any], request_type: type[Message] | None) -> grpc.RpcMethodHandler[Any, Any]:
+    if request_type is None:
+        return grpc.unary_unary_rpc_method_handler(fn)  # bytes in, bytes out
+    return grpc.unary_unary_rpc_method_handler(
+        fn, request_deserializer=request_type.FromString, response_serializer=lambda m: m.SerializeToString()
+    )
+
+
+def add_to_server(servicer: OipServicer, server: grpc.aio.Server) -> None:
+    handlers = {
+        "ModelInfer": _unary(servicer.model_infer, None),
+        "ModelMetadata": _unary(servicer.model_metadata, pb.ModelMetadataRequest),
+        "ModelConfig": _unary(servicer.model_config, pb.ModelConfigRequest),
+        "ModelReady": _unary(servicer.model_ready, pb.ModelReadyRequest),
+        "ServerLive": _unary(servicer.server_live, pb.ServerLiveRequest),
+        "ServerReady": _unary(servicer.server_ready, pb.ServerReadyRequest),
+        "ServerMetadata": _unary(servicer.server_metadata, pb.ServerMetadataRequest),
+        "ModelStatistics": _unary(servicer.model_statistics, pb.ModelStatisticsRequest),
+        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(servicer.model_stream_infer),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

@@ -1,0 +1,105 @@
+"""Assembles and starts the router: OIP front, admin API, executor pool, auth, usage spool.
+
+`start_router` is the in-process entry point used by the CLI, the cluster and the tests;
+`RunningRouter.stop` drains (health NOT_SERVING, in-flight calls finish), then flushes usage
+to metering or to the spool, so a stop loses nothing it had accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.router import oip
+from services.router.admin import AdminServicer
+from services.router.auth import Authenticator
+from services.router.config import RouterConfig
+from services.router.executors import ExecutorPool
+from services.router.forward import Router
+from services.router.metering_client import MeteringClient
+from services.router.spool import Spool
+from switchyard.errors import InvalidArgument
+from switchyard.gen.switchyard.v1 import router_pb2_grpc
+from switchyard.grpcio import Registration, RunningServer, ServerOptions, start_server
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunningRouter:
+    server: RunningServer
+    router: Router
+    metering: MeteringClient | None
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.server.drain(grace_s)
+        await self.router.close()
+        if self.router.spool is not None:
+            await self.router.spool.close()
+        await self.router.pool.close()
+        if self.metering is not None:
+            await self.metering.close()
+
+    async def serve_until_signal(self) -> None:
+        try:
+            await self.server.wait_for_signal()
+        finally:
+            await self.stop()
+
+
+async def start_router(
+    config: RouterConfig,
+    metering_address: str = "",
+    options: ServerOptions | None = None,
+    spool_dir: Path | None = None,
+) -> RunningRouter:
+    settings = config.settings
+    if settings.require_auth and not metering_address:
+        raise InvalidArgument(
+            "the router checks keys through metering: pass --metering HOST:PORT, or set "
+            "require_auth = false under [router] for a trusted local setup"
+        )
+    metering = MeteringClient(metering_address) if metering_address else None
+    auth = (
+        Authenticator(metering, settings.auth_cache_ttl_s, settings.auth_stale_s)
+        if metering is not None and settings.require_auth
+        else None
+    )
+    spool = None
+    if metering is not None:
+        spool = Spool(
+            metering, spool_dir or Path(settings.spool_dir), settings.usage_flush_s, settings.usage_batch
+        )
+        spool.start()
+        if spool.backlog:
+            log.info("replaying %d spooled usage segments from an earlier run", spool.backlog)
+    else:
+        log.warning("no metering address: usage is not recorded")
+    pool = ExecutorPool(config.deployments, settings)
+    pool.start()
+    router = Router(config, pool, auth, spool)
+    registrations: list[Registration] = [
+        (oip.add_to_server, oip.OipServicer(router), oip.SERVICE),
+        (
+            router_pb2_grpc.add_RouterAdminServicer_to_server,
+            AdminServicer(router),
+            "switchyard.v1.RouterAdmin",
+        ),
+    ]
+    server = await start_server(registrations, options or ServerOptions())
+    log.info(
+        "router serving on %s (%d routes, %d deployments)",
+        server.address,
+        len(router.routes),
+        len(pool.states),
+    )
+    return RunningRouter(server, router, metering)

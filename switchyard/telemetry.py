@@ -1,0 +1,156 @@
+"""OpenTelemetry for every switchyard service: set-up, and trace context over gRPC metadata.
+
+`setup(TelemetryConfig.from_env("router"))` installs a tracer provider once per process:
+console exporter by default, OTLP when `SWITCHYARD_TRACES=otlp` (or
+`OTEL_EXPORTER_OTLP_ENDPOINT` is set and the OTLP exporter package is installed), nothing with
+`none`. `switchyard.grpcio.start_server` adds `ServerTracingInterceptor` whenever a provider is
+installed, so each served RPC is a span whose parent comes from the caller's `traceparent`
+metadata; callers add their context with `inject_metadata` or `ClientTracingInterceptor`.
+The chain router -> executor -> metering is therefore one trace. Without a provider nothing is
+wrapped and the hot path pays nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+EXPORTERS = ("console", "otlp", "none")
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    service_name: str
+    exporter: str = "console"
+    otlp_endpoint: str = ""
+
+    @classmethod
+    def from_env(cls, service_name: str, default: str = "console") -> TelemetryConfig:
+        endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+        exporter = os.environ.get("SWITCHYARD_TRACES", "otlp" if endpoint else default).lower()
+        if exporter not in EXPORTERS:
+            raise ValueError(f"SWITCHYARD_TRACES={exporter!r}: use one of {EXPORTERS}")
+        return cls(service_name, exporter, endpoint)
+
+
+def _otlp_exporter(endpoint: str) -> SpanExporter:
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
+            OTLPSpanExporter,
+        )
+    except ImportError as exc:
+        raise RuntimeError(
+            "SWITCHYARD_TRACES=otlp needs the package opentelemetry-exporter-otlp-proto-grpc "
+            "(not in the pinned environment); install it or use SWITCHYARD_TRACES=console"
+        ) from exc
+    exporter: SpanExporter = OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
+    return exporter
+
+
+def setup(config: TelemetryConfig, exporter: SpanExporter | None = None) -> TracerProvider | None:
+    """Install the process's tracer provider (once); returns it, or None for `none`."""
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        if exporter is not None:
+            current.add_span_processor(BatchSpanProcessor(exporter))
+        return current
+    if config.exporter == "none" and exporter is None:
+        return None
+    provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
+    if exporter is None:
+        exporter = (
+            _otlp_exporter(config.otlp_endpoint) if config.exporter == "otlp" else ConsoleSpanExporter()
+        )
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def enabled() -> bool:
+    return isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
+Metadata = Sequence[tuple[str, str | bytes]]
+
+
+def inject_metadata(metadata: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Add the current trace context (traceparent, tracestate) to outgoing gRPC metadata."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    metadata.extend(carrier.items())
+    return metadata
+
+
+def extract_context(metadata: Any) -> otel_context.Context:
+    carrier = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in (metadata or ())}
+    return propagate.extract(carrier)
+
+
+def current_trace_id() -> str:
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+
+
+class ServerTracingInterceptor(grpc.aio.ServerInterceptor):
+    """One SERVER span per unary RPC, parented on the caller's `traceparent` metadata."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        behavior: Callable[..., Any] = handler.unary_unary
+        method = details.method
+        parent = extract_context(details.invocation_metadata)
+        tracer = trace.get_tracer("switchyard.grpc")
+
+        async def traced(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            with tracer.start_as_current_span(
+                method, context=parent, kind=SpanKind.SERVER, record_exception=False
+            ) as span:
+                span.set_attribute("rpc.system", "grpc")
+                span.set_attribute("rpc.method", method)
+                try:
+                    return await behavior(request, context)
+                except BaseException as exc:
+                    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                    raise
+
+        return grpc.unary_unary_rpc_method_handler(
+            traced,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class ClientTracingInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
+    """Adds a CLIENT span and the trace context to every unary call of a channel."""
+
+    async def intercept_unary_unary(
+        self, continuation: Callable[..., Any], client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        method = client_call_details.method
+        name = method.decode() if isinstance(method, bytes) else str(method)
+        with trace.get_tracer("switchyard.grpc").start_as_current_span(name, kind=SpanKind.CLIENT):
+            metadata = inject_metadata(list(client_call_details.metadata or ()))  # type: ignore[arg-type]
+            details = grpc.aio.ClientCallDetails(
+                client_call_details.method,
+                client_call_details.timeout,
+                grpc.aio.Metadata(*metadata),
+                client_call_details.credentials,
+                client_call_details.wait_for_ready,
+            )
+            return await continuation(details, request)
