@@ -255,10 +255,13 @@ class Router:
     ) -> None:
         if self.spool is None:
             return
+        ended_us = max(time.time_ns() // 1000, started_us)
+        # A request refused before a deployment was chosen is charged to the route's first path.
+        path = outcome.path or self.pool.states[route.targets[0].deployment].deployment.path
         self.spool.usage(
             mpb.UsageEvent(
                 idempotency_key=request_id if arm == "primary" else f"{request_id}:{arm}:{tags_key(tags)}",
-                path=outcome.path,
+                path=path,
                 model=route.model,
                 model_version=header.model_version,
                 team=identity.team,
@@ -266,9 +269,9 @@ class Router:
                 kind="request",
                 status=outcome.status,
                 met_quality=outcome.status == "completed",
-                busy_us=outcome.busy_us,
+                busy_us=min(outcome.busy_us, ended_us - started_us),
                 started_unix_us=started_us,
-                ended_unix_us=time.time_ns() // 1000,
+                ended_unix_us=ended_us,
                 arm=arm,
                 tags=tags or {},
             )

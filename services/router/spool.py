@@ -26,7 +26,7 @@ from typing import Protocol
 
 from google.protobuf import json_format
 
-from switchyard.errors import DeadlineExceeded, SwitchyardError, Unavailable
+from switchyard.errors import DeadlineExceeded, FailedPrecondition, NotFound, SwitchyardError, Unavailable
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class SpoolStats:
 
 
 _DOWN = (Unavailable, DeadlineExceeded, TimeoutError, ConnectionError)
+_LATER = (NotFound, FailedPrecondition)
 
 
 class Spool:
@@ -151,20 +152,33 @@ class Spool:
             self._next_replay = time.monotonic() + self._backoff
 
     async def _deliver(self, request: mpb.RecordUsageRequest) -> None:
-        """Send a batch; if metering refuses it as a whole, send event by event."""
+        """Send a batch; if metering refuses it as a whole, send event by event.
+
+        An event refused for a reason that can heal (unknown path not registered yet, a
+        precondition) is spooled for a later replay; one refused for its content
+        (conflicting key, invalid field) goes to the dead-letter file.
+        """
         try:
             await self._sink.record_usage(request)
+            return
         except _DOWN:
             raise
         except SwitchyardError as exc:
             log.warning("metering refused a usage batch (%s); retrying event by event", exc)
-            for event in request.events:
-                try:
-                    await self._sink.record_usage(mpb.RecordUsageRequest(events=[event], actor=request.actor))
-                except _DOWN:
-                    raise
-                except SwitchyardError as single:
-                    self._dead_letter(event, str(single))
+        later: list[mpb.UsageEvent] = []
+        for event in request.events:
+            try:
+                await self._sink.record_usage(mpb.RecordUsageRequest(events=[event], actor=request.actor))
+            except _DOWN:
+                raise
+            except _LATER:
+                later.append(event)
+            except SwitchyardError as single:
+                self._dead_letter(event, str(single))
+        if later:
+            log.warning("metering cannot take %d events yet (unknown path?); kept in the spool", len(later))
+            await self._write_segment("usage", mpb.RecordUsageRequest(events=later).SerializeToString())
+            self._next_replay = time.monotonic() + MAX_BACKOFF_S
 
     async def _replay(self) -> None:
         now = time.monotonic()

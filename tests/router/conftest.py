@@ -1,0 +1,158 @@
+"""Real services for the router tests: metering on SQLite, CPU executors, routers on port 0.
+
+Executors load `mlp` once per module (start-up is seconds on a shared CPU); the router under
+test is started per test with the config that test needs. Keys, roles, prices and paths are
+created through metering's own gRPC API, as an operator would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+from sqlalchemy import func, select
+
+from services.executor.config import ExecutorConfig
+from services.executor.server import RunningExecutor, start_executor
+from services.metering.schema import LINES
+from services.metering.server import RunningMetering, start_metering
+from services.router import config as router_config
+from services.router.server import RunningRouter, start_router
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+from switchyard.grpcio import ServerOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+PRICE_KEY = "cpu-test"
+PATHS = ("cpu-a", "cpu-b", "cpu-c")
+
+
+@dataclass
+class Metering:
+    running: RunningMetering
+    url: str
+    stub: mgrpc.MeteringStub
+    channel: grpc.aio.Channel
+
+    async def key(self, name: str, team: str, role: str = "infer", scope: str = "*") -> tuple[str, str]:
+        """A new principal with one role; returns (full key, key id)."""
+        await self.stub.CreatePrincipal(mpb.CreatePrincipalRequest(name=name, kind="service", team=team))
+        if role:
+            await self.stub.GrantRole(mpb.RoleRequest(principal=name, role=role, scope=scope))
+        created = await self.stub.CreateKey(mpb.CreateKeyRequest(principal=name))
+        return created.key, created.key_id
+
+    def usage_counts(self, keys: set[str] | None = None) -> dict[str, int]:
+        """idempotency key -> number of ledger lines with that key (read straight from SQL)."""
+        with self.running.ledger.engines.write.connect() as conn:
+            rows = conn.execute(
+                select(LINES.c.idempotency_key, func.count()).group_by(LINES.c.idempotency_key)
+            ).all()
+        counts = {str(k): int(n) for k, n in rows if k is not None}
+        return counts if keys is None else {k: v for k, v in counts.items() if k in keys}
+
+
+async def _prepare_ledger(stub: mgrpc.MeteringStub) -> None:
+    await stub.SetPrice(mpb.SetPriceRequest(price_key=PRICE_KEY, micros_per_hour=3_600_000, currency="USD"))
+    for path in PATHS:
+        await stub.RegisterPath(
+            mpb.RegisterPathRequest(path=path, backend="cpu", resource_class="cpu-test", price_key=PRICE_KEY)
+        )
+
+
+async def start_metering_at(url: str, port: int = 0) -> RunningMetering:
+    return await start_metering(url, ServerOptions(port=port))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def metering(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Metering]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.db'}"
+    running = await start_metering_at(url)
+    channel = grpc.aio.insecure_channel(running.address)
+    stub = mgrpc.MeteringStub(channel)
+    await _prepare_ledger(stub)
+    yield Metering(running, url, stub, channel)
+    await channel.close()
+    await running.stop(0)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def executors() -> AsyncIterator[list[RunningExecutor]]:
+    """Two CPU executors serving mlp; the second also serves the perturbed variant."""
+    first = await start_executor(ExecutorConfig(models=("mlp",), max_queue_size=256))
+    second = await start_executor(ExecutorConfig(models=("mlp",), max_queue_size=256))
+    await second.executor.load_model("mlp", "perturbed", second.executor.default_options())
+    yield [first, second]
+    await asyncio.gather(first.stop(0), second.stop(0))
+
+
+def routes_config(
+    addresses: dict[str, str], routes: dict[str, Any], **settings: Any
+) -> router_config.RouterConfig:
+    """A RouterConfig from deployment name -> address (paths cpu-a, cpu-b, ... in order)."""
+    deployments = {
+        name: {"address": address, "path": PATHS[i], "price_micros_per_hour": 100 * (i + 1)}
+        for i, (name, address) in enumerate(addresses.items())
+    }
+    return router_config.parse({"router": settings, "deployments": deployments, "routes": routes})
+
+
+RouterFactory = Callable[..., Any]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def make_router(tmp_path: Path) -> AsyncIterator[RouterFactory]:
+    started: list[RunningRouter] = []
+
+    async def make(cfg: router_config.RouterConfig, metering_address: str = "") -> RunningRouter:
+        running = await start_router(
+            cfg, metering_address, ServerOptions(), tmp_path / f"spool{len(started)}"
+        )
+        started.append(running)
+        return running
+
+    yield make
+    for running in started:
+        await running.stop(0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+CHILD = """
+import asyncio, sys
+from services.executor.config import ExecutorConfig
+from services.executor.server import start_executor
+
+async def main() -> None:
+    running = await start_executor(ExecutorConfig(port=int(sys.argv[1]), models=("mlp",), max_queue_size=256))
+    print("READY", running.port, flush=True)
+    await running.serve_until_signal()
+
+asyncio.run(main())
+"""
+
+
+async def spawn_executor() -> tuple[asyncio.subprocess.Process, str]:
+    """A real executor in its own process (so a test can SIGKILL it); returns (process, address)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CHILD, str(port), stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 120)
+    assert line.startswith(b"READY"), line
+    return proc, f"127.0.0.1:{port}"

@@ -1,0 +1,166 @@
+"""tritonclient.grpc through the router with a key; each kind of refusal gets its own status.
+
+Real metering (SQLite), real CPU executors and a real router, all on port 0. tritonclient's
+synchronous client runs in a thread so the servers keep running on this event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+from tritonclient.utils import InferenceServerException
+
+from services.executor.server import RunningExecutor
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.gen.switchyard.v1 import router_pb2 as rpb
+from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
+from tests.router.conftest import Metering, RouterFactory, routes_config
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def _infer(address: str, x: np.ndarray, key: str | None, model: str = "mlp") -> Any:
+    client = triton.InferenceServerClient(address)
+    try:
+        inp = triton.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        headers = {"authorization": f"Bearer {key}"} if key is not None else None
+        return client.infer(model, [inp], headers=headers, client_timeout=30)
+    finally:
+        client.close()
+
+
+async def _status(address: str, x: np.ndarray, key: str | None, model: str = "mlp") -> tuple[str, str]:
+    try:
+        await asyncio.to_thread(_infer, address, x, key, model)
+    except InferenceServerException as exc:
+        return str(exc.status()), str(exc.message())
+    return "OK", ""
+
+
+def _x(rows: int = 2, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
+
+
+async def test_tritonclient_through_the_router_equals_the_executor_and_names_the_path(
+    metering: Metering, executors: list[RunningExecutor], make_router: RouterFactory
+) -> None:
+    cfg = routes_config({"a": executors[0].address}, {"mlp": {"policy": "pinned", "targets": ["a"]}})
+    router = await make_router(cfg, metering.running.address)
+    key, _ = await metering.key("svc-triton", "search", "infer", "model:mlp")
+    x = _x(3)
+    direct = await asyncio.to_thread(_infer, executors[0].address, x, None)
+    routed = await asyncio.to_thread(_infer, router.address, x, key)
+    assert np.array_equal(routed.as_numpy("y"), direct.as_numpy("y"))  # bytes passed through untouched
+    params = routed.get_response().parameters
+    assert params["path"].string_param == "cpu-a"
+    assert 0 <= params["router_overhead_us"].int64_param < 1_000_000
+    assert params["compute_us"].int64_param > 0  # the executor's own parameters survive
+    assert routed.get_response().model_name == "mlp"
+
+    def metadata() -> tuple[Any, Any, bool, bool]:
+        client = triton.InferenceServerClient(router.address)
+        headers = {"authorization": f"Bearer {key}"}
+        try:
+            return (
+                client.get_model_metadata("mlp", headers=headers),
+                client.get_model_config("mlp", headers=headers),
+                client.is_server_live(),
+                client.is_model_ready("mlp", headers=headers),
+            )
+        finally:
+            client.close()
+
+    meta, conf, live, ready = await asyncio.to_thread(metadata)
+    assert meta.name == "mlp" and meta.inputs[0].name == "x" and conf.config.name == "mlp"
+    assert live and ready
+    await router.router.spool.drain(5.0)
+    assert metering.usage_counts({routed.get_response().parameters["request_id"].string_param}) == {
+        routed.get_response().parameters["request_id"].string_param: 1
+    }
+
+
+async def test_refusals_each_get_their_status_and_are_audited(
+    metering: Metering, executors: list[RunningExecutor], make_router: RouterFactory
+) -> None:
+    cfg = routes_config(
+        {"a": executors[0].address},
+        {
+            "mlp": {"policy": "pinned", "targets": ["a"]},
+            "mlp-b": {"policy": "pinned", "targets": [{"deployment": "a", "model": "mlp"}]},
+        },
+        auth_cache_ttl_s=1.0,
+    )
+    router = await make_router(cfg, metering.running.address)
+    key, key_id = await metering.key("svc-scoped", "ads", "infer", "model:mlp")
+    x = _x()
+    assert (await _status(router.address, x, key))[0] == "OK"
+    code, message = await _status(router.address, x, None)
+    assert code == "StatusCode.UNAUTHENTICATED" and "Bearer" in message
+    code, message = await _status(router.address, x, key + "x")
+    assert code == "StatusCode.UNAUTHENTICATED" and "revoked" in message
+    code, message = await _status(router.address, x, key, model="mlp-b")
+    assert code == "StatusCode.PERMISSION_DENIED" and "mlp-b" in message
+    code, message = await _status(router.address, x, key, model="no-such-model")
+    assert code == "StatusCode.NOT_FOUND" and "no-such-model" in message
+
+    await metering.stub.RevokeKey(mpb.RevokeKeyRequest(key_id=key_id))
+    revoked_at = time.monotonic()
+    while (await _status(router.address, x, key))[0] == "OK":
+        assert time.monotonic() - revoked_at < 5.0, "a revoked key kept working for 5 s"
+        await asyncio.sleep(0.2)
+    assert (await _status(router.address, x, key))[0] == "StatusCode.UNAUTHENTICATED"
+
+    assert router.router.spool is not None and await router.router.spool.drain(5.0)
+    audit = await metering.stub.QueryAudit(mpb.QueryAuditRequest(action="request.denied", limit=100))
+    reasons = [
+        json.loads(r.detail_json)["status"] for r in audit.records if r.actor.source.startswith("router")
+    ]
+    assert reasons.count("PERMISSION_DENIED") >= 1 and reasons.count("UNAUTHENTICATED") >= 3
+
+
+async def test_admin_api_changes_routes_only_for_admins_and_audits_them(
+    metering: Metering, executors: list[RunningExecutor], make_router: RouterFactory
+) -> None:
+    cfg = routes_config(
+        {"a": executors[0].address, "b": executors[1].address},
+        {"mlp": {"policy": "pinned", "targets": ["a"]}},
+    )
+    router = await make_router(cfg, metering.running.address)
+    admin_key, _ = await metering.key("ops-admin", "ops", "admin", "*")
+    user_key, _ = await metering.key("ops-user", "ops", "infer", "*")
+    async with grpc.aio.insecure_channel(router.address) as channel:
+        admin = rgrpc.RouterAdminStub(channel)
+        new = rpb.Route(model="mlp", policy="pinned", targets=[rpb.Target(deployment="b")])
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await admin.SetRoute(
+                rpb.SetRouteRequest(route=new), metadata=[("authorization", f"Bearer {user_key}")]
+            )
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        bad = rpb.Route(model="mlp", policy="pinned", targets=[rpb.Target(deployment="gpu")])
+        with pytest.raises(grpc.aio.AioRpcError) as invalid:
+            await admin.SetRoute(
+                rpb.SetRouteRequest(route=bad), metadata=[("authorization", f"Bearer {admin_key}")]
+            )
+        assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "gpu" in (
+            invalid.value.details() or ""
+        )
+        await admin.SetRoute(
+            rpb.SetRouteRequest(route=new), metadata=[("authorization", f"Bearer {admin_key}")]
+        )
+        routes = await admin.ListRoutes(
+            rpb.ListRoutesRequest(), metadata=[("authorization", f"Bearer {user_key}")]
+        )
+        assert [t.deployment for t in routes.routes[0].targets] == ["b"]
+    served = await asyncio.to_thread(_infer, router.address, _x(), user_key)
+    assert served.get_response().parameters["path"].string_param == "cpu-b"
+    assert router.router.spool is not None and await router.router.spool.drain(5.0)
+    audit = await metering.stub.QueryAudit(mpb.QueryAuditRequest(action="route.set", limit=10))
+    assert any(json.loads(r.detail_json)["new"]["targets"][0]["deployment"] == "b" for r in audit.records)
