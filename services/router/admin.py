@@ -171,7 +171,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
                     max_abs_error=s.max_abs_error,
                     mean_max_abs_error=s.mean_max_abs_error,
                     min_cosine=s.min_cosine,
-                    comparer="local",
+                    comparer=s.comparer,
                 )
                 for s in stats
             ]

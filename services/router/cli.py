@@ -16,12 +16,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--config", required=True, help="routes TOML file (deployments, routes, [router] limits)"
     )
     serve.add_argument("--metering", default="", help="metering HOST:PORT (auth and usage)")
+    serve.add_argument(
+        "--evaluator", default="", help="evaluator HOST:PORT for shadow pairs (default: local)"
+    )
     serve.add_argument("--spool-dir", default="", help="durable usage spool (default: [router] spool_dir)")
     serve.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
+    import dataclasses
     from pathlib import Path
 
     from services.router import config
@@ -32,6 +36,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         cfg = config.load(Path(args.config))
+        if args.evaluator:
+            cfg = dataclasses.replace(
+                cfg, settings=dataclasses.replace(cfg.settings, evaluator=args.evaluator)
+            )
     except SwitchyardError as exc:
         print(f"switchyard router: {exc}")
         return 2

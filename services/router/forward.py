@@ -25,9 +25,10 @@ import grpc
 from services.router import wire
 from services.router.auth import ANONYMOUS, Authenticator, Identity, authorize, bearer_key
 from services.router.config import Route, RouterConfig, Target
+from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
 from services.router.executors import ExecutorPool
 from services.router.policies import DeploymentState, plan
-from services.router.shadow import ShadowStats, divergence
+from services.router.shadow import Divergence, ShadowStats, divergence
 from services.router.spool import Spool
 from switchyard import telemetry
 from switchyard.errors import (
@@ -78,6 +79,7 @@ class Router:
         pool: ExecutorPool,
         auth: Authenticator | None,
         spool: Spool | None,
+        evaluator: EvaluatorComparer | None = None,
     ) -> None:
         self.config = config
         self.settings = config.settings
@@ -85,6 +87,7 @@ class Router:
         self.pool = pool
         self.auth = auth
         self.spool = spool
+        self.evaluator = evaluator
         self.rng = random.Random()
         self.in_flight: dict[str, int] = {}
         self.shadow_stats: dict[tuple[str, str], ShadowStats] = {}
@@ -330,18 +333,16 @@ class Router:
                 [("x-request-id", request_id)],
             )
             self._account(state, reply, time.perf_counter_ns() - t1, outcome)
-            d = divergence(
-                pb.ModelInferResponse.FromString(primary),
-                pb.ModelInferResponse.FromString(reply),
-                self.settings.shadow_atol,
-                self.settings.shadow_rtol,
+            d, comparer = await self._compare(
+                pb.ModelInferResponse.FromString(primary), pb.ModelInferResponse.FromString(reply)
             )
+            stats.comparer = comparer
             stats.add(d)
             tags.update(
                 max_abs_error=repr(d.max_abs_error),
                 cosine=repr(d.cosine),
                 diverged=str(d.diverged).lower(),
-                comparer="local",
+                comparer=comparer,
             )
         except grpc.aio.AioRpcError as exc:
             stats.failures += 1
@@ -353,7 +354,21 @@ class Router:
             self._shadow_pending -= 1
             self._usage(route, identity, request_id, header, outcome, started_us, "shadow", tags)
 
+    async def _compare(
+        self, primary: pb.ModelInferResponse, candidate: pb.ModelInferResponse
+    ) -> tuple[Divergence, str]:
+        """The evaluator's judgement when one is configured and up; the local comparison otherwise."""
+        if self.evaluator is not None:
+            try:
+                return await self.evaluator.compare(primary, candidate), "evaluator"
+            except EvaluatorUnavailable as exc:
+                log.warning("evaluator unreachable (%s): comparing the shadow pair locally", exc)
+        d = divergence(primary, candidate, self.settings.shadow_atol, self.settings.shadow_rtol)
+        return d, "local"
+
     async def close(self) -> None:
+        if self.evaluator is not None:
+            await self.evaluator.close()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -15,6 +15,7 @@ from services.router import oip
 from services.router.admin import AdminServicer
 from services.router.auth import Authenticator
 from services.router.config import RouterConfig
+from services.router.evaluator_client import EvaluatorComparer
 from services.router.executors import ExecutorPool
 from services.router.forward import Router
 from services.router.metering_client import MeteringClient
@@ -86,7 +87,8 @@ async def start_router(
         log.warning("no metering address: usage is not recorded")
     pool = ExecutorPool(config.deployments, settings)
     pool.start()
-    router = Router(config, pool, auth, spool)
+    evaluator = EvaluatorComparer(settings.evaluator) if settings.evaluator else None
+    router = Router(config, pool, auth, spool, evaluator)
     registrations: list[Registration] = [
         (oip.add_to_server, oip.OipServicer(router), oip.SERVICE),
         (

@@ -123,6 +123,7 @@ class ShadowStats:
     max_abs_error: float = 0.0
     sum_max_abs_error: float = 0.0
     min_cosine: float = 1.0
+    comparer: str = "local"
     last_reasons: list[str] = field(default_factory=list)
 
     def add(self, d: Divergence) -> None:

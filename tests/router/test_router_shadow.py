@@ -7,6 +7,7 @@ shows that the comparison does not call everything divergent.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import grpc
@@ -14,12 +15,15 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
+from services.evaluator.server import start_evaluator
 from services.executor.server import RunningExecutor
 from services.metering.schema import LINES
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
+from services.router.shadow import divergence
+from switchyard.grpcio import ServerOptions
 from tests.router.conftest import Metering, RouterFactory, routes_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -44,6 +48,8 @@ async def test_shadow_on_the_perturbed_variant_records_divergence(
             },
         },
     )
+    evaluator = await start_evaluator(ServerOptions())
+    cfg = dataclasses.replace(cfg, settings=dataclasses.replace(cfg.settings, evaluator=evaluator.address))
     router = await make_router(cfg, metering.running.address)
     key, _ = await metering.key("svc-shadow", "research")
     metadata = [("authorization", f"Bearer {key}")]
@@ -74,11 +80,13 @@ async def test_shadow_on_the_perturbed_variant_records_divergence(
         report = await rgrpc.RouterAdminStub(channel).ShadowReport(
             rpb.ShadowReportRequest(), metadata=metadata
         )
+    await evaluator.drain(0)
     by_model = {s.model: s for s in report.stats}
     perturbed, control = by_model["mlp"], by_model["mlp-control"]
     assert perturbed.candidate == "b/mlp:perturbed" and perturbed.pairs == 8 and perturbed.failures == 0
     assert perturbed.diverged == 8 and perturbed.max_abs_error > 1e-3 and perturbed.min_cosine < 1.0
     assert control.pairs == 8 and control.diverged == 0 and control.max_abs_error < 1e-5
+    assert perturbed.comparer == control.comparer == "evaluator"  # the pairs went to the evaluator
 
     # Each pair is also in the ledger: the shadow arm's usage line carries its divergence.
     assert router.router.spool is not None and await router.router.spool.drain(5.0)
@@ -88,3 +96,20 @@ async def test_shadow_on_the_perturbed_variant_records_divergence(
         ).all()
     tags = [json.loads(r[0]) for r in rows]
     assert len(tags) == 8 and all(t["diverged"] == "true" and float(t["max_abs_error"]) > 1e-3 for t in tags)
+    assert {t["comparer"] for t in tags} == {"evaluator"}
+
+
+def _response(values: list[float]) -> pb.ModelInferResponse:
+    reply = pb.ModelInferResponse(model_name="m")
+    reply.outputs.add(name="y", datatype="FP32", shape=[1, len(values)])
+    reply.raw_output_contents.append(np.asarray(values, np.float32).tobytes())
+    return reply
+
+
+def test_local_divergence_when_no_evaluator() -> None:
+    same = divergence(_response([1.0, 2.0]), _response([1.0, 2.0]), atol=1e-5, rtol=1e-4)
+    assert not same.diverged and same.max_abs_error == 0.0 and same.cosine == pytest.approx(1.0)
+    off = divergence(_response([1.0, 2.0]), _response([1.0, 2.5]), atol=1e-5, rtol=1e-4)
+    assert off.diverged and off.max_abs_error == pytest.approx(0.5) and off.mismatch_share == 0.5
+    shape = divergence(_response([1.0, 2.0]), _response([1.0]), atol=1e-5, rtol=1e-4)
+    assert shape.diverged and "shape" in shape.reason
