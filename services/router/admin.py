@@ -141,7 +141,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
                     name=d.name,
                     address=d.address,
                     path=d.path,
-                    healthy=state.admitted(now),
+                    healthy=state.admitted(),
                     ejected_for_s=max(0.0, state.ejected_until - now),
                     ejections=state.ejections,
                     last_error=state.last_error,

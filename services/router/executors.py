@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,7 +72,7 @@ class ExecutorPool:
 
     def eject(self, deployment: str, reason: str) -> None:
         state = self.states[deployment]
-        was_admitted = state.admitted(time.monotonic())
+        was_admitted = state.admitted()
         state.eject(reason, self._settings)
         if was_admitted:
             log.warning("ejected deployment %s: %s", deployment, reason)

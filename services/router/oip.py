@@ -8,7 +8,6 @@ the model name the caller used. Server-level RPCs describe the router itself.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -93,8 +92,7 @@ class OipServicer:
 
     async def server_ready(self, request: pb.ServerReadyRequest, context: Ctx) -> pb.ServerReadyResponse:
         states = self.router.pool.states.values()
-        now = time.monotonic()
-        return pb.ServerReadyResponse(ready=any(s.admitted(now) for s in states))
+        return pb.ServerReadyResponse(ready=any(s.admitted() for s in states))
 
     async def server_metadata(
         self, request: pb.ServerMetadataRequest, context: Ctx

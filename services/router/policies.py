@@ -34,14 +34,16 @@ class DeploymentState:
     load_at: float = 0.0
     service_time_us: float = 0.0  # 0 = not measured yet
 
-    def admitted(self, now: float) -> bool:
-        return now >= self.ejected_until
+    def admitted(self) -> bool:
+        # An ejected deployment stays out after its cooldown until a health probe passes, so no
+        # request is the one that finds out whether it came back.
+        return self.ejected_until == 0.0
 
     def eject(self, reason: str, settings: Settings, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        if not self.admitted(now):
-            return  # already out; a burst of failures is one ejection
-        if now - self.admitted_since > settings.eject_max_s:
+        if not self.admitted() and now < self.ejected_until:
+            return  # already out and cooling down; a burst of failures is one ejection
+        if self.admitted() and now - self.admitted_since > settings.eject_max_s:
             self.ejections = 0  # it had been healthy for long: start the cooldown over
         self.ejections += 1
         cooldown = min(settings.eject_base_s * 2 ** (self.ejections - 1), settings.eject_max_s)
@@ -105,11 +107,9 @@ def plan(
     route: Route,
     states: dict[str, DeploymentState],
     rng: random.Random,
-    now: float | None = None,
 ) -> list[Choice]:
     """Targets to try in order: the policy's choice first, then one alternative for a retry."""
-    now = time.monotonic() if now is None else now
-    options = [(t, states[t.deployment]) for t in route.targets if states[t.deployment].admitted(now)]
+    options = [(t, states[t.deployment]) for t in route.targets if states[t.deployment].admitted()]
     if not options:
         ejected = ", ".join(f"{t.deployment} ({states[t.deployment].last_error})" for t in route.targets)
         raise Unavailable(f"no healthy deployment for model {route.model!r}; ejected: {ejected}")

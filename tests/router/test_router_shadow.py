@@ -106,7 +106,7 @@ def _response(values: list[float]) -> pb.ModelInferResponse:
     return reply
 
 
-def test_local_divergence_when_no_evaluator() -> None:
+async def test_local_divergence_when_no_evaluator() -> None:
     same = divergence(_response([1.0, 2.0]), _response([1.0, 2.0]), atol=1e-5, rtol=1e-4)
     assert not same.diverged and same.max_abs_error == 0.0 and same.cosine == pytest.approx(1.0)
     off = divergence(_response([1.0, 2.0]), _response([1.0, 2.5]), atol=1e-5, rtol=1e-4)

@@ -19,7 +19,7 @@ from tests.router.conftest import ROOT
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 CHILD = """
-import asyncio, json, sys, tempfile
+import asyncio, json, pathlib, sys, tempfile
 import grpc, numpy as np
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from switchyard import telemetry
@@ -47,13 +47,15 @@ async def main() -> None:
         await stub.GrantRole(mpb.RoleRequest(principal="t", role="infer", scope="*"))
         key = (await stub.CreateKey(mpb.CreateKeyRequest(principal="t"))).key
     cfg = routes_config({"a": executor.address}, {"mlp": {"policy": "pinned", "targets": ["a"]}})
-    router = await start_router(cfg, metering.address, ServerOptions(), __import__("pathlib").Path(tmp) / "spool")
+    spool = pathlib.Path(tmp) / "spool"
+    router = await start_router(cfg, metering.address, ServerOptions(), spool)
     exporter.clear()
     async with grpc.aio.insecure_channel(router.address) as ch:
         req = pb.ModelInferRequest(model_name="mlp")
         req.inputs.add(name="x", datatype="FP32", shape=[1, 64])
         req.raw_input_contents.append(np.zeros((1, 64), np.float32).tobytes())
-        await pbgrpc.GRPCInferenceServiceStub(ch).ModelInfer(req, metadata=[("authorization", f"Bearer {key}")])
+        auth = [("authorization", f"Bearer {key}")]
+        await pbgrpc.GRPCInferenceServiceStub(ch).ModelInfer(req, metadata=auth)
     await router.stop(0); await executor.stop(0); await metering.stop(0)
     provider.force_flush()
     spans = [

@@ -132,24 +132,24 @@ def test_failover_skips_ejected_and_recovers_after_cooldown() -> None:
     states = _states("a", "b")
     route = Route("m", Policy.FAILOVER, (Target("a"), Target("b")))
     rng = random.Random(1)
-    assert [t.deployment for t, _ in plan(route, states, rng, now=100.0)] == ["a", "b"]
+    assert [t.deployment for t, _ in plan(route, states, rng)] == ["a", "b"]
     states["a"].eject("down", settings, now=100.0)
-    assert [t.deployment for t, _ in plan(route, states, rng, now=100.5)] == ["b"]
+    assert [t.deployment for t, _ in plan(route, states, rng)] == ["b"]
     assert not states["a"].probe_succeeded(now=100.5)  # still cooling down
     assert states["a"].probe_succeeded(now=101.0)
-    assert plan(route, states, rng, now=101.0)[0][0].deployment == "a"
+    assert plan(route, states, rng)[0][0].deployment == "a"
     states["a"].eject("down again", settings, now=101.5)  # soon after: the cooldown doubles
     assert states["a"].ejected_until == pytest.approx(103.5)
     states["b"].eject("down", settings, now=101.5)
     with pytest.raises(Unavailable, match="no healthy deployment"):
-        plan(route, states, rng, now=101.6)
+        plan(route, states, rng)
 
 
 def test_weighted_split_follows_weights() -> None:
     states = _states("a", "b")
     route = Route("m", Policy.WEIGHTED, (Target("a", weight=9), Target("b", weight=1)))
     rng = random.Random(7)
-    counts = Counter(plan(route, states, rng, now=0)[0][0].deployment for _ in range(5000))
+    counts = Counter(plan(route, states, rng)[0][0].deployment for _ in range(5000))
     assert 0.87 < counts["a"] / 5000 < 0.93
 
 
@@ -159,9 +159,9 @@ def test_least_loaded_prefers_lower_reported_load_and_breaks_ties_randomly() -> 
     rng = random.Random(3)
     states["a"].report_load(in_flight=5, queue_depth=4)
     states["b"].report_load(in_flight=1, queue_depth=0)
-    assert {plan(route, states, rng, now=0)[0][0].deployment for _ in range(200)} == {"b"}
+    assert {plan(route, states, rng)[0][0].deployment for _ in range(200)} == {"b"}
     states["a"].report_load(1, 0)
-    ties = Counter(plan(route, states, rng, now=0)[0][0].deployment for _ in range(2000))
+    ties = Counter(plan(route, states, rng)[0][0].deployment for _ in range(2000))
     assert 800 < ties["a"] < 1200
 
 
@@ -170,18 +170,18 @@ def test_cheapest_is_price_times_measured_service_time() -> None:
     route = Route("m", Policy.CHEAPEST, (Target("fast-dear"), Target("slow-cheap")))
     rng = random.Random(5)
     # Unmeasured targets are tried first, so both get measured.
-    assert {plan(route, states, rng, now=0)[0][0].deployment for _ in range(50)} == {
+    assert {plan(route, states, rng)[0][0].deployment for _ in range(50)} == {
         "fast-dear",
         "slow-cheap",
     }
     states["fast-dear"].observe_service_time(100.0)  # 1000 x 100 = 100000
     states["slow-cheap"].observe_service_time(500.0)  # 100 x 500 = 50000
-    picks = Counter(plan(route, states, rng, now=0)[0][0].deployment for _ in range(1000))
+    picks = Counter(plan(route, states, rng)[0][0].deployment for _ in range(1000))
     assert picks["slow-cheap"] > 930  # the rest is exploration (5%)
     states["slow-cheap"].observe_service_time(100000.0)
     for _ in range(30):
         states["slow-cheap"].observe_service_time(100000.0)
-    picks = Counter(plan(route, states, rng, now=0)[0][0].deployment for _ in range(1000))
+    picks = Counter(plan(route, states, rng)[0][0].deployment for _ in range(1000))
     assert picks["fast-dear"] > 930
 
 
