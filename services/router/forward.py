@@ -67,9 +67,8 @@ def tags_key(tags: dict[str, str] | None) -> str:
     return (tags or {}).get("candidate", "")
 
 
-def _int(params: dict[str, wire.Param], key: str) -> int:
-    value = params.get(key, 0)
-    return int(value) if isinstance(value, int | float) else 0
+# Response parameters every executor sets (switchyard/oip_params.py): load and device time.
+_LOAD_KEYS = ("in_flight", "queue_depth", "compute_us", "batch_size")
 
 
 class Router:
@@ -236,12 +235,9 @@ class Router:
         raise AssertionError("plan() returns at least one choice")
 
     def _account(self, state: DeploymentState, reply: bytes, elapsed_ns: int, outcome: Outcome) -> None:
-        params = wire.read_parameters(reply)
-        if "in_flight" in params or "queue_depth" in params:
-            state.report_load(_int(params, "in_flight"), _int(params, "queue_depth"))
-        compute = _int(params, "compute_us")
-        batch = max(1, _int(params, "batch_size"))
-        outcome.busy_us = compute // batch  # this request's share of the batch's device time
+        in_flight, queue_depth, compute, batch = wire.read_int_parameters(reply, _LOAD_KEYS)
+        state.report_load(in_flight, queue_depth)
+        outcome.busy_us = compute // max(1, batch)  # this request's share of the batch's device time
         state.observe_service_time(elapsed_ns / 1000)
         outcome.status = "completed"
 

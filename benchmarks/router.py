@@ -1,0 +1,338 @@
+"""Router overhead: direct-to-executor versus through the router, measured in one run.
+
+Each service runs in its own process, as deployed: a CPU executor serving `mlp`, metering on
+a temporary SQLite file, and the router started with `switchyard router serve` (auth through
+metering with its cache, usage events to metering, telemetry off). One client process sends
+pre-serialised ModelInferRequests over grpc.aio, first straight to the executor (the
+baseline), then through the router, with a 1 KB input (4 x 64 FP32) and a 1 MB input
+(4096 x 64 FP32), at 1 and 16 concurrent clients. Prints p50/p99, throughput at 16 and the
+ratios, and writes out/bench/router.json.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/router.py [--scale 0.5]
+
+Targets (issue 5): <= 0.5 ms added at p50 and <= 1.5 ms at p99 for 1 KB at concurrency 1;
+through-router throughput >= 0.6 of direct at 16 clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+
+ROOT = Path(__file__).resolve().parent.parent
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+WIDE = 262_144  # FP32 elements in one row of the `wide` model's input: 1 MiB
+SIZES = {"1KB": ("mlp", 4, 64), "1MB": ("wide", 1, WIDE)}  # model, rows, columns (FP32)
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+EXECUTOR = f"""
+import asyncio, sys
+from pathlib import Path
+from services.executor.config import ExecutorConfig
+from services.executor.server import start_executor
+from switchyard.models.registry import ModelRegistry
+
+async def main() -> None:
+    registry = ModelRegistry.with_builtins()
+    registry.register_user("wide", "1", "benchmarks.router:wide_model", Path(sys.argv[2]))
+    cfg = ExecutorConfig(port=int(sys.argv[1]), models=("mlp", "wide"), batch_buckets={BUCKETS!r},
+                         max_queue_size=1024)
+    running = await start_executor(cfg, registry)
+    print("READY", flush=True)
+    await running.serve_until_signal()
+
+asyncio.run(main())
+"""
+
+METERING = """
+import asyncio, sys
+from services.metering.server import start_metering
+from switchyard.grpcio import ServerOptions
+
+async def main() -> None:
+    running = await start_metering(sys.argv[2], ServerOptions(port=int(sys.argv[1])))
+    print("READY", flush=True)
+    await running.serve_until_signal()
+
+asyncio.run(main())
+"""
+
+
+def wide_model() -> Any:
+    """User-model factory for the 1 MiB case: FP32 [262144] in, its mean per 64-column block out.
+
+    The executor's largest batch bucket is 1024 rows, so a 1 MiB request needs a wide row.
+    """
+    import torch
+
+    from switchyard.models.registry import TensorSpec, UserModel
+
+    class Wide(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(x.shape[0], -1, 64).mean(dim=2) * self.scale
+
+    return UserModel(Wide(), (TensorSpec("x", "FP32", (WIDE,)),), (TensorSpec("y", "FP32", (WIDE // 64,)),))
+
+
+def write_wide_checkpoint(path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"scale": torch.ones(1)}, str(path))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_serving(address: str, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"{address} did not become SERVING (logs in {tempfile.gettempdir()}/router-bench-*)")
+
+
+@dataclass
+class Result:
+    target: str
+    size: str
+    input_bytes: int
+    concurrency: int
+    requests: int
+    p50_ms: float
+    p99_ms: float
+    throughput_rps: float
+
+
+async def measure(
+    address: str,
+    body: bytes,
+    concurrency: int,
+    count: int,
+    metadata: Any,
+    target: str,
+    size: str,
+    input_bytes: int,
+) -> Result:
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    async with grpc.aio.insecure_channel(address, options=options) as channel:
+        call = channel.unary_unary(INFER)  # bytes in, bytes out: the client costs the same both ways
+        for _ in range(max(10, count // 10)):  # warm-up: connections, executor buckets, auth cache
+            await call(body, metadata=metadata, timeout=30)
+        latencies: list[float] = []
+        remaining = iter(range(count))
+
+        async def client() -> None:
+            for _ in remaining:
+                t0 = time.perf_counter()
+                await call(body, metadata=metadata, timeout=30)
+                latencies.append(time.perf_counter() - t0)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    q = statistics.quantiles(latencies, n=100, method="inclusive")
+    return Result(target, size, input_bytes, concurrency, count, q[49] * 1e3, q[98] * 1e3, count / wall)
+
+
+async def setup_key(metering: str) -> str:
+    async with grpc.aio.insecure_channel(metering) as channel:
+        stub = mgrpc.MeteringStub(channel)
+        await stub.SetPrice(
+            mpb.SetPriceRequest(price_key="bench-cpu", micros_per_hour=1_000_000, currency="USD")
+        )
+        await stub.RegisterPath(
+            mpb.RegisterPathRequest(
+                path="cpu-bench", backend="cpu", resource_class="cpu", price_key="bench-cpu"
+            )
+        )
+        await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="bench", kind="service", team="bench"))
+        for model in ("mlp", "wide"):
+            await stub.GrantRole(mpb.RoleRequest(principal="bench", role="infer", scope=f"model:{model}"))
+        return (await stub.CreateKey(mpb.CreateKeyRequest(principal="bench"))).key
+
+
+async def spawn(*args: str, env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
+    with log.open("wb") as sink:  # the child keeps its own descriptor
+        return await asyncio.create_subprocess_exec(
+            sys.executable, *args, env=env, cwd=ROOT, stdout=sink, stderr=sink
+        )
+
+
+async def run(scale: float) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none"}
+    ports = {name: free_port() for name in ("executor", "metering", "router")}
+    addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+    (tmp / "routes.toml").write_text(
+        f'[router]\nspool_dir = "{tmp / "spool"}"\nmax_in_flight = 1024\n\n'
+        f'[deployments.cpu]\naddress = "{addr["executor"]}"\npath = "cpu-bench"\n\n'
+        '[routes.mlp]\npolicy = "pinned"\ntargets = ["cpu"]\n\n'
+        '[routes.wide]\npolicy = "pinned"\ntargets = ["cpu"]\n'
+    )
+    write_wide_checkpoint(tmp / "wide.safetensors")
+    procs = [
+        await spawn(
+            "-c",
+            EXECUTOR,
+            str(ports["executor"]),
+            str(tmp / "wide.safetensors"),
+            env=env,
+            log=tmp / "executor.log",
+        ),
+        await spawn(
+            "-c",
+            METERING,
+            str(ports["metering"]),
+            f"sqlite:///{tmp / 'ledger.db'}",
+            env=env,
+            log=tmp / "metering.log",
+        ),
+    ]
+    try:
+        await asyncio.gather(wait_serving(addr["executor"]), wait_serving(addr["metering"]))
+        key = await setup_key(addr["metering"])
+        procs.append(
+            await spawn(
+                "-m",
+                "switchyard",
+                "router",
+                "serve",
+                "--port",
+                str(ports["router"]),
+                "--config",
+                str(tmp / "routes.toml"),
+                "--metering",
+                addr["metering"],
+                env=env,
+                log=tmp / "router.log",
+            )
+        )
+        await wait_serving(addr["router"])
+        auth = [("authorization", f"Bearer {key}")]
+        results: list[Result] = []
+        plan = [("1KB", 1, 400), ("1KB", 16, 2400), ("1MB", 1, 60), ("1MB", 16, 160)]
+        for size, concurrency, count in plan:
+            model, rows, cols = SIZES[size]
+            x = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+            req = pb.ModelInferRequest(model_name=model)
+            req.inputs.add(name="x", datatype="FP32", shape=[rows, cols])
+            req.raw_input_contents.append(x.tobytes())
+            body = req.SerializeToString()
+            n = max(20, int(count * scale))
+            for target, address, md in (("direct", addr["executor"], None), ("router", addr["router"], auth)):
+                r = await measure(address, body, concurrency, n, md, target, size, x.nbytes)
+                results.append(r)
+                print(
+                    f"{target:6s} {size} c={concurrency:2d} n={n:5d}: p50 {r.p50_ms:7.3f} ms  "
+                    f"p99 {r.p99_ms:7.3f} ms  {r.throughput_rps:8.1f} req/s",
+                    flush=True,
+                )
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in procs:
+            await proc.wait()
+    return summarise(results, scale)
+
+
+def summarise(results: list[Result], scale: float) -> dict[str, Any]:
+    by = {(r.target, r.size, r.concurrency): r for r in results}
+    comparisons = []
+    for size in SIZES:
+        for concurrency in (1, 16):
+            d, r = by[("direct", size, concurrency)], by[("router", size, concurrency)]
+            comparisons.append(
+                {
+                    "size": size,
+                    "input_bytes": d.input_bytes,
+                    "concurrency": concurrency,
+                    "added_p50_ms": r.p50_ms - d.p50_ms,
+                    "added_p99_ms": r.p99_ms - d.p99_ms,
+                    "throughput_ratio": r.throughput_rps / d.throughput_rps,
+                }
+            )
+    key = {(c["size"], c["concurrency"]): c for c in comparisons}
+    targets = {
+        "added_p50_ms_1KB_c1<=0.5": key[("1KB", 1)]["added_p50_ms"] <= 0.5,
+        "added_p99_ms_1KB_c1<=1.5": key[("1KB", 1)]["added_p99_ms"] <= 1.5,
+        "throughput_ratio_1KB_c16>=0.6": key[("1KB", 16)]["throughput_ratio"] >= 0.6,
+    }
+    return {
+        "benchmark": "router",
+        "configuration": {
+            "models": {
+                "1KB": "mlp (4 x 64 FP32 in; 64 -> 256 -> 256 -> 16; CPU eager)",
+                "1MB": "wide, a user model (1 x 262144 FP32 in, 4096 out: block means), since the "
+                "executor's batch buckets stop at 1024 rows",
+            },
+            "executor": {"batch_buckets": BUCKETS, "dynamic_batching": True, "max_queue_delay_us": 0},
+            "router": "switchyard router serve: pinned route, Bearer auth via metering (2 s cache), "
+            "usage events batched to metering (SQLite), telemetry off",
+            "client": "one grpc.aio process, pre-serialised requests, one channel",
+            "processes": "executor, metering, router and client each in its own process",
+            "scale": scale,
+            "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpc": grpc.__version__},
+        },
+        "results": [asdict(r) for r in results],
+        "comparisons": comparisons,
+        "targets_met": targets,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts (default 1.0)")
+    parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "router.json"))
+    args = parser.parse_args()
+    report = asyncio.run(run(args.scale))
+    for c in report["comparisons"]:
+        print(
+            f"{c['size']} c={c['concurrency']:2d}: router adds p50 {c['added_p50_ms']:+.3f} ms, "
+            f"p99 {c['added_p99_ms']:+.3f} ms; throughput ratio {c['throughput_ratio']:.2f}"
+        )
+    for name, ok in report["targets_met"].items():
+        print(f"target {name}: {'met' if ok else 'NOT met'}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
