@@ -55,5 +55,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"router serving OIP on {running.address}", flush=True)
         await running.serve_until_signal()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except SwitchyardError as exc:
+        print(f"switchyard router: {exc}")
+        return 2
     return 0

@@ -145,9 +145,9 @@ asyncio.run(main())
 """
 
 
-async def spawn_executor() -> tuple[asyncio.subprocess.Process, str]:
+async def spawn_executor(port: int = 0) -> tuple[asyncio.subprocess.Process, str]:
     """A real executor in its own process (so a test can SIGKILL it); returns (process, address)."""
-    port = free_port()
+    port = port or free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", CHILD, str(port), stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT

@@ -109,6 +109,39 @@ async def test_executor_killed_during_concurrent_load(
     assert len(counts) == len(served) and set(counts.values()) == {1}  # each completed request once
 
 
+async def test_killed_executor_is_ejected_and_readmitted_when_it_returns(
+    metering: Metering, executors: list[RunningExecutor], make_router: RouterFactory
+) -> None:
+    first, address = await spawn_executor()
+    cfg = routes_config(
+        {"preferred": address, "backup": executors[0].address},
+        {"mlp": {"policy": "failover", "targets": ["preferred", "backup"]}},
+        health_interval_s=0.1,
+        eject_base_s=0.5,
+    )
+    router = await make_router(cfg, metering.running.address)
+    key, _ = await metering.key("svc-return", "ops")
+    _, paths, _ = await _load(router.address, key, 5, 1)
+    assert set(paths) == {"cpu-a"}  # failover order: the preferred deployment serves
+    first.kill()
+    await first.wait()
+    _, paths, errors = await _load(router.address, key, 20, 2)
+    assert errors == [] and set(paths) == {"cpu-b"}  # retried on the backup, then routed around
+    state = router.router.pool.states["preferred"]
+    assert not state.admitted() and state.last_error  # ejected, with the reason kept
+    second, _ = await spawn_executor(int(address.rsplit(":", 1)[1]))  # the same executor comes back
+    try:
+        for _ in range(100):
+            if state.admitted():
+                break
+            await asyncio.sleep(0.1)
+        _, paths, errors = await _load(router.address, key, 5, 1)
+        assert errors == [] and set(paths) == {"cpu-a"}  # re-admitted after its cooldown
+    finally:
+        second.kill()
+        await second.wait()
+
+
 async def test_metering_stopped_and_restarted_during_traffic(
     tmp_path: Path, executors: list[RunningExecutor], make_router: RouterFactory
 ) -> None:

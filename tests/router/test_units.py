@@ -7,8 +7,12 @@ integration tests (test_router_*.py) run the same code against real executors an
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -229,3 +233,23 @@ async def test_auth_cache_coalesces_expires_and_survives_an_outage() -> None:
     await asyncio.sleep(0.25)
     with pytest.raises(Unauthenticated):
         await auth.identify("good")
+
+
+def test_the_example_config_parses(repo_root: Path) -> None:
+    cfg = config.load(repo_root / "services" / "router" / "routes.example.toml")
+    assert [r.model for r in cfg.routes] == ["mlp", "tiny-lm", "minilm-l6"]
+    assert cfg.settings == Settings()  # the example documents the defaults
+
+
+def test_cli_refuses_a_bad_config_with_a_message(tmp_path: Path, repo_root: Path) -> None:
+    bad = tmp_path / "routes.toml"
+    bad.write_text('[routes.mlp]\npolicy = "fastest"\ntargets = []\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "switchyard", "router", "serve", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=repo_root,
+        env={**os.environ, "PYTHONPATH": str(repo_root)},
+        timeout=120,
+    )
+    assert done.returncode == 2 and "unknown policy 'fastest'" in done.stdout
