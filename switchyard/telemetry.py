@@ -1,14 +1,13 @@
 """OpenTelemetry for every switchyard service: set-up, and trace context over gRPC metadata.
 
-`setup(TelemetryConfig.from_env("router"))` installs a tracer provider once per process:
-console exporter by default, OTLP when `SWITCHYARD_TRACES=otlp` (or
-`OTEL_EXPORTER_OTLP_ENDPOINT` is set and the OTLP exporter package is installed), nothing with
-`none`. `switchyard.grpcio.start_server` adds `ServerTracingInterceptor` whenever a provider is
-installed, so each served RPC is a span whose parent comes from the caller's `traceparent`
-metadata; callers add their context with `inject_metadata` or `ClientTracingInterceptor`.
-The chain router -> executor -> metering is therefore one trace. Without a provider nothing is
-wrapped and the hot path pays nothing.
-"""
+`setup(TelemetryConfig.from_env("router"))` installs a tracer and a meter provider once per
+process: console exporter by default (metrics every 60 s), OTLP when `SWITCHYARD_TRACES=otlp`
+(or `OTEL_EXPORTER_OTLP_ENDPOINT` is set; the OTLP exporter package must then be installed),
+nothing with `none`. `switchyard.grpcio.start_server` adds `ServerTracingInterceptor` whenever
+a tracer provider is installed, so each served RPC is a span whose parent comes from the
+caller's `traceparent` metadata; callers add their context with `inject_metadata` or
+`ClientTracingInterceptor`. The chain router -> executor -> metering is therefore one trace.
+Without a provider nothing is wrapped and the hot path pays nothing."""
 
 from __future__ import annotations
 
@@ -19,7 +18,13 @@ from typing import Any
 
 import grpc
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
@@ -57,8 +62,35 @@ def _otlp_exporter(endpoint: str) -> SpanExporter:
     return exporter
 
 
-def setup(config: TelemetryConfig, exporter: SpanExporter | None = None) -> TracerProvider | None:
-    """Install the process's tracer provider (once); returns it, or None for `none`."""
+def _setup_metrics(config: TelemetryConfig, reader: MetricReader | None) -> None:
+    if isinstance(metrics.get_meter_provider(), MeterProvider):
+        return
+    if reader is None:
+        if config.exporter == "none":
+            return
+        if config.exporter == "otlp":
+            try:
+                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # type: ignore[import-not-found,unused-ignore]
+                    OTLPMetricExporter,
+                )
+            except ImportError:
+                return  # traces already said what to install
+            reader = PeriodicExportingMetricReader(OTLPMetricExporter())
+        else:
+            reader = PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=60_000)
+    resource = Resource.create({"service.name": config.service_name})
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
+
+
+def metrics_enabled() -> bool:
+    return isinstance(metrics.get_meter_provider(), MeterProvider)
+
+
+def setup(
+    config: TelemetryConfig, exporter: SpanExporter | None = None, metric_reader: MetricReader | None = None
+) -> TracerProvider | None:
+    """Install the process's tracer and meter providers (once); returns the tracer provider or None."""
+    _setup_metrics(config, metric_reader)
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         if exporter is not None:

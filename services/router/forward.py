@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from opentelemetry import metrics
 
 from services.router import wire
 from services.router.auth import ANONYMOUS, Authenticator, Identity, authorize, bearer_key
@@ -71,6 +72,20 @@ def tags_key(tags: dict[str, str] | None) -> str:
 _LOAD_KEYS = ("in_flight", "queue_depth", "compute_us", "batch_size")
 
 
+class RouterMetrics:
+    """Request latency and router overhead histograms per model and path (DESIGN §8)."""
+
+    def __init__(self) -> None:
+        meter = metrics.get_meter("switchyard.router")
+        self.duration = meter.create_histogram("switchyard.router.request.duration", unit="ms")
+        self.overhead = meter.create_histogram("switchyard.router.overhead", unit="us")
+
+    def record(self, model: str, path: str, duration_ms: float, overhead_us: int) -> None:
+        attributes = {"model": model, "path": path}
+        self.duration.record(duration_ms, attributes)
+        self.overhead.record(overhead_us, attributes)
+
+
 class Router:
     def __init__(
         self,
@@ -91,6 +106,7 @@ class Router:
         self.in_flight: dict[str, int] = {}
         self.shadow_stats: dict[tuple[str, str], ShadowStats] = {}
         self._shadow_pending = 0
+        self._metrics = RouterMetrics() if telemetry.metrics_enabled() else None
         self._background: set[asyncio.Task[None]] = set()
 
     # ---- admission ----------------------------------------------------------------------------
@@ -183,7 +199,10 @@ class Router:
         suffix = b""
         if target.model and target.model != route.model:
             suffix = wire.string_field(wire.MODEL_NAME, route.model)  # callers see the name they asked for
-        extra["router_overhead_us"] = (time.perf_counter_ns() - t0 - wait_ns) // 1000
+        overhead_us = (time.perf_counter_ns() - t0 - wait_ns) // 1000
+        extra["router_overhead_us"] = overhead_us
+        if self._metrics is not None:
+            self._metrics.record(route.model, outcome.path, (time.perf_counter_ns() - t0) / 1e6, overhead_us)
         return reply + suffix + wire.parameters_field(extra)
 
     def _body(self, raw: bytes, header: wire.Header, target: Target) -> bytes:
