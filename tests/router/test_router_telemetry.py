@@ -24,8 +24,10 @@ import grpc, numpy as np
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from switchyard import telemetry
 
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 exporter = InMemorySpanExporter()
-provider = telemetry.setup(telemetry.TelemetryConfig("test", "none"), exporter=exporter)
+reader = InMemoryMetricReader()
+provider = telemetry.setup(telemetry.TelemetryConfig("test", "none"), exporter=exporter, metric_reader=reader)
 
 from services.executor.config import ExecutorConfig
 from services.executor.server import start_executor
@@ -64,6 +66,9 @@ async def main() -> None:
         for s in exporter.get_finished_spans()
     ]
     print("SPANS " + json.dumps(spans), flush=True)
+    names = [m.name for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+             for m in sm.metrics]
+    print("METRICS " + json.dumps(names), flush=True)
 
 asyncio.run(main())
 """
