@@ -48,8 +48,9 @@ class OipServicer:
         route = router.route_for(model)
         await router.admit(context.invocation_metadata() or (), route.model, uuid.uuid4().hex, context.peer())
         target, state = plan(route, router.pool.states, router.rng)[0]
+        # ModelMetadata/Config/Ready requests all name the model in `name` and `version`.
         if target.model:
-            request.model_name = target.model  # type: ignore[attr-defined]
+            request.name = target.model  # type: ignore[attr-defined]
         if target.version:
             request.version = target.version  # type: ignore[attr-defined]
         stub: Any = router.pool.channels[target.deployment].unary_unary(

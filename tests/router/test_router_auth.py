@@ -108,6 +108,17 @@ async def test_refusals_each_get_their_status_and_are_audited(
     assert code == "StatusCode.UNAUTHENTICATED" and "revoked" in message
     code, message = await _status(router.address, x, key, model="mlp-b")
     assert code == "StatusCode.PERMISSION_DENIED" and "mlp-b" in message
+    wide_key, _ = await metering.key("svc-wide", "ads", "infer", "*")
+
+    def metadata_b() -> Any:
+        client = triton.InferenceServerClient(router.address)
+        try:
+            return client.get_model_metadata("mlp-b", headers={"authorization": f"Bearer {wide_key}"})
+        finally:
+            client.close()
+
+    meta = await asyncio.to_thread(metadata_b)  # answered by the deployment's `mlp`, named as asked
+    assert meta.name == "mlp-b" and meta.inputs[0].name == "x"
     code, message = await _status(router.address, x, key, model="no-such-model")
     assert code == "StatusCode.NOT_FOUND" and "no-such-model" in message
 
