@@ -4,9 +4,11 @@ Each service runs in its own process, as deployed: a CPU executor serving `mlp`,
 a temporary SQLite file, and the router started with `switchyard router serve` (auth through
 metering with its cache, usage events to metering, telemetry off). One client process sends
 pre-serialised ModelInferRequests over grpc.aio, first straight to the executor (the
-baseline), then through the router, with a 1 KB input (4 x 64 FP32) and a 1 MB input
-(4096 x 64 FP32), at 1 and 16 concurrent clients. Prints p50/p99, throughput at 16 and the
-ratios, and writes out/bench/router.json.
+baseline), then through a bare grpc.aio pass-through hop (bytes in, bytes out, nothing else:
+the floor any Python gRPC router pays), then through the router, with a 1 KB input
+(4 x 64 FP32, `mlp`) and a 1 MiB input (1 x 262144 FP32, a user model `wide`), at 1 and 16
+concurrent clients. Prints p50/p99, throughput at 16 and the ratios, and writes
+out/bench/router.json.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/router.py [--scale 0.5]
 
@@ -34,7 +36,9 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.router import wire
 from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 
@@ -59,6 +63,32 @@ async def main() -> None:
     running = await start_executor(cfg, registry)
     print("READY", flush=True)
     await running.serve_until_signal()
+
+asyncio.run(main())
+"""
+
+# The floor: a bare grpc.aio hop that forwards ModelInfer bytes and does nothing else.
+PASSTHROUGH = """
+import asyncio, sys
+import grpc
+
+async def main() -> None:
+    opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    channel = grpc.aio.insecure_channel(sys.argv[2], options=opts)
+    upstream = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+    async def infer(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return await upstream(body, timeout=context.time_remaining())
+
+    server = grpc.aio.server(options=opts)
+    handler = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")
+    await server.start()
+    print("READY", flush=True)
+    await server.wait_for_termination()
 
 asyncio.run(main())
 """
@@ -125,6 +155,39 @@ async def wait_serving(address: str, timeout_s: float = 180.0) -> None:
     raise TimeoutError(f"{address} did not become SERVING (logs in {tempfile.gettempdir()}/router-bench-*)")
 
 
+async def wait_answering(address: str, body: bytes, timeout_s: float = 60.0) -> None:
+    """The bare pass-through has no health service: wait until it forwards a request."""
+    deadline = time.monotonic() + timeout_s
+    async with grpc.aio.insecure_channel(address) as channel:
+        call: Any = channel.unary_unary(INFER)
+        while True:
+            try:
+                await call(body, timeout=5)
+                return
+            except grpc.aio.AioRpcError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+
+async def wait_models_ready(address: str, models: tuple[str, ...], timeout_s: float = 300.0) -> None:
+    """The executor serves health before its models finish warming up; wait for ModelReady."""
+    deadline = time.monotonic() + timeout_s
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pbgrpc.GRPCInferenceServiceStub(channel)
+        for model in models:
+            while True:
+                try:
+                    if (await stub.ModelReady(pb.ModelReadyRequest(name=model), timeout=5)).ready:
+                        break
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.NOT_FOUND:  # NOT_FOUND: not loaded yet
+                        raise
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"model {model} on {address} did not become ready")
+                await asyncio.sleep(0.2)
+
+
 @dataclass
 class Result:
     target: str
@@ -135,6 +198,8 @@ class Result:
     p50_ms: float
     p99_ms: float
     throughput_rps: float
+    router_own_p50_us: float = 0.0  # the router's own time (response parameter router_overhead_us)
+    router_own_p99_us: float = 0.0
 
 
 async def measure(
@@ -149,23 +214,30 @@ async def measure(
 ) -> Result:
     options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
     async with grpc.aio.insecure_channel(address, options=options) as channel:
-        call = channel.unary_unary(INFER)  # bytes in, bytes out: the client costs the same both ways
+        call: Any = channel.unary_unary(INFER)  # bytes in, bytes out: the client costs the same both ways
         for _ in range(max(10, count // 10)):  # warm-up: connections, executor buckets, auth cache
             await call(body, metadata=metadata, timeout=30)
         latencies: list[float] = []
+        replies: list[bytes] = []
         remaining = iter(range(count))
 
         async def client() -> None:
             for _ in remaining:
                 t0 = time.perf_counter()
-                await call(body, metadata=metadata, timeout=30)
+                reply = await call(body, metadata=metadata, timeout=30)
                 latencies.append(time.perf_counter() - t0)
+                replies.append(reply)
 
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         wall = time.perf_counter() - start
     q = statistics.quantiles(latencies, n=100, method="inclusive")
-    return Result(target, size, input_bytes, concurrency, count, q[49] * 1e3, q[98] * 1e3, count / wall)
+    result = Result(target, size, input_bytes, concurrency, count, q[49] * 1e3, q[98] * 1e3, count / wall)
+    if target == "router":
+        own = [float(wire.read_int_parameters(r, ("router_overhead_us",))[0]) for r in replies]
+        oq = statistics.quantiles(own, n=100, method="inclusive")
+        result.router_own_p50_us, result.router_own_p99_us = oq[49], oq[98]
+    return result
 
 
 async def setup_key(metering: str) -> str:
@@ -195,7 +267,7 @@ async def spawn(*args: str, env: dict[str, str], log: Path) -> asyncio.subproces
 async def run(scale: float) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none"}
-    ports = {name: free_port() for name in ("executor", "metering", "router")}
+    ports = {name: free_port() for name in ("executor", "metering", "router", "passthrough")}
     addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     (tmp / "routes.toml").write_text(
         f'[router]\nspool_dir = "{tmp / "spool"}"\nmax_in_flight = 1024\n\n'
@@ -224,6 +296,17 @@ async def run(scale: float) -> dict[str, Any]:
     ]
     try:
         await asyncio.gather(wait_serving(addr["executor"]), wait_serving(addr["metering"]))
+        await wait_models_ready(addr["executor"], ("mlp", "wide"))
+        procs.append(
+            await spawn(
+                "-c",
+                PASSTHROUGH,
+                str(ports["passthrough"]),
+                addr["executor"],
+                env=env,
+                log=tmp / "passthrough.log",
+            )
+        )
         key = await setup_key(addr["metering"])
         procs.append(
             await spawn(
@@ -252,13 +335,20 @@ async def run(scale: float) -> dict[str, Any]:
             req.inputs.add(name="x", datatype="FP32", shape=[rows, cols])
             req.raw_input_contents.append(x.tobytes())
             body = req.SerializeToString()
+            await wait_answering(addr["passthrough"], body)
             n = max(20, int(count * scale))
-            for target, address, md in (("direct", addr["executor"], None), ("router", addr["router"], auth)):
+            targets = (
+                ("direct", addr["executor"], None),
+                ("passthrough", addr["passthrough"], None),
+                ("router", addr["router"], auth),
+            )
+            for target, address, md in targets:
                 r = await measure(address, body, concurrency, n, md, target, size, x.nbytes)
                 results.append(r)
+                own = f"  (router's own time p50 {r.router_own_p50_us:.0f} us)" if target == "router" else ""
                 print(
                     f"{target:6s} {size} c={concurrency:2d} n={n:5d}: p50 {r.p50_ms:7.3f} ms  "
-                    f"p99 {r.p99_ms:7.3f} ms  {r.throughput_rps:8.1f} req/s",
+                    f"p99 {r.p99_ms:7.3f} ms  {r.throughput_rps:8.1f} req/s{own}",
                     flush=True,
                 )
     finally:
@@ -272,10 +362,11 @@ async def run(scale: float) -> dict[str, Any]:
 
 def summarise(results: list[Result], scale: float) -> dict[str, Any]:
     by = {(r.target, r.size, r.concurrency): r for r in results}
-    comparisons = []
+    comparisons: list[dict[str, Any]] = []
     for size in SIZES:
         for concurrency in (1, 16):
             d, r = by[("direct", size, concurrency)], by[("router", size, concurrency)]
+            floor = by[("passthrough", size, concurrency)]
             comparisons.append(
                 {
                     "size": size,
@@ -284,6 +375,9 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
                     "added_p50_ms": r.p50_ms - d.p50_ms,
                     "added_p99_ms": r.p99_ms - d.p99_ms,
                     "throughput_ratio": r.throughput_rps / d.throughput_rps,
+                    "passthrough_added_p50_ms": floor.p50_ms - d.p50_ms,
+                    "passthrough_added_p99_ms": floor.p99_ms - d.p99_ms,
+                    "passthrough_throughput_ratio": floor.throughput_rps / d.throughput_rps,
                 }
             )
     key = {(c["size"], c["concurrency"]): c for c in comparisons}
@@ -296,7 +390,7 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
         "benchmark": "router",
         "configuration": {
             "models": {
-                "1KB": "mlp (4 x 64 FP32 in; 64 -> 256 -> 256 -> 16; CPU eager)",
+                "1KB": "mlp (4 x 64 FP32 in, 16 out per row; CPU eager)",
                 "1MB": "wide, a user model (1 x 262144 FP32 in, 4096 out: block means), since the "
                 "executor's batch buckets stop at 1024 rows",
             },
@@ -323,7 +417,9 @@ def main() -> int:
     for c in report["comparisons"]:
         print(
             f"{c['size']} c={c['concurrency']:2d}: router adds p50 {c['added_p50_ms']:+.3f} ms, "
-            f"p99 {c['added_p99_ms']:+.3f} ms; throughput ratio {c['throughput_ratio']:.2f}"
+            f"p99 {c['added_p99_ms']:+.3f} ms; throughput ratio {c['throughput_ratio']:.2f}   "
+            f"(bare pass-through hop: p50 {c['passthrough_added_p50_ms']:+.3f} ms, "
+            f"p99 {c['passthrough_added_p99_ms']:+.3f} ms, ratio {c['passthrough_throughput_ratio']:.2f})"
         )
     for name, ok in report["targets_met"].items():
         print(f"target {name}: {'met' if ok else 'NOT met'}")

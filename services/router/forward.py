@@ -12,6 +12,7 @@ the attempt that answered is charged. The remaining deadline goes with every cal
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -161,8 +162,6 @@ class Router:
     def audit_denial(
         self, identity: Identity | None, resource: str, reason: str, status: str, request_id: str, peer: str
     ) -> None:
-        import json
-
         detail = json.dumps({"status": status, "reason": reason})
         self.audit(identity, "request.denied", resource, "denied", detail, request_id, peer)
 
