@@ -40,7 +40,7 @@ PATHS = ("cpu-a", "cpu-b", "cpu-c")
 class Metering:
     running: RunningMetering
     url: str
-    stub: mgrpc.MeteringStub
+    stub: mgrpc.MeteringAsyncStub
     channel: grpc.aio.Channel
 
     async def key(self, name: str, team: str, role: str = "infer", scope: str = "*") -> tuple[str, str]:
@@ -61,7 +61,7 @@ class Metering:
         return counts if keys is None else {k: v for k, v in counts.items() if k in keys}
 
 
-async def _prepare_ledger(stub: mgrpc.MeteringStub) -> None:
+async def _prepare_ledger(stub: mgrpc.MeteringAsyncStub) -> None:
     await stub.SetPrice(mpb.SetPriceRequest(price_key=PRICE_KEY, micros_per_hour=3_600_000, currency="USD"))
     for path in PATHS:
         await stub.RegisterPath(

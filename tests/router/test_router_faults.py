@@ -13,7 +13,6 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-
 from sqlalchemy import func, select
 
 from services.executor.server import RunningExecutor

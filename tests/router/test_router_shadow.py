@@ -18,11 +18,11 @@ from sqlalchemy import select
 from services.evaluator.server import start_evaluator
 from services.executor.server import RunningExecutor
 from services.metering.schema import LINES
+from services.router.shadow import divergence
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
-from services.router.shadow import divergence
 from switchyard.grpcio import ServerOptions
 from tests.router.conftest import Metering, RouterFactory, routes_config
 
