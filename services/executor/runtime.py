@@ -70,6 +70,7 @@ class Executor:
         self.backend = backend
         self.registry = registry
         self.models: dict[tuple[str, str], LoadedModel] = {}
+        self.loading: dict[tuple[str, str], LoadedModel] = {}  # first loads in progress
         self.in_flight = 0
         self.draining = False
         self.executor_id = config.executor_id or host_id()
@@ -139,13 +140,19 @@ class Executor:
         spec = self.registry.get(name, version)
         options = self.check_options(options)
         model = LoadedModel(spec, self.backend, options)
+        key = (spec.name, spec.version)
         async with self._load_lock:
+            first = key not in self.models  # a reload keeps serving the old one meanwhile
+            if first:
+                self.loading[key] = model  # visible as LOADING (ModelReady false) until warmed
             try:
                 await self.on_device(model.load)
             except Exception as exc:
                 model.state, model.error = "FAILED", str(exc)
                 log.warning("loading %s:%s failed: %s", spec.name, spec.version, exc)
                 raise
+            finally:
+                self.loading.pop(key, None)
             policy = BatchPolicy(
                 max_batch=model.max_batch,
                 max_queue_delay_us=options.max_queue_delay_us,
@@ -179,12 +186,13 @@ class Executor:
     def find(self, name: str, version: str) -> LoadedModel:
         """The loaded model; "" version = the default version if loaded, else the only one."""
         if version:
-            model = self.models.get((name, version))
+            model = self.models.get((name, version)) or self.loading.get((name, version))
             if model is not None:
                 return model
             self.registry.get(name, version)  # NOT_FOUND for an unknown name or version
             raise ModelNotLoaded(f"model {name!r} version {version!r} is not loaded on this executor")
         loaded = [m for (n, _), m in self.models.items() if n == name]
+        loaded = loaded or [m for (n, _), m in self.loading.items() if n == name]
         if not loaded:
             if name not in self.registry.names():
                 raise ModelNotFound(f"unknown model {name!r}; this executor serves {self.loaded_names()}")
@@ -220,7 +228,9 @@ class Executor:
         return Load(in_flight=self.in_flight, queue_depth=depth, draining=self.draining)
 
     def ready(self) -> bool:
-        return not self.draining and all(m.state == "READY" for m in self.models.values())
+        return (
+            not self.draining and not self.loading and all(m.state == "READY" for m in self.models.values())
+        )
 
     # ---- training ------------------------------------------------------------------------
     async def train(

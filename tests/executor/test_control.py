@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -80,3 +81,30 @@ async def test_status_load_and_unload(control: ctl_grpc.ExecutorControlAsyncStub
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await control.ModelStatus(ctl.ModelStatusRequest(model_name="mlp", version="perturbed"))
     assert info.value.code() == grpc.StatusCode.NOT_FOUND and "not loaded" in (info.value.details() or "")
+
+
+async def test_a_model_is_loading_and_not_ready_until_every_bucket_is_warm(
+    executor: RunningExecutor, control: ctl_grpc.ExecutorControlAsyncStub
+) -> None:
+    from switchyard.gen.inference import grpc_service_pb2 as oip
+    from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
+
+    async with grpc.aio.insecure_channel(executor.address) as channel:
+        stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        loading = asyncio.ensure_future(
+            control.LoadModel(
+                ctl.LoadModelRequest(model_name="minilm-l6", version="perturbed", batch_buckets=[1, 2, 4, 8])
+            )
+        )
+        while not executor.executor.loading:  # noqa: ASYNC110  (waits for the load to start)
+            await asyncio.sleep(0.005)
+        ready = await stub.ModelReady(oip.ModelReadyRequest(name="minilm-l6", version="perturbed"))
+        status = await control.ModelStatus(
+            ctl.ModelStatusRequest(model_name="minilm-l6", version="perturbed")
+        )
+        server = await stub.ServerReady(oip.ServerReadyRequest())
+        assert (ready.ready, status.models[0].state, server.ready) == (False, "LOADING", False)
+        assert (await loading).model.state == "READY"
+        assert (await stub.ModelReady(oip.ModelReadyRequest(name="minilm-l6", version="perturbed"))).ready
+        await control.Unload(ctl.UnloadRequest(model_name="minilm-l6", version="perturbed"))
+        assert (await stub.ServerReady(oip.ServerReadyRequest())).ready
