@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 COMMAND_MODULES = (
     "services.executor.cli",
+    "services.executor.backends.detect",
     "clients.cli",
     "services.metering.cli",
     "services.evaluator.cli",

@@ -10,6 +10,7 @@ that private counters degrade to "unknown" instead of crashing.
 from __future__ import annotations
 
 import enum
+import json
 import os
 import subprocess
 import sys
@@ -142,3 +143,22 @@ def test_executor_refuses_to_start_with_the_reason(backend: str, reason: str) ->
     assert done.returncode == 2, done.stderr
     assert f"backend {backend!r} is unavailable: {reason}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_backends_command_describes_tpu_as_unavailable_with_the_reason() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "switchyard", "backends", "--backend", "tpu,cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr  # not every requested backend can run here
+    found = json.loads(done.stdout)
+    assert found["cpu"]["device"]["available"] is True
+    tpu = found["tpu"]
+    assert tpu["device"]["available"] is False
+    assert tpu["device"]["unavailable_reason"].startswith("torch_tpu is not installed")
+    assert tpu["modes"] == ["strict", "debug", "defer_and_fuse", "compile"]
