@@ -166,9 +166,18 @@ def close_reservation(conn: Connection, rid: str, end_us: int, now_us: int) -> R
     price_key = load_paths(conn, [res.path])[res.path]
     book = load_price_book(conn, [price_key])
     reserved = costmodel.reserved_cost(book, price_key, res.start_us, end_us)
+    # Usage recorded on the path before the reservation was opened (so with no reservation)
+    # but inside its interval was charged already: it counts against the reserved total too,
+    # or that time would be paid twice (once busy, once as idle).
+    unreserved = (
+        LINES.c.reservation_id.is_(None)
+        & (LINES.c.path == res.path)
+        & (LINES.c.at_us >= res.start_us)
+        & (LINES.c.at_us < end_us)
+    )
     lines = conn.execute(
         select(LINES.c.basis, LINES.c.job_id, LINES.c.quantity_us, LINES.c.amount_micros).where(
-            LINES.c.reservation_id == rid
+            (LINES.c.reservation_id == rid) | unreserved
         )
     ).all()
     charged = sum(r.amount_micros or 0 for r in lines)

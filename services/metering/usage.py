@@ -329,14 +329,20 @@ def reverse_usage(conn: Connection, key: str, reverses: str, reason: str, now_us
     ).first()
     if already is not None:
         raise WrongState(f"line {reverses} is already reversed by {already.idempotency_key}")
+    # A line in a closed reservation's interval (attached to it or recorded before it opened)
+    # is part of that reservation's final cost.
+    covering = and_(RESERVATIONS.c.start_us <= orig.at_us, RESERVATIONS.c.end_us > orig.at_us)
     if orig.reservation_id:
-        state = conn.execute(
-            select(RESERVATIONS.c.state).where(RESERVATIONS.c.reservation_id == orig.reservation_id)
-        ).scalar()
-        if state != "open":
-            raise WrongState(
-                f"line {reverses} is in closed reservation {orig.reservation_id}; its cost is final"
-            )
+        covering = or_(covering, RESERVATIONS.c.reservation_id == orig.reservation_id)
+    closed = conn.execute(
+        select(RESERVATIONS.c.reservation_id).where(
+            RESERVATIONS.c.path == orig.path, RESERVATIONS.c.state == "closed", covering
+        )
+    ).first()
+    if closed is not None:
+        raise WrongState(
+            f"line {reverses} is in closed reservation {closed.reservation_id}; its cost is final"
+        )
     row = {c.name: getattr(orig, c.name) for c in LINES.columns if c.name != "id"}
     row.update(idempotency_key=key, content_hash=digest, basis="reversal", recorded_us=now_us)
     row.update(quantity_us=-orig.quantity_us, method=f"reverses {reverses}")

@@ -126,3 +126,26 @@ async def test_admin_changes_are_audited_with_actor_and_chain(stub: pb_grpc.Mete
     await expect_status(
         stub.AppendAudit(pb.AppendAuditRequest(action="x", outcome="maybe")), grpc.StatusCode.INVALID_ARGUMENT
     )
+
+
+def test_an_expired_key_stops_authenticating(db_url: str) -> None:
+    """With a controllable clock (a fake, not a patch): valid until its expiry, then refused."""
+    from services.metering.db import make_engines
+    from services.metering.errors import AuthFailed
+    from services.metering.ledger import Ledger
+
+    now = [T_KEY]
+    ledger = Ledger(make_engines(db_url), clock=lambda: now[0])
+    try:
+        ledger.create_principal(Actor("root"), "temp-contractor", "user", "ml")
+        key = ledger.create_key(Actor("root"), "temp-contractor", T_KEY + 60_000_000)
+        assert ledger.authenticate(key.key).principal.name == "temp-contractor"
+        now[0] = T_KEY + 60_000_000
+        with pytest.raises(AuthFailed):
+            ledger.authenticate(key.key)
+        assert ledger.query_audit("auth.denied", "", 0, 0, 10)[0].resource == f"key/{key.key_id}"
+    finally:
+        ledger.close()
+
+
+T_KEY = 1_767_225_600_000_000

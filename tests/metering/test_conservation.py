@@ -40,6 +40,7 @@ class Scenario:
     jobs: list[tuple[list[int], tuple[str, bool]]]  # (busy time per usage event, outcome)
     prepare: list[int]  # preparation charges (each its own completed job)
     corrections: set[int]  # jobs whose first usage line is reversed before the close
+    early: list[int]  # busy time of usage recorded before the reservation was opened (back-dated)
 
 
 scenario_st = st.builds(
@@ -49,6 +50,7 @@ scenario_st = st.builds(
     jobs=st.lists(job_st, max_size=6),
     prepare=st.lists(st.integers(1, HOUR), max_size=2),
     corrections=st.sets(st.integers(0, 5), max_size=3),
+    early=st.lists(st.integers(0, HOUR), max_size=2),
 )
 
 
@@ -82,6 +84,18 @@ def run_scenario(ledger: Ledger, sc: Scenario) -> None:
     for offset, per_hour in prices:
         ledger.set_price(ACTOR, key, per_hour, "EUR", T0 + offset)
     ledger.register_path(ACTOR, path, "cpu", "cpu-16", key, "h")
+    early = [
+        UsageEvent(
+            f"{tag}-early{k}",
+            path,
+            busy_us=b,
+            started_us=T0 + k * 31 % length,
+            ended_us=T0 + k * 31 % length + b,
+        )
+        for k, b in enumerate(sc.early)
+    ]
+    if early:
+        ledger.record_usage(early)
     res = ledger.open_reservation(ACTOR, f"res-{tag}", path, T0, "")
     events = []
     for j, (busies, (status, quality)) in enumerate(sc.jobs):
@@ -115,7 +129,7 @@ def run_scenario(ledger: Ledger, sc: Scenario) -> None:
     expected = exact_total(length, prices)
     assert closed.cost_micros == expected
     lines = ledger.read(
-        lambda c: c.execute(select(LINES).where(LINES.c.reservation_id == res.reservation_id)).all()
+        lambda c: c.execute(select(LINES).where(LINES.c.path == path)).all()  # all inside the reservation
     )
     assert sum(r.amount_micros for r in lines) == expected  # jobs + idle = reserved time x price
     idle_lines = [r for r in lines if r.basis in ("idle", "idle_share")]

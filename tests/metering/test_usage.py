@@ -189,3 +189,24 @@ async def test_a_correction_is_a_reversal_row_and_conservation_still_holds(
     await expect_status(stub.ReverseUsage(rev3), grpc.StatusCode.FAILED_PRECONDITION, "final")
     audit = (await stub.QueryAudit(pb.QueryAuditRequest(action="usage.reverse"))).records
     assert len(audit) == 1 and "double-reported" in audit[0].detail_json
+
+
+async def test_usage_recorded_before_a_reservation_opened_is_not_paid_twice(
+    stub: pb_grpc.MeteringAsyncStub,
+) -> None:
+    """Traffic that arrived before the reservation was opened (back-dated to before it) counts
+    against the reserved total once: busy line + the rest as idle = reserved time x price."""
+    await setup_path(stub, per_hour=3_600_000)
+    await stub.RecordUsage(pb.RecordUsageRequest(events=[event("early", T0 + 1000, 600_000)]))
+    res = await stub.OpenReservation(
+        pb.OpenReservationRequest(idempotency_key="r", path="cpu-eager@h1", start_unix_us=T0)
+    )
+    await stub.RecordUsage(pb.RecordUsageRequest(events=[event("inside", T0 + 2_000_000, 400_000)]))
+    closed = await stub.CloseReservation(
+        pb.CloseReservationRequest(reservation_id=res.reservation_id, end_unix_us=T0 + 10_000_000)
+    )
+    report = (await stub.CostReport(pb.CostReportRequest(group_by=["path"]))).rows[0]
+    assert closed.cost_micros == 10_000 and report.total_micros == 10_000
+    assert report.busy_micros == 1_000 and report.idle_micros == 9_000
+    late = pb.ReverseUsageRequest(idempotency_key="fix", reverses_key="early")
+    await expect_status(stub.ReverseUsage(late), grpc.StatusCode.FAILED_PRECONDITION, "final")
