@@ -184,3 +184,16 @@ def test_serving_never_compiles_after_warmup_and_a_new_shape_is_counted(xla: str
     assert logits.shape == (2, 16, 512)
     assert status(xla, "tiny-lm").compatibility.compilations_after_warmup == 1
     assert status(xla, "mlp").compatibility.compilations_after_warmup == 0
+
+
+def test_train_on_xla_follows_the_cpu_loss_curve(executors: dict[str, ExecutorProcess]) -> None:
+    request = ctl.TrainRequest(model_name="mlp", steps=5, lr=0.05, seed=3, batch_size=8)
+    curves = {}
+    for path in ("cpu", "xla"):
+        with grpc.insecure_channel(executors[path].address) as channel:
+            curves[path] = list(ctl_grpc.ExecutorControlStub(channel).Train(request, timeout=300).loss)
+    assert len(curves["xla"]) == 5 and all(np.isfinite(curves["xla"]))
+    # same seeded data and weights: the curves agree to float32 noise, step by step
+    np.testing.assert_allclose(curves["xla"], curves["cpu"], rtol=1e-3)
+    # training a copy must not change what is served, nor compile anything for serving
+    assert status(executors["xla"].address, "mlp").compatibility.compilations_after_warmup == 0
