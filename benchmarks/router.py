@@ -327,7 +327,7 @@ async def run(scale: float) -> dict[str, Any]:
         await wait_serving(addr["router"])
         auth = [("authorization", f"Bearer {key}")]
         results: list[Result] = []
-        plan = [("1KB", 1, 400), ("1KB", 16, 2400), ("1MB", 1, 60), ("1MB", 16, 160)]
+        plan = [("1KB", 1, 300), ("1KB", 16, 1600), ("1MB", 1, 60), ("1MB", 16, 160)]
         for size, concurrency, count in plan:
             model, rows, cols = SIZES[size]
             x = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)

@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+import tomllib
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from services.router import config, wire
 from services.router.auth import Authenticator, Identity, authorize, bearer_key
 from services.router.config import Deployment, Policy, Route, Settings, Target
 from services.router.policies import DeploymentState, plan
+from switchyard.cluster.plan import ServiceSpec
+from switchyard.cluster.routes import render_routes
 from switchyard.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
@@ -253,3 +256,15 @@ def test_cli_refuses_a_bad_config_with_a_message(tmp_path: Path, repo_root: Path
         timeout=120,
     )
     assert done.returncode == 2 and "unknown policy 'fastest'" in done.stdout
+
+
+def test_the_routes_switchyard_up_writes_parse() -> None:
+    executors = {
+        "cpu": ServiceSpec("executor-cpu", (), "127.0.0.1:8101", "grpc", models=("mlp", "tiny-lm")),
+        "xla": ServiceSpec("executor-xla", (), "127.0.0.1:8102", "grpc", models=("mlp",)),
+    }
+    cfg = config.parse(tomllib.loads(render_routes(executors, 0.1)))
+    routes = {r.model: r for r in cfg.routes}
+    assert routes["mlp"].policy is Policy.PINNED and routes["mlp"].shadow is not None
+    assert routes["mlp"].shadow.candidates[0].deployment == "xla"
+    assert cfg.deployment("cpu").path == "cpu-eager"
