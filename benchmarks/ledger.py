@@ -151,7 +151,8 @@ async def send_all(stub: Any, batches: list[pb.RecordUsageRequest], inflight: in
 
 
 def start_server(url: str) -> tuple[subprocess.Popen[str], str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # No span export: the console exporter would print one span per batch into an unread pipe.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SWITCHYARD_TRACES="none")
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -103,7 +103,10 @@ def guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 
 def serve(args: argparse.Namespace) -> int:
     from services.metering.server import start_metering
+    from switchyard import telemetry
     from switchyard.grpcio import ServerOptions
+
+    telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-metering"))
 
     async def run() -> None:
         running = await start_metering(args.db, ServerOptions(host=args.host, port=args.port))

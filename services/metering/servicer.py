@@ -8,6 +8,7 @@ reads on a small pool so reports never wait behind a write.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 from services.metering.errors import BadInput
 from services.metering.ledger import Ledger
 from services.metering.records import Actor, UsageEvent
+from switchyard import telemetry
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 
@@ -24,8 +26,20 @@ MAX_BATCH = 50_000
 MAX_AUDIT_LIMIT = 10_000
 
 
-def actor_of(msg: pb.Actor) -> Actor:
-    return Actor(msg.principal, msg.source, msg.request_id, msg.trace_id)
+def trace_id_of(context: Any) -> str:
+    """The caller's trace id from its W3C `traceparent` metadata (00-<trace id>-<span id>-<flags>)."""
+    for key, value in (context.invocation_metadata() or ()) if context is not None else ():
+        if key == "traceparent":
+            parts = (value.decode() if isinstance(value, bytes) else value).split("-")
+            if len(parts) == 4 and len(parts[1]) == 32:
+                return parts[1]
+    return telemetry.current_trace_id()
+
+
+def actor_of(msg: pb.Actor, context: Any = None) -> Actor:
+    """Who acts, for the audit trail; the trace id comes from the call's trace context when
+    the caller did not name one, so audit rows join up with traces (DESIGN §8)."""
+    return Actor(msg.principal, msg.source, msg.request_id, msg.trace_id or trace_id_of(context))
 
 
 def event_of(e: pb.UsageEvent) -> UsageEvent:
@@ -101,11 +115,16 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
 
+    # The call's context (its trace span) goes along into the worker thread.
     async def _w(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._writer, fn)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._writer, contextvars.copy_context().run, fn
+        )
 
     async def _r(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._readers, fn)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._readers, contextvars.copy_context().run, fn
+        )
 
     async def RecordUsage(self, request: pb.RecordUsageRequest, context: Any) -> pb.RecordUsageResponse:
         if len(request.events) > MAX_BATCH:
@@ -119,7 +138,9 @@ class MeteringServicer(pb_grpc.MeteringServicer):
     async def ReverseUsage(self, request: pb.ReverseUsageRequest, context: Any) -> pb.ReverseUsageResponse:
         r = request
         row, duplicate = await self._w(
-            lambda: self.ledger.reverse_usage(actor_of(r.actor), r.idempotency_key, r.reverses_key, r.reason)
+            lambda: self.ledger.reverse_usage(
+                actor_of(r.actor, context), r.idempotency_key, r.reverses_key, r.reason
+            )
         )
         return pb.ReverseUsageResponse(
             amount_micros=row.amount_micros or 0, currency=row.currency or "", duplicate=duplicate
@@ -129,7 +150,7 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         r = request
         res = await self._w(
             lambda: self.ledger.open_reservation(
-                actor_of(r.actor), r.idempotency_key, r.path, r.start_unix_us, r.trial_id
+                actor_of(r.actor, context), r.idempotency_key, r.path, r.start_unix_us, r.trial_id
             )
         )
         return reservation_msg(res)
@@ -137,7 +158,7 @@ class MeteringServicer(pb_grpc.MeteringServicer):
     async def CloseReservation(self, request: pb.CloseReservationRequest, context: Any) -> pb.Reservation:
         r = request
         res = await self._w(
-            lambda: self.ledger.close_reservation(actor_of(r.actor), r.reservation_id, r.end_unix_us)
+            lambda: self.ledger.close_reservation(actor_of(r.actor, context), r.reservation_id, r.end_unix_us)
         )
         return reservation_msg(res)
 
@@ -228,7 +249,11 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         r = request
         row = await self._w(
             lambda: self.ledger.set_price(
-                actor_of(r.actor), r.price_key, r.micros_per_hour, r.currency, r.effective_from_unix_us
+                actor_of(r.actor, context),
+                r.price_key,
+                r.micros_per_hour,
+                r.currency,
+                r.effective_from_unix_us,
             )
         )
         return price_msg(row)
@@ -237,7 +262,7 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         r = request
         row = await self._w(
             lambda: self.ledger.register_path(
-                actor_of(r.actor), r.path, r.backend, r.resource_class, r.price_key, r.host
+                actor_of(r.actor, context), r.path, r.backend, r.resource_class, r.price_key, r.host
             )
         )
         return pb.PathInfo(
@@ -252,7 +277,7 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         r = request
         await self._w(
             lambda: self.ledger.record_trial(
-                actor_of(r.actor),
+                actor_of(r.actor, context),
                 r.trial_id,
                 r.workflow_id,
                 r.model,
@@ -275,32 +300,40 @@ class MeteringServicer(pb_grpc.MeteringServicer):
 
     async def CreatePrincipal(self, request: pb.CreatePrincipalRequest, context: Any) -> pb.Principal:
         r = request
-        who = await self._w(lambda: self.ledger.create_principal(actor_of(r.actor), r.name, r.kind, r.team))
+        who = await self._w(
+            lambda: self.ledger.create_principal(actor_of(r.actor, context), r.name, r.kind, r.team)
+        )
         return pb.Principal(principal_id=who.principal_id, name=who.name, kind=who.kind, team=who.team)
 
     async def CreateKey(self, request: pb.CreateKeyRequest, context: Any) -> pb.CreateKeyResponse:
         r = request
-        key = await self._w(lambda: self.ledger.create_key(actor_of(r.actor), r.principal, r.expires_unix_us))
+        key = await self._w(
+            lambda: self.ledger.create_key(actor_of(r.actor, context), r.principal, r.expires_unix_us)
+        )
         return pb.CreateKeyResponse(
             key_id=key.key_id, secret=key.secret, key=key.key, expires_unix_us=key.expires_us
         )
 
     async def RevokeKey(self, request: pb.RevokeKeyRequest, context: Any) -> pb.RevokeKeyResponse:
-        await self._w(lambda: self.ledger.revoke_key(actor_of(request.actor), request.key_id))
+        await self._w(lambda: self.ledger.revoke_key(actor_of(request.actor, context), request.key_id))
         return pb.RevokeKeyResponse()
 
     async def GrantRole(self, request: pb.RoleRequest, context: Any) -> pb.RoleResponse:
         r = request
-        await self._w(lambda: self.ledger.grant_role(actor_of(r.actor), r.principal, r.role, r.scope))
+        await self._w(
+            lambda: self.ledger.grant_role(actor_of(r.actor, context), r.principal, r.role, r.scope)
+        )
         return pb.RoleResponse()
 
     async def RevokeRole(self, request: pb.RoleRequest, context: Any) -> pb.RoleResponse:
         r = request
-        await self._w(lambda: self.ledger.revoke_role(actor_of(r.actor), r.principal, r.role, r.scope))
+        await self._w(
+            lambda: self.ledger.revoke_role(actor_of(r.actor, context), r.principal, r.role, r.scope)
+        )
         return pb.RoleResponse()
 
     async def Authenticate(self, request: pb.AuthenticateRequest, context: Any) -> pb.AuthenticateResponse:
-        peer = Actor(source=str(context.peer()) if context is not None else "")
+        peer = Actor(source=str(context.peer()), trace_id=trace_id_of(context))
         ident = await self._r(lambda: self.ledger.authenticate(request.key, peer))
         p = ident.principal
         return pb.AuthenticateResponse(
@@ -322,7 +355,9 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         if not isinstance(detail, dict):
             raise BadInput("detail_json must be a JSON object")
         rec = await self._w(
-            lambda: self.ledger.append_audit(actor_of(r.actor), r.action, r.resource, r.outcome, detail)
+            lambda: self.ledger.append_audit(
+                actor_of(r.actor, context), r.action, r.resource, r.outcome, detail
+            )
         )
         return audit_msg(rec)
 

@@ -149,3 +149,19 @@ def test_an_expired_key_stops_authenticating(db_url: str) -> None:
 
 
 T_KEY = 1_767_225_600_000_000
+
+
+async def test_audit_rows_take_the_trace_id_from_the_call(stub: pb_grpc.MeteringAsyncStub) -> None:
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    rec = await stub.AppendAudit(
+        pb.AppendAuditRequest(
+            actor=pb.Actor(principal="bob", source="router"), action="route.change", outcome="ok"
+        ),
+        metadata=[("traceparent", f"00-{trace}-00f067aa0ba902b7-01")],
+    )
+    assert rec.actor.trace_id == trace
+    named = await stub.AppendAudit(
+        pb.AppendAuditRequest(actor=pb.Actor(trace_id="ab" * 16), action="route.change", outcome="ok"),
+        metadata=[("traceparent", f"00-{trace}-00f067aa0ba902b7-01")],
+    )
+    assert named.actor.trace_id == "ab" * 16  # the caller's own word wins
