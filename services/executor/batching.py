@@ -78,6 +78,7 @@ class BatchCounters:
     rejected_queue_full: int = 0
     queue_ns: int = 0
     compute_ns: int = 0
+    ran_inline: int = 0  # lone requests that took the fast path (no queue, no thread)
 
 
 # Computes one batch synchronously: (requests) -> (per-request outputs, compute_s, padded rows)
@@ -118,6 +119,7 @@ class Batcher:
         outputs, compute_s, padded = compute([item])
         self.counters.requests += 1
         self.counters.executions += 1
+        self.counters.ran_inline += 1
         self.counters.rows += rows
         self.counters.compute_ns += int(compute_s * 1e9)
         queue_us = int((time.perf_counter() - item.enqueued - compute_s) * 1e6)

@@ -30,6 +30,12 @@ from switchyard.models.registry import ModelNotFound, ModelRegistry
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# A request arriving this soon after the previous one finished is taken as a sign of load:
+# requests are waiting inside gRPC that this process cannot count yet, so it goes through the
+# queue (and the device thread) where batches can form, instead of the inline fast path.
+# A lone client's next request takes a whole round trip, well over this.
+IDLE_GAP_S = 200e-6
+
 
 class ModelNotLoaded(NotFound):
     """The model exists in the registry but this executor has not loaded it."""
@@ -77,6 +83,7 @@ class Executor:
         self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{backend.name}-device")
         self._load_lock = asyncio.Lock()
         self._device_jobs = 0
+        self._last_done = 0.0
 
     async def on_device(self, fn: Any, *args: Any) -> Any:
         self._device_jobs += 1
@@ -86,17 +93,9 @@ class Executor:
             self._device_jobs -= 1
 
     async def run_batch(self, model: LoadedModel, batch: list[QueuedRequest]) -> Any:
-        """A short batch with nothing else in flight runs inline on the event loop.
-
-        A thread hand-off costs more than a small model's compute, and with nothing else in
-        flight there is nothing to overlap with. Under load the device thread is used, so the
-        event loop receives and decodes the next requests while the device computes. Inline
-        only when the device thread is idle (two computations never overlap) and the batch's
-        warm-up time is within `inline_compute_us`.
-        """
-        rows = sum(item.rows for item in batch)
-        if self.in_flight <= len(batch) and self._inline_ok(model, rows):
-            return model.compute(batch)
+        """Queued work runs on the device thread, so the event loop keeps receiving and
+        decoding the next requests while the device computes: that is how batches form under
+        load. (A lone request on a quiet executor takes the inline fast path in `infer`.)"""
         return await self.on_device(model.compute, batch)
 
     def _inline_ok(self, model: LoadedModel, rows: int) -> bool:
@@ -214,14 +213,19 @@ class Executor:
             raise Unavailable(f"model {name!r} is {model.state}; retry when it is READY")
         arrays, rows = model.validate(inputs)
         batcher = model.batcher
-        if self.in_flight == 0 and batcher.idle and self._inline_ok(model, rows):
+        now = time.perf_counter()
+        quiet = now - self._last_done > IDLE_GAP_S
+        if quiet and self.in_flight == 0 and batcher.idle and self._inline_ok(model, rows):
             # Alone and short: compute right here; queue and thread hand-offs would cost more.
-            return model, batcher.run_now(arrays, rows, model.compute)
+            result = batcher.run_now(arrays, rows, model.compute)
+            self._last_done = time.perf_counter()
+            return model, result
         self.in_flight += 1
         try:
             return model, await batcher.submit(arrays, rows, deadline)
         finally:
             self.in_flight -= 1
+            self._last_done = time.perf_counter()
 
     def load(self) -> Load:
         depth = sum(m.batcher.depth for m in self.models.values() if m.batcher is not None)
