@@ -16,11 +16,17 @@ from pathlib import Path
 
 from switchyard.config import Config, ConfigError, ExecutorConfig
 
-# Keyword search attributes operators filter trials by in the Temporal UI (DESIGN §4).
+# Search attributes operators filter trials by in the Temporal UI (DESIGN §4); the names the
+# TrialWorkflow upserts.
 SEARCH_ATTRIBUTES: tuple[tuple[str, str], ...] = (
-    ("SwitchyardModel", "Keyword"),
-    ("SwitchyardPaths", "KeywordList"),
-    ("SwitchyardVerdict", "Keyword"),
+    ("model", "Keyword"),
+    ("paths", "KeywordList"),
+    ("verdict", "Keyword"),
+)
+# The trial's `cancel` is a workflow update: the dev server needs updates switched on.
+TEMPORAL_DYNAMIC_CONFIG = (
+    "frontend.enableUpdateWorkflowExecution=true",
+    "frontend.enableUpdateWorkflowExecutionAsyncAccepted=true",
 )
 
 
@@ -144,6 +150,8 @@ def build_plan(
         ]
         for name, kind in SEARCH_ATTRIBUTES:
             argv += ["--search-attribute", f"{name}={kind}"]
+        for value in TEMPORAL_DYNAMIC_CONFIG:
+            argv += ["--dynamic-config-value", value]
         specs.append(
             ServiceSpec(
                 "temporal",
@@ -203,7 +211,7 @@ def build_plan(
                 startup_timeout_s=600,
             )
         )
-    routes = config.router.routes_file or str(state / "routes.json")
+    routes = config.router.routes_file or str(state / "routes.toml")
     specs.append(
         ServiceSpec(
             "router",

@@ -100,8 +100,12 @@ class LocalCluster:
             executors = {
                 s.name.removeprefix("executor-"): s for s in self.specs if s.name.startswith("executor-")
             }
+            settings = {
+                "spool_dir": str(self.state_dir / "spool"),
+                "evaluator": self.address("evaluator"),
+            }
             routes.write_default_routes(
-                self.state_dir / "routes.json", executors, self.config.router.shadow_share
+                self.state_dir / "routes.toml", executors, self.config.router.shadow_share, settings
             )
 
     async def start(self) -> None:

@@ -1,0 +1,83 @@
+"""The main job's finance and access steps against a real metering service (SQLite, port 0)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from services.metering.server import RunningMetering, start_metering
+from switchyard.cluster import finance
+from switchyard.cluster.traffic import create_team_key
+from switchyard.gen.switchyard.v1 import metering_pb2, metering_pb2_grpc
+from switchyard.grpcio import ServerOptions
+
+
+@pytest.fixture
+async def metering(tmp_path: Path) -> AsyncIterator[RunningMetering]:
+    running = await start_metering(f"sqlite:///{tmp_path / 'ledger.db'}", ServerOptions(port=0))
+    try:
+        yield running
+    finally:
+        await running.stop(0)
+
+
+def _address(m: RunningMetering) -> str:
+    return m.address
+
+
+async def test_team_key_authenticates_with_the_infer_role(metering: RunningMetering) -> None:
+    team = await create_team_key(_address(metering), "team-a", models=("mlp",))
+    async with grpc.aio.insecure_channel(_address(metering)) as channel:
+        stub = metering_pb2_grpc.MeteringStub(channel)
+        who = await stub.Authenticate(metering_pb2.AuthenticateRequest(key=team.key))
+    assert who.principal.principal_id == team.principal_id
+    assert [(r.role, r.scope) for r in who.roles] == [("infer", "model:mlp")]
+
+
+async def test_priced_reserved_window_reports_cost_per_completed_job_and_idle(
+    metering: RunningMetering, tmp_path: Path
+) -> None:
+    address = _address(metering)
+    executors = {"cpu": "127.0.0.1:1"}  # no executor runs: prices fall back to local keys
+    await finance.ensure_prices(address, executors)
+    start = int(time.time() * 1_000_000) - 10_000_000
+    reservations = await finance.open_reservations(address, executors, "t1", start)
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = metering_pb2_grpc.MeteringStub(channel)
+        events = [
+            metering_pb2.UsageEvent(
+                idempotency_key=f"req-{i}",
+                path="cpu-eager",
+                model="mlp",
+                team="team-a",
+                kind="request",
+                status="completed",
+                met_quality=True,
+                busy_us=500_000,
+                started_unix_us=start + i * 1_000_000,
+                ended_unix_us=start + i * 1_000_000 + 500_000,
+            )  # fmt: skip
+            for i in range(4)
+        ]
+        await stub.RecordUsage(metering_pb2.RecordUsageRequest(events=events))
+    await finance.close_reservations(address, reservations)
+    rows = {r.path: r for r in await finance.report(address, start)}
+    cpu = rows["cpu-eager"]
+    assert cpu.jobs_completed == 4
+    assert cpu.total_micros > 0 and cpu.idle_micros > 0
+    assert abs(cpu.cost_per_completed_job_micros - cpu.total_micros / 4) <= 0.5  # rounded once, to the micro
+    assert 0 < cpu.idle_share < 1
+    table = finance.format_table(list(rows.values()))
+    assert "cpu-eager" in table and finance.money(cpu.cost_per_completed_job_micros) in table
+    html = await finance.write_html(address, tmp_path / "finance.html", start)
+    assert "cpu-eager" in html.read_text()
+
+
+def test_money_is_exact() -> None:
+    assert finance.money(1) == "0.000001"
+    assert finance.money(-2_500_000) == "-2.500000"
+    assert finance.money(123_456_789_012) == "123456.789012"

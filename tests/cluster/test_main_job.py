@@ -1,0 +1,158 @@
+"""The main job end to end: `switchyard up` as a subprocess, then what `make run` does.
+
+A team key, inference through the router with `tritonclient.grpc` (a share shadowed to the
+XLA path), a `tiny-lm` trial cpu-eager vs xla to its verdict on the real Temporal dev server,
+and the finance report; then SIGINT, as Ctrl-C would send, and the checks that matter after
+a stop: every process the cluster started is gone, and the ledger's audit chain verifies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from switchyard.cluster.demo import Endpoints, run_main_job
+from tests.conftest import IN_CI, ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.xla]
+
+XLA_PYTHON = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
+STARTUP_S = 300
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, from /proc (children of children included)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(") ", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _config(tmp: Path) -> Path:
+    path = tmp / "switchyard.toml"
+    path.write_text(
+        f'state_dir = "{tmp / "state"}"\n'
+        "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n"
+        "[router]\nport = 0\nshadow_share = 0.25\n"
+        '[executors.cpu]\nport = 0\nmodels = ["mlp", "tiny-lm"]\n'
+        f'[executors.xla]\nenabled = true\nport = 0\nmodels = ["mlp", "tiny-lm"]\npython = "{XLA_PYTHON}"\n'
+    )
+    return path
+
+
+def _wait_for_state(proc: subprocess.Popen[bytes], state_file: Path, log: Path) -> dict[str, object]:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"switchyard up exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        if state_file.exists():
+            return dict(json.loads(state_file.read_text()))
+        time.sleep(0.5)
+    pytest.fail(f"cluster not up after {STARTUP_S}s:\n{log.read_text()[-4000:]}")
+
+
+async def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
+    if not XLA_PYTHON or not Path(XLA_PYTHON).exists():
+        if IN_CI:
+            pytest.fail("SWITCHYARD_XLA_PYTHON is not set up (make setup-xla)")
+        pytest.skip("no XLA environment: run through make test (make setup-xla)")
+    log = tmp_path / "up.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "switchyard", "up", "--config", str(_config(tmp_path))],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+        )  # fmt: skip
+    started: set[int] = set()
+    try:
+        state = await asyncio.to_thread(_wait_for_state, proc, tmp_path / "state" / "cluster.json", log)
+        started = descendants(proc.pid)
+        services = state["services"]
+        assert isinstance(services, dict)
+        assert set(services) >= {
+            "temporal",
+            "metering",
+            "evaluator",
+            "executor-cpu",
+            "executor-xla",
+            "router",
+            "trial-worker",
+        }
+        assert {services[name]["pid"] for name in services} <= started
+
+        ep = Endpoints.from_state(state)
+        lines: list[str] = []
+        result = await run_main_job(ep, tmp_path / "reports", requests=200, concurrency=8, tell=lines.append)
+
+        # Inference with a key: every request answered, through the router, by the CPU path.
+        sent = sum(t.sent for t in result.traffic)
+        assert sent == 200
+        assert sum(t.ok for t in result.traffic) == sent, [t.errors for t in result.traffic]
+        assert {p for t in result.traffic for p in t.answered_by} == {"cpu-eager"}
+
+        # The trial reached its verdict, with a verdict for the candidate path.
+        assert result.trial is not None
+        assert result.trial.verdicts.get("xla") in ("ADOPT", "REJECT", "INCONCLUSIVE"), result.trial.report
+        assert "cpu-eager" in result.trial.verdicts
+
+        # The finance report: the requests are completed jobs of cpu-eager, with idle time shown.
+        rows = {r.path: r for r in result.finance}
+        cpu = rows["cpu-eager"]
+        assert cpu.jobs_completed >= sent
+        assert cpu.total_micros > 0
+        assert cpu.total_micros == cpu.busy_micros + cpu.idle_micros + cpu.prepare_micros
+        assert abs(cpu.cost_per_completed_job_micros - cpu.total_micros / cpu.jobs_completed) <= 0.5
+        assert 0.0 < cpu.idle_share < 1.0
+        assert "xla" in rows
+        assert result.reports["finance"].read_text().lstrip().lower().startswith("<!doctype html")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            code = await asyncio.to_thread(proc.wait, 90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"switchyard up did not stop within 90s of SIGINT:\n{log.read_text()[-4000:]}")
+
+    assert code == 0, log.read_text()[-4000:]
+    left = sorted(pid for pid in started if alive(pid))
+    assert left == [], f"processes left behind: {left}"
+    assert not (tmp_path / "state" / "cluster.json").exists()
+
+    # The ledger, read straight from its file after the stop: the audit chain is intact.
+    from services.metering.ledger import Ledger
+
+    ledger = Ledger.open(f"sqlite:///{tmp_path / 'state' / 'ledger.db'}", run_migrations=False)
+    try:
+        verification = ledger.verify_audit()
+    finally:
+        ledger.close()
+    assert verification.ok, verification
+    assert verification.rows_checked > 0
