@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -27,12 +29,30 @@ def _load(args: argparse.Namespace) -> Any:
     return load_config(args.config or None, overrides=overrides)
 
 
+def _reported(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Expected errors (bad config, a port in use, a service that would not start) print
+    their message, not a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        from switchyard.errors import SwitchyardError
+
+        try:
+            return fn(args)
+        except SwitchyardError as exc:
+            print(f"switchyard {args.command}: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+@_reported
 def _up(args: argparse.Namespace) -> int:
     from switchyard.cluster.up import up
 
     return asyncio.run(up(_load(args)))
 
 
+@_reported
 def _demo(args: argparse.Namespace) -> int:
     from switchyard.cluster.demo import DemoOptions, demo
 
