@@ -29,6 +29,9 @@ ENV_PREFIX = "SWITCHYARD_"
 ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "SWITCHYARD_XLA_PYTHON": ("executors", "xla", "python"),
     "SWITCHYARD_TPU_PYTHON": ("executors", "tpu", "python"),
+    # The services' own telemetry variables (switchyard/telemetry.py).
+    "SWITCHYARD_TRACES": ("telemetry", "exporter"),
+    "OTEL_EXPORTER_OTLP_ENDPOINT": ("telemetry", "otlp_endpoint"),
 }
 
 DEFAULT_TOML = """
@@ -60,7 +63,7 @@ shadow_share = 0.2             # share of requests mirrored to the shadow path i
 enabled = true
 
 [telemetry]
-exporter = "none"              # none | console | otlp
+exporter = "console"           # none | console | otlp (spans go to each service's log)
 otlp_endpoint = ""
 
 [executors.cpu]

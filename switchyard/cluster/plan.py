@@ -121,7 +121,14 @@ def build_plan(
     host = config.host
     py = sys.executable
     # Child processes import this checkout, whatever their interpreter (the XLA env too).
-    base_env = {"PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    base_env = {
+        "PYTHONPATH": str(root),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "SWITCHYARD_TRACES": config.telemetry.exporter,
+    }
+    if config.telemetry.otlp_endpoint:
+        base_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = config.telemetry.otlp_endpoint
     temporal_address = config.temporal.address or f"{host}:{ports.temporal}"
     metering = f"{host}:{ports.metering}"
     evaluator = f"{host}:{ports.evaluator}"
@@ -223,7 +230,7 @@ def build_plan(
                 host,
                 "--port",
                 str(ports.router),
-                "--routes",
+                "--config",
                 routes,
                 "--metering",
                 metering,

@@ -8,10 +8,13 @@ binaries too (e.g. Debian's 1.20 with its kustomize v2.0.3, to keep the manifest
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import re
 import shutil
 import subprocess
+import tomllib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +50,11 @@ def _kubectls() -> list[str]:
 
 def render(overlay: str, kubectl: str = "kubectl") -> list[dict[str, Any]]:
     binary = _tool(kubectl) if kubectl == "kubectl" else kubectl
+    return copy.deepcopy(_render(overlay, binary))
+
+
+@functools.cache
+def _render(overlay: str, binary: str) -> list[dict[str, Any]]:
     proc = subprocess.run(
         [binary, "kustomize", str(DEPLOY / "k8s" / overlay)], capture_output=True, text=True, timeout=60
     )
@@ -189,3 +197,29 @@ def test_compose_file_is_consistent() -> None:
         if build:
             assert (DEPLOY / "compose" / build["context"] / build["dockerfile"]).exists(), name
     assert "SWITCHYARD_DATABASE_URL" in compose["x-switchyard-env"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_routes_name_replicas_that_exist(overlay: str) -> None:
+    # Each route deployment is one StatefulSet replica (name-N.service:port): N must be below
+    # the replica count the overlay sets, and the port the executor's, or the route points at
+    # nothing.
+    docs = render(overlay)
+    config_map = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("switchyard-routes")
+    )
+    routes = tomllib.loads(config_map["data"]["routes.toml"])
+    sets = {d["metadata"]["name"]: d for d in workloads(docs) if d["kind"] == "StatefulSet"}
+    for name, dep in routes["deployments"].items():
+        host, port = dep["address"].rsplit(":", 1)
+        pod, service = host.split(".", 1)
+        workload, ordinal = pod.rsplit("-", 1)
+        assert workload == service and workload in sets, f"{overlay}: {name} -> {dep['address']}"
+        assert int(ordinal) < sets[workload]["spec"]["replicas"], f"{overlay}: {name} beyond the replicas"
+        assert int(port) == containers(sets[workload])[0]["ports"][0]["containerPort"]
+    used = {t for r in routes["routes"].values() for t in r["targets"]}
+    used |= {c for r in routes["routes"].values() for c in r.get("shadow", {}).get("candidates", [])}
+    assert used <= set(routes["deployments"])
+    router = next(d for d in workloads(docs) if d["metadata"]["name"] == "router")
+    volumes = router["spec"]["template"]["spec"]["volumes"]
+    assert {"name": config_map["metadata"]["name"]} in [v.get("configMap") for v in volumes]
