@@ -70,28 +70,28 @@ otlp_endpoint = ""
 enabled = "true"
 port = 8101
 models = ["mlp", "tiny-lm", "minilm-l6"]
-mode = "eager"
+mode = ""                      # "" = the backend's default mode
 python = ""                    # "" = the interpreter running switchyard
 
 [executors.xla]
 enabled = "auto"               # auto = when its interpreter exists
 port = 8102
 models = ["mlp", "tiny-lm"]
-mode = "lazy"
+mode = ""
 python = ""
 
 [executors.cuda]
 enabled = "auto"               # auto = when an NVIDIA device node exists
 port = 8103
 models = ["mlp", "tiny-lm", "minilm-l6"]
-mode = "eager"
+mode = ""
 python = ""
 
 [executors.tpu]
 enabled = "auto"               # auto = when a TPU device node and its interpreter exist
 port = 8104
 models = ["mlp", "tiny-lm"]
-mode = "strict"
+mode = ""
 python = ""
 """
 

@@ -210,6 +210,7 @@ def build_plan(
                     str(port),
                     "--models",
                     ",".join(ex.models),
+                    *(("--mode", ex.mode) if ex.mode else ()),
                 ),
                 f"{host}:{port}",
                 "grpc",

@@ -75,7 +75,7 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.name}.log"
         env = {**os.environ, **spec.env}
-        with log_path.open("ab") as out:
+        with log_path.open("wb") as out:
             proc = await asyncio.create_subprocess_exec(
                 *spec.argv,
                 stdin=asyncio.subprocess.DEVNULL,

@@ -14,8 +14,8 @@ import os
 import re
 import shutil
 import subprocess
-import tomllib
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

@@ -60,7 +60,7 @@ async def test_priced_reserved_window_reports_cost_per_completed_job_and_idle(
                 busy_us=500_000,
                 started_unix_us=start + i * 1_000_000,
                 ended_unix_us=start + i * 1_000_000 + 500_000,
-            )  # fmt: skip
+            )
             for i in range(4)
         ]
         await stub.RecordUsage(metering_pb2.RecordUsageRequest(events=events))

@@ -78,7 +78,7 @@ def _wait_for_state(proc: subprocess.Popen[bytes], state_file: Path, log: Path) 
     pytest.fail(f"cluster not up after {STARTUP_S}s:\n{log.read_text()[-4000:]}")
 
 
-async def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
+def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
     if not XLA_PYTHON or not Path(XLA_PYTHON).exists():
         if IN_CI:
             pytest.fail("SWITCHYARD_XLA_PYTHON is not set up (make setup-xla)")
@@ -92,7 +92,7 @@ async def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
         )  # fmt: skip
     started: set[int] = set()
     try:
-        state = await asyncio.to_thread(_wait_for_state, proc, tmp_path / "state" / "cluster.json", log)
+        state = _wait_for_state(proc, tmp_path / "state" / "cluster.json", log)
         started = descendants(proc.pid)
         services = state["services"]
         assert isinstance(services, dict)
@@ -109,7 +109,9 @@ async def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
 
         ep = Endpoints.from_state(state)
         lines: list[str] = []
-        result = await run_main_job(ep, tmp_path / "reports", requests=200, concurrency=8, tell=lines.append)
+        result = asyncio.run(
+            run_main_job(ep, tmp_path / "reports", requests=200, concurrency=8, tell=lines.append)
+        )
 
         # Inference with a key: every request answered, through the router, by the CPU path.
         sent = sum(t.sent for t in result.traffic)
@@ -136,7 +138,7 @@ async def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         try:
-            code = await asyncio.to_thread(proc.wait, 90)
+            code = proc.wait(90)
         except subprocess.TimeoutExpired:
             proc.kill()
             pytest.fail(f"switchyard up did not stop within 90s of SIGINT:\n{log.read_text()[-4000:]}")
