@@ -17,7 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from switchyard.cluster import finance, trial
+from switchyard.cluster import finance
+from switchyard.cluster import trial as trials
+from switchyard.cluster.routes import PATH_IDS
 from switchyard.cluster.traffic import TeamKey, TrafficResult, create_team_key, send_requests
 from switchyard.cluster.up import LocalCluster, format_table, install_stop_signals, serve_until_stopped
 from switchyard.config import Config
@@ -39,7 +41,8 @@ class Endpoints:
     temporal: str
     namespace: str
     task_queue: str
-    executors: Mapping[str, str]
+    executors: Mapping[str, str]  # backend -> address
+    paths: Mapping[str, str]  # backend -> ledger path id
     temporal_ui: str = ""
 
     @classmethod
@@ -47,7 +50,7 @@ class Endpoints:
                    task_queue: str = "switchyard-trials") -> Endpoints:  # fmt: skip
         services = state["services"]
         assert isinstance(services, dict)
-        temporal = services.get("temporal", {}).get("address") or str(state.get("temporal_address", ""))
+        temporal = str(state.get("temporal_address") or services["temporal"]["address"])
         return cls(
             router=services["router"]["address"],
             metering=services["metering"]["address"],
@@ -59,6 +62,11 @@ class Endpoints:
                 for name, s in services.items()
                 if name.startswith("executor-")
             },
+            paths={
+                name.removeprefix("executor-"): s.get("path") or PATH_IDS[name.removeprefix("executor-")]
+                for name, s in services.items()
+                if name.startswith("executor-")
+            },
             temporal_ui=str(state.get("temporal_ui", "")),
         )
 
@@ -67,7 +75,7 @@ class Endpoints:
 class MainJobResult:
     team: TeamKey
     traffic: list[TrafficResult] = field(default_factory=list)
-    trial: trial.TrialOutcome | None = None
+    trial: trials.TrialOutcome | None = None
     finance: list[finance.PathCost] = field(default_factory=list)
     reports: dict[str, Path] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -90,13 +98,13 @@ async def run_main_job(
     began = time.monotonic()
     run = uuid.uuid4().hex[:8]
     window_start_us = int(time.time() * 1_000_000)
-    await finance.ensure_prices(ep.metering, ep.executors)
+    await finance.ensure_prices(ep.metering, ep.executors, ep.paths)
 
     team = await create_team_key(ep.metering, f"team-demo-{run}")
     tell(f"team principal {team.team} ({team.principal_id}) with key id {team.key_id} and role infer")
     result = MainJobResult(team)
 
-    reservations = await finance.open_reservations(ep.metering, ep.executors, run, window_start_us)
+    reservations = await finance.open_reservations(ep.metering, ep.paths, run, window_start_us)
     models = ["mlp", "tiny-lm"]
     for model, count in _split(requests, models).items():
         traffic = await send_requests(
@@ -109,13 +117,16 @@ async def run_main_job(
             + (f"; errors {traffic.errors}" if traffic.errors else "")
         )
 
-    if "xla" in ep.executors:
-        tell("trial: tiny-lm cpu-eager (reference) vs xla, started on Temporal ...")
-        outcome = await trial.run_trial(ep, out_dir, run)
+    if "xla" in ep.executors and "cpu" in ep.executors:
+        tell("trial: tiny-lm on cpu-eager (reference) vs xla, on Temporal (TrialWorkflow)")
+        spec = trials.demo_spec(team.team)
+        outcome = await trials.run_trial(
+            ep.temporal, ep.namespace, ep.task_queue, out_dir, f"demo-tiny-lm-{run}", spec, tell
+        )
         result.trial = outcome
         result.reports.update(outcome.reports)
     else:
-        tell("trial skipped: no XLA executor in this cluster (make setup-xla)")
+        tell("trial skipped: it needs the CPU and the XLA executor (make setup-xla)")
 
     await finance.close_reservations(ep.metering, reservations)
     result.finance = await finance.report(ep.metering, window_start_us)
@@ -129,10 +140,12 @@ async def run_main_job(
 def print_summary(result: MainJobResult, ep: Endpoints) -> None:
     print()
     if result.trial is not None:
-        print(f"trial {result.trial.trial_id}: {result.trial.status}")
-        for path, verdict in sorted(result.trial.verdicts.items()):
-            reason = result.trial.reasons.get(path, "")
-            print(f"  {path:<12} {verdict:<13} {reason}")
+        t = result.trial
+        print(f"trial {t.trial_id}: {t.status}; reference {t.report.get('reference', '?')}")
+        for path, verdict in sorted(t.verdicts.items()):
+            print(f"  {path}: {verdict}")
+            for reason in t.reasons.get(path, []):
+                print(f"    {reason}")
     print()
     print("finance report (this run's window; money in the ledger's currency)")
     print(finance.format_table(result.finance))

@@ -59,8 +59,9 @@ async def _describe(address: str) -> executor_pb2.DescribeResponse | None:
             return None
 
 
-async def ensure_prices(metering: str, executors: Mapping[str, str]) -> None:
-    """A price in force and a registered path for every executor (audited admin actions)."""
+async def ensure_prices(metering: str, executors: Mapping[str, str], paths: Mapping[str, str]) -> None:
+    """A price in force and a registered path for every executor (audited admin actions).
+    `executors` maps backend -> address, `paths` backend -> ledger path id."""
     now_us = int(time.time() * 1_000_000)
     async with grpc.aio.insecure_channel(metering) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
@@ -79,7 +80,7 @@ async def ensure_prices(metering: str, executors: Mapping[str, str]) -> None:
             )
             await stub.RegisterPath(
                 metering_pb2.RegisterPathRequest(
-                    path=PATH_IDS.get(backend, backend),
+                    path=paths.get(backend) or PATH_IDS.get(backend, backend),
                     backend=backend,
                     resource_class=(described.resource_class if described else "") or backend,
                     price_key=price_key,
@@ -90,14 +91,12 @@ async def ensure_prices(metering: str, executors: Mapping[str, str]) -> None:
             )
 
 
-async def open_reservations(
-    metering: str, executors: Mapping[str, str], run: str, start_us: int
-) -> list[str]:
+async def open_reservations(metering: str, paths: Mapping[str, str], run: str, start_us: int) -> list[str]:
+    """One reservation per path from `start_us`: the window whose idle time is charged."""
     ids = []
     async with grpc.aio.insecure_channel(metering) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
-        for backend in executors:
-            path = PATH_IDS.get(backend, backend)
+        for path in paths.values():
             r = await stub.OpenReservation(
                 metering_pb2.OpenReservationRequest(
                     idempotency_key=f"demo-{run}-{path}", path=path, start_unix_us=start_us, actor=ACTOR

@@ -105,3 +105,14 @@ async def temporal_pollers(address: str, namespace: str, task_queue: str, timeou
     except Exception:  # not reachable yet counts as no poller
         return 0
     return len(reply.pollers)
+
+
+async def executor_host(address: str, timeout_s: float = 5.0) -> str:
+    """The host id an executor reports (paths on one host never measure at once); "" if unknown."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = executor_pb2_grpc.ExecutorControlStub(channel)
+        try:
+            reply = await stub.Describe(executor_pb2.DescribeRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return ""
+    return str(reply.host)

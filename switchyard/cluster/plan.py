@@ -246,26 +246,20 @@ def build_plan(
         )
     )
     if config.worker_enabled:
-        specs.append(
-            ServiceSpec(
-                "trial-worker",
-                _switchyard(
-                    py,
-                    "worker",
-                    "--temporal",
-                    temporal_address,
-                    "--namespace",
-                    config.temporal.namespace,
-                    "--task-queue",
-                    config.temporal.task_queue,
-                    "--metering",
-                    metering,
-                    "--evaluator",
-                    evaluator,
-                ),
-                "",
-                "process",
-                env=base_env,
-            )
-        )
+        argv = [
+            "worker",
+            "--temporal",
+            temporal_address,
+            "--namespace",
+            config.temporal.namespace,
+            "--task-queue",
+            config.temporal.task_queue,
+            "--metering",
+            metering,
+            "--evaluator",
+            evaluator,
+        ]
+        for backend, address in executor_addresses.items():
+            argv += ["--executor", f"{backend}={address}"]
+        specs.append(ServiceSpec("trial-worker", _switchyard(py, *argv), "", "process", env=base_env))
     return specs, ports

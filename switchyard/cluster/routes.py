@@ -14,8 +14,9 @@ from pathlib import Path
 
 from switchyard.cluster.plan import ServiceSpec
 
-# The path id each backend's executor is charged under in the ledger (mode in the name, as
-# a trial names its paths), so request and trial costs land on the same rows.
+# The path name each backend's executor is charged under in the ledger, with `@<host>` added
+# as a trial does (the demo trial names its paths the same), so request and trial costs of a
+# path land on the same rows.
 PATH_IDS = {"cpu": "cpu-eager", "cuda": "cuda-eager", "xla": "xla", "tpu": "tpu-strict"}
 PRIMARY_ORDER = ("cuda", "cpu", "tpu", "xla")
 SHADOW_ORDER = ("xla", "tpu", "cpu")
@@ -26,10 +27,17 @@ def _toml_value(value: object) -> str:
     return json.dumps(value)
 
 
+def path_id(backend: str, host: str) -> str:
+    """The ledger path of a backend's executor: `<path name>@<host>`, as a trial names it."""
+    name = PATH_IDS.get(backend, backend)
+    return f"{name}@{host}" if host else name
+
+
 def render_routes(
     executors: Mapping[str, ServiceSpec],
     shadow_share: float,
     settings: Mapping[str, object] | None = None,
+    paths: Mapping[str, str] | None = None,
 ) -> str:
     """The router's TOML: [router] settings, one [deployments.X] per executor, [routes.M]."""
     lines = [
@@ -44,7 +52,7 @@ def render_routes(
             "",
             f"[deployments.{backend}]",
             f"address = {_toml_value(spec.address)}",
-            f"path = {_toml_value(PATH_IDS.get(backend, backend))}",
+            f"path = {_toml_value((paths or {}).get(backend) or PATH_IDS.get(backend, backend))}",
         ]
     models: dict[str, list[str]] = {}
     for backend, spec in executors.items():
@@ -74,7 +82,8 @@ def write_default_routes(
     executors: Mapping[str, ServiceSpec],
     shadow_share: float,
     settings: Mapping[str, object] | None = None,
+    paths: Mapping[str, str] | None = None,
 ) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_routes(executors, shadow_share, settings), encoding="utf-8")
+    path.write_text(render_routes(executors, shadow_share, settings, paths), encoding="utf-8")
     return path

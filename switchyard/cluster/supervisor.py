@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,8 +144,9 @@ class Supervisor:
             raise StartupFailed(f"{spec.name}: model(s) {', '.join(failed)} FAILED to load")
         return all(states.get(name) == "READY" for name in spec.models)
 
-    async def start(self, stop: asyncio.Event) -> None:
-        """Starts every service, in two waves: back ends together, then router and worker."""
+    async def start(self, stop: asyncio.Event, between: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Starts every service, in two waves: back ends together, then router and worker;
+        `between` runs once the first wave is healthy (e.g. to write the router's routes)."""
         waves = [
             [s for s in self.specs if s.name not in FRONT_FIRST],
             [s for s in self.specs if s.name in FRONT_FIRST],
@@ -161,6 +162,8 @@ class Supervisor:
                 raise
             if stop.is_set():
                 return
+            if between is not None and wave is waves[0]:
+                await between()
 
     async def watch(self, stop: asyncio.Event) -> str | None:
         """Waits for `stop` or for a child to exit; returns the name of a child that died."""

@@ -66,6 +66,7 @@ class LocalCluster:
     ports: Ports | None = None
     supervisor: Supervisor | None = None
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
+    paths: dict[str, str] = field(default_factory=dict)  # backend -> ledger path id
 
     @property
     def state_dir(self) -> Path:
@@ -96,17 +97,24 @@ class LocalCluster:
                     f"set a different port in the config (e.g. SWITCHYARD_ROUTER_PORT)"
                 )
         (self.state_dir / "spool").mkdir(parents=True, exist_ok=True)
-        if not self.config.router.routes_file:
-            executors = {
-                s.name.removeprefix("executor-"): s for s in self.specs if s.name.startswith("executor-")
-            }
-            settings = {
-                "spool_dir": str(self.state_dir / "spool"),
-                "evaluator": self.address("evaluator"),
-            }
-            routes.write_default_routes(
-                self.state_dir / "routes.toml", executors, self.config.router.shadow_share, settings
-            )
+
+    def executors(self) -> dict[str, ServiceSpec]:
+        return {s.name.removeprefix("executor-"): s for s in self.specs if s.name.startswith("executor-")}
+
+    async def _write_routes(self) -> None:
+        """Once the executors are up: their ledger path ids (host from Describe) and routes."""
+        for backend, spec in self.executors().items():
+            self.paths[backend] = routes.path_id(backend, await health.executor_host(spec.address))
+        if self.config.router.routes_file:
+            return
+        settings = {"spool_dir": str(self.state_dir / "spool"), "evaluator": self.address("evaluator")}
+        routes.write_default_routes(
+            self.state_dir / "routes.toml",
+            self.executors(),
+            self.config.router.shadow_share,
+            settings,
+            self.paths,
+        )
 
     async def start(self) -> None:
         self.prepare()
@@ -118,7 +126,7 @@ class LocalCluster:
             say=self._say,
         )
         self._say(f"starting {len(self.specs)} services (logs in {self.state_dir / 'logs'})")
-        await self.supervisor.start(self.stop_event)
+        await self.supervisor.start(self.stop_event, between=self._write_routes)
         self._write_state()
 
     def _write_state(self) -> None:
@@ -126,12 +134,18 @@ class LocalCluster:
         state = {
             "pid": os.getpid(),
             "services": {
-                s.name: {"address": s.address, "pid": self.supervisor.pids().get(s.name), "info": s.info}
+                s.name: {
+                    "address": s.address,
+                    "pid": self.supervisor.pids().get(s.name),
+                    "info": s.info,
+                    "path": self.paths.get(s.name.removeprefix("executor-"), ""),
+                }
                 for s in self.specs
             },
             "temporal_ui": next((s.info.removeprefix("UI ") for s in self.specs if s.name == "temporal"), ""),
             "ledger_url": self.config.ledger_url if not self.config.database_url else "(configured)",
             "state_dir": str(self.state_dir),
+            "temporal_address": self.config.temporal.address or self.address("temporal"),
         }
         path = self.state_dir / "cluster.json"
         tmp = path.with_suffix(".tmp")

@@ -43,15 +43,16 @@ async def test_priced_reserved_window_reports_cost_per_completed_job_and_idle(
 ) -> None:
     address = _address(metering)
     executors = {"cpu": "127.0.0.1:1"}  # no executor runs: prices fall back to local keys
-    await finance.ensure_prices(address, executors)
+    paths = {"cpu": "cpu-eager@test"}
+    await finance.ensure_prices(address, executors, paths)
     start = int(time.time() * 1_000_000) - 10_000_000
-    reservations = await finance.open_reservations(address, executors, "t1", start)
+    reservations = await finance.open_reservations(address, paths, "t1", start)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
         events = [
             metering_pb2.UsageEvent(
                 idempotency_key=f"req-{i}",
-                path="cpu-eager",
+                path="cpu-eager@test",
                 model="mlp",
                 team="team-a",
                 kind="request",
@@ -66,15 +67,15 @@ async def test_priced_reserved_window_reports_cost_per_completed_job_and_idle(
         await stub.RecordUsage(metering_pb2.RecordUsageRequest(events=events))
     await finance.close_reservations(address, reservations)
     rows = {r.path: r for r in await finance.report(address, start)}
-    cpu = rows["cpu-eager"]
+    cpu = rows["cpu-eager@test"]
     assert cpu.jobs_completed == 4
     assert cpu.total_micros > 0 and cpu.idle_micros > 0
     assert abs(cpu.cost_per_completed_job_micros - cpu.total_micros / 4) <= 0.5  # rounded once, to the micro
     assert 0 < cpu.idle_share < 1
     table = finance.format_table(list(rows.values()))
-    assert "cpu-eager" in table and finance.money(cpu.cost_per_completed_job_micros) in table
+    assert "cpu-eager@test" in table and finance.money(cpu.cost_per_completed_job_micros) in table
     html = await finance.write_html(address, tmp_path / "finance.html", start)
-    assert "cpu-eager" in html.read_text()
+    assert "cpu-eager@test" in html.read_text()
 
 
 def test_money_is_exact() -> None:

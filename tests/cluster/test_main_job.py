@@ -117,22 +117,24 @@ def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
         sent = sum(t.sent for t in result.traffic)
         assert sent == 200
         assert sum(t.ok for t in result.traffic) == sent, [t.errors for t in result.traffic]
-        assert {p for t in result.traffic for p in t.answered_by} == {"cpu-eager"}
+        assert {p for t in result.traffic for p in t.answered_by} == {ep.paths["cpu"]}
 
         # The trial reached its verdict, with a verdict for the candidate path.
         assert result.trial is not None
+        assert result.trial.status == "completed"
         assert result.trial.verdicts.get("xla") in ("ADOPT", "REJECT", "INCONCLUSIVE"), result.trial.report
-        assert "cpu-eager" in result.trial.verdicts
+        assert result.trial.reasons["xla"], "a verdict comes with its reasons per criterion"
+        assert result.reports["trial"].read_text().lstrip().lower().startswith("<!doctype html")
 
         # The finance report: the requests are completed jobs of cpu-eager, with idle time shown.
         rows = {r.path: r for r in result.finance}
-        cpu = rows["cpu-eager"]
+        cpu = rows[ep.paths["cpu"]]
         assert cpu.jobs_completed >= sent
         assert cpu.total_micros > 0
         assert cpu.total_micros == cpu.busy_micros + cpu.idle_micros + cpu.prepare_micros
         assert abs(cpu.cost_per_completed_job_micros - cpu.total_micros / cpu.jobs_completed) <= 0.5
         assert 0.0 < cpu.idle_share < 1.0
-        assert "xla" in rows
+        assert ep.paths["xla"] in rows  # the trial's and the shadow's cost of the XLA path
         assert result.reports["finance"].read_text().lstrip().lower().startswith("<!doctype html")
     finally:
         if proc.poll() is None:
