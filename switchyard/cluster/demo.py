@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -78,6 +79,7 @@ class MainJobResult:
     trial: trials.TrialOutcome | None = None
     finance: list[finance.PathCost] = field(default_factory=list)
     reports: dict[str, Path] = field(default_factory=dict)
+    shadow: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
 
@@ -105,17 +107,26 @@ async def run_main_job(
     result = MainJobResult(team)
 
     reservations = await finance.open_reservations(ep.metering, ep.paths, run, window_start_us)
-    models = ["mlp", "tiny-lm"]
-    for model, count in _split(requests, models).items():
-        traffic = await send_requests(
-            ep.router, team.key, model, count, concurrency, seed=len(result.traffic)
-        )
-        result.traffic.append(traffic)
-        tell(
-            f"{model}: {traffic.ok}/{traffic.sent} ok through the router in {traffic.wall_s:.1f}s, "
-            f"p50 {traffic.p(50):.1f} ms, p99 {traffic.p(99):.1f} ms; answered by {traffic.answered_by}"
-            + (f"; errors {traffic.errors}" if traffic.errors else "")
-        )
+    try:
+        models = ["mlp", "tiny-lm"]
+        for model, count in _split(requests, models).items():
+            traffic = await send_requests(
+                ep.router, team.key, model, count, concurrency, seed=len(result.traffic)
+            )
+            result.traffic.append(traffic)
+            tell(
+                f"{model}: {traffic.ok}/{traffic.sent} ok through the router in {traffic.wall_s:.1f}s "
+                f"({concurrency} in flight), p50 {traffic.p(50):.1f} ms, p99 {traffic.p(99):.1f} ms, "
+                f"router's own p50 {traffic.overhead_p50_us():.0f} us; answered by {traffic.answered_by}"
+                + (f"; errors {traffic.errors}" if traffic.errors else "")
+            )
+    finally:
+        # The serving window ends here, also when the traffic failed: an open reservation
+        # would hold the paths, and the trial reserves the same paths for itself.
+        await finance.close_reservations(ep.metering, reservations)
+    result.shadow = await shadow_report(ep.router, team.key)
+    for row in result.shadow:
+        tell(f"shadow {row}")
 
     if "xla" in ep.executors and "cpu" in ep.executors:
         tell("trial: tiny-lm on cpu-eager (reference) vs xla, on Temporal (TrialWorkflow)")
@@ -128,13 +139,53 @@ async def run_main_job(
     else:
         tell("trial skipped: it needs the CPU and the XLA executor (make setup-xla)")
 
-    await finance.close_reservations(ep.metering, reservations)
     result.finance = await finance.report(ep.metering, window_start_us)
     result.reports["finance"] = await finance.write_html(
         ep.metering, out_dir / "finance.html", window_start_us
     )
     result.wall_s = time.monotonic() - began
     return result
+
+
+def _causes(exc: BaseException) -> str:
+    import grpc
+
+    parts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 6:
+        if isinstance(seen, grpc.aio.AioRpcError):
+            parts.append(f"{seen.code().name}: {seen.details()}")
+        else:
+            parts.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__
+    return " <- ".join(parts)
+
+
+async def shadow_report(router: str, key: str, settle_s: float = 15.0) -> list[str]:
+    """The router's shadow comparisons: pairs compared and how far the candidate diverged.
+    Mirrored requests finish after the callers' answers, so read until the counts settle."""
+    import grpc
+
+    from switchyard.gen.switchyard.v1 import router_pb2, router_pb2_grpc
+
+    deadline = time.monotonic() + settle_s
+    previous = None
+    async with grpc.aio.insecure_channel(router) as channel:
+        stub = router_pb2_grpc.RouterAdminStub(channel)
+        while True:
+            reply = await stub.ShadowReport(
+                router_pb2.ShadowReportRequest(), metadata=[("authorization", f"Bearer {key}")], timeout=10
+            )
+            counts = [(s.pairs, s.failures) for s in reply.stats]
+            if (counts == previous and all(p + f for p, f in counts)) or time.monotonic() > deadline:
+                break
+            previous = counts
+            await asyncio.sleep(1.0)
+    return [
+        f"{s.model} -> {s.candidate}: {s.pairs} pairs compared by the {s.comparer}, {s.diverged} diverged, "
+        f"{s.failures} candidate errors, max abs error {s.max_abs_error:.3g}, min cosine {s.min_cosine:.6f}"
+        for s in reply.stats
+    ]
 
 
 def print_summary(result: MainJobResult, ep: Endpoints) -> None:
@@ -178,6 +229,13 @@ async def demo(config: Config, options: DemoOptions) -> int:
             print("interrupted: stopping the cluster")
             return 130
         stopper.cancel()
+        failure = job.exception()
+        if failure is not None:
+            # Say what failed and why in a few lines; the cause chain carries the service's
+            # message (e.g. an activity's FAILED_PRECONDITION), the logs the rest.
+            print(f"main job failed: {_causes(failure)}", file=sys.stderr)
+            print(f"service logs: {cluster.state_dir / 'logs'}", file=sys.stderr)
+            return 1
         print_summary(job.result(), ep)
         print(f"demo finished in {time.monotonic() - began:.1f}s (cluster start included)")
         if options.keep:

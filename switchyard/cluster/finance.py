@@ -92,18 +92,23 @@ async def ensure_prices(metering: str, executors: Mapping[str, str], paths: Mapp
 
 
 async def open_reservations(metering: str, paths: Mapping[str, str], run: str, start_us: int) -> list[str]:
-    """One reservation per path from `start_us`: the window whose idle time is charged."""
-    ids = []
+    """One reservation per path from `start_us`: the window whose idle time is charged.
+    All or none: if one cannot be opened, those already opened are closed again."""
+    ids: list[str] = []
     async with grpc.aio.insecure_channel(metering) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
-        for path in paths.values():
-            r = await stub.OpenReservation(
-                metering_pb2.OpenReservationRequest(
-                    idempotency_key=f"demo-{run}-{path}", path=path, start_unix_us=start_us, actor=ACTOR
-                ),
-                timeout=10,
-            )
-            ids.append(r.reservation_id)
+        try:
+            for path in paths.values():
+                r = await stub.OpenReservation(
+                    metering_pb2.OpenReservationRequest(
+                        idempotency_key=f"demo-{run}-{path}", path=path, start_unix_us=start_us, actor=ACTOR
+                    ),
+                    timeout=10,
+                )
+                ids.append(r.reservation_id)
+        except grpc.aio.AioRpcError:
+            await close_reservations(metering, ids)
+            raise
     return ids
 
 
@@ -169,6 +174,8 @@ def format_table(rows: list[PathCost]) -> str:
             money(r.idle_micros),
             money(r.prepare_micros),
             money(r.cost_per_completed_job_micros) if r.jobs_completed else "n/a (none completed)",
+            # Exact: total x 1000 / jobs, from the same integers (a readable scale, not a new price).
+            money(r.total_micros * 1000 // r.jobs_completed) if r.jobs_completed else "n/a",
             f"{r.idle_share:.1%}",
         )
         + ((f"{r.unpriced_events} unpriced",) if r.unpriced_events else ())

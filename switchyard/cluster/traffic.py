@@ -63,10 +63,14 @@ class TrafficResult:
     errors: dict[str, int] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list)
     answered_by: dict[str, int] = field(default_factory=dict)
+    router_overhead_us: list[int] = field(default_factory=list)
     wall_s: float = 0.0
 
     def p(self, q: float) -> float:
         return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else 0.0
+
+    def overhead_p50_us(self) -> float:
+        return float(np.percentile(self.router_overhead_us, 50)) if self.router_overhead_us else 0.0
 
 
 def _input_array(dims: Sequence[int], datatype: str, rng: np.random.Generator) -> np.ndarray:
@@ -118,9 +122,12 @@ async def send_requests(
                 return
             result.latencies_ms.append((time.perf_counter() - start) * 1000)
             result.ok += 1
+            # The router says which path answered and what its own hop cost (response parameters).
             params = reply.get_response().parameters
-            path = params["switchyard.path"].string_param if "switchyard.path" in params else "?"
+            path = params["path"].string_param if "path" in params else "?"
             result.answered_by[path] = result.answered_by.get(path, 0) + 1
+            if "router_overhead_us" in params:
+                result.router_overhead_us.append(int(params["router_overhead_us"].int64_param))
 
         async def worker() -> None:
             while not queue.empty():
