@@ -29,6 +29,8 @@ ENV_PREFIX = "SWITCHYARD_"
 ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "SWITCHYARD_XLA_PYTHON": ("executors", "xla", "python"),
     "SWITCHYARD_TPU_PYTHON": ("executors", "tpu", "python"),
+    # The trial worker's variable for the same address (workflows/cli.py).
+    "SWITCHYARD_TEMPORAL": ("temporal", "address"),
     # The services' own telemetry variables (switchyard/telemetry.py).
     "SWITCHYARD_TRACES": ("telemetry", "exporter"),
     "OTEL_EXPORTER_OTLP_ENDPOINT": ("telemetry", "otlp_endpoint"),

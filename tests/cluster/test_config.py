@@ -144,3 +144,18 @@ def test_derived_routes_pin_cpu_and_shadow_to_xla() -> None:
     assert routes["routes"]["mlp"]["targets"] == ["cpu"]
     assert routes["routes"]["mlp"]["shadow"] == {"share": 0.2, "candidates": ["xla"]}
     assert "shadow" not in routes["routes"]["minilm-l6"]  # the XLA executor does not serve it
+
+
+def test_dev_server_registers_the_search_attributes_the_workflow_upserts() -> None:
+    from temporalio.common import SearchAttributeIndexedValueType
+
+    from switchyard.cluster.plan import SEARCH_ATTRIBUTES
+    from workflows.trial import MODEL, PATHS, VERDICT
+
+    kinds = {
+        SearchAttributeIndexedValueType.KEYWORD: "Keyword",
+        SearchAttributeIndexedValueType.KEYWORD_LIST: "KeywordList",
+    }
+    assert dict(SEARCH_ATTRIBUTES) == {
+        key.name: kinds[key.indexed_value_type] for key in (MODEL, PATHS, VERDICT)
+    }
