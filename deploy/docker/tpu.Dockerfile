@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# TorchTPU executor image (TPU VMs only): torch >= 2.11 with torch_tpu and libtpu in their own
-# environment. The CPU wheel of torch is enough: the TPU runtime comes from libtpu.
+# TorchTPU executor image (TPU VMs only): the TorchTPU environment exactly as
+# requirements/tpu.txt pins it (torch 2.13 with torch_tpu and libtpu); the CPU wheel of torch
+# is enough, the TPU runtime comes from libtpu. The project's source runs from /opt/switchyard.
 # Build from the repository root:  docker build -f deploy/docker/tpu.Dockerfile -t switchyard/executor-tpu .
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
@@ -11,14 +12,7 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY requirements/ requirements/
 RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
-    && pip install --no-cache-dir torch-tpu==0.2.0 libtpu==0.0.51
-COPY pyproject.toml README.md ./
-COPY switchyard/ switchyard/
-COPY services/ services/
-COPY clients/ clients/
-COPY workflows/ workflows/
-RUN pip install --no-cache-dir -c requirements/main.txt . \
-    && pip uninstall --yes switchyard
+    && pip install --no-cache-dir -r requirements/tpu.txt
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH PYTHONPATH=/opt/switchyard PYTHONUNBUFFERED=1

@@ -2,7 +2,7 @@
 # XLA executor image: the XLA environment exactly as requirements/xla.txt pins it (torch 2.9.0 +
 # torch_xla 2.9.0, which pins its torch) and nothing else; the project's source runs from
 # /opt/switchyard. PJRT_DEVICE=CPU by default; TPU hosts set
-# PJRT_DEVICE=TPU and build with --build-arg LIBTPU_VERSION=0.0.51.
+# PJRT_DEVICE=TPU and build with --build-arg LIBTPU_VERSION=0.0.52.
 # Build from the repository root:  docker build -f deploy/docker/xla.Dockerfile -t switchyard/executor-xla .
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
