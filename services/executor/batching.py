@@ -47,7 +47,7 @@ class QueuedRequest:
 
     arrays: list[np.ndarray]
     rows: int
-    deadline: float | None  # time.monotonic() seconds
+    deadline: float | None  # time.perf_counter() seconds (the clock `enqueued` uses)
     future: asyncio.Future[BatchResult]
     enqueued: float = field(default_factory=time.perf_counter)
 
@@ -159,7 +159,7 @@ class Batcher:
 
     def _drop_dead(self) -> None:
         """Removes cancelled and expired requests from the queue without computing them."""
-        now = time.monotonic()
+        now = time.perf_counter()
         kept: deque[QueuedRequest] = deque()
         for item in self._queue:
             if item.deadline is not None and now >= item.deadline:
@@ -206,6 +206,10 @@ class Batcher:
             if self.policy.dynamic_batching and delay > 0:
                 # Hold the oldest request up to the delay, unless a full batch is already there.
                 until = self._queue[0].enqueued + delay
+                # wake for the first deadline too, so expired work leaves the queue promptly
+                deadlines = [i.deadline for i in self._queue if i.deadline is not None]
+                if deadlines:
+                    until = min(until, min(deadlines))
                 while self._ready_rows() < self.policy.max_batch and time.perf_counter() < until:
                     self._wakeup.clear()
                     try:

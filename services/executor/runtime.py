@@ -206,6 +206,7 @@ class Executor:
     async def infer(
         self, name: str, version: str, inputs: list[WireTensor], deadline: float | None
     ) -> tuple[LoadedModel, BatchResult]:
+        """`deadline` is in time.perf_counter() seconds; work still queued then is dropped."""
         if self.draining:
             raise Draining("executor is draining; retry on another executor")
         model = self.find(name, version)

@@ -226,7 +226,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         inputs = decode_inputs(request)
         remaining = context.time_remaining()
-        deadline = time.monotonic() + remaining if remaining is not None else None
+        deadline = time.perf_counter() + remaining if remaining is not None else None
         wanted = [o.name for o in request.outputs]
         if wanted:
             declared = [

@@ -154,8 +154,23 @@ async def test_deadline_expiring_in_queue_drops_the_work(
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.ModelInfer(build_infer_request("mlp", {"x": GOOD_X}, version="perturbed"), timeout=0.1)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await asyncio.sleep(0.5)  # past the batching delay: the loop has looked at the queue
-    assert model.batcher.counters.expired_in_queue == 1
+    await asyncio.sleep(0.15)  # well before the 400 ms batching delay ends
+    assert model.batcher.counters.expired_in_queue == 1  # dropped at its deadline
     assert model.batcher.counters.executions == before  # never computed
     ok = await stub.ModelInfer(build_infer_request("mlp", {"x": GOOD_X}, version="perturbed"), timeout=5)
     assert ok.parameters["queue_us"].int64_param >= 300_000  # waited out the delay alone
+
+
+async def test_expiry_in_queue_is_the_executors_own_deadline_exceeded(executor: RunningExecutor) -> None:
+    """The domain says DEADLINE_EXCEEDED itself (not only the caller's gRPC deadline)."""
+    import time
+
+    from services.executor.batching import ExpiredInQueue
+    from switchyard.codec import decode
+    from switchyard.errors import Status
+
+    await _load_slow_queue(executor.address, queue_size=8)
+    x = decode("x", "FP32", [1, 64], GOOD_X.tobytes())
+    with pytest.raises(ExpiredInQueue) as info:
+        await executor.executor.infer("mlp", "perturbed", [x], deadline=time.perf_counter() + 0.05)
+    assert info.value.status is Status.DEADLINE_EXCEEDED and "it was not run" in str(info.value)
