@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import numpy as np
 
 from services.executor.model_runtime import LoadedModel
 from services.executor.runtime import Executor
@@ -73,8 +74,6 @@ def decode_inputs(request: pb.ModelInferRequest) -> list[WireTensor]:
                 raise InvalidArgument(
                     f"input {tensor.name!r}: {tensor.datatype} must be sent in raw_input_contents"
                 )
-            import numpy as np
-
             values = getattr(tensor.contents, field)
             wire_dtype = codec.element_dtype(tensor.datatype)
             data = np.asarray(values, dtype=wire_dtype).tobytes()

@@ -64,3 +64,23 @@ async def test_mlp_and_tiny_lm_outputs_equal_in_process_call(executor: RunningEx
             assert params[oip_params.IN_FLIGHT].int64_param == 0  # nothing else was running
     finally:
         await client.close()
+
+
+async def test_typed_contents_equal_raw_contents(executor: RunningExecutor) -> None:
+    import grpc
+
+    from clients.executor import build_infer_request, parse_infer_response
+    from switchyard.gen.inference import grpc_service_pb2 as oip
+    from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
+
+    ids = np.arange(10, dtype=np.int64)[None]
+    typed = oip.ModelInferRequest(model_name="tiny-lm")
+    tensor = typed.inputs.add(name="input_ids", datatype="INT64", shape=[1, 10])
+    tensor.contents.int64_contents.extend(ids.ravel().tolist())
+    async with grpc.aio.insecure_channel(executor.address) as channel:
+        stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        from_typed = parse_infer_response(await stub.ModelInfer(typed)).outputs["logits"]
+        from_raw = parse_infer_response(
+            await stub.ModelInfer(build_infer_request("tiny-lm", {"input_ids": ids}))
+        )
+    np.testing.assert_array_equal(from_typed, from_raw.outputs["logits"])
