@@ -10,6 +10,7 @@ from xml.etree import ElementTree
 
 import grpc
 import pytest
+from temporalio.worker import Replayer
 
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
@@ -17,6 +18,7 @@ from tests.conftest import IN_CI
 from tests.trial.helpers import QUICK_PERF, ledger_state, run_trial, tiny_spec
 from tests.trial.stack import Stack
 from workflows.render import render
+from workflows.trial import TrialWorkflow
 
 VERDICTS = {"ADOPT", "REJECT", "INCONCLUSIVE"}
 
@@ -109,6 +111,9 @@ async def test_perturbed_variant_is_rejected_on_correctness(stack: Stack) -> Non
     assert verdict["criteria"]["latency"]["result"] == "skipped"  # no speed verdict without correctness
     assert "skipped" in report["paths"]["perturbed"]["performance"]
     _conserved(stack, report["trial_id"])
+    # the workflow code replays its own history deterministically (what a restarted worker does)
+    history = await stack.env.client.get_workflow_handle(report["trial_id"]).fetch_history()
+    await Replayer(workflows=[TrialWorkflow]).replay_workflow(history)
 
 
 async def test_failing_paths_are_inconclusive_and_the_trial_completes(stack: Stack) -> None:
