@@ -154,7 +154,7 @@ class TrialWorkflow:
         return {
             "trial_id": workflow.info().workflow_id,
             "status": self.status,
-            "percent": round(100.0 * done / total, 1),
+            "percent": 100.0 if self.finished else round(100.0 * done / total, 1),
             "paths": {name: r.state.summary() for name, r in self.runs.items()},
             "verdicts": {p: v["verdict"] for p, v in self.report.get("verdicts", {}).items()},
         }

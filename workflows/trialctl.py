@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
 from workflows.render import criteria_in_order, render
@@ -111,6 +111,13 @@ async def _status(args: argparse.Namespace) -> int:
         print(_bar(await handle.query(TrialWorkflow.progress)))
     elif desc.status == WorkflowExecutionStatus.COMPLETED:
         print(_summary(await handle.result()))
+    elif desc.status == WorkflowExecutionStatus.FAILED:
+        try:
+            await handle.result()
+        except WorkflowFailureError as err:
+            cause = err.cause
+            print(f"trial {args.trial_id}: FAILED: {getattr(cause, 'message', None) or cause}")
+            return 1
     else:
         print(f"trial {args.trial_id}: {desc.status.name if desc.status else 'unknown'}")
     return 0

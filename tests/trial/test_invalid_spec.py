@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import uuid
 from typing import Any
 
@@ -11,13 +12,14 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from switchyard.grpcio import RunningServer
+from workflows import trialctl
 from workflows.connections import Connections, WorkerConfig
 from workflows.trial import TrialWorkflow
 from workflows.worker import build_worker
 
 
 async def test_invalid_spec_fails_the_workflow_at_once_naming_the_field(
-    temporal_env: WorkflowEnvironment, evaluator: RunningServer
+    temporal_env: WorkflowEnvironment, evaluator: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec: dict[str, Any] = {
         "model": {"name": "tiny-lm"},
@@ -34,8 +36,9 @@ async def test_invalid_spec_fails_the_workflow_at_once_naming_the_field(
     queue = f"q-{uuid.uuid4().hex[:8]}"
     connections = Connections(WorkerConfig(evaluator=evaluator.address, metering="127.0.0.1:1"))
     async with build_worker(temporal_env.client, connections, task_queue=queue):
+        workflow_id = f"bad-{uuid.uuid4().hex[:8]}"
         handle = await temporal_env.client.start_workflow(
-            TrialWorkflow.run, spec, id=f"bad-{uuid.uuid4().hex[:8]}", task_queue=queue
+            TrialWorkflow.run, spec, id=workflow_id, task_queue=queue
         )
         with pytest.raises(WorkflowFailureError) as err:
             await handle.result()
@@ -47,3 +50,8 @@ async def test_invalid_spec_fails_the_workflow_at_once_naming_the_field(
     history = await handle.fetch_history()
     assert sum(1 for e in history.events if e.HasField("activity_task_scheduled_event_attributes")) == 0
     await connections.close()
+    # what `switchyard trial status ID` prints for it
+    address = str(temporal_env.client.service_client.config.target_host)
+    status = argparse.Namespace(trial_id=workflow_id, temporal=address, namespace="default")
+    assert await trialctl._status(status) == 1
+    assert "FAILED: invalid trial spec: paths[1].mode" in capsys.readouterr().out
