@@ -108,7 +108,13 @@ async def _status(args: argparse.Namespace) -> int:
     handle = client.get_workflow_handle(args.trial_id)
     desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.RUNNING:
-        print(_bar(await handle.query(TrialWorkflow.progress)))
+        try:
+            print(_bar(await handle.query(TrialWorkflow.progress)))
+        except RPCError as err:
+            why = f"no worker answered the progress query ({err.message})"
+            print(f"trial {args.trial_id}: running, but {why}; is a trial worker polling its task queue?",
+                  file=sys.stderr)  # fmt: skip
+            return 1
     elif desc.status == WorkflowExecutionStatus.COMPLETED:
         print(_summary(await handle.result()))
     elif desc.status == WorkflowExecutionStatus.FAILED:

@@ -59,18 +59,20 @@ async def test_start_wait_status_and_report(stack: Stack, tmp_path: Path) -> Non
             code, out, err = await _cli(
                 "trial", "start", str(path), "--wait", "--id", trial_id, "--task-queue", queue, *common
             )
-            assert code == 0, err
+            assert code == 0, f"exit {code}: {err[-1500:]}"
             assert f"started {trial_id}" in out
             assert "perturbed: REJECT" in out and "correctness: fail" in out
             assert "%" in err and "cpu-eager:" in err  # the progress lines
-            code, out, _ = await _cli("trial", "status", trial_id, *common)
-            assert code == 0 and "perturbed: REJECT" in out
+            code, out, err = await _cli("trial", "status", trial_id, *common)
+            assert code == 0, f"exit {code}: {err[-1500:]}"
+            assert "perturbed: REJECT" in out
     finally:
         await conns.close()
     html = tmp_path / "report.html"
     code, out, err = await _cli("trial", "report", trial_id, "-o", str(html), "--metering", stack.metering)
-    assert code == 0, err
+    assert code == 0, f"exit {code}: {err[-1500:]}"
     page = html.read_text()
     assert page.startswith("<!DOCTYPE html>") and "REJECT" in page and "<svg" in page
-    code, out, _ = await _cli("trial", "report", trial_id, "--format", "md", "--metering", stack.metering)
-    assert code == 0 and out.startswith(f"# Trial {trial_id}: tiny-lm")
+    code, out, err = await _cli("trial", "report", trial_id, "--format", "md", "--metering", stack.metering)
+    assert code == 0, f"exit {code}: {err[-1500:]}"
+    assert out.startswith(f"# Trial {trial_id}: tiny-lm")
