@@ -9,17 +9,22 @@ that private counters degrade to "unknown" instead of crashing.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from services.executor.backends import tpu_env
+from services.executor.backends.tpu import TpuBackend
 from switchyard.errors import FailedPrecondition, InvalidArgument
 from tests.conftest import ROOT
 
@@ -162,3 +167,84 @@ def test_backends_command_describes_tpu_as_unavailable_with_the_reason() -> None
     assert tpu["device"]["available"] is False
     assert tpu["device"]["unavailable_reason"].startswith("torch_tpu is not installed")
     assert tpu["modes"] == ["strict", "debug", "defer_and_fuse", "compile"]
+
+
+class FakeTpu:
+    """A `torch.tpu` stand-in with the names the backend uses: modes, sync, cache counters."""
+
+    EagerMode = FakeEagerMode
+
+    def __init__(self) -> None:
+        self.mode: FakeEagerMode | None = None
+        self.misses = 0
+        self.seen: set[tuple[int, ...]] = set()
+        self.syncs = 0
+
+    @contextlib.contextmanager
+    def set_eager_mode(self, mode: FakeEagerMode) -> Iterator[None]:
+        previous, self.mode = self.mode, mode
+        try:
+            yield
+        finally:
+            self.mode = previous
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+    def _get_cache_misses(self) -> int:
+        return self.misses
+
+
+class ShapeCachedModule(nn.Module):
+    """Counts a cache miss per new input shape, as TorchTPU's executable cache does."""
+
+    def __init__(self, tpu: FakeTpu) -> None:
+        super().__init__()
+        self.tpu = tpu
+        self.modes: list[str] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.tpu.mode is not None
+        self.modes.append(self.tpu.mode.name)
+        if tuple(x.shape) not in self.tpu.seen:
+            self.tpu.seen.add(tuple(x.shape))
+            self.tpu.misses += 1
+        return x * 2
+
+
+def test_tpu_backend_modes_sync_and_per_model_compilations() -> None:
+    tpu = FakeTpu()
+    ready = tpu_env.TpuDetection(True, "", {"torch_tpu": "fake"}, "TPU v5e", 1)
+    backend = TpuBackend(tpu_module=tpu, detection=ready)
+    assert backend.availability().available and backend.modes[0] == "strict"
+    first, second = ShapeCachedModule(tpu), ShapeCachedModule(tpu)
+    a = backend.prepare(first, "defer_and_fuse")
+    b = backend.prepare(second, "debug")
+    a.run([torch.ones(4, 2)])
+    a.run([torch.ones(4, 2)])
+    b.run([torch.ones(8, 2)])  # another model's miss is not this model's compilation
+    assert a.counters().compilations == 1 and b.counters().compilations == 1
+    a.run([torch.ones(3, 2)])
+    assert a.counters().compilations == 2 and b.counters().compilations == 1
+    assert first.modes == ["DEFER_AND_FUSE"] * 3 and second.modes == ["DEFER_NEVER_AND_LAUNCH_BLOCKING"]
+    assert tpu.mode is None and tpu.syncs == 4  # the mode is scoped to a run; each run syncs
+    assert any(a.startswith("static shapes") for a in a.adaptations)
+    with pytest.raises(InvalidArgument, match="unknown tpu mode 'lazy'"):
+        backend.prepare(first, "lazy")
+
+
+class FakeTpuWithoutCounters(FakeTpu):
+    """A torch_tpu whose private cache counters are gone (they may change without notice)."""
+
+    _get_cache_misses = None  # type: ignore[assignment]
+
+
+def test_tpu_backend_without_cache_counters_records_unknown() -> None:
+    tpu = FakeTpuWithoutCounters()
+    backend = TpuBackend(tpu_module=tpu, detection=tpu_env.TpuDetection(True, "", {}, "TPU", 1))
+    prepared = backend.prepare(ShapeCachedModule(tpu), "strict")
+    prepared.run([torch.ones(2, 2)])
+    counters = prepared.counters()
+    assert counters.compilations == 0
+    assert "compilations: unknown" in counters.notes
+    assert any("_get_cache_misses not found: recorded unknown" in n for n in counters.notes)

@@ -63,11 +63,12 @@ class TpuBackend:
     precisions: tuple[str, ...] = ("fp32", "bf16")
     static_shapes = True
 
-    def __init__(self) -> None:
-        self._detection: tpu_env.TpuDetection | None = None
-        self._tpu: Any = None
+    def __init__(self, tpu_module: Any = None, detection: tpu_env.TpuDetection | None = None) -> None:
+        """Both arguments are for tests without a TPU (a fake `torch.tpu`); the executor passes none."""
+        self._detection = detection
+        self._tpu: Any = tpu_module
         self._notes: list[str] = []
-        self._sync: Any = None
+        self._sync: Any = None if tpu_module is None else tpu_module.synchronize
 
     def availability(self) -> Availability:
         if self._detection is None:
@@ -133,20 +134,29 @@ class TpuBackend:
             counting = _CountingTpuCompiler(lookup_backend("tpu"))
             fn = torch.compile(module, backend=counting, dynamic=False)
 
+        # The runtime's cache counters are process-wide; each run syncs and keeps the miss
+        # delta around it, so a model's count is its own (runs never overlap: one device thread).
+        own_misses = [0]
+
         def run(xs: list[torch.Tensor]) -> Any:
+            before = self._misses()
             with tpu.set_eager_mode(eager):
-                return fn(*xs)
+                out = fn(*xs)
+            self.synchronize()
+            after = self._misses()
+            if before is not None and after is not None:
+                own_misses[0] += after - before
+            return out
 
         def counters() -> CompileCounters:
             base = self.counters()
-            if counting is None:
-                return base
-            return CompileCounters(
-                compilations=counting.compilations,
-                compile_time_s=counting.compile_time_s,
-                recompiles=base.recompiles,
-                notes=base.notes,
-            )
+            if counting is not None:  # compile mode: the graphs torch.compile built for this model
+                return CompileCounters(
+                    compilations=counting.compilations,
+                    compile_time_s=counting.compile_time_s,
+                    notes=base.notes,
+                )
+            return CompileCounters(compilations=own_misses[0], notes=base.notes)
 
         return PreparedModel(
             run=run, module=module, mode=mode, counters=counters, adaptations=[STATIC_SHAPES_ADAPTATION]
@@ -155,6 +165,10 @@ class TpuBackend:
     def synchronize(self) -> None:
         self._module()
         self._sync()
+
+    def _misses(self) -> int | None:
+        value = tpu_env.probe_private(self._module(), ("_get_cache_misses",), [])["_get_cache_misses"]
+        return value
 
     def counters(self) -> CompileCounters:
         tpu = self._module()
