@@ -75,7 +75,8 @@ async def serve_baseline(model_name: str) -> None:
 
 
 def _spawn(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # no tracing in either server: the comparison is of serving paths, not of exporters
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none"}
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -49,6 +49,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     from services.executor.config import DEFAULT_PORTS, ExecutorConfig
     from services.executor.server import start_executor
+    from switchyard import telemetry
+
+    # traces and metrics per SWITCHYARD_TRACES (console by default, otlp, none), before the
+    # server starts so its tracing interceptor is installed
+    telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-executor"))
 
     config = ExecutorConfig(
         backend=args.backend,

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from services.executor.metrics import ExecutorMetrics
 from services.executor.model_runtime import LoadedModel
 from services.executor.runtime import Executor
 from switchyard import codec, oip_params
@@ -143,6 +144,11 @@ def _instance_kind(model: LoadedModel) -> mc.ModelInstanceGroup.Kind.ValueType:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
+        self.metrics = ExecutorMetrics.create(
+            executor.backend.name,
+            lambda: (executor.load().in_flight, executor.load().queue_depth),
+            lambda: {f"{n}:{v}": m.compilations_after_warmup() for (n, v), m in executor.models.items()},
+        )
         self._templates: dict[int, tuple[LoadedModel, pb.ModelInferResponse]] = {}
 
     def _template(self, model: LoadedModel) -> pb.ModelInferResponse:
@@ -223,6 +229,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             yield pb.ModelStreamInferResponse(infer_response=response)
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+        started = time.perf_counter()
         inputs = decode_inputs(request)
         remaining = context.time_remaining()
         deadline = time.perf_counter() + remaining if remaining is not None else None
@@ -253,4 +260,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         params[oip_params.COMPILATIONS_AFTER_WARMUP].int64_param = model.compilations_after_warmup()
         params[oip_params.IN_FLIGHT].int64_param = load.in_flight
         params[oip_params.QUEUE_DEPTH].int64_param = load.queue_depth
+        if self.metrics is not None:
+            latency_us = int((time.perf_counter() - started) * 1e6)
+            self.metrics.record(
+                model.spec.name, latency_us, result.queue_us, result.compute_us, result.batch_size
+            )
         return response
