@@ -69,6 +69,7 @@ class Spool:
         self._next_replay = 0.0
         self.stats = SpoolStats()
         self._task: asyncio.Task[None] | None = None
+        self._busy = False
 
     # ---- producer side (hot path: no I/O) -------------------------------------------------
     def usage(self, event: mpb.UsageEvent) -> None:
@@ -100,7 +101,7 @@ class Spool:
         """Wait until nothing is pending in memory or on disk (for tests and shutdown)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self._usage and not self._audit and not self._segments():
+            if not self._usage and not self._audit and not self._busy and not self._segments():
                 return True
             self._wake.set()
             await asyncio.sleep(0.05)
@@ -122,6 +123,13 @@ class Spool:
                 return
 
     async def _flush_once(self) -> None:
+        self._busy = True  # a batch taken out of memory is pending until sent or on disk
+        try:
+            await self._flush_taken()
+        finally:
+            self._busy = False
+
+    async def _flush_taken(self) -> None:
         usage, self._usage = self._usage, []
         audits, self._audit = self._audit, []
         if usage:

@@ -98,14 +98,16 @@ async def test_executor_killed_during_concurrent_load(
             victim.kill()
         await victim.wait()
     assert len(served) + len(errors) == 240
-    assert paths.count("cpu-b") > 10 and paths[-20:].count("cpu-b") == 0  # the victim served, then not
+    assert paths.count("cpu-b") > 10, paths  # the victim took its share before the kill
+    assert paths[-20:].count("cpu-b") == 0, paths  # and none after
     assert set(errors) <= CLEAR, errors
     assert len(served) >= 200, f"only {len(served)} served; retry-once should absorb a kill ({errors})"
     states = {s.deployment.name: s for s in router.router.pool.states.values()}
     assert not states["victim"].admitted()  # ejected, not tried on every request
     assert router.router.spool is not None and await router.router.spool.drain(10.0)
     counts = metering.usage_counts(set(served))
-    assert len(counts) == len(served) and set(counts.values()) == {1}  # each completed request once
+    missing = set(served) - set(counts)
+    assert not missing and set(counts.values()) == {1}, (missing, counts)  # each completed request once
 
 
 async def test_killed_executor_is_ejected_and_readmitted_when_it_returns(
