@@ -103,9 +103,16 @@ class OipServicer:
     async def model_statistics(
         self, request: pb.ModelStatisticsRequest, context: Ctx
     ) -> pb.ModelStatisticsResponse:
-        raise Unimplemented(
-            "ModelStatistics is served by each executor; the router keeps no model statistics"
-        )
+        """One serving deployment's statistics for the model, under the name the caller used."""
+        if not request.name:
+            raise Unimplemented(
+                "the router answers ModelStatistics per model: set `name` (executors report all of theirs)"
+            )
+        name = request.name
+        reply = await self._upstream(name, context, "ModelStatistics", request, pb.ModelStatisticsResponse)
+        for stats in reply.model_stats:
+            stats.name = name
+        return reply
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Ctx) -> AsyncIterator[bytes]:
         raise Unimplemented("ModelStreamInfer is not supported by the router; use ModelInfer")

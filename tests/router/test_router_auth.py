@@ -81,6 +81,16 @@ async def test_tritonclient_through_the_router_equals_the_executor_and_names_the
     meta, conf, live, ready = await asyncio.to_thread(metadata)
     assert meta.name == "mlp" and meta.inputs[0].name == "x" and conf.config.name == "mlp"
     assert live and ready
+
+    def statistics() -> Any:
+        client = triton.InferenceServerClient(router.address)
+        try:
+            return client.get_inference_statistics("mlp", headers={"authorization": f"Bearer {key}"})
+        finally:
+            client.close()
+
+    stats = await asyncio.to_thread(statistics)  # the serving executor's own counters
+    assert stats.model_stats[0].name == "mlp" and stats.model_stats[0].inference_count >= 2
     await router.router.spool.drain(5.0)
     assert metering.usage_counts({routed.get_response().parameters["request_id"].string_param}) == {
         routed.get_response().parameters["request_id"].string_param: 1
