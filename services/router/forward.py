@@ -32,7 +32,7 @@ from services.router.executors import ExecutorPool
 from services.router.policies import DeploymentState, plan
 from services.router.shadow import Divergence, ShadowStats, divergence
 from services.router.spool import Spool
-from switchyard import telemetry
+from switchyard import oip_params, telemetry
 from switchyard.errors import (
     DeadlineExceeded,
     NotFound,
@@ -69,8 +69,8 @@ def tags_key(tags: dict[str, str] | None) -> str:
     return (tags or {}).get("candidate", "")
 
 
-# Response parameters every executor sets (switchyard/oip_params.py): load and device time.
-_LOAD_KEYS = ("in_flight", "queue_depth", "compute_us", "batch_size")
+# Response parameters every executor sets: load for routing, device time for usage.
+_LOAD_KEYS = (oip_params.IN_FLIGHT, oip_params.QUEUE_DEPTH, oip_params.COMPUTE_US, oip_params.BATCH_SIZE)
 
 
 class RouterMetrics:
