@@ -9,6 +9,7 @@ import subprocess
 import uuid
 from typing import Any
 
+import pytest
 from temporalio.client import WorkflowHandle
 
 from tests.trial.helpers import connections, ledger_state, tiny_spec
@@ -90,7 +91,8 @@ async def test_killed_worker_resumes_mid_performance_and_completes(stack: Stack)
     assert all(status == "closed" and cost == lines for _, status, cost, lines in state["reservations"])
 
 
-async def test_cancel_stops_the_trial_and_leaves_the_ledger_consistent(stack: Stack) -> None:
+@pytest.mark.parametrize("how", ["update", "temporal-cancel"])
+async def test_cancel_stops_the_trial_and_leaves_the_ledger_consistent(stack: Stack, how: str) -> None:
     spec = tiny_spec(
         [
             {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
@@ -107,12 +109,17 @@ async def test_cancel_stops_the_trial_and_leaves_the_ledger_consistent(stack: St
             )
             await _wait_for_phase(handle, "cpu-eager", "performance")
             async with asyncio.timeout(60):
-                status = await handle.execute_update(TrialWorkflow.cancel, "operator changed their mind")
-            report = await handle.result()
+                if how == "update":  # the `cancel` update (what `switchyard trial cancel` sends)
+                    status = await handle.execute_update(TrialWorkflow.cancel, "operator changed their mind")
+                else:  # the Temporal UI's Cancel button: a workflow cancellation request
+                    await handle.cancel()
+                    status = "cancelled"
+                report = await handle.result()
     finally:
         await conns.close()
     assert status == "cancelled"
-    assert report["status"] == "cancelled" and report["cancel_reason"] == "operator changed their mind"
+    reason = "operator changed their mind" if how == "update" else "workflow cancellation requested"
+    assert report["status"] == "cancelled" and report["cancel_reason"] == reason
     assert report["verdicts"]["cpu-eager-2"]["verdict"] == "INCONCLUSIVE"
     state = ledger_state(stack, report["trial_id"])
     assert state["trial"].status == "cancelled"
