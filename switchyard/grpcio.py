@@ -8,6 +8,7 @@ log, never to the caller.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
 import uuid
@@ -72,6 +73,28 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
 
+class ErrorMappedServicer:
+    """A servicer whose RPC methods map errors as ErrorInterceptor does, bound once.
+
+    The same mapping without an interceptor in the call path: an aio interceptor costs an
+    extra coroutine and a new method handler on every call (about 15% of a small RPC here).
+    The generated `add_*_to_server` reads each method once, so the wrapping happens once.
+    """
+
+    def __init__(self, servicer: Any, service: str) -> None:
+        self._servicer = servicer
+        self._service = service
+
+    def __getattr__(self, name: str) -> Any:
+        behavior = getattr(self._servicer, name)
+        if not callable(behavior) or not name[:1].isupper():
+            return behavior
+        method = f"/{self._service}/{name}"
+        if inspect.isasyncgenfunction(behavior):
+            return _wrap_stream(behavior, method)
+        return _wrap_unary(behavior, method)
+
+
 def _wrap_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
@@ -106,6 +129,10 @@ class ServerOptions:
     max_receive_bytes: int = 64 * 1024 * 1024
     max_send_bytes: int = 64 * 1024 * 1024
     drain_grace_s: float = 10.0
+    # Map errors by wrapping each servicer's RPC methods once instead of by an interceptor on
+    # every call (cheaper); only for servicers whose RPCs are plain `async def Name(request,
+    # context)` methods registered through generated `add_*_to_server` functions.
+    map_errors_in_servicers: bool = False
 
     def channel_options(self) -> list[tuple[str, int]]:
         return [
@@ -173,13 +200,17 @@ async def start_server(
     from switchyard import telemetry
 
     tracing = [telemetry.ServerTracingInterceptor()] if telemetry.enabled() else []
+    # With map_errors_in_servicers, servicers map their own errors (ErrorMappedServicer) and
+    # the interceptor stays only to map errors that caller-supplied interceptors raise.
+    in_servicers = options.map_errors_in_servicers
+    mapping = [] if in_servicers and not interceptors else [ErrorInterceptor()]
     server = grpc.aio.server(
-        interceptors=[*tracing, *interceptors, ErrorInterceptor()],
+        interceptors=[*tracing, *interceptors, *mapping] or None,
         options=options.channel_options(),
     )
     names = []
     for add, servicer, name in registrations:
-        add(servicer, server)
+        add(ErrorMappedServicer(servicer, name) if in_servicers else servicer, server)
         names.append(name)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -86,6 +86,7 @@ async def start_executor(config: ExecutorConfig, registry: ModelRegistry | None 
         max_receive_bytes=config.max_message_bytes,
         max_send_bytes=config.max_message_bytes,
         drain_grace_s=config.drain_grace_s,
+        map_errors_in_servicers=True,  # no per-call interceptor on the hot path
     )
     server = await start_server(
         [

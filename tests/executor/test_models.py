@@ -152,3 +152,28 @@ async def test_user_model_from_factory_and_safetensors(executor: RunningExecutor
                 await control.LoadModel(request)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
             assert text in (info.value.details() or "")
+
+
+async def test_a_model_bug_is_internal_without_a_traceback_and_the_server_goes_on(
+    executor: RunningExecutor, tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "failing.safetensors"
+    save_file({k: v.contiguous() for k, v in Scaler().state_dict().items()}, str(checkpoint))
+    async with grpc.aio.insecure_channel(executor.address) as channel:
+        await ctl_grpc.ExecutorControlStub(channel).LoadModel(
+            ctl.LoadModelRequest(
+                model_name="failing",
+                factory="tests.executor.user_model:build_failing",
+                checkpoint_path=str(checkpoint),
+                batch_buckets=[1],
+            )
+        )
+        stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        huge = np.full((1, 4), 1e9, np.float32)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.ModelInfer(build_infer_request("failing", {"features": huge}))
+        details = info.value.details() or ""
+        assert info.value.code() == grpc.StatusCode.INTERNAL and "reference" in details
+        assert "secret" not in details and "Traceback" not in details and "ValueError" not in details
+        ok = await stub.ModelInfer(build_infer_request("failing", {"features": np.zeros((1, 4), np.float32)}))
+        assert ok.outputs[0].shape == [1, 2]

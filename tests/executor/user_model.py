@@ -38,3 +38,16 @@ def build_breaking() -> UserModel:
 
 def not_a_user_model() -> nn.Module:
     return Scaler()
+
+
+class Failing(Scaler):
+    """Fails on huge inputs (after a clean warm-up), as a model bug would."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if float(features.abs().max()) > 1e6:
+            raise ValueError("secret internal detail")
+        return super().forward(features)
+
+
+def build_failing() -> UserModel:
+    return UserModel(Failing(), (TensorSpec("features", "FP32", (4,)),), (TensorSpec("score", "FP32", (2,)),))
