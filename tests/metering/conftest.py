@@ -7,6 +7,7 @@ time. Under CI=true an unreachable server fails the tests; elsewhere they skip w
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -22,7 +23,9 @@ from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
 from tests.conftest import IN_CI
 
-PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"
+# The port can be moved (SWITCHYARD_TEST_PG_PORT) to check the unreachable case both ways.
+PG_PORT = int(os.environ.get("SWITCHYARD_TEST_PG_PORT", "5432"))
+PG_ADMIN = f"host=127.0.0.1 port={PG_PORT} user=postgres dbname=test connect_timeout=3"
 
 
 def _pg_reason() -> str | None:
@@ -30,7 +33,7 @@ def _pg_reason() -> str | None:
         with psycopg.connect(PG_ADMIN):
             return None
     except psycopg.Error as exc:
-        return f"PostgreSQL not reachable at 127.0.0.1:5432 ({str(exc).strip().splitlines()[0]})"
+        return f"PostgreSQL not reachable at 127.0.0.1:{PG_PORT} ({str(exc).strip().splitlines()[0]})"
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +56,7 @@ def make_pg_database(reason: str | None, template: str = "") -> str:
 
 
 def pg_url(name: str) -> str:
-    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    return f"postgresql+psycopg://postgres@127.0.0.1:{PG_PORT}/{name}"
 
 
 @pytest.fixture(scope="session")
