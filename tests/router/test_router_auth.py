@@ -132,6 +132,13 @@ async def test_refusals_each_get_their_status_and_are_audited(
     code, message = await _status(router.address, x, key, model="no-such-model")
     assert code == "StatusCode.NOT_FOUND" and "no-such-model" in message
 
+    async with grpc.aio.insecure_channel(router.address) as channel:  # bytes that are not a protobuf
+        garbage: Any = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.aio.AioRpcError) as malformed:
+            await garbage(b"\x0a\xff\x01", metadata=[("authorization", f"Bearer {key}")], timeout=10)
+    assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (await _status(router.address, x, key))[0] == "OK"  # and it keeps serving
+
     await metering.stub.RevokeKey(mpb.RevokeKeyRequest(key_id=key_id))
     revoked_at = time.monotonic()
     while (await _status(router.address, x, key))[0] == "OK":
