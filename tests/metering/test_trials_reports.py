@@ -97,7 +97,9 @@ async def test_report_groups_by_path_model_team_day_and_trial(
         cols = "path, day, total_micros, jobs_completed, cost_per_completed_job_micros"
         view = conn.execute(text(f"SELECT {cols} FROM v_cost_per_completed_job ORDER BY path")).all()
         idle = conn.execute(text("SELECT path, busy_us, idle_us FROM v_idle_by_path ORDER BY path")).all()
-    assert [tuple(v) for v in view] == [("cpu@h", "2026-01-01", 3, 2, 1), ("xla@h", "2026-01-02", 10, 1, 10)]
+    # The view rounds like the API: 3 micro-units over 2 jobs is 2 (half up), in both.
+    assert [tuple(v) for v in view] == [("cpu@h", "2026-01-01", 3, 2, 2), ("xla@h", "2026-01-02", 10, 1, 10)]
+    assert next(r for r in rows if r.group["path"] == "cpu@h").cost_per_completed_job_micros == 2
     assert [tuple(v) for v in idle] == [("cpu@h", 3000, 0), ("xla@h", 5000, 0)]
 
 
