@@ -14,6 +14,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, Table, and_, or_, select, update
@@ -195,7 +196,7 @@ def _merge_jobs(conn: Connection, jobs: dict[str, dict[str, Any]]) -> None:
     for part in chunks(ids):
         for r in conn.execute(select(JOBS).where(JOBS.c.job_id.in_(part))):
             stored[r.job_id] = r
-    insert_dicts(conn, JOBS, [j for k, j in jobs.items() if k not in stored])
+    insert_dicts(conn, JOBS, [jobs[k] for k in sorted(jobs) if k not in stored])
     for job_id, old in stored.items():
         new = jobs[job_id]
         if old.path != new["path"]:
@@ -253,7 +254,7 @@ def record_usage(conn: Connection, events: Sequence[UsageEvent], now_us: int) ->
         jobs = _job_rows(fresh)
         savepoint = conn.begin_nested()
         if bulk_insert(conn, LINES, LINE_COLUMNS, rows, skip_existing=True) == len(rows) and insert_dicts(
-            conn, JOBS, list(jobs.values()), skip_existing=True
+            conn, JOBS, [jobs[k] for k in sorted(jobs)], skip_existing=True
         ) == len(jobs):
             savepoint.commit()
             return UsageResult(len(rows), dup, unpriced)
@@ -297,6 +298,9 @@ def _lines(
             json.dumps(dict(ev.tags), sort_keys=True) if ev.tags else "{}", now_us,
         )  # fmt: skip
         rows.append(line)
+    # Key order: concurrent writers then take unique-index locks in the same order (PostgreSQL
+    # would otherwise abort one of two batches that overlap in opposite orders as a deadlock).
+    rows.sort(key=itemgetter(0))
     return rows, unpriced
 
 

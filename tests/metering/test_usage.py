@@ -210,3 +210,27 @@ async def test_usage_recorded_before_a_reservation_opened_is_not_paid_twice(
     assert report.busy_micros == 1_000 and report.idle_micros == 9_000
     late = pb.ReverseUsageRequest(idempotency_key="fix", reverses_key="early")
     await expect_status(stub.ReverseUsage(late), grpc.StatusCode.FAILED_PRECONDITION, "final")
+
+
+async def test_overlapping_batches_in_opposite_orders_from_two_servers(
+    metering: RunningMetering, stub: pb_grpc.MeteringAsyncStub, db_url: str
+) -> None:
+    """Writers that share keys in opposite orders neither deadlock nor store anything twice."""
+    await setup_path(stub)
+    forward = [event(f"k{i:04d}", T0 + i, 5) for i in range(0, 600)]
+    backward = [event(f"k{i:04d}", T0 + i, 5) for i in reversed(range(300, 900))]
+    other = await start_metering(db_url, ServerOptions(port=0))
+    try:
+        async with grpc.aio.insecure_channel(other.address) as ch2:
+            stub2 = pb_grpc.MeteringStub(ch2)
+            results = await asyncio.gather(
+                *(
+                    s.RecordUsage(pb.RecordUsageRequest(events=batch))
+                    for s, batch in ((stub, forward), (stub2, backward), (stub2, forward), (stub, backward))
+                )
+            )
+    finally:
+        await other.stop(0.5)
+    assert sum(r.accepted for r in results) == 900
+    assert sum(r.accepted + r.duplicates for r in results) == 4 * 600
+    assert count_lines(metering) == 900
