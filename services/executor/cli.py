@@ -74,6 +74,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         running = await start_executor(config)
+        # Models and modules loaded at start-up live as long as the process: keep them out of
+        # the cyclic collector's full passes, which would otherwise walk them while serving.
+        import gc
+
+        gc.collect()
+        gc.freeze()
         print(f"executor {running.executor.executor_id} serving on {running.address}", flush=True)
         await running.serve_until_signal()
 

@@ -247,6 +247,6 @@ class LoadedModel:
             result = self.prepared.run(moved)
         self.backend.synchronize()
         outs = list(result) if isinstance(result, tuple | list) else [result]
-        if device.type == "cpu":  # .to("cpu") costs a dispatch even when it is a no-op
-            return [o.detach() for o in outs]
+        if device.type == "cpu":  # .to("cpu") and detach cost a dispatch even as no-ops
+            return [o.detach() if o.requires_grad else o for o in outs]
         return [o.detach().to("cpu") for o in outs]
