@@ -78,9 +78,6 @@ class LocalCluster:
                 return spec.address
         raise FailedPrecondition(f"service {name} is not part of this cluster")
 
-    def has(self, name: str) -> bool:
-        return any(spec.name == name for spec in self.specs)
-
     def _say(self, line: str) -> None:
         self.say(line)
 
