@@ -17,8 +17,9 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from switchyard.cluster import finance
+from switchyard.cluster import finance, health
 from switchyard.cluster import trial as trials
 from switchyard.cluster.routes import PATH_IDS
 from switchyard.cluster.traffic import TeamKey, TrafficResult, create_team_key, send_requests
@@ -120,6 +121,10 @@ async def run_main_job(
                 f"router's own p50 {traffic.overhead_p50_us():.0f} us; answered by {traffic.answered_by}"
                 + (f"; errors {traffic.errors}" if traffic.errors else "")
             )
+        # Mirrored requests finish after the callers' answers and usage reaches the ledger in
+        # batches: the window closes only once all of it has landed (a closed reservation's
+        # cost is final, so later usage inside it would be refused).
+        await quiesce(ep, team.key, window_start_us, tell)
     finally:
         # The serving window ends here, also when the traffic failed: an open reservation
         # would hold the paths, and the trial reserves the same paths for itself.
@@ -161,30 +166,46 @@ def _causes(exc: BaseException) -> str:
     return " <- ".join(parts)
 
 
-async def shadow_report(router: str, key: str, settle_s: float = 15.0) -> list[str]:
-    """The router's shadow comparisons: pairs compared and how far the candidate diverged.
-    Mirrored requests finish after the callers' answers, so read until the counts settle."""
+async def _shadow_stats(router: str, key: str) -> list[Any]:
     import grpc
 
     from switchyard.gen.switchyard.v1 import router_pb2, router_pb2_grpc
 
-    deadline = time.monotonic() + settle_s
-    previous = None
     async with grpc.aio.insecure_channel(router) as channel:
-        stub = router_pb2_grpc.RouterAdminStub(channel)
-        while True:
-            reply = await stub.ShadowReport(
-                router_pb2.ShadowReportRequest(), metadata=[("authorization", f"Bearer {key}")], timeout=10
-            )
-            counts = [(s.pairs, s.failures) for s in reply.stats]
-            if (counts == previous and all(p + f for p, f in counts)) or time.monotonic() > deadline:
-                break
-            previous = counts
-            await asyncio.sleep(1.0)
+        reply = await router_pb2_grpc.RouterAdminStub(channel).ShadowReport(
+            router_pb2.ShadowReportRequest(), metadata=[("authorization", f"Bearer {key}")], timeout=10
+        )
+    return list(reply.stats)
+
+
+async def quiesce(
+    ep: Endpoints, key: str, since_us: int, tell: Callable[[str], None], timeout_s: float = 60.0
+) -> None:
+    """Waits until no request is inside any executor and the router's shadow counts and the
+    ledger's totals stay the same for a second."""
+    deadline = time.monotonic() + timeout_s
+    previous: object = None
+    while time.monotonic() < deadline:
+        loads = [await health.executor_load(address) for address in ep.executors.values()]
+        shadow = [(s.model, s.candidate, s.pairs, s.failures) for s in await _shadow_stats(ep.router, key)]
+        ledger = [
+            (r.path, r.jobs_completed, r.jobs_failed) for r in await finance.report(ep.metering, since_us)
+        ]
+        snapshot = (loads, shadow, ledger)
+        if snapshot == previous and all(load in ((0, 0), None) for load in loads):
+            return
+        previous = snapshot
+        await asyncio.sleep(1.0)
+    tell(f"note: traffic still landing after {timeout_s:.0f}s; closing the serving window anyway")
+
+
+async def shadow_report(router: str, key: str) -> list[str]:
+    """The router's shadow comparisons: pairs compared and how far the candidate diverged."""
+    stats = await _shadow_stats(router, key)
     return [
         f"{s.model} -> {s.candidate}: {s.pairs} pairs compared by the {s.comparer}, {s.diverged} diverged, "
         f"{s.failures} candidate errors, max abs error {s.max_abs_error:.3g}, min cosine {s.min_cosine:.6f}"
-        for s in reply.stats
+        for s in stats
     ]
 
 

@@ -162,7 +162,9 @@ def format_table(rows: list[PathCost]) -> str:
         "idle",
         "prepare",
         "per completed job",
+        "per 1,000 jobs",
         "idle share",
+        "",
     )
     body = [
         (
@@ -177,15 +179,16 @@ def format_table(rows: list[PathCost]) -> str:
             # Exact: total x 1000 / jobs, from the same integers (a readable scale, not a new price).
             money(r.total_micros * 1000 // r.jobs_completed) if r.jobs_completed else "n/a",
             f"{r.idle_share:.1%}",
+            # Usage with no price in force is reported as such, never folded in as zero.
+            f"{r.unpriced_events} unpriced events" if r.unpriced_events else "",
         )
-        + ((f"{r.unpriced_events} unpriced",) if r.unpriced_events else ())
         for r in rows
     ]
     widths = [max(len(row[i]) for row in (head, *body)) for i in range(len(head))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(head, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
+    lines = ["  ".join(v.ljust(w) for v, w in zip(head, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths).rstrip())
     for row in body:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)).rstrip())
+        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
     return "\n".join(lines) if body else "(no cost lines in this window)"
 
 

@@ -116,3 +116,14 @@ async def executor_host(address: str, timeout_s: float = 5.0) -> str:
         except grpc.aio.AioRpcError:
             return ""
     return str(reply.host)
+
+
+async def executor_load(address: str, timeout_s: float = 3.0) -> tuple[int, int] | None:
+    """(in flight, queue depth) an executor reports; None when it cannot be asked."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = executor_pb2_grpc.ExecutorControlStub(channel)
+        try:
+            reply = await stub.GetLoad(executor_pb2.GetLoadRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return None
+    return int(reply.in_flight), int(reply.queue_depth)

@@ -73,7 +73,10 @@ async def test_priced_reserved_window_reports_cost_per_completed_job_and_idle(
     assert abs(cpu.cost_per_completed_job_micros - cpu.total_micros / 4) <= 0.5  # rounded once, to the micro
     assert 0 < cpu.idle_share < 1
     table = finance.format_table(list(rows.values()))
-    assert "cpu-eager@test" in table and finance.money(cpu.cost_per_completed_job_micros) in table
+    head, _rule, line = table.splitlines()[:3]
+    assert line.split()[:2] == ["cpu-eager@test", "4"]
+    assert head.index("per completed job") == line.index(finance.money(cpu.cost_per_completed_job_micros))
+    assert head.index("idle share") == line.index(f"{cpu.idle_share:.1%}")
     html = await finance.write_html(address, tmp_path / "finance.html", start)
     assert "cpu-eager@test" in html.read_text()
 

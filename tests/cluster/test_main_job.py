@@ -149,6 +149,9 @@ def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
     left = sorted(pid for pid in started if alive(pid))
     assert left == [], f"processes left behind: {left}"
     assert not (tmp_path / "state" / "cluster.json").exists()
+    # Every usage event reached the ledger: none arrived after its reservation had closed.
+    router_log = (tmp_path / "state" / "logs" / "router.log").read_text()
+    assert "metering refused" not in router_log and "kept in the spool" not in router_log
 
     # The ledger, read straight from its file after the stop: the audit chain is intact.
     from services.metering.ledger import Ledger
