@@ -45,6 +45,7 @@ class Endpoints:
     task_queue: str
     executors: Mapping[str, str]  # backend -> address
     paths: Mapping[str, str]  # backend -> ledger path id
+    models: Mapping[str, tuple[str, ...]]  # backend -> models it serves
     temporal_ui: str = ""
 
     @classmethod
@@ -69,6 +70,11 @@ class Endpoints:
                 for name, s in services.items()
                 if name.startswith("executor-")
             },
+            models={
+                name.removeprefix("executor-"): tuple(s.get("models", ()))
+                for name, s in services.items()
+                if name.startswith("executor-")
+            },
             temporal_ui=str(state.get("temporal_ui", "")),
         )
 
@@ -81,6 +87,7 @@ class MainJobResult:
     finance: list[finance.PathCost] = field(default_factory=list)
     reports: dict[str, Path] = field(default_factory=dict)
     shadow: list[str] = field(default_factory=list)
+    after_trial: list[TrafficResult] = field(default_factory=list)
     wall_s: float = 0.0
 
 
@@ -141,6 +148,21 @@ async def run_main_job(
         )
         result.trial = outcome
         result.reports.update(outcome.reports)
+        # Serving goes on after a trial: what the trial unloaded is loaded again, and a few
+        # requests per model through the router prove it.
+        for backend, address in ep.executors.items():
+            reloaded = await health.ensure_loaded(address, ep.models.get(backend, ()))
+            if reloaded:
+                tell(f"reloaded on {backend} after the trial: {', '.join(reloaded)}")
+        for model in models:
+            after = await send_requests(
+                ep.router, team.key, model, 16, concurrency, seed=100 + len(result.traffic)
+            )
+            result.after_trial.append(after)
+            tell(
+                f"{model} after the trial: {after.ok}/{after.sent} ok"
+                + (f"; errors {after.errors}" if after.errors else "")
+            )
     else:
         tell("trial skipped: it needs the CPU and the XLA executor (make setup-xla)")
 

@@ -136,6 +136,7 @@ class LocalCluster:
                     "pid": self.supervisor.pids().get(s.name),
                     "info": s.info,
                     "path": self.paths.get(s.name.removeprefix("executor-"), ""),
+                    "models": list(s.models),
                 }
                 for s in self.specs
             },

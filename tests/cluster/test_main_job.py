@@ -125,6 +125,8 @@ def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
         assert result.trial.verdicts.get("xla") in ("ADOPT", "REJECT", "INCONCLUSIVE"), result.trial.report
         assert result.trial.reasons["xla"], "a verdict comes with its reasons per criterion"
         assert result.reports["trial"].read_text().lstrip().lower().startswith("<!doctype html")
+        # Serving continues after the trial, for every model.
+        assert [(t.model, t.ok) for t in result.after_trial] == [("mlp", 16), ("tiny-lm", 16)]
 
         # The finance report: the requests are completed jobs of cpu-eager, with idle time shown.
         rows = {r.path: r for r in result.finance}
