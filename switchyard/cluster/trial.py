@@ -35,7 +35,8 @@ def demo_spec(team: str) -> dict[str, Any]:
         "model": {"name": "tiny-lm"},
         "inputs": {
             "seed": 7,
-            "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 16], "low": 0, "high": 64}],
+            # Sequence length 64, the length the executors warm up with: XLA compiles per shape.
+            "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 64], "low": 0, "high": 64}],
         },
         "paths": [
             {"name": "cpu-eager", "executor": "cpu", "mode": "eager", "precision": "fp32"},
