@@ -145,6 +145,19 @@ class ServerOptions:
 Registration = tuple[Callable[[Any, Any], None], Any, str]
 
 
+def stop_signal() -> asyncio.Event:
+    """An event that SIGTERM or SIGINT sets.
+
+    Call it before a server starts or announces its address: a signal arriving between the
+    announcement and a later handler would kill the process without draining.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 @dataclass
 class RunningServer:
     server: grpc.aio.Server
@@ -171,12 +184,9 @@ class RunningServer:
         await self.server.stop(self.options.drain_grace_s if grace_s is None else grace_s)
         self._stopped.set()
 
-    async def wait_for_signal(self) -> None:
-        """Serve until SIGTERM or SIGINT, then drain."""
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    async def wait_for_signal(self, stop: asyncio.Event | None = None) -> None:
+        """Serve until SIGTERM or SIGINT (or `stop` from `stop_signal()`), then drain."""
+        stop = stop or stop_signal()
         waiter = asyncio.ensure_future(self.server.wait_for_termination())
         signalled = asyncio.ensure_future(stop.wait())
         await asyncio.wait({waiter, signalled}, return_when=asyncio.FIRST_COMPLETED)

@@ -7,7 +7,7 @@ import logging
 
 from services.evaluator.servicer import SERVICE_NAME, EvaluatorServicer
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as pb_grpc
-from switchyard.grpcio import RunningServer, ServerOptions, start_server
+from switchyard.grpcio import RunningServer, ServerOptions, start_server, stop_signal
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8301
@@ -21,9 +21,10 @@ async def start_evaluator(options: ServerOptions) -> RunningServer:
 
 
 async def serve(options: ServerOptions) -> None:
+    stop = stop_signal()  # before the address is announced: see stop_signal
     server = await start_evaluator(options)
     log.info("evaluator serving on %s", server.address)
-    await server.wait_for_signal()
+    await server.wait_for_signal(stop)
 
 
 def run(options: ServerOptions) -> int:

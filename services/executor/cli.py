@@ -50,6 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
     from services.executor.config import DEFAULT_PORTS, ExecutorConfig
     from services.executor.server import start_executor
     from switchyard import telemetry
+    from switchyard.grpcio import stop_signal
 
     # traces and metrics per SWITCHYARD_TRACES (console by default, otlp, none), before the
     # server starts so its tracing interceptor is installed
@@ -73,6 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
     async def run() -> None:
+        stop = stop_signal()  # before the address is announced: see stop_signal
         running = await start_executor(config)
         # Models and modules loaded at start-up live as long as the process: keep them out of
         # the cyclic collector's full passes, which would otherwise walk them while serving.
@@ -81,7 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
         gc.collect()
         gc.freeze()
         print(f"executor {running.executor.executor_id} serving on {running.address}", flush=True)
-        await running.serve_until_signal()
+        await running.serve_until_signal(stop)
 
     asyncio.run(run())
     return 0

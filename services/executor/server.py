@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from dataclasses import dataclass
 
 from services.executor.config import ExecutorConfig
@@ -21,7 +20,7 @@ from services.executor.runtime import Executor
 from services.executor.servicer import InferenceServicer
 from switchyard.gen.inference import grpc_service_pb2_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc
-from switchyard.grpcio import RunningServer, ServerOptions, start_server
+from switchyard.grpcio import RunningServer, ServerOptions, start_server, stop_signal
 from switchyard.models.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
@@ -61,12 +60,9 @@ class RunningExecutor:
         await self.server.server.stop(max(0.0, until - loop.time()))
         await self.executor.close()
 
-    async def serve_until_signal(self) -> None:
-        """Serves until SIGTERM or SIGINT, then drains as `stop` does."""
-        loop = asyncio.get_running_loop()
-        signalled = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, signalled.set)
+    async def serve_until_signal(self, stop: asyncio.Event | None = None) -> None:
+        """Serves until SIGTERM or SIGINT (or `stop` from `stop_signal()`), then drains as `stop` does."""
+        signalled = stop or stop_signal()
         terminated = asyncio.ensure_future(self.server.server.wait_for_termination())
         waiter = asyncio.ensure_future(signalled.wait())
         await asyncio.wait({terminated, waiter}, return_when=asyncio.FIRST_COMPLETED)

@@ -104,14 +104,15 @@ def guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 def serve(args: argparse.Namespace) -> int:
     from services.metering.server import start_metering
     from switchyard import telemetry
-    from switchyard.grpcio import ServerOptions
+    from switchyard.grpcio import ServerOptions, stop_signal
 
     telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-metering"))
 
     async def run() -> None:
+        stop = stop_signal()  # before the address is announced: see stop_signal
         running = await start_metering(args.db, ServerOptions(host=args.host, port=args.port))
         print(f"metering serving on {running.address}", flush=True)
-        await running.serve_until_signal()
+        await running.serve_until_signal(stop)
 
     asyncio.run(run())
     return 0

@@ -41,9 +41,9 @@ class RunningMetering:
         await asyncio.to_thread(self.servicer.shutdown)
         self.ledger.close()
 
-    async def serve_until_signal(self) -> None:
+    async def serve_until_signal(self, stop: asyncio.Event | None = None) -> None:
         try:
-            await self.server.wait_for_signal()
+            await self.server.wait_for_signal(stop)
         finally:
             await asyncio.to_thread(self.servicer.shutdown)
             self.ledger.close()

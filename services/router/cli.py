@@ -32,7 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
     from services.router.server import start_router
     from switchyard import telemetry
     from switchyard.errors import SwitchyardError
-    from switchyard.grpcio import ServerOptions
+    from switchyard.grpcio import ServerOptions, stop_signal
 
     try:
         cfg = config.load(Path(args.config))
@@ -46,6 +46,7 @@ def _serve(args: argparse.Namespace) -> int:
     telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-router"))
 
     async def run() -> None:
+        stop = stop_signal()  # before the address is announced: see stop_signal
         running = await start_router(
             cfg,
             args.metering,
@@ -53,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
             Path(args.spool_dir) if args.spool_dir else None,
         )
         print(f"router serving OIP on {running.address}", flush=True)
-        await running.serve_until_signal()
+        await running.serve_until_signal(stop)
 
     try:
         asyncio.run(run())

@@ -7,6 +7,7 @@ to metering or to the spool, so a stop loses nothing it had accepted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,9 +51,9 @@ class RunningRouter:
         if self.metering is not None:
             await self.metering.close()
 
-    async def serve_until_signal(self) -> None:
+    async def serve_until_signal(self, stop: asyncio.Event | None = None) -> None:
         try:
-            await self.server.wait_for_signal()
+            await self.server.wait_for_signal(stop)
         finally:
             await self.stop()
 
