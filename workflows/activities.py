@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import grpc
 from temporalio import activity
 
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as epb
@@ -104,6 +105,36 @@ class PathActivities:
             versions=dict(d.versions),
             ledger_path=f"{target.path}@{host}",
         )
+
+    @activity.defn(name="serving_config")
+    async def serving_config(self, target: Target) -> dict[str, Any]:
+        """How the executor serves this model now (LoadModelRequest fields), {} if it does not.
+
+        A trial loads the model its own way (fp64 golden, its buckets and mode) on executors
+        that may be serving it; cleanup puts this configuration back instead of unloading.
+        """
+        request = xpb.ModelStatusRequest(model_name=target.model, version=target.version)
+        try:
+            status = await self.connections.control(target.executor).ModelStatus(request, timeout=30)
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND:
+                return {}
+            raise
+        ready = [m for m in status.models if m.state == "READY"]
+        if not ready:
+            return {}
+        m = ready[0]
+        return {
+            "model_name": m.name,
+            "version": m.version,
+            "mode": m.mode,
+            "precision": m.precision,
+            "batch_buckets": list(m.batch_buckets),
+            "dynamic_batching": m.dynamic_batching,
+            "max_queue_delay_us": m.max_queue_delay_us,
+            "max_queue_size": m.max_queue_size,
+            "checkpoint_sha256": m.checkpoint_sha256,
+        }
 
     @activity.defn(name="prepare_path")
     async def prepare_path(self, target: Target) -> PrepareResult:

@@ -122,17 +122,19 @@ class LedgerActivities:
 
     @activity.defn(name="close_path")
     async def close_path(self, request: CloseRequest) -> None:
-        """Cleanup after a failure or cancel: close the reservation, unload the model."""
+        """Cleanup: close the reservation; put back the serving configuration, or unload."""
         t = request.target
         if request.reservation_id:
             await self._close(request.reservation_id, request.end_unix_us or now_us(self.clock))
         if request.unload:
+            control = self.connections.control(t.executor)
             try:
-                await self.connections.control(t.executor).Unload(
-                    xpb.UnloadRequest(model_name=t.model, version=t.version), timeout=30
-                )
+                if request.restore:
+                    await control.LoadModel(xpb.LoadModelRequest(**request.restore), timeout=600)
+                else:
+                    await control.Unload(xpb.UnloadRequest(model_name=t.model, version=t.version), timeout=30)
             except (grpc.aio.AioRpcError, ApplicationError) as err:
-                activity.logger.info("unload of %s on %s: %s", t.model, t.path, err)
+                activity.logger.info("restoring/unloading %s on %s: %s", t.model, t.path, err)
 
     @activity.defn(name="economics")
     async def economics(self, request: EconomicsRequest) -> EconomicsResult:

@@ -94,6 +94,7 @@ class PathState:
     reservation_id: str = ""
     reservation_open: bool = False
     loaded: bool = False
+    restore: dict[str, Any] = field(default_factory=dict)  # serving config before the trial
     timeline: dict[str, list[str]] = field(default_factory=dict)  # phase -> [start, end] (ISO)
 
     def summary(self) -> dict[str, Any]:
@@ -168,9 +169,10 @@ class PathRun:
             )
             self.state.reservation_id, self.state.reservation_open = r.reservation_id, True
         try:
+            self.state.restore = await self.ctx.activity("serving_config", t, dict)
+            self.state.loaded = True
             if self.is_reference:
                 await self._golden()
-            self.state.loaded = True
             prepared: PrepareResult = await self.ctx.activity("prepare_path", t, PrepareResult)
             self.state.prepare = dataclasses.asdict(prepared)
             busy = int(prepared.total_s * 1e6)
@@ -299,7 +301,7 @@ class PathRun:
         if not self.state.reservation_open and not self.state.loaded:
             return
         reservation = self.state.reservation_id if self.state.reservation_open else ""
-        request = CloseRequest(self.target, reservation, _now_us())
+        request = CloseRequest(self.target, reservation, _now_us(), restore=self.state.restore)
         try:
             await self.ctx.activity("close_path", request)
             self.state.reservation_open = False

@@ -209,6 +209,7 @@ class CloseRequest:
     reservation_id: str
     end_unix_us: int = 0
     unload: bool = True
+    restore: dict[str, Any] = field(default_factory=dict)  # LoadModelRequest fields; {} = unload
 
 
 @dataclass

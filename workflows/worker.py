@@ -61,6 +61,7 @@ def activities(connections: Connections) -> Sequence[Any]:
     ledger = LedgerActivities(connections)
     return [
         path.describe_path,
+        path.serving_config,
         path.prepare_path,
         path.run_inputs,
         path.compare_outputs,

@@ -148,12 +148,8 @@ async def run_main_job(
         )
         result.trial = outcome
         result.reports.update(outcome.reports)
-        # Serving goes on after a trial: what the trial unloaded is loaded again, and a few
+        # Serving goes on after a trial (it hands back each executor's serving set-up): a few
         # requests per model through the router prove it.
-        for backend, address in ep.executors.items():
-            reloaded = await health.ensure_loaded(address, ep.models.get(backend, ()))
-            if reloaded:
-                tell(f"reloaded on {backend} after the trial: {', '.join(reloaded)}")
         for model in models:
             after = await send_requests(
                 ep.router, team.key, model, 16, concurrency, seed=100 + len(result.traffic)

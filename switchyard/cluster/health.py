@@ -127,22 +127,3 @@ async def executor_load(address: str, timeout_s: float = 3.0) -> tuple[int, int]
         except grpc.aio.AioRpcError:
             return None
     return int(reply.in_flight), int(reply.queue_depth)
-
-
-async def ensure_loaded(address: str, models: tuple[str, ...], timeout_s: float = 600.0) -> list[str]:
-    """Loads (with the executor's defaults) every model of `models` it does not hold READY;
-    returns those it had to load. A trial unloads what it loaded when it ends, which can be a
-    model this cluster also serves."""
-    current = await executor_models(address) or []
-    ready = {m.name for m in current if m.state == "READY"}
-    missing = [name for name in models if name not in ready]
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = executor_pb2_grpc.ExecutorControlStub(channel)
-        for name in missing:
-            await stub.LoadModel(
-                executor_pb2.LoadModelRequest(
-                    model_name=name, batch_buckets=[1, 2, 4, 8], dynamic_batching=True
-                ),
-                timeout=timeout_s,
-            )
-    return missing

@@ -12,6 +12,8 @@ import grpc
 import pytest
 from temporalio.worker import Replayer
 
+from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
+from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from tests.conftest import IN_CI
@@ -97,6 +99,14 @@ async def test_three_path_trial_has_all_four_parts_and_verdicts(stack: Stack) ->
 
 
 async def test_perturbed_variant_is_rejected_on_correctness(stack: Stack) -> None:
+    # The cpu executor is serving tiny-lm with its own batching set-up when the trial starts;
+    # the trial (fp64 golden, its own buckets) must hand that set-up back, not unload it.
+    serving = xpb.LoadModelRequest(
+        model_name="tiny-lm", mode="eager", precision="fp32", batch_buckets=[1, 2, 4],
+        dynamic_batching=True, max_queue_delay_us=700, max_queue_size=50,
+    )  # fmt: skip
+    async with grpc.aio.insecure_channel(stack.cpu) as channel:
+        await xgrpc.ExecutorControlStub(channel).LoadModel(serving, timeout=120)
     spec = tiny_spec(
         [
             {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
@@ -111,6 +121,16 @@ async def test_perturbed_variant_is_rejected_on_correctness(stack: Stack) -> Non
     assert verdict["criteria"]["latency"]["result"] == "skipped"  # no speed verdict without correctness
     assert "skipped" in report["paths"]["perturbed"]["performance"]
     _conserved(stack, report["trial_id"])
+    async with grpc.aio.insecure_channel(stack.cpu) as channel:
+        control = xgrpc.ExecutorControlStub(channel)
+        after = (await control.ModelStatus(xpb.ModelStatusRequest(model_name="tiny-lm"))).models[0]
+        assert (after.state, after.mode, after.precision, list(after.batch_buckets)) == (
+            "READY", "eager", "fp32", [1, 2, 4],
+        )  # fmt: skip
+        assert (after.dynamic_batching, after.max_queue_delay_us, after.max_queue_size) == (True, 700, 50)
+        with pytest.raises(grpc.aio.AioRpcError) as gone:  # loaded only for the trial: unloaded
+            await control.ModelStatus(xpb.ModelStatusRequest(model_name="tiny-lm", version="perturbed"))
+        assert gone.value.code() == grpc.StatusCode.NOT_FOUND
     # the workflow code replays its own history deterministically (what a restarted worker does)
     history = await stack.env.client.get_workflow_handle(report["trial_id"]).fetch_history()
     await Replayer(workflows=[TrialWorkflow]).replay_workflow(history)
