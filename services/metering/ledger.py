@@ -63,8 +63,10 @@ class Ledger:
             return fn(conn)
 
     # -- usage and cost -----------------------------------------------------------------
-    def record_usage(self, events: Sequence[UsageEvent]) -> UsageResult:
-        return self.write(lambda conn, now: usage.record_usage(conn, events, now))
+    def record_usage(self, events: Sequence[UsageEvent] | usage.CheckedBatch) -> UsageResult:
+        """Store a batch of usage events (or one already through `usage.check_batch`)."""
+        batch = events if isinstance(events, usage.CheckedBatch) else usage.check_batch(events)
+        return self.write(lambda conn, now: usage.store_batch(conn, batch, now))
 
     def reverse_usage(self, actor: Actor, key: str, reverses: str, reason: str) -> tuple[Any, bool]:
         def run(conn: Connection, now: int) -> tuple[Any, bool]:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from services.metering.errors import BadInput
 from services.metering.ledger import Ledger
 from services.metering.records import Actor, UsageEvent
+from services.metering.usage import check_batch
 from switchyard import telemetry
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
@@ -59,7 +60,7 @@ def event_of(e: pb.UsageEvent) -> UsageEvent:
         e.ended_unix_us,
         e.trial_id,
         e.arm,
-        tuple(sorted(e.tags.items())),
+        tuple(sorted(e.tags.items())) if e.tags else (),
         e.reservation_id,
     )
 
@@ -129,8 +130,10 @@ class MeteringServicer(pb_grpc.MeteringServicer):
     async def RecordUsage(self, request: pb.RecordUsageRequest, context: Any) -> pb.RecordUsageResponse:
         if len(request.events) > MAX_BATCH:
             raise BadInput(f"batch of {len(request.events)} events; send at most {MAX_BATCH} per call")
-        events = [event_of(e) for e in request.events]
-        result = await self._w(lambda: self.ledger.record_usage(events))
+        # Checked here (pure CPU work: validation, content digests), so that it overlaps the
+        # writer thread's database work on the batch before instead of queueing behind it.
+        batch = check_batch([event_of(e) for e in request.events])
+        result = await self._w(lambda: self.ledger.record_usage(batch))
         return pb.RecordUsageResponse(
             accepted=result.accepted, duplicates=result.duplicates, unpriced=result.unpriced
         )

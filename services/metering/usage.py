@@ -33,6 +33,11 @@ LINE_COLUMNS = (
     "price_version", "method", "path", "reservation_id", "job_id", "model", "team", "trial_id", "arm",
     "tags_json", "recorded_us",
 )  # fmt: skip
+# The key order of the job dicts that _job_rows builds.
+JOB_COLUMNS = (
+    "job_id", "kind", "path", "model", "model_version", "team", "principal", "trial_id", "arm", "status",
+    "met_quality", "started_us", "ended_us",
+)  # fmt: skip
 
 
 def bulk_insert(
@@ -178,10 +183,16 @@ def _job_rows(events: Sequence[UsageEvent]) -> dict[str, dict[str, Any]]:
                 "started_us": ev.started_us,
                 "ended_us": ev.ended_us or ev.started_us,
             }
-        elif job["path"] != ev.path:
-            raise BadInput(f"job {job_id} has usage on {job['path']} and {ev.path}; a job runs on one path")
-        job["started_us"] = min(job["started_us"], ev.started_us)
-        job["ended_us"] = max(job["ended_us"], ev.ended_us or ev.started_us)
+        else:  # a later event of the same job: widen its span
+            if job["path"] != ev.path:
+                raise BadInput(
+                    f"job {job_id} has usage on {job['path']} and {ev.path}; a job runs on one path"
+                )
+            if ev.started_us < job["started_us"]:
+                job["started_us"] = ev.started_us
+            ended = ev.ended_us or ev.started_us
+            if ended > job["ended_us"]:
+                job["ended_us"] = ended
         if ev.status:
             job["status"], job["met_quality"] = ev.status, ev.met_quality
     return jobs
@@ -221,10 +232,20 @@ def _merge_jobs(conn: Connection, jobs: dict[str, dict[str, Any]]) -> None:
         )
 
 
-def record_usage(conn: Connection, events: Sequence[UsageEvent], now_us: int) -> UsageResult:
-    """Validate and store one batch inside the caller's transaction; raise and nothing is kept."""
-    if not events:
-        return UsageResult(0, 0, 0)
+@dataclass(frozen=True)
+class CheckedBatch:
+    """A batch that passed the checks needing no database: each key's digest, the events
+    to store (first of each key) and how many repeated a key within the batch."""
+
+    seen: dict[str, str]
+    fresh: list[UsageEvent]
+    dup: int
+
+
+def check_batch(events: Sequence[UsageEvent]) -> CheckedBatch:
+    """Validate every event and digest its content; raise BadInput or Conflict (a key twice in
+    the batch with different content). Pure, so the servicer runs it before the batch queues
+    for the single writer thread, beside the write of the batch before it."""
     seen: dict[str, str] = {}
     fresh: list[UsageEvent] = []
     dup = 0
@@ -243,6 +264,20 @@ def record_usage(conn: Connection, events: Sequence[UsageEvent], now_us: int) ->
             continue
         seen[ev.idempotency_key] = digest
         fresh.append(ev)
+    return CheckedBatch(seen, fresh, dup)
+
+
+def record_usage(conn: Connection, events: Sequence[UsageEvent], now_us: int) -> UsageResult:
+    """Validate and store one batch inside the caller's transaction; raise and nothing is kept."""
+    return store_batch(conn, check_batch(events), now_us)
+
+
+def store_batch(conn: Connection, batch: CheckedBatch, now_us: int) -> UsageResult:
+    """Store a checked batch inside the caller's transaction; raise and nothing is kept.
+    Reads `batch` only, so a transaction retried from the start sees the same batch."""
+    if not batch.fresh:
+        return UsageResult(0, batch.dup, 0)
+    seen, fresh, dup = batch.seen, batch.fresh, batch.dup
     # Fast path, the usual case of a batch of new events: two INSERTs that skip existing keys,
     # no lookups. If any key or job already existed (a retry, a job seen before), the savepoint
     # is undone and the batch takes the careful path, which classifies every key.
@@ -253,8 +288,9 @@ def record_usage(conn: Connection, events: Sequence[UsageEvent], now_us: int) ->
     if rows:
         jobs = _job_rows(fresh)
         savepoint = conn.begin_nested()
-        if bulk_insert(conn, LINES, LINE_COLUMNS, rows, skip_existing=True) == len(rows) and insert_dicts(
-            conn, JOBS, [jobs[k] for k in sorted(jobs)], skip_existing=True
+        job_rows = [tuple(jobs[k].values()) for k in sorted(jobs)]  # dicts are built in JOB_COLUMNS order
+        if bulk_insert(conn, LINES, LINE_COLUMNS, rows, skip_existing=True) == len(rows) and bulk_insert(
+            conn, JOBS, JOB_COLUMNS, job_rows, skip_existing=True
         ) == len(jobs):
             savepoint.commit()
             return UsageResult(len(rows), dup, unpriced)
@@ -282,19 +318,31 @@ def _lines(
     windows = _reservations(conn, fresh)
     rows: list[tuple[Any, ...]] = []
     unpriced = 0
+    per_path: dict[str, tuple[str, list[_Window]]] = {}
+    charges: dict[tuple[int, int], int] = {}  # (busy_us, micros/hour) -> amount
     for ev in fresh:
-        rid = _match(ev, windows.get(ev.path, []))
-        price = book.at(price_keys[ev.path], ev.started_us)
+        path = ev.path
+        looked_up = per_path.get(path)
+        if looked_up is None:
+            looked_up = per_path[path] = (price_keys[path], windows.get(path, []))
+        price_key, path_windows = looked_up
+        rid = _match(ev, path_windows) if path_windows or ev.reservation_id else None
+        price = book.at(price_key, ev.started_us)
+        busy = ev.busy_us
         if price is None:
             unpriced += 1
             amount, currency, version, method = None, None, None, "unpriced: no price in force"
         else:
-            amount = costmodel.charge(ev.busy_us, price, f"event {ev.idempotency_key}")
+            amount = charges.get((busy, price.micros_per_hour))
+            if amount is None:
+                amount = costmodel.charge(busy, price, f"event {ev.idempotency_key}")
+                charges[busy, price.micros_per_hour] = amount
             currency, version, method = price.currency, price.version, None
+        key = ev.idempotency_key
         line = (  # in LINE_COLUMNS order
-            ev.idempotency_key, seen[ev.idempotency_key], "prepare" if ev.kind == "prepare" else "busy",
-            ev.started_us, ev.ended_us or ev.started_us + ev.busy_us, ev.busy_us, amount, currency, version,
-            method, ev.path, rid, ev.effective_job_id, ev.model, ev.team, ev.trial_id, ev.arm,
+            key, seen[key], "prepare" if ev.kind == "prepare" else "busy",
+            ev.started_us, ev.ended_us or ev.started_us + busy, busy, amount, currency, version,
+            method, path, rid, ev.effective_job_id, ev.model, ev.team, ev.trial_id, ev.arm,
             json.dumps(dict(ev.tags), sort_keys=True) if ev.tags else "{}", now_us,
         )  # fmt: skip
         rows.append(line)
