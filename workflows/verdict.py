@@ -9,6 +9,7 @@ otherwise any criterion that could not be judged makes the path INCONCLUSIVE.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 from workflows.spec import Policy
@@ -26,15 +27,17 @@ def _p95(state: dict[str, Any]) -> tuple[float, str] | None:
     return float(s["p95_ms"]), f"{s['scenario']} batch {s['batch_size']}"
 
 
-def cost_per_job(econ: dict[str, Any], policy: Policy) -> int:
-    """The ledger's cost per completed job, or with preparation spread over a job horizon."""
+def cost_per_job(econ: dict[str, Any], policy: Policy) -> Fraction:
+    """Cost per completed job in micro-units, exact: all cost / completed jobs, or with
+    preparation spread over a job horizon. Exact, because a local trial's job can cost less
+    than one micro-unit, and a rounded 0 would compare as "no cost" (or no jobs)."""
     jobs = int(econ.get("jobs_completed", 0))
     if not jobs:
-        return 0
+        return Fraction(0)
+    total, prepare = int(econ.get("total_micros", 0)), int(econ.get("prepare_micros", 0))
     if not policy.amortize_over_jobs:
-        return int(econ.get("cost_per_completed_job_micros", 0))
-    steady = (int(econ["total_micros"]) - int(econ["prepare_micros"])) // jobs
-    return steady + int(econ["prepare_micros"]) // policy.amortize_over_jobs
+        return Fraction(total, jobs)
+    return Fraction(total - prepare, jobs) + Fraction(prepare, policy.amortize_over_jobs)
 
 
 def judge(
@@ -91,22 +94,25 @@ def judge(
     basis = (
         f"preparation amortised over {policy.amortize_over_jobs} jobs"
         if policy.amortize_over_jobs
-        else "the ledger's figure for the trial, preparation included"
+        else "all of the trial's cost in the ledger, preparation included"
     )
     if criteria["correctness"]["result"] != PASS:
         put("cost", SKIPPED, "no completed job within quality")
     elif econ.get("unpriced") or ref_econ.get("unpriced") or not econ:
         why = econ.get("problem") or ref_econ.get("problem") or "usage without a price in force"
         put("cost", UNKNOWN, f"unpriced: {why}")
-    elif not mine_cpj or not ref_cpj:
+    elif not int(econ.get("jobs_completed", 0)) or not int(ref_econ.get("jobs_completed", 0)):
         put("cost", UNKNOWN, "no completed job on one of the paths")
+    elif not ref_cpj:
+        put("cost", UNKNOWN, "the reference path cost nothing in the ledger: no basis for a saving")
     else:
-        saving = 1 - mine_cpj / ref_cpj
+        saving = float(1 - mine_cpj / ref_cpj)
         ok = saving >= policy.min_cost_saving
         put(
             "cost",
             PASS if ok else FAIL,
-            f"cost per completed job {mine_cpj} vs reference {ref_cpj} {econ.get('currency', '')} "
+            f"cost per completed job {float(mine_cpj):.4g} vs reference {float(ref_cpj):.4g} "
+            f"{econ.get('currency', '')} "
             f"micro-units "
             f"({basis}): saving {saving:+.1%}, policy needs at least {policy.min_cost_saving:+.0%}",
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 from workflows.spec import Policy
@@ -69,6 +70,20 @@ def test_amortised_cost_spreads_preparation() -> None:
     }
     assert cost_per_job(econ, Policy()) == 1_000
     assert cost_per_job(econ, Policy(amortize_over_jobs=9_000)) == 100 + 1
+
+
+def test_cost_below_one_micro_unit_per_job_is_still_compared() -> None:
+    # figures of a real local trial: both paths' jobs cost less than a micro-unit each
+    reference: dict[str, Any] = {"jobs_completed": 398, "total_micros": 146, "prepare_micros": 1}
+    candidate: dict[str, Any] = {"jobs_completed": 210, "total_micros": 166, "prepare_micros": 34}
+    assert cost_per_job(reference, Policy()) == Fraction(146, 398)
+    mine, ref = cost_per_job(candidate, Policy()), cost_per_job(reference, Policy())
+    assert mine > ref  # 0.79 vs 0.37 micro-units per job: a rounded figure would read 1 vs 0
+    v = judge(
+        _state(10.0, 0, **reference), _state(9.0, 1, **candidate), Policy(min_cost_saving=0.0), training=False
+    )
+    assert v["criteria"]["cost"]["result"] == "fail", v["criteria"]["cost"]
+    assert "0.7905 vs reference 0.3668" in v["criteria"]["cost"]["reason"]
 
 
 def test_overall_verdict_for_the_ui_filter() -> None:
