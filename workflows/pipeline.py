@@ -297,7 +297,8 @@ class PathRun:
         )
 
     async def cleanup(self) -> None:
-        """Close the reservation (if still open) and unload the model; safe to call twice."""
+        """Close the reservation (if still open) and hand back the serving set-up (or unload
+        what only the trial loaded); safe to call twice."""
         if not self.state.reservation_open and not self.state.loaded:
             return
         reservation = self.state.reservation_id if self.state.reservation_open else ""
