@@ -3,9 +3,10 @@
 Each service runs in its own process, as deployed: a CPU executor serving `mlp`, metering on
 a temporary SQLite file, and the router started with `switchyard router serve` (auth through
 metering with its cache, usage events to metering, telemetry off). One client process sends
-pre-serialised ModelInferRequests over grpc.aio, first straight to the executor (the
-baseline), then through a bare grpc.aio pass-through hop (bytes in, bytes out, nothing else:
-the floor any Python gRPC router pays), then through the router, with a 1 KB input
+pre-serialised ModelInferRequests over grpc.aio straight to the executor (the baseline),
+through a bare grpc.aio pass-through hop (unary bytes in, unary bytes out, nothing else: the
+plain Python hop the issue compares with) and through the router, alternating the three in
+rounds so the machine's drifting load hits each alike, with a 1 KB input
 (4 x 64 FP32, `mlp`) and a 1 MiB input (1 x 262144 FP32, a user model `wide`), at 1 and 16
 concurrent clients. Prints p50/p99, throughput at 16 and the ratios, and writes
 out/bench/router.json.
@@ -202,42 +203,60 @@ class Result:
     router_own_p99_us: float = 0.0
 
 
-async def measure(
-    address: str,
+async def measure_cell(
+    targets: list[tuple[str, str, Any]],
     body: bytes,
     concurrency: int,
     count: int,
-    metadata: Any,
-    target: str,
+    rounds: int,
     size: str,
     input_bytes: int,
-) -> Result:
+) -> list[Result]:
+    """`count` requests per target at `concurrency`, in `rounds` rounds that alternate the
+    targets (their order rotating), so drift in the machine's load hits every target alike.
+    Latencies are pooled over the rounds; throughput is requests over the summed round walls."""
     options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
-    async with grpc.aio.insecure_channel(address, options=options) as channel:
-        call: Any = channel.unary_unary(INFER)  # bytes in, bytes out: the client costs the same both ways
-        for _ in range(max(10, count // 10)):  # warm-up: connections, executor buckets, auth cache
-            await call(body, metadata=metadata, timeout=30)
-        latencies: list[float] = []
-        replies: list[bytes] = []
-        remaining = iter(range(count))
+    channels = [grpc.aio.insecure_channel(address, options=options) for _, address, _ in targets]
+    try:
+        # bytes in, bytes out: the client costs the same whichever target it calls
+        calls: list[Any] = [channel.unary_unary(INFER) for channel in channels]
+        for call, (_, _, metadata) in zip(calls, targets, strict=True):
+            for _ in range(max(10, count // 10)):  # warm-up: connections, executor buckets, auth cache
+                await call(body, metadata=metadata, timeout=30)
+        latencies: list[list[float]] = [[] for _ in targets]
+        replies: list[list[bytes]] = [[] for _ in targets]
+        walls = [0.0] * len(targets)
+        per_round = max(concurrency, count // rounds)
+        for r in range(rounds):
+            for k in range(len(targets)):
+                i = (k + r) % len(targets)
+                call, metadata = calls[i], targets[i][2]
+                remaining = iter(range(per_round))
 
-        async def client() -> None:
-            for _ in remaining:
-                t0 = time.perf_counter()
-                reply = await call(body, metadata=metadata, timeout=30)
-                latencies.append(time.perf_counter() - t0)
-                replies.append(reply)
+                async def client(call: Any = call, metadata: Any = metadata, i: int = i) -> None:
+                    for _ in remaining:  # noqa: B023  (one round's shared counter)
+                        t0 = time.perf_counter()
+                        reply = await call(body, metadata=metadata, timeout=30)
+                        latencies[i].append(time.perf_counter() - t0)
+                        replies[i].append(reply)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-    q = statistics.quantiles(latencies, n=100, method="inclusive")
-    result = Result(target, size, input_bytes, concurrency, count, q[49] * 1e3, q[98] * 1e3, count / wall)
-    if target == "router":
-        own = [float(wire.read_int_parameters(r, ("router_overhead_us",))[0]) for r in replies]
-        oq = statistics.quantiles(own, n=100, method="inclusive")
-        result.router_own_p50_us, result.router_own_p99_us = oq[49], oq[98]
-    return result
+                start = time.perf_counter()
+                await asyncio.gather(*(client() for _ in range(concurrency)))
+                walls[i] += time.perf_counter() - start
+    finally:
+        for channel in channels:
+            await channel.close()
+    results = []
+    for i, (target, _, _) in enumerate(targets):
+        q = statistics.quantiles(latencies[i], n=100, method="inclusive")
+        n = len(latencies[i])
+        result = Result(target, size, input_bytes, concurrency, n, q[49] * 1e3, q[98] * 1e3, n / walls[i])
+        if target == "router":
+            own = [float(wire.read_int_parameters(x, ("router_overhead_us",))[0]) for x in replies[i]]
+            oq = statistics.quantiles(own, n=100, method="inclusive")
+            result.router_own_p50_us, result.router_own_p99_us = oq[49], oq[98]
+        results.append(result)
+    return results
 
 
 async def setup_key(metering: str) -> str:
@@ -327,8 +346,9 @@ async def run(scale: float) -> dict[str, Any]:
         await wait_serving(addr["router"])
         auth = [("authorization", f"Bearer {key}")]
         results: list[Result] = []
-        plan = [("1KB", 1, 300), ("1KB", 16, 1600), ("1MB", 1, 60), ("1MB", 16, 160)]
-        for size, concurrency, count in plan:
+        # (size, concurrency, requests per target, rounds)
+        plan = [("1KB", 1, 3000, 6), ("1KB", 16, 4800, 3), ("1MB", 1, 240, 3), ("1MB", 16, 480, 3)]
+        for size, concurrency, count, rounds in plan:
             model, rows, cols = SIZES[size]
             x = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
             req = pb.ModelInferRequest(model_name=model)
@@ -336,18 +356,17 @@ async def run(scale: float) -> dict[str, Any]:
             req.raw_input_contents.append(x.tobytes())
             body = req.SerializeToString()
             await wait_answering(addr["passthrough"], body)
-            n = max(20, int(count * scale))
-            targets = (
+            n = max(20 * rounds, int(count * scale))
+            targets = [
                 ("direct", addr["executor"], None),
                 ("passthrough", addr["passthrough"], None),
                 ("router", addr["router"], auth),
-            )
-            for target, address, md in targets:
-                r = await measure(address, body, concurrency, n, md, target, size, x.nbytes)
+            ]
+            for r in await measure_cell(targets, body, concurrency, n, rounds, size, x.nbytes):
                 results.append(r)
-                own = f"  (router's own time p50 {r.router_own_p50_us:.0f} us)" if target == "router" else ""
+                own = f"  (router's own p50 {r.router_own_p50_us:.0f} us)" if r.target == "router" else ""
                 print(
-                    f"{target:6s} {size} c={concurrency:2d} n={n:5d}: p50 {r.p50_ms:7.3f} ms  "
+                    f"{r.target:11s} {size} c={concurrency:2d} n={r.requests:5d}: p50 {r.p50_ms:7.3f} ms  "
                     f"p99 {r.p99_ms:7.3f} ms  {r.throughput_rps:8.1f} req/s{own}",
                     flush=True,
                 )
@@ -397,7 +416,10 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
             "executor": {"batch_buckets": BUCKETS, "dynamic_batching": True, "max_queue_delay_us": 0},
             "router": "switchyard router serve: pinned route, Bearer auth via metering (2 s cache), "
             "usage events batched to metering (SQLite), telemetry off",
-            "client": "one grpc.aio process, pre-serialised requests, one channel",
+            "client": "one grpc.aio process, pre-serialised requests, one channel per target; targets "
+            "alternate in rounds (order rotating) and latencies are pooled over the rounds",
+            "plan": "(size, concurrency, requests per target, rounds): 1KB c=1 3000/6, 1KB c=16 4800/3, "
+            "1MB c=1 240/3, 1MB c=16 480/3, times --scale",
             "processes": "executor, metering, router and client each in its own process",
             "scale": scale,
             "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpc": grpc.__version__},

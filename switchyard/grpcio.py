@@ -89,10 +89,16 @@ class ErrorMappedServicer:
         behavior = getattr(self._servicer, name)
         if not callable(behavior) or not name[:1].isupper():
             return behavior
-        method = f"/{self._service}/{name}"
-        if inspect.isasyncgenfunction(behavior):
-            return _wrap_stream(behavior, method)
-        return _wrap_unary(behavior, method)
+        return map_errors(behavior, f"/{self._service}/{name}")
+
+
+def map_errors(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """`behavior` (an RPC method: coroutine or async generator) with errors mapped to statuses
+    as ErrorInterceptor maps them; for handlers registered by hand with
+    `map_errors_in_servicers`."""
+    if inspect.isasyncgenfunction(behavior):
+        return _wrap_stream(behavior, method)
+    return _wrap_unary(behavior, method)
 
 
 def _wrap_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:

@@ -18,8 +18,15 @@ compilation happened while measuring:
 | `in_flight` | int64 | other requests inside this executor (queued + computing) as this one is answered |
 | `queue_depth` | int64 | requests of all models waiting in queues when answering |
 
-Requests may carry `REQUEST_PRIORITY` etc. in future; today the executor reads no request
-parameters except that Triton's shared-memory keys are refused with UNIMPLEMENTED.
+Request parameters the executor reads:
+
+- `timeout` (int64): Triton's per-request timeout in microseconds. A request still queued when
+  it passes is dropped with DEADLINE_EXCEEDED, as with a gRPC deadline; the earlier applies.
+- `traceparent`, `tracestate` (string): W3C trace context of a request sent on a
+  `ModelStreamInfer` stream, whose metadata is sent once per stream (the router's upstream
+  streams send them).
+
+Triton's shared-memory keys are refused with UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -35,6 +42,11 @@ PADDED_BATCH_SIZE = "padded_batch_size"
 COMPILATIONS_AFTER_WARMUP = "compilations_after_warmup"
 IN_FLIGHT = "in_flight"
 QUEUE_DEPTH = "queue_depth"
+
+# request parameters
+TIMEOUT = "timeout"
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
 
 STRING_KEYS = (BACKEND, MODE, PRECISION, EXECUTOR)
 INT_KEYS = (

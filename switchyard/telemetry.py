@@ -11,8 +11,9 @@ Without a provider nothing is wrapped and the hot path pays nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +129,33 @@ def extract_context(metadata: Any) -> otel_context.Context:
     return propagate.extract(carrier)
 
 
+def trace_parameters() -> dict[str, str]:
+    """The current trace context (traceparent, tracestate) as a carrier for a message's own
+    parameters: on a long-lived stream, metadata is sent once and cannot carry it per request."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+@contextlib.contextmanager
+def server_span(method: str, parent: otel_context.Context | Mapping[str, str]) -> Iterator[None]:
+    """One SERVER span for an RPC or one message of a stream, parented on the caller's trace
+    context (a Context, or a carrier of traceparent/tracestate)."""
+    if not isinstance(parent, otel_context.Context):
+        parent = propagate.extract(dict(parent))
+    tracer = trace.get_tracer("switchyard.grpc")
+    with tracer.start_as_current_span(
+        method, context=parent, kind=SpanKind.SERVER, record_exception=False
+    ) as span:
+        span.set_attribute("rpc.system", "grpc")
+        span.set_attribute("rpc.method", method)
+        try:
+            yield
+        except BaseException as exc:
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
+
+
 def current_trace_id() -> str:
     ctx = trace.get_current_span().get_span_context()
     return format(ctx.trace_id, "032x") if ctx.is_valid else ""
@@ -147,19 +175,10 @@ class ServerTracingInterceptor(grpc.aio.ServerInterceptor):
         behavior: Callable[..., Any] = handler.unary_unary
         method = details.method
         parent = extract_context(details.invocation_metadata)
-        tracer = trace.get_tracer("switchyard.grpc")
 
         async def traced(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            with tracer.start_as_current_span(
-                method, context=parent, kind=SpanKind.SERVER, record_exception=False
-            ) as span:
-                span.set_attribute("rpc.system", "grpc")
-                span.set_attribute("rpc.method", method)
-                try:
-                    return await behavior(request, context)
-                except BaseException as exc:
-                    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-                    raise
+            with server_span(method, parent):
+                return await behavior(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
             traced,

@@ -7,7 +7,9 @@ in `switchyard.oip_params` (path, timings, load).
 
 from __future__ import annotations
 
+import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,7 +19,7 @@ import numpy as np
 from services.executor.metrics import ExecutorMetrics
 from services.executor.model_runtime import LoadedModel
 from services.executor.runtime import Executor
-from switchyard import codec, oip_params
+from switchyard import codec, oip_params, telemetry
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument, SwitchyardError, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
@@ -25,6 +27,7 @@ from switchyard.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from switchyard.gen.inference import model_config_pb2 as mc
 
 Context = grpc.aio.ServicerContext[Any, Any]
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "switchyard-executor"
 SERVER_VERSION = "0.1.0"
@@ -141,6 +144,28 @@ def _instance_kind(model: LoadedModel) -> mc.ModelInstanceGroup.Kind.ValueType:
     return mc.ModelInstanceGroup.KIND_CPU if model.backend.name == "cpu" else mc.ModelInstanceGroup.KIND_GPU
 
 
+_INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def _carrier(params: Any) -> dict[str, str]:
+    return {k: params[k].string_param for k in (oip_params.TRACEPARENT, oip_params.TRACESTATE) if k in params}
+
+
+def _deadline(request: pb.ModelInferRequest, context: Context) -> float | None:
+    """time.perf_counter() seconds when the request must be out of the queue: the gRPC
+    deadline or Triton's `timeout` parameter (microseconds), whichever comes first."""
+    now = time.perf_counter()
+    remaining = context.time_remaining()
+    deadline = now + remaining if remaining is not None else None
+    if oip_params.TIMEOUT in request.parameters:
+        timeout_us = request.parameters[oip_params.TIMEOUT].int64_param
+        if timeout_us <= 0:
+            raise InvalidArgument(f"parameter 'timeout' is {timeout_us}; send microseconds > 0")
+        by_parameter = now + timeout_us / 1e6
+        deadline = by_parameter if deadline is None else min(deadline, by_parameter)
+    return deadline
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
@@ -219,20 +244,32 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Each request answered in order; an error goes into error_message, the stream goes on."""
+        """Each request answered in order; an error goes into error_message as "STATUS: why"
+        and the stream goes on. With tracing on, each request is its own span, parented on
+        the `traceparent` request parameter (the router's upstream streams send it)."""
+        tracing = telemetry.enabled()
         async for request in request_iterator:
             try:
-                response = await self.ModelInfer(request, context)
+                if tracing:
+                    with telemetry.server_span(_INFER_METHOD, _carrier(request.parameters)):
+                        response = await self.ModelInfer(request, context)
+                else:
+                    response = await self.ModelInfer(request, context)
             except SwitchyardError as exc:
                 yield pb.ModelStreamInferResponse(error_message=f"{exc.status.value}: {exc}")
+                continue
+            except Exception:  # one bad request must not end the stream the others share
+                ref = uuid.uuid4().hex[:12]
+                log.exception("internal error in ModelStreamInfer (reference %s)", ref)
+                message = f"INTERNAL: internal error (reference {ref}); see the executor log"
+                yield pb.ModelStreamInferResponse(error_message=message)
                 continue
             yield pb.ModelStreamInferResponse(infer_response=response)
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         started = time.perf_counter()
         inputs = decode_inputs(request)
-        remaining = context.time_remaining()
-        deadline = time.perf_counter() + remaining if remaining is not None else None
+        deadline = _deadline(request, context)
         wanted = [o.name for o in request.outputs]
         if wanted:
             declared = [

@@ -86,7 +86,11 @@ class Settings:
     auth_stale_s: float = 300.0  # cached identities keep working this long while metering is down
     require_auth: bool = True
     spool_dir: str = "var/router-spool"
-    usage_flush_s: float = 0.05
+    # Usage goes to metering in one transaction per flush: fewer, larger batches cost the ledger
+    # far less per event (its per-batch work is milliseconds), and each flush's burst of work
+    # lands on a request or two, so frequent flushes widen the tail. At risk on a crash (not a
+    # stop, which flushes): events of the last interval.
+    usage_flush_s: float = 0.25
     usage_batch: int = 1000
     evaluator: str = ""  # address of the evaluator service; "" = compare locally
     shadow_atol: float = 1e-5

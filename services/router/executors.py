@@ -1,5 +1,16 @@
 """Channels to the executors, the raw-bytes inference call, and health watching.
 
+Inference goes over long-lived `ModelStreamInfer` streams, one request at a time on each: a
+stream is taken from the deployment's idle set (or opened), the request written, the answer
+read, and the stream put back. A message on an open stream costs about half a unary call's
+round trip here (no per-call stream set-up, headers or trailers), which is most of what a
+Python hop adds. What a unary call carried per call travels in request parameters instead:
+the remaining deadline as Triton's `timeout` (microseconds; the executor drops the request
+from its queue when it passes, and the router cancels the stream then too) and the trace
+context. A stream whose request timed out or whose caller went away is cancelled, never
+reused (its late answer would belong to nobody); the executor then drops the queued work.
+An executor's error comes back in `error_message` as "STATUS: why" and keeps its status.
+
 Each deployment gets one channel with short reconnect back-off (so a restarted executor is
 found again within a second or two) and a watcher task that asks `grpc.health.v1` every
 `health_interval_s`: a failing executor is ejected with a cooldown that doubles per
@@ -20,13 +31,41 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.router import wire
 from services.router.config import Deployment, Settings
 from services.router.policies import DeploymentState
+from switchyard import oip_params, telemetry
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+MAX_IDLE_STREAMS = 64  # per deployment; more concurrent requests open more, closed when idle
+_ERROR, _RESPONSE = 1, 2  # ModelStreamInferResponse fields
+_STREAM_FIELDS = frozenset((_ERROR, _RESPONSE))
+# A stream that ends with one of these was broken under the request (the executor killed or
+# stopped, the connection lost: grpc reports "Internal error from Core" for a write on a dead
+# connection): UNAVAILABLE, so the router ejects the deployment and retries elsewhere.
+_BROKEN = frozenset((grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN))
+
+
+class UpstreamError(Exception):
+    """An executor's own status, passed through to the caller unchanged."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def _status_of(error_message: str) -> UpstreamError:
+    """ "STATUS: why" from an executor's stream answer (UNKNOWN if it names no status)."""
+    name, sep, why = error_message.partition(": ")
+    code = grpc.StatusCode.__members__.get(name) if sep else None
+    if code is None or code == grpc.StatusCode.OK:
+        return UpstreamError(grpc.StatusCode.UNKNOWN, error_message)
+    return UpstreamError(code, why)
+
 
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -46,9 +85,10 @@ class ExecutorPool:
             d.name: grpc.aio.insecure_channel(d.address, options=CHANNEL_OPTIONS) for d in deployments
         }
         # Identity (de)serialisers: request and response stay bytes end to end.
-        self._infer: dict[str, Any] = {
-            name: ch.unary_unary(INFER_METHOD) for name, ch in self.channels.items()
+        self._open_stream: dict[str, Any] = {
+            name: ch.stream_stream(STREAM_METHOD) for name, ch in self.channels.items()
         }
+        self._idle: dict[str, list[Any]] = {name: [] for name in self.channels}
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -61,14 +101,70 @@ class ExecutorPool:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for calls in self._idle.values():
+            for call in calls:
+                call.cancel()
+            calls.clear()
         for channel in self.channels.values():
             await channel.close()
 
-    async def infer(
-        self, deployment: str, body: bytes, timeout_s: float, metadata: Sequence[tuple[str, str]]
-    ) -> bytes:
-        reply: bytes = await self._infer[deployment](body, timeout=timeout_s, metadata=metadata)
-        return reply
+    async def infer(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
+        """One ModelInferRequest (the concatenated `parts`) on one of the deployment's streams;
+        returns the serialized ModelInferResponse or raises UpstreamError."""
+        params: dict[str, wire.Param] = {oip_params.TIMEOUT: max(1, int(timeout_s * 1e6))}
+        if telemetry.enabled():
+            params.update(telemetry.trace_parameters())
+        message = b"".join((*parts, wire.parameters_field(params)))  # later map entries win
+        idle = self._idle[deployment]
+        call = None
+        while idle and call is None:
+            call = idle.pop()
+            if call.done():  # ended while idle (executor restarted or drained)
+                call = None
+        if call is None:
+            call = self._open_stream[deployment]()
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            call.cancel()
+
+        timer = asyncio.get_running_loop().call_later(timeout_s, expire)
+        try:
+            await call.write(message)
+            answer = await call.read()
+        except (asyncio.CancelledError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            call.cancel()  # it owes an answer that would belong to nobody: never reuse it
+            if expired:
+                raise UpstreamError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded waiting for the executor"
+                ) from None
+            if isinstance(exc, asyncio.CancelledError):
+                raise  # the caller went away
+            if isinstance(exc, grpc.aio.AioRpcError):
+                code, details = exc.code(), exc.details() or exc.code().name
+                if code in _BROKEN:  # the executor answers its own errors in error_message
+                    details = f"the stream to the executor broke: {details}"
+                    code = grpc.StatusCode.UNAVAILABLE
+                raise UpstreamError(code, details) from None
+            # InvalidStateError: the stream ended between the check above and the write
+            raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "the executor closed the stream") from None
+        finally:
+            timer.cancel()
+        if answer is grpc.aio.EOF:
+            raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "the executor closed the stream")
+        reply: bytes = answer
+        if len(idle) < MAX_IDLE_STREAMS:
+            idle.append(call)
+        else:
+            await call.done_writing()
+        fields = wire.scan_fields(reply, _STREAM_FIELDS)
+        if _ERROR in fields:
+            start, stop = fields[_ERROR][-1]
+            raise _status_of(reply[start:stop].decode(errors="replace"))
+        start, stop = fields[_RESPONSE][-1] if _RESPONSE in fields else (0, 0)
+        return reply[start:stop]
 
     def eject(self, deployment: str, reason: str) -> None:
         state = self.states[deployment]

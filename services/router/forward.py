@@ -6,7 +6,8 @@ name/version of the chosen target appended, see `wire`), and appends the router'
 response parameters (`path`, `router_overhead_us`, `request_id`) to the executor's bytes.
 Retry: one more deployment when the first answered UNAVAILABLE (the executor did not take
 the request: not connected, draining, or gone); OIP inference has no side effects, and only
-the attempt that answered is charged. The remaining deadline goes with every call.
+the attempt that answered is charged. The remaining deadline goes with every call (as
+Triton's `timeout` parameter on the executor stream, see `executors`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from services.router import wire
 from services.router.auth import ANONYMOUS, Authenticator, Identity, authorize, bearer_key
 from services.router.config import Route, RouterConfig, Target
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
-from services.router.executors import ExecutorPool
+from services.router.executors import ExecutorPool, UpstreamError
 from services.router.policies import DeploymentState, plan
 from services.router.shadow import Divergence, ShadowStats, divergence
 from services.router.spool import Spool
@@ -47,15 +48,6 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 log = logging.getLogger(__name__)
 
 Metadata = Iterable[Any]  # (key, value) pairs; grpc.aio.Metadata or a plain sequence
-
-
-class UpstreamError(Exception):
-    """An executor's own status, passed through to the caller unchanged (with the path named)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
 
 
 @dataclass
@@ -183,9 +175,7 @@ class Router:
         self.in_flight[route.model] = count + 1
         outcome = Outcome()
         try:
-            reply, target, wait_ns = await self._forward(
-                route, header, raw, time_remaining, request_id, outcome
-            )
+            reply, target, wait_ns = await self._forward(route, header, raw, time_remaining, outcome)
         except asyncio.CancelledError:
             outcome.status = "cancelled"
             raise
@@ -202,15 +192,16 @@ class Router:
         extra["router_overhead_us"] = overhead_us
         if self._metrics is not None:
             self._metrics.record(route.model, outcome.path, (time.perf_counter_ns() - t0) / 1e6, overhead_us)
-        return reply + suffix + wire.parameters_field(extra)
+        return b"".join((reply, suffix, wire.parameters_field(extra)))
 
-    def _body(self, raw: bytes, header: wire.Header, target: Target) -> bytes:
-        body = raw
+    def _body(self, raw: bytes, header: wire.Header, target: Target) -> list[bytes]:
+        """The request as sent to `target`: the caller's bytes and appended overrides."""
+        parts = [raw]
         if target.model and target.model != header.model_name:
-            body += wire.string_field(wire.MODEL_NAME, target.model)
+            parts.append(wire.string_field(wire.MODEL_NAME, target.model))
         if target.version and target.version != header.model_version:
-            body += wire.string_field(wire.MODEL_VERSION, target.version)  # the route pins the version
-        return body
+            parts.append(wire.string_field(wire.MODEL_VERSION, target.version))  # the route pins it
+        return parts
 
     async def _forward(
         self,
@@ -218,15 +209,11 @@ class Router:
         header: wire.Header,
         raw: bytes,
         time_remaining: float | None,
-        request_id: str,
         outcome: Outcome,
     ) -> tuple[bytes, Target, int]:
         budget = self.settings.default_timeout_s if time_remaining is None else time_remaining
         deadline = time.monotonic() + budget
         choices = plan(route, self.pool.states, self.rng)
-        metadata = [("x-request-id", request_id)]
-        if telemetry.enabled():
-            telemetry.inject_metadata(metadata)
         wait_ns = 0
         for attempt, (target, state) in enumerate(choices):
             timeout = deadline - time.monotonic()
@@ -235,17 +222,14 @@ class Router:
             outcome.path = state.deployment.path
             t1 = time.perf_counter_ns()
             try:
-                reply = await self.pool.infer(
-                    target.deployment, self._body(raw, header, target), timeout, metadata
-                )
-            except grpc.aio.AioRpcError as exc:
+                reply = await self.pool.infer(target.deployment, self._body(raw, header, target), timeout)
+            except UpstreamError as exc:
                 wait_ns += time.perf_counter_ns() - t1
-                code = exc.code()
-                if code == grpc.StatusCode.UNAVAILABLE:
-                    self.pool.eject(target.deployment, f"UNAVAILABLE: {exc.details()}")
+                if exc.code == grpc.StatusCode.UNAVAILABLE:
+                    self.pool.eject(target.deployment, f"UNAVAILABLE: {exc.details}")
                     if attempt + 1 < len(choices):
                         continue  # not taken by that executor: once more elsewhere
-                raise UpstreamError(code, f"{exc.details()} (path {state.deployment.path})") from None
+                raise UpstreamError(exc.code, f"{exc.details} (path {state.deployment.path})") from None
             elapsed = time.perf_counter_ns() - t1
             wait_ns += elapsed
             self._account(state, reply, elapsed, outcome)
@@ -340,12 +324,7 @@ class Router:
         try:
             budget = self.settings.default_timeout_s if time_remaining is None else max(time_remaining, 1.0)
             t1 = time.perf_counter_ns()
-            reply = await self.pool.infer(
-                candidate.deployment,
-                self._body(raw, header, candidate),
-                budget,
-                [("x-request-id", request_id)],
-            )
+            reply = await self.pool.infer(candidate.deployment, self._body(raw, header, candidate), budget)
             self._account(state, reply, time.perf_counter_ns() - t1, outcome)
             d, comparer = await self._compare(
                 pb.ModelInferResponse.FromString(primary), pb.ModelInferResponse.FromString(reply)
@@ -358,9 +337,9 @@ class Router:
                 diverged=str(d.diverged).lower(),
                 comparer=comparer,
             )
-        except grpc.aio.AioRpcError as exc:
+        except UpstreamError as exc:
             stats.failures += 1
-            tags["error"] = exc.code().name
+            tags["error"] = exc.code.name
         except (SwitchyardError, ValueError, KeyError) as exc:
             stats.failures += 1
             tags["error"] = f"comparison failed: {exc}"

@@ -15,10 +15,12 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from services.router.forward import Router, UpstreamError
+from services.router.executors import UpstreamError
+from services.router.forward import Router
 from services.router.policies import plan
 from switchyard.errors import Unavailable, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.grpcio import map_errors
 
 SERVICE = "inference.GRPCInferenceService"
 VERSION = "0.1.0"
@@ -119,24 +121,34 @@ class OipServicer:
         yield b""  # pragma: no cover  (makes this an async generator)
 
 
-def _unary(fn: Callable[..., Any], request_type: type[Message] | None) -> grpc.RpcMethodHandler[Any, Any]:
+def _handler(
+    name: str, fn: Callable[..., Any], request_type: type[Message] | None
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """One method, its errors mapped to statuses here: no interceptor on the request path."""
+    behavior = map_errors(fn, f"/{SERVICE}/{name}")
     if request_type is None:
-        return grpc.unary_unary_rpc_method_handler(fn)  # bytes in, bytes out
+        return grpc.unary_unary_rpc_method_handler(behavior)  # bytes in, bytes out
     return grpc.unary_unary_rpc_method_handler(
-        fn, request_deserializer=request_type.FromString, response_serializer=lambda m: m.SerializeToString()
+        behavior,
+        request_deserializer=request_type.FromString,
+        response_serializer=lambda m: m.SerializeToString(),
     )
 
 
 def add_to_server(servicer: OipServicer, server: grpc.aio.Server) -> None:
+    """Registers the OIP front (start it with `map_errors_in_servicers`)."""
     handlers = {
-        "ModelInfer": _unary(servicer.model_infer, None),
-        "ModelMetadata": _unary(servicer.model_metadata, pb.ModelMetadataRequest),
-        "ModelConfig": _unary(servicer.model_config, pb.ModelConfigRequest),
-        "ModelReady": _unary(servicer.model_ready, pb.ModelReadyRequest),
-        "ServerLive": _unary(servicer.server_live, pb.ServerLiveRequest),
-        "ServerReady": _unary(servicer.server_ready, pb.ServerReadyRequest),
-        "ServerMetadata": _unary(servicer.server_metadata, pb.ServerMetadataRequest),
-        "ModelStatistics": _unary(servicer.model_statistics, pb.ModelStatisticsRequest),
-        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(servicer.model_stream_infer),
+        "ModelInfer": _handler("ModelInfer", servicer.model_infer, None),
+        "ModelMetadata": _handler("ModelMetadata", servicer.model_metadata, pb.ModelMetadataRequest),
+        "ModelConfig": _handler("ModelConfig", servicer.model_config, pb.ModelConfigRequest),
+        "ModelReady": _handler("ModelReady", servicer.model_ready, pb.ModelReadyRequest),
+        "ServerLive": _handler("ServerLive", servicer.server_live, pb.ServerLiveRequest),
+        "ServerReady": _handler("ServerReady", servicer.server_ready, pb.ServerReadyRequest),
+        "ServerMetadata": _handler("ServerMetadata", servicer.server_metadata, pb.ServerMetadataRequest),
+        "ModelStatistics": _handler("ModelStatistics", servicer.model_statistics, pb.ModelStatisticsRequest),
+        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+            map_errors(servicer.model_stream_infer, f"/{SERVICE}/ModelStreamInfer")
+        ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)  # looked up by path, as generated code does

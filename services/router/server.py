@@ -8,6 +8,7 @@ to metering or to the spool, so a stop loses nothing it had accepted.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +99,9 @@ async def start_router(
             "switchyard.v1.RouterAdmin",
         ),
     ]
-    server = await start_server(registrations, options or ServerOptions())
+    # every servicer maps its own errors: no interceptor on the request path
+    options = dataclasses.replace(options or ServerOptions(), map_errors_in_servicers=True)
+    server = await start_server(registrations, options)
     log.info(
         "router serving on %s (%d routes, %d deployments)",
         server.address,

@@ -15,6 +15,7 @@ What is at risk on a crash: events of the last flush interval not yet sent nor s
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import logging
@@ -58,6 +59,8 @@ class Spool:
         self._sink = sink
         self._dir = directory
         self._dir.mkdir(parents=True, exist_ok=True)
+        # segments on disk, kept in memory (this router owns its directory): no listing per flush
+        self._on_disk: list[Path] = sorted(self._dir.glob("*.pb"))
         self._flush_s = flush_s
         self._batch = batch
         self._usage: list[mpb.UsageEvent] = []
@@ -207,18 +210,21 @@ class Spool:
                 self._next_replay = time.monotonic() + self._backoff
                 return
             path.unlink()
+            self._on_disk.remove(path)
         self._backoff = 0.0
         if len(segments) > 8:
             self._wake.set()
 
     # ---- disk ---------------------------------------------------------------------------------
     def _segments(self) -> list[Path]:
-        return sorted(p for p in self._dir.glob("*.pb"))
+        return list(self._on_disk)
 
     async def _write_segment(self, kind: str, data: bytes) -> None:
         self._seq += 1
         name = f"{kind}-{time.time_ns():020d}-{os.getpid()}-{self._seq:06d}.pb"
-        await asyncio.to_thread(_durable_write, self._dir / name, data)
+        path = self._dir / name
+        await asyncio.to_thread(_durable_write, path, data)
+        bisect.insort(self._on_disk, path)
 
     def _dead_letter(self, message: mpb.UsageEvent | mpb.AppendAuditRequest, reason: str) -> None:
         self.stats.dead_events += 1

@@ -174,3 +174,43 @@ async def test_expiry_in_queue_is_the_executors_own_deadline_exceeded(executor: 
     with pytest.raises(ExpiredInQueue) as info:
         await executor.executor.infer("mlp", "perturbed", [x], deadline=time.perf_counter() + 0.05)
     assert info.value.status is Status.DEADLINE_EXCEEDED and "it was not run" in str(info.value)
+
+
+async def test_timeout_parameter_drops_queued_work_and_a_stream_survives_errors(
+    executor: RunningExecutor,
+) -> None:
+    """Triton's `timeout` request parameter (microseconds) is a deadline in the queue; on a
+    ModelStreamInfer stream each error comes back as "STATUS: why" and the stream goes on
+    (the router sends every request on such streams)."""
+    await _load_slow_queue(executor.address, queue_size=8)
+    model = executor.executor.find("mlp", "perturbed")
+    assert model.batcher is not None
+    before = model.batcher.counters
+    expired, executions = before.expired_in_queue, before.executions
+    timed = build_infer_request("mlp", {"x": GOOD_X}, version="perturbed")
+    timed.parameters["timeout"].int64_param = 50_000
+    unknown = build_infer_request("nope", {"x": GOOD_X})
+    good = build_infer_request("mlp", {"x": GOOD_X})
+    async with grpc.aio.insecure_channel(executor.address) as channel:
+        stream = oip_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(timeout=30)
+        answers: list[oip.ModelStreamInferResponse] = []
+        for request in (timed, unknown, good):
+            await stream.write(request)
+            answer = await stream.read()
+            assert isinstance(answer, oip.ModelStreamInferResponse)
+            answers.append(answer)
+        await stream.done_writing()
+    assert answers[0].error_message.startswith("DEADLINE_EXCEEDED: "), answers[0]
+    assert "it was not run" in answers[0].error_message
+    assert model.batcher.counters.expired_in_queue == expired + 1
+    assert model.batcher.counters.executions == executions  # dropped before compute
+    assert answers[1].error_message.startswith("NOT_FOUND: unknown model 'nope'")
+    assert answers[2].infer_response.outputs[0].shape == [1, 16]  # the same stream still serves
+
+
+async def test_non_positive_timeout_parameter_is_invalid(
+    stub: oip_grpc.GRPCInferenceServiceAsyncStub,
+) -> None:
+    request = build_infer_request("mlp", {"x": GOOD_X})
+    request.parameters["timeout"].int64_param = 0
+    await _expect(stub, request, INVALID, "parameter 'timeout' is 0")

@@ -193,3 +193,47 @@ async def test_full_route_answers_resource_exhausted_early(
     served, _, errors = await _load(router.address, key, 64, 16)
     assert grpc.StatusCode.RESOURCE_EXHAUSTED in errors and served
     assert set(errors) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+async def test_deadline_and_cancellation_reach_the_executor_queue(
+    metering: Metering, make_router: RouterFactory
+) -> None:
+    """The router's upstream streams carry the caller's remaining deadline (Triton's `timeout`
+    parameter): work still queued when it passes is dropped by the executor, not computed. A
+    caller who goes away cancels the upstream stream, and that work is dropped too. The
+    router then serves on fresh streams."""
+    from services.executor.config import ExecutorConfig
+    from services.executor.server import start_executor
+
+    slow = await start_executor(ExecutorConfig(models=("mlp",), max_queue_delay_us=400_000))
+    try:
+        model = slow.executor.find("mlp", "")
+        assert model.batcher is not None
+        counters = model.batcher.counters
+        cfg = routes_config({"slow": slow.address}, {"mlp": {"policy": "pinned", "targets": ["slow"]}})
+        router = await make_router(cfg, metering.running.address)
+        key, _ = await metering.key("svc-deadline", "deadline")
+        metadata = [("authorization", f"Bearer {key}")]
+        async with grpc.aio.insecure_channel(router.address) as channel:
+            stub = pbgrpc.GRPCInferenceServiceStub(channel)
+            executions = counters.executions
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(_request(), metadata=metadata, timeout=0.15)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await asyncio.sleep(0.1)  # well before the 400 ms batching delay ends
+            assert counters.expired_in_queue + counters.cancelled_in_queue >= 1
+            assert counters.executions == executions  # never computed
+
+            dropped = counters.cancelled_in_queue
+            call = stub.ModelInfer(_request(), metadata=metadata, timeout=30)
+            await asyncio.sleep(0.1)  # queued on the executor, waiting out the delay
+            call.cancel()
+            await asyncio.sleep(0.6)  # the batch forms when the delay ends: the request is gone
+            assert counters.cancelled_in_queue == dropped + 1
+            assert counters.executions == executions
+
+            reply = await stub.ModelInfer(_request(), metadata=metadata, timeout=10)
+            assert reply.parameters["path"].string_param == "cpu-a"
+            assert counters.executions == executions + 1
+    finally:
+        await slow.stop(0)

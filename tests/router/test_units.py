@@ -15,6 +15,7 @@ import tomllib
 from collections import Counter
 from pathlib import Path
 
+import grpc
 import pytest
 
 from services.router import config, wire
@@ -268,3 +269,13 @@ def test_the_routes_switchyard_up_writes_parse() -> None:
     assert routes["mlp"].policy is Policy.PINNED and routes["mlp"].shadow is not None
     assert routes["mlp"].shadow.candidates[0].deployment == "xla"
     assert cfg.deployment("cpu").path == "cpu-eager"
+
+
+def test_executor_stream_errors_keep_their_status() -> None:
+    from services.router.executors import _status_of
+
+    found = _status_of("NOT_FOUND: unknown model 'x'; this executor serves ['mlp:1']")
+    assert found.code == grpc.StatusCode.NOT_FOUND and found.details.startswith("unknown model 'x'")
+    assert _status_of("DEADLINE_EXCEEDED: it was not run").code == grpc.StatusCode.DEADLINE_EXCEEDED
+    for odd in ("no status here", "OK: fine", "NOPE: what"):
+        assert _status_of(odd).code == grpc.StatusCode.UNKNOWN and _status_of(odd).details == odd
