@@ -33,8 +33,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument(
         "--inline-compute-us",
         type=int,
-        default=1000,
-        help="lone batches faster than this skip the device thread",
+        default=10_000,
+        help="a lone request on a quiet executor expected to compute within this many "
+        "microseconds runs on the event loop instead of the device thread",
     )
     serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: cores - 1)")
     serve.set_defaults(func=_serve)

@@ -24,5 +24,8 @@ class ExecutorConfig:
     drain_grace_s: float = 10.0
     price_key: str = ""  # "" = "<backend>/<resource class>"
     executor_id: str = ""  # "" = "<host id>:<port>"
-    inline_compute_us: int = 1000  # batches expected faster than this skip the device thread
+    # A lone request on a quiet executor whose compute is expected to take at most this long
+    # runs on the event loop (no queue, no thread hand-off); under load requests queue for
+    # the device thread, where batches form.
+    inline_compute_us: int = 10_000
     cpu_threads: int = 0  # torch intra-op threads; 0 = cores - 1 (at least 1)

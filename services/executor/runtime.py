@@ -35,6 +35,7 @@ T = TypeVar("T")
 # queue (and the device thread) where batches can form, instead of the inline fast path.
 # A lone client's next request takes a whole round trip, well over this.
 IDLE_GAP_S = 200e-6
+INLINE_LOOK_TURNS = 3
 
 
 class ModelNotLoaded(NotFound):
@@ -216,13 +217,16 @@ class Executor:
         batcher = model.batcher
         now = time.perf_counter()
         quiet = now - self._last_done > IDLE_GAP_S
-        if quiet and self.in_flight == 0 and batcher.idle and self._inline_ok(model, rows):
-            # Alone and short: compute right here; queue and thread hand-offs would cost more.
-            result = batcher.run_now(arrays, rows, model.compute)
-            self._last_done = time.perf_counter()
-            return model, result
         self.in_flight += 1
         try:
+            if quiet and self.in_flight == 1 and batcher.idle and self._inline_ok(model, rows):
+                # Requests that reached gRPC while the loop was busy show up within a few loop
+                # turns; counted in flight, this one makes them queue rather than go inline.
+                for _ in range(INLINE_LOOK_TURNS):
+                    await asyncio.sleep(0)
+                if self.in_flight == 1 and batcher.idle and self._device_jobs == 0:
+                    # Alone and short: compute right here; queue and thread hand-offs cost more.
+                    return model, batcher.run_now(arrays, rows, model.compute)
             return model, await batcher.submit(arrays, rows, deadline)
         finally:
             self.in_flight -= 1

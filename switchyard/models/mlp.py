@@ -1,7 +1,12 @@
-"""The `mlp` reference model: the "simple load" (three linear layers with GELU).
+"""The `mlp` reference model: the "simple load", a deep narrow residual MLP.
 
-Input `x` FP32 [batch, 64]; output `y` FP32 [batch, 16]. Weights are seeded and committed as
-safetensors under `checkpoints/` (see `make_checkpoints.py`).
+Input `x` FP32 [batch, 64]; output `y` FP32 [batch, 16]. An input projection to width 128,
+`DEPTH` pre-norm residual blocks (LayerNorm, Linear, GELU, add), a final norm and a
+projection to 16. Its cost at small batch is per operator call, not per row (in eager
+PyTorch on this CPU: batch 1 about 2.6 ms, batch 16 about 3 ms at DEPTH 32), which is the
+regime dynamic batching exists for: one call serves a batch for the price of a request.
+Weights are seeded and committed as safetensors under `checkpoints/` (see
+`make_checkpoints.py`).
 """
 
 from __future__ import annotations
@@ -10,21 +15,34 @@ import torch
 from torch import nn
 
 IN_FEATURES = 64
-HIDDEN = 1024
+WIDTH = 128
+DEPTH = 64
 OUT_FEATURES = 16
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.fc = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + nn.functional.gelu(self.fc(self.norm(h)))
 
 
 class MLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(IN_FEATURES, HIDDEN)
-        self.fc2 = nn.Linear(HIDDEN, HIDDEN)
-        self.fc3 = nn.Linear(HIDDEN, OUT_FEATURES)
+        self.fc_in = nn.Linear(IN_FEATURES, WIDTH)
+        self.blocks = nn.ModuleList(Block() for _ in range(DEPTH))
+        self.norm = nn.LayerNorm(WIDTH)
+        self.fc_out = nn.Linear(WIDTH, OUT_FEATURES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = nn.functional.gelu(self.fc1(x))
-        h = nn.functional.gelu(self.fc2(h))
-        return self.fc3(h)  # type: ignore[no-any-return]
+        h = self.fc_in(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.fc_out(self.norm(h))  # type: ignore[no-any-return]
 
 
 def build() -> MLP:
