@@ -11,6 +11,7 @@ import asyncio
 import json
 import sys
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,20 +51,32 @@ async def _activity_details(client: Client, handle: WorkflowHandle[Any, Any]) ->
 
 
 async def _watch(client: Client, handle: WorkflowHandle[Any, Any], out: Any = sys.stderr) -> dict[str, Any]:
-    """Redraw the progress line until the workflow ends; return its result."""
+    """Redraw the progress line until the workflow ends (to a file or pipe: a new line
+    whenever it changes), then show the final one; return the workflow's result."""
     result_task = asyncio.ensure_future(handle.result())
-    while not result_task.done():
+    last = ""
+
+    async def show(with_details: bool) -> None:
+        nonlocal last
         try:
-            progress = await handle.query(TrialWorkflow.progress)
+            progress = await handle.query(TrialWorkflow.progress, rpc_timeout=timedelta(seconds=10))
             line = _bar(progress)
-            details = await _activity_details(client, handle)
-            if details:
-                line += f" | {details}"
-            out.write("\r" + line[:160].ljust(160) if out.isatty() else line + "\n")
-            out.flush()
+            details = await _activity_details(client, handle) if with_details else ""
         except RPCError:
-            pass  # no worker has picked the workflow up yet
-        await asyncio.wait({result_task}, timeout=0.5 if out.isatty() else 2.0)
+            return  # no worker has picked the workflow up yet, or none is left to answer
+        if details:
+            line += f" | {details}"
+        if out.isatty():
+            out.write("\r" + line[:160].ljust(160))
+        elif line != last:
+            out.write(line + "\n")
+        last = line
+        out.flush()
+
+    while not result_task.done():
+        await show(with_details=True)
+        await asyncio.wait({result_task}, timeout=0.5)
+    await show(with_details=False)  # the final state: every path's last phase
     if out.isatty():
         out.write("\n")
     report: dict[str, Any] = result_task.result()
