@@ -13,6 +13,7 @@ run is not rounded to fp32). Compute runs on the executor's single device thread
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ from switchyard import codec
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument
 from switchyard.models.registry import ModelSpec, TensorSpec, load_module
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -221,7 +224,16 @@ class LoadedModel:
                     at += item.rows
             datatype = self._datatypes.get(buf.dtype, "BF16")  # uint16 on the wire is always BF16
             tensors.append(codec.to_torch(buf, datatype))
+        serving = self.state == "READY"
+        compiled = self.compilations_after_warmup() if serving else 0
         outputs = self._run_tensors(tensors)
+        if serving and self.compilations_after_warmup() > compiled:
+            log.warning(
+                "%s:%s compiled while serving: a batch of %d request(s), %d rows padded to %d, "
+                "input shapes %s (warm this shape at load, or expect a compile per new shape)",
+                self.spec.name, self.spec.version, len(batch), rows, padded,
+                [tuple(t.shape) for t in tensors],
+            )  # fmt: skip
         per_request: list[list[np.ndarray]] = [[] for _ in batch]
         for out in outputs:
             arr = (

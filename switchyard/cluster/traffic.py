@@ -19,10 +19,10 @@ import numpy as np
 from switchyard.gen.switchyard.v1 import metering_pb2, metering_pb2_grpc
 
 # Inputs with an unknown (-1) dimension get this size: batch 1, and sequences at the length
-# the executors warm up with (tiny-lm's maximum, 64): the XLA path compiles per shape, so any
-# other length would compile while serving (and be reported as such).
+# the executors warm up with (tiny-lm's DEFAULT_SEQ, 32): the XLA path compiles per shape, so
+# any other length would compile while serving (and be reported as such).
 DYNAMIC_DIM = {0: 1}
-DEFAULT_SEQ = 64
+DEFAULT_SEQ = 32  # = switchyard.models.tiny_lm.DEFAULT_SEQ (tested), without importing torch here
 TOKEN_RANGE = 64  # token ids stay inside every reference model's vocabulary
 
 

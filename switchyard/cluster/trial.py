@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from switchyard.cluster import traffic
+
 POLL_S = 2.0
 
 
@@ -35,8 +37,17 @@ def demo_spec(team: str) -> dict[str, Any]:
         "model": {"name": "tiny-lm"},
         "inputs": {
             "seed": 7,
-            # Sequence length 64, the length the executors warm up with: XLA compiles per shape.
-            "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 64], "low": 0, "high": 64}],
+            # The sequence length executors warm tiny-lm up with (its DEFAULT_SEQ, 32): XLA
+            # compiles per shape, and any other length would compile while being measured.
+            "tensors": [
+                {
+                    "name": "input_ids",
+                    "datatype": "INT64",
+                    "shape": [2, traffic.DEFAULT_SEQ],
+                    "low": 0,
+                    "high": 64,
+                }
+            ],
         },
         "paths": [
             {"name": "cpu-eager", "executor": "cpu", "mode": "eager", "precision": "fp32"},

@@ -159,3 +159,14 @@ def test_dev_server_registers_the_search_attributes_the_workflow_upserts() -> No
     assert dict(SEARCH_ATTRIBUTES) == {
         key.name: kinds[key.indexed_value_type] for key in (MODEL, PATHS, VERDICT)
     }
+
+
+def test_demo_inputs_use_the_sequence_length_executors_warm_up_with() -> None:
+    """XLA compiles per shape: demo traffic and the demo trial must send tiny-lm sequences of
+    the length the executor warms every bucket with, or they compile while measured."""
+    from switchyard.cluster import traffic
+    from switchyard.cluster.trial import demo_spec
+    from switchyard.models import tiny_lm
+
+    assert traffic.DEFAULT_SEQ == tiny_lm.DEFAULT_SEQ
+    assert demo_spec("t")["inputs"]["tensors"][0]["shape"][1] == tiny_lm.DEFAULT_SEQ
