@@ -96,7 +96,12 @@ class Executor:
     async def run_batch(self, model: LoadedModel, batch: list[QueuedRequest]) -> Any:
         """Queued work runs on the device thread, so the event loop keeps receiving and
         decoding the next requests while the device computes: that is how batches form under
-        load. (A lone request on a quiet executor takes the inline fast path in `infer`.)"""
+        load. (A lone request on a quiet executor takes the inline fast path in `infer`.)
+        With batching off no batch can form, so a short request computes right here instead:
+        a thread hand-off would only add its cost (and, for Python-heavy eager models, GIL
+        contention between the loop and the device thread)."""
+        if not model.options.dynamic_batching and self._inline_ok(model, batch[0].rows):
+            return model.compute(batch)
         return await self.on_device(model.compute, batch)
 
     def _inline_ok(self, model: LoadedModel, rows: int) -> bool:
