@@ -30,7 +30,7 @@ PERTURBED_VERSION = "perturbed"
 PERTURB_SCALE = 0.05
 PERTURB_SEED = 1234
 
-MLP_SHA256 = "79f5025cadb6989d21318d2e0ea16a06bb5f90d8318461421715c1e58e6d73fe"
+MLP_SHA256 = "4644e1f6a1735cb60afbe0146b4437493cd688f18228eedabe3ee6090d70226c"
 TINY_LM_SHA256 = "09cbd2b95a5bad0823859e53148c9f7782a4e7ad7475cfaffb8b1124dd8cec5c"
 MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 
@@ -103,7 +103,7 @@ def builtin_specs() -> list[ModelSpec]:
             outputs=(TensorSpec("y", "FP32", (mlp.OUT_FEATURES,)),),
             example_inputs=mlp.example_inputs,
             train_loss=mlp.train_loss,
-            description="deep narrow residual MLP (32 blocks, width 128), the simple load",
+            description="deep narrow residual MLP (96 blocks, width 128), the simple load",
         ),
         ModelSpec(
             name="tiny-lm",

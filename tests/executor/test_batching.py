@@ -49,7 +49,7 @@ async def test_concurrent_requests_form_one_batch_with_their_own_rows(executor: 
         assert params["padded_batch_size"].int64_param == 7  # eager pads nothing
         assert params["queue_us"].int64_param > 50_000
         assert 0 < params["compute_us"].int64_param < 1_000_000
-        # a batched matmul rounds differently from a one-row one; 64 residual blocks accumulate it
+        # a batched matmul rounds differently from a one-row one; 96 residual blocks accumulate it
         np.testing.assert_allclose(parse_infer_response(response).outputs["y"], want, rtol=1e-4, atol=1e-5)
     # answered one after another: the first saw the other three still in flight
     assert sorted(r.parameters["in_flight"].int64_param for r in responses) == [0, 1, 2, 3]
