@@ -1,13 +1,14 @@
 """Router overhead: direct-to-executor versus through the router, measured in one run.
 
-Each service runs in its own process, as deployed: a CPU executor serving `mlp`, metering on
+Each service runs in its own process, as deployed: a CPU executor serving two light user
+models (block means of the input, so model compute does not dilute the overhead), metering on
 a temporary SQLite file, and the router started with `switchyard router serve` (auth through
 metering with its cache, usage events to metering, telemetry off). One client process sends
 pre-serialised ModelInferRequests over grpc.aio straight to the executor (the baseline),
 through a bare grpc.aio pass-through hop (unary bytes in, unary bytes out, nothing else: the
 plain Python hop the issue compares with) and through the router, alternating the three in
 rounds so the machine's drifting load hits each alike, with a 1 KB input
-(4 x 64 FP32, `mlp`) and a 1 MiB input (1 x 262144 FP32, a user model `wide`), at 1 and 16
+(1 x 256 FP32, `small`) and a 1 MiB input (1 x 262144 FP32, `wide`), at 1 and 16
 concurrent clients. Prints p50/p99, throughput at 16 and the ratios, and writes
 out/bench/router.json.
 
@@ -45,8 +46,10 @@ from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+SMALL = 256  # FP32 elements in one row of the `small` model's input: 1 KiB
 WIDE = 262_144  # FP32 elements in one row of the `wide` model's input: 1 MiB
-SIZES = {"1KB": ("mlp", 4, 64), "1MB": ("wide", 1, WIDE)}  # model, rows, columns (FP32)
+SIZES = {"1KB": ("small", 1, SMALL), "1MB": ("wide", 1, WIDE)}  # model, rows, columns (FP32)
+MODELS = ("small", "wide")
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 EXECUTOR = f"""
@@ -58,8 +61,9 @@ from switchyard.models.registry import ModelRegistry
 
 async def main() -> None:
     registry = ModelRegistry.with_builtins()
-    registry.register_user("wide", "1", "benchmarks.router:wide_model", Path(sys.argv[2]))
-    cfg = ExecutorConfig(port=int(sys.argv[1]), models=("mlp", "wide"), batch_buckets={BUCKETS!r},
+    for name in {MODELS!r}:
+        registry.register_user(name, "1", f"benchmarks.router:{{name}}_model", Path(sys.argv[2]))
+    cfg = ExecutorConfig(port=int(sys.argv[1]), models={MODELS!r}, batch_buckets={BUCKETS!r},
                          max_queue_size=1024)
     running = await start_executor(cfg, registry)
     print("READY", flush=True)
@@ -108,16 +112,14 @@ asyncio.run(main())
 """
 
 
-def wide_model() -> Any:
-    """User-model factory for the 1 MiB case: FP32 [262144] in, its mean per 64-column block out.
-
-    The executor's largest batch bucket is 1024 rows, so a 1 MiB request needs a wide row.
-    """
+def _block_means(width: int) -> Any:
+    """A user model: FP32 [width] in, its mean per 64-column block out. Light on purpose: the
+    benchmark measures the router, and a model's compute time would dilute its overhead."""
     import torch
 
     from switchyard.models.registry import TensorSpec, UserModel
 
-    class Wide(torch.nn.Module):
+    class BlockMeans(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.scale = torch.nn.Parameter(torch.ones(1))
@@ -125,10 +127,23 @@ def wide_model() -> Any:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x.reshape(x.shape[0], -1, 64).mean(dim=2) * self.scale
 
-    return UserModel(Wide(), (TensorSpec("x", "FP32", (WIDE,)),), (TensorSpec("y", "FP32", (WIDE // 64,)),))
+    return UserModel(
+        BlockMeans(), (TensorSpec("x", "FP32", (width,)),), (TensorSpec("y", "FP32", (width // 64,)),)
+    )
 
 
-def write_wide_checkpoint(path: Path) -> None:
+def small_model() -> Any:
+    """The 1 KB case: FP32 [256] in."""
+    return _block_means(SMALL)
+
+
+def wide_model() -> Any:
+    """The 1 MiB case: FP32 [262144] in (the executor's largest batch bucket is 1024 rows, so
+    a 1 MiB request needs a wide row)."""
+    return _block_means(WIDE)
+
+
+def write_block_means_checkpoint(path: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -271,7 +286,7 @@ async def setup_key(metering: str) -> str:
             )
         )
         await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="bench", kind="service", team="bench"))
-        for model in ("mlp", "wide"):
+        for model in MODELS:
             await stub.GrantRole(mpb.RoleRequest(principal="bench", role="infer", scope=f"model:{model}"))
         return (await stub.CreateKey(mpb.CreateKeyRequest(principal="bench"))).key
 
@@ -291,16 +306,15 @@ async def run(scale: float) -> dict[str, Any]:
     (tmp / "routes.toml").write_text(
         f'[router]\nspool_dir = "{tmp / "spool"}"\nmax_in_flight = 1024\n\n'
         f'[deployments.cpu]\naddress = "{addr["executor"]}"\npath = "cpu-bench"\n\n'
-        '[routes.mlp]\npolicy = "pinned"\ntargets = ["cpu"]\n\n'
-        '[routes.wide]\npolicy = "pinned"\ntargets = ["cpu"]\n'
+        + "".join(f'[routes.{m}]\npolicy = "pinned"\ntargets = ["cpu"]\n\n' for m in MODELS)
     )
-    write_wide_checkpoint(tmp / "wide.safetensors")
+    write_block_means_checkpoint(tmp / "block_means.safetensors")
     procs = [
         await spawn(
             "-c",
             EXECUTOR,
             str(ports["executor"]),
-            str(tmp / "wide.safetensors"),
+            str(tmp / "block_means.safetensors"),
             env=env,
             log=tmp / "executor.log",
         ),
@@ -315,7 +329,7 @@ async def run(scale: float) -> dict[str, Any]:
     ]
     try:
         await asyncio.gather(wait_serving(addr["executor"]), wait_serving(addr["metering"]))
-        await wait_models_ready(addr["executor"], ("mlp", "wide"))
+        await wait_models_ready(addr["executor"], MODELS)
         procs.append(
             await spawn(
                 "-c",
@@ -409,8 +423,8 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
         "benchmark": "router",
         "configuration": {
             "models": {
-                "1KB": "mlp (4 x 64 FP32 in, 16 out per row; CPU eager)",
-                "1MB": "wide, a user model (1 x 262144 FP32 in, 4096 out: block means), since the "
+                "1KB": "small, a user model (1 x 256 FP32 in, 4 out: block means; CPU eager)",
+                "1MB": "wide, the same user model (1 x 262144 FP32 in, 4096 out), since the "
                 "executor's batch buckets stop at 1024 rows",
             },
             "executor": {"batch_buckets": BUCKETS, "dynamic_batching": True, "max_queue_delay_us": 0},
