@@ -93,7 +93,9 @@ def _example(model: str) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     if model == "mlp":
         return {"x": rng.standard_normal((1, 64)).astype(np.float32)}
-    high = 512 if model == "tiny-lm" else 2000  # tiny-lm's vocabulary; ordinary MiniLM token ids
+    from switchyard.models import tiny_lm
+
+    high = tiny_lm.VOCAB if model == "tiny-lm" else 2000  # MiniLM: ordinary token ids
     return {"input_ids": rng.integers(high // 2, high, (1, 32)).astype(np.int64)}
 
 

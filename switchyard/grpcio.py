@@ -32,12 +32,18 @@ def grpc_code(error: SwitchyardError) -> grpc.StatusCode:
     return GRPC_CODE[error.status]
 
 
+def internal_error(exc: BaseException, method: str) -> str:
+    """Logs an unexpected exception with a reference id; returns the message for the caller,
+    which names the reference and never the traceback."""
+    ref = uuid.uuid4().hex[:12]
+    log.exception("internal error in %s (reference %s)", method, ref, exc_info=exc)
+    return f"internal error (reference {ref}); see the server log"
+
+
 async def _abort_for(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, method: str) -> None:
     if isinstance(exc, SwitchyardError):
         await context.abort(grpc_code(exc), str(exc))
-    ref = uuid.uuid4().hex[:12]
-    log.exception("internal error in %s (reference %s)", method, ref, exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error (reference {ref}); see the server log")
+    await context.abort(grpc.StatusCode.INTERNAL, internal_error(exc, method))
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):

@@ -118,9 +118,7 @@ Metadata = Sequence[tuple[str, str | bytes]]
 
 def inject_metadata(metadata: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Add the current trace context (traceparent, tracestate) to outgoing gRPC metadata."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    metadata.extend(carrier.items())
+    metadata.extend(trace_parameters().items())
     return metadata
 
 

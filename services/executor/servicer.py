@@ -7,9 +7,8 @@ in `switchyard.oip_params` (path, timings, load).
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,9 +24,9 @@ from switchyard.errors import InvalidArgument, SwitchyardError, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from switchyard.gen.inference import model_config_pb2 as mc
+from switchyard.grpcio import internal_error
 
 Context = grpc.aio.ServicerContext[Any, Any]
-log = logging.getLogger(__name__)
 
 SERVER_NAME = "switchyard-executor"
 SERVER_VERSION = "0.1.0"
@@ -145,6 +144,7 @@ def _instance_kind(model: LoadedModel) -> mc.ModelInstanceGroup.Kind.ValueType:
 
 
 _INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+_STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 def _carrier(params: Any) -> dict[str, str]:
@@ -249,20 +249,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         the `traceparent` request parameter (the router's upstream streams send it)."""
         tracing = telemetry.enabled()
         async for request in request_iterator:
+            span = (
+                telemetry.server_span(_INFER_METHOD, _carrier(request.parameters))
+                if tracing
+                else contextlib.nullcontext()
+            )
             try:
-                if tracing:
-                    with telemetry.server_span(_INFER_METHOD, _carrier(request.parameters)):
-                        response = await self.ModelInfer(request, context)
-                else:
+                with span:
                     response = await self.ModelInfer(request, context)
             except SwitchyardError as exc:
                 yield pb.ModelStreamInferResponse(error_message=f"{exc.status.value}: {exc}")
                 continue
-            except Exception:  # one bad request must not end the stream the others share
-                ref = uuid.uuid4().hex[:12]
-                log.exception("internal error in ModelStreamInfer (reference %s)", ref)
-                message = f"INTERNAL: internal error (reference {ref}); see the executor log"
-                yield pb.ModelStreamInferResponse(error_message=message)
+            except Exception as exc:  # one bad request must not end the stream the others share
+                message = internal_error(exc, _STREAM_METHOD)
+                yield pb.ModelStreamInferResponse(error_message=f"INTERNAL: {message}")
                 continue
             yield pb.ModelStreamInferResponse(infer_response=response)
 

@@ -87,7 +87,7 @@ class Spool:
     @property
     def backlog(self) -> int:
         """Segments on disk waiting for metering."""
-        return len(self._segments())
+        return len(self._on_disk)
 
     # ---- flusher ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -104,7 +104,7 @@ class Spool:
         """Wait until nothing is pending in memory or on disk (for tests and shutdown)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self._usage and not self._audit and not self._busy and not self._segments():
+            if not self._usage and not self._audit and not self._busy and not self._on_disk:
                 return True
             self._wake.set()
             await asyncio.sleep(0.05)
@@ -137,7 +137,7 @@ class Spool:
         audits, self._audit = self._audit, []
         if usage:
             request = mpb.RecordUsageRequest(events=usage)
-            if self._segments():  # metering is down: keep order, do not wait on a timeout
+            if self._on_disk:  # metering is down: keep order, do not wait on a timeout
                 await self._write_segment("usage", request.SerializeToString())
                 self.stats.spooled_events += len(usage)
             else:
@@ -193,10 +193,9 @@ class Spool:
 
     async def _replay(self) -> None:
         now = time.monotonic()
-        segments = self._segments()
-        if not segments or now < self._next_replay:
+        if not self._on_disk or now < self._next_replay:
             return
-        for path in segments[:8]:
+        for path in self._on_disk[:8]:  # a copy: replayed segments leave the list
             data = await asyncio.to_thread(path.read_bytes)
             try:
                 if path.name.startswith("audit"):
@@ -212,13 +211,10 @@ class Spool:
             path.unlink()
             self._on_disk.remove(path)
         self._backoff = 0.0
-        if len(segments) > 8:
+        if self._on_disk:
             self._wake.set()
 
     # ---- disk ---------------------------------------------------------------------------------
-    def _segments(self) -> list[Path]:
-        return list(self._on_disk)
-
     async def _write_segment(self, kind: str, data: bytes) -> None:
         self._seq += 1
         name = f"{kind}-{time.time_ns():020d}-{os.getpid()}-{self._seq:06d}.pb"
