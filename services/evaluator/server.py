@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from services.evaluator.servicer import SERVICE_NAME, EvaluatorServicer
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as pb_grpc
-from switchyard.grpcio import RunningServer, ServerOptions, start_server, stop_signal
+from switchyard.grpcio import RunningServer, ServerOptions, run_service, start_server, stop_signal
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8301
@@ -28,5 +27,5 @@ async def serve(options: ServerOptions) -> None:
 
 
 def run(options: ServerOptions) -> int:
-    asyncio.run(serve(options))
+    run_service(serve(options))
     return 0

@@ -46,12 +46,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import asyncio
 
     from services.executor.config import DEFAULT_PORTS, ExecutorConfig
     from services.executor.server import start_executor
     from switchyard import telemetry
-    from switchyard.grpcio import stop_signal
+    from switchyard.grpcio import run_service, stop_signal
 
     # traces and metrics per SWITCHYARD_TRACES (console by default, otlp, none), before the
     # server starts so its tracing interceptor is installed
@@ -86,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"executor {running.executor.executor_id} serving on {running.address}", flush=True)
         await running.serve_until_signal(stop)
 
-    asyncio.run(run())
+    run_service(run())
     return 0
 
 

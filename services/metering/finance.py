@@ -104,7 +104,7 @@ def guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 def serve(args: argparse.Namespace) -> int:
     from services.metering.server import start_metering
     from switchyard import telemetry
-    from switchyard.grpcio import ServerOptions, stop_signal
+    from switchyard.grpcio import ServerOptions, run_service, stop_signal
 
     telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-metering"))
 
@@ -114,7 +114,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"metering serving on {running.address}", flush=True)
         await running.serve_until_signal(stop)
 
-    asyncio.run(run())
+    run_service(run())
     return 0
 
 

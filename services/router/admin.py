@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import asdict
 from typing import Any
 
@@ -18,6 +17,7 @@ import grpc
 from services.router.auth import Identity
 from services.router.config import Policy, Route, ShadowSpec, Target, validate_route
 from services.router.forward import Router
+from switchyard import ids
 from switchyard.errors import InvalidArgument, NotFound, PermissionDenied
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
@@ -64,7 +64,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
         self.router = router
 
     async def _caller(self, context: Ctx, resource: str, need_admin: bool) -> tuple[Identity, str]:
-        request_id = uuid.uuid4().hex
+        request_id = ids.time_ordered_hex()
         identity = await self.router.identify(
             context.invocation_metadata() or (), resource, request_id, context.peer()
         )

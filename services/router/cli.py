@@ -24,7 +24,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import asyncio
     import dataclasses
     from pathlib import Path
 
@@ -32,7 +31,7 @@ def _serve(args: argparse.Namespace) -> int:
     from services.router.server import start_router
     from switchyard import telemetry
     from switchyard.errors import SwitchyardError
-    from switchyard.grpcio import ServerOptions, stop_signal
+    from switchyard.grpcio import ServerOptions, run_service, stop_signal
 
     try:
         cfg = config.load(Path(args.config))
@@ -57,7 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
         await running.serve_until_signal(stop)
 
     try:
-        asyncio.run(run())
+        run_service(run())
     except SwitchyardError as exc:
         print(f"switchyard router: {exc}")
         return 2

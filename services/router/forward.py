@@ -17,7 +17,6 @@ import json
 import logging
 import random
 import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,7 @@ from services.router.executors import ExecutorPool, UpstreamError
 from services.router.policies import DeploymentState, plan
 from services.router.shadow import Divergence, ShadowStats, divergence
 from services.router.spool import Spool
-from switchyard import oip_params, telemetry
+from switchyard import ids, oip_params, telemetry
 from switchyard.errors import (
     DeadlineExceeded,
     NotFound,
@@ -161,7 +160,7 @@ class Router:
     async def infer(self, raw: bytes, metadata: Metadata, time_remaining: float | None, peer: str) -> bytes:
         t0 = time.perf_counter_ns()
         started_us = time.time_ns() // 1000
-        request_id = uuid.uuid4().hex
+        request_id = ids.time_ordered_hex()
         header = wire.read_header(raw)
         route = self.route_for(header.model_name)
         identity = await self.admit(metadata, route.model, request_id, peer)
@@ -259,24 +258,24 @@ class Router:
         ended_us = max(time.time_ns() // 1000, started_us)
         # A request refused before a deployment was chosen is charged to the route's first path.
         path = outcome.path or self.pool.states[route.targets[0].deployment].deployment.path
-        self.spool.usage(
-            mpb.UsageEvent(
-                idempotency_key=request_id if arm == "primary" else f"{request_id}:{arm}:{tags_key(tags)}",
-                path=path,
-                model=route.model,
-                model_version=header.model_version,
-                team=identity.team,
-                principal=identity.principal_id,
-                kind="request",
-                status=outcome.status,
-                met_quality=outcome.status == "completed",
-                busy_us=min(outcome.busy_us, ended_us - started_us),
-                started_unix_us=started_us,
-                ended_unix_us=ended_us,
-                arm=arm,
-                tags=tags or {},
-            )
+        event = mpb.UsageEvent(
+            idempotency_key=request_id if arm == "primary" else f"{request_id}:{arm}:{tags_key(tags)}",
+            path=path,
+            model=route.model,
+            model_version=header.model_version,
+            team=identity.team,
+            principal=identity.principal_id,
+            kind="request",
+            status=outcome.status,
+            met_quality=outcome.status == "completed",
+            busy_us=min(outcome.busy_us, ended_us - started_us),
+            started_unix_us=started_us,
+            ended_unix_us=ended_us,
+            arm=arm,
         )
+        if tags:
+            event.tags.update(tags)
+        self.spool.usage(event)
 
     # ---- shadow -------------------------------------------------------------------------------
     def _mirror(

@@ -8,7 +8,6 @@ the model name the caller used. Server-level RPCs describe the router itself.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -18,6 +17,7 @@ from google.protobuf.message import Message
 from services.router.executors import UpstreamError
 from services.router.forward import Router
 from services.router.policies import plan
+from switchyard import ids
 from switchyard.errors import Unavailable, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.grpcio import map_errors
@@ -48,7 +48,9 @@ class OipServicer:
         """Ask one serving deployment of the route the small RPC, as the model name it serves."""
         router = self.router
         route = router.route_for(model)
-        await router.admit(context.invocation_metadata() or (), route.model, uuid.uuid4().hex, context.peer())
+        await router.admit(
+            context.invocation_metadata() or (), route.model, ids.time_ordered_hex(), context.peer()
+        )
         target, state = plan(route, router.pool.states, router.rng)[0]
         # ModelMetadata/Config/Ready requests all name the model in `name` and `version`.
         if target.model:

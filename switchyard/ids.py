@@ -1,0 +1,28 @@
+"""Time-ordered identifiers (UUID version 7, RFC 9562) for keys the ledger indexes.
+
+A request id becomes the ledger's idempotency key and job id, both unique B-tree indexes.
+Random (version 4) ids land on a random index page each, so every stored event dirties a
+page per index, and a commit writes all of them; time-ordered ids append to the rightmost
+pages instead. On SQLite this halves the metering service's work per usage batch
+(benchmarks/ledger.py, `--keys`), and PostgreSQL's indexes gain the same locality.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+
+def uuid7() -> uuid.UUID:
+    """48 bits of Unix milliseconds, the version and variant bits, 74 random bits."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | (rand >> 68 & 0xFFF) << 64
+    value |= 0b10 << 62 | rand & 0x3FFF_FFFF_FFFF_FFFF
+    return uuid.UUID(int=value)
+
+
+def time_ordered_hex() -> str:
+    """A UUIDv7 as 32 hex digits (the form request ids take)."""
+    return uuid7().hex

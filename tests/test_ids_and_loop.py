@@ -1,0 +1,57 @@
+"""Time-ordered request ids (UUIDv7) and the service event loop (uvloop unless told otherwise)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import uuid
+
+import pytest
+
+from switchyard import ids
+from switchyard.grpcio import run_service
+
+
+def test_uuid7_carries_version_variant_and_the_current_millisecond() -> None:
+    before = time.time_ns() // 1_000_000
+    u = ids.uuid7()
+    after = time.time_ns() // 1_000_000
+    assert u.version == 7
+    assert u.variant == uuid.RFC_4122
+    assert before <= u.int >> 80 <= after
+
+
+def test_time_ordered_ids_sort_by_creation_across_milliseconds_and_never_repeat() -> None:
+    made = []
+    for _ in range(5):
+        made += [ids.time_ordered_hex() for _ in range(2000)]
+        time.sleep(0.002)
+    assert len(set(made)) == len(made)
+    assert all(len(x) == 32 and int(x, 16) >= 0 for x in made)
+    # ids of different milliseconds compare in creation order (within one they are random)
+    stamps = [int(x[:12], 16) for x in made]
+    assert stamps == sorted(stamps)
+    assert stamps[-1] > stamps[0]
+
+
+async def _loop_module() -> str:
+    return type(asyncio.get_running_loop()).__module__
+
+
+def test_services_run_on_uvloop_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SWITCHYARD_LOOP", raising=False)
+    assert run_service(_loop_module()).startswith("uvloop")
+
+
+def test_switchyard_loop_asyncio_runs_the_standard_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWITCHYARD_LOOP", "asyncio")
+    assert run_service(_loop_module()).startswith("asyncio")
+
+
+def test_an_unknown_loop_name_is_refused_with_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWITCHYARD_LOOP", "trio")
+    coro = _loop_module()
+    with pytest.raises(ValueError, match=r"SWITCHYARD_LOOP=.trio.: use uvloop .* or asyncio"):
+        run_service(coro)
+    assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED  # not left un-awaited
