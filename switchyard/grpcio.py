@@ -166,10 +166,11 @@ def run_service(main: Coroutine[Any, Any, T]) -> T:
     """Run a service process's main coroutine on uvloop.
 
     grpc.aio hands every completed operation to the event loop, so a request costs several
-    loop wake-ups and callbacks; uvloop's are cheaper than asyncio's own loop (through the
-    router, about 0.2 ms less added latency per request at p50 here: benchmarks/router.py
-    measures a router on each loop in the same run). SWITCHYARD_LOOP=asyncio runs the
-    standard loop instead. Tests run the same services in-process on pytest's asyncio loop.
+    loop wake-ups and callbacks, and uvloop's are cheaper than asyncio's own loop: about 0.1 to
+    0.2 ms less added latency through the router at p50 here. benchmarks/router.py compares
+    the router as deployed (this loop, the transport setting in switchyard/__init__.py) with
+    one on stock settings in the same run. SWITCHYARD_LOOP=asyncio runs the standard loop.
+    Tests run the same services in-process on pytest's asyncio loop.
     """
     choice = os.environ.get("SWITCHYARD_LOOP", "uvloop")
     if choice == "asyncio":

@@ -1,14 +1,20 @@
-"""Time-ordered request ids (UUIDv7) and the service event loop (uvloop unless told otherwise)."""
+"""Time-ordered request ids (UUIDv7), the service event loop (uvloop unless told otherwise) and
+the gRPC transport setting that importing switchyard makes."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
+import switchyard
 from switchyard import ids
 from switchyard.grpcio import run_service
 
@@ -55,3 +61,16 @@ def test_an_unknown_loop_name_is_refused_with_the_choices(monkeypatch: pytest.Mo
     with pytest.raises(ValueError, match=r"SWITCHYARD_LOOP=.trio.: use uvloop .* or asyncio"):
         run_service(coro)
     assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED  # not left un-awaited
+
+
+def _experiments_in_child(env: dict[str, str]) -> str:
+    code = "import switchyard, os; print(os.environ['GRPC_EXPERIMENTS'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_importing_switchyard_turns_grpc_event_engine_endpoints_off_unless_the_operator_chose() -> None:
+    base = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    base["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    assert _experiments_in_child(base) == switchyard.GRPC_EXPERIMENTS
+    assert _experiments_in_child({**base, "GRPC_EXPERIMENTS": "-event_engine_dns"}) == "-event_engine_dns"
