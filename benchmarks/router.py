@@ -7,7 +7,7 @@ metering with its cache, usage events to metering, telemetry off). One client pr
 pre-serialised ModelInferRequests over grpc.aio straight to the executor (the baseline),
 through a bare grpc.aio pass-through hop (unary bytes in, unary bytes out, nothing else: the
 plain Python hop the issue compares with, on gRPC's and asyncio's defaults), through the
-router as deployed (uvloop, gRPC's EventEngine endpoints off: see switchyard/__init__.py) and
+router as deployed (uvloop, gRPC's EventEngine endpoints off: see switchyard/transport.py) and
 through the same router on stock settings (asyncio's loop, gRPC's default transport),
 alternating the four in rounds so the machine's drifting load hits each alike, with a 1 KB input
 (1 x 256 FP32, `small`) and a 1 MiB input (1 x 262144 FP32, `wide`), at 1 and 16
@@ -332,8 +332,7 @@ async def run(scale: float) -> dict[str, Any]:
     try:
         await asyncio.gather(wait_serving(addr["executor"]), wait_serving(addr["metering"]))
         await wait_models_ready(addr["executor"], MODELS)
-        # Stock settings: asyncio's loop and gRPC's default transport (GRPC_EXPERIMENTS="");
-        # this process imported switchyard, so the environment it passes on has our default.
+        # Stock settings: asyncio's loop and gRPC's default transport (GRPC_EXPERIMENTS="").
         stock = {"SWITCHYARD_LOOP": "asyncio", "GRPC_EXPERIMENTS": ""}
         procs.append(
             await spawn(
@@ -447,7 +446,7 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
             "executor": {"batch_buckets": BUCKETS, "dynamic_batching": True, "max_queue_delay_us": 0},
             "router": "switchyard router serve: pinned route, Bearer auth via metering (2 s cache), "
             "usage events batched to metering (SQLite), telemetry off; `router` on uvloop (the "
-            "default) with gRPC's EventEngine endpoints off (the default GRPC_EXPERIMENTS), "
+            "default) with gRPC's EventEngine endpoints off (switchyard/transport.py), "
             "`router_stock` the same on asyncio's loop and gRPC's default transport",
             "passthrough": "a bare grpc.aio hop on asyncio's loop and gRPC's default transport",
             "client": "one grpc.aio process, pre-serialised requests, one channel per target; targets "

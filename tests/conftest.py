@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-import switchyard  # noqa: F401  (first: sets gRPC's transport before any test module imports grpc)
-
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

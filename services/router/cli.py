@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from switchyard import transport
+
+    transport.prefer_low_latency()  # before anything imports grpc
     import dataclasses
     from pathlib import Path
 

@@ -1,5 +1,5 @@
 """Time-ordered request ids (UUIDv7), the service event loop (uvloop unless told otherwise) and
-the gRPC transport setting that importing switchyard makes."""
+the router's gRPC transport setting."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import switchyard
-from switchyard import ids
+from switchyard import ids, transport
 from switchyard.grpcio import run_service
 
 
@@ -63,14 +62,21 @@ def test_an_unknown_loop_name_is_refused_with_the_choices(monkeypatch: pytest.Mo
     assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED  # not left un-awaited
 
 
-def _experiments_in_child(env: dict[str, str]) -> str:
-    code = "import switchyard, os; print(os.environ['GRPC_EXPERIMENTS'])"
+def _transport_in_child(env: dict[str, str], first: str = "") -> tuple[str, str]:
+    code = f"{first}\nfrom switchyard import transport; import os\ntransport.prefer_low_latency()\n"
+    code += "print(os.environ.get('GRPC_EXPERIMENTS', '<unset>'))"
+    env = {**env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return out.stdout.strip()
+    return out.stdout.strip(), out.stderr
 
 
-def test_importing_switchyard_turns_grpc_event_engine_endpoints_off_unless_the_operator_chose() -> None:
+def test_the_router_transport_turns_event_engine_endpoints_off_unless_told_otherwise() -> None:
     base = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
-    base["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
-    assert _experiments_in_child(base) == switchyard.GRPC_EXPERIMENTS
-    assert _experiments_in_child({**base, "GRPC_EXPERIMENTS": "-event_engine_dns"}) == "-event_engine_dns"
+    assert _transport_in_child(base)[0] == transport.LOW_LATENCY_EXPERIMENTS
+    # the operator's choice wins, even an empty one (gRPC's defaults)
+    assert _transport_in_child({**base, "GRPC_EXPERIMENTS": "-event_engine_dns"})[0] == "-event_engine_dns"
+    assert _transport_in_child({**base, "GRPC_EXPERIMENTS": ""})[0] == ""
+    # too late once grpc is imported: left alone, and the log says so
+    value, log = _transport_in_child(base, first="import logging, grpc; logging.basicConfig()")
+    assert value == "<unset>"
+    assert "grpc was imported before the transport was chosen" in log

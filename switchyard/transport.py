@@ -1,0 +1,32 @@
+"""gRPC transport settings for the latency-critical hop (the router). Imports no grpc: gRPC
+reads GRPC_EXPERIMENTS once, when it is first imported, so this runs before that.
+
+With gRPC's posix EventEngine endpoints (the default) every socket read hops to an
+EventEngine thread and back through the completion queue to Python's poller thread; with them
+off, the polling thread reads the socket itself. Measured here at one request at a time: about
+15% less CPU per request and about 0.2 ms less added latency through the router at p50
+(benchmarks/router.py compares the router as deployed with one on stock settings in the same
+run). Under 16 concurrent clients an executor served about 10% fewer requests/s this way, so
+executors keep gRPC's default; the router's own throughput was unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+log = logging.getLogger(__name__)
+
+LOW_LATENCY_EXPERIMENTS = "-event_engine_client,-event_engine_listener,-event_engine_for_all_other_endpoints"
+
+
+def prefer_low_latency() -> None:
+    """Turn the EventEngine endpoints off for this process, unless the operator set
+    GRPC_EXPERIMENTS (theirs wins) or grpc is already imported (too late: said in the log)."""
+    if "GRPC_EXPERIMENTS" in os.environ:
+        return
+    if "grpc" in sys.modules:
+        log.warning("grpc was imported before the transport was chosen: gRPC's default transport is used")
+        return
+    os.environ["GRPC_EXPERIMENTS"] = LOW_LATENCY_EXPERIMENTS
