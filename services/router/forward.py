@@ -359,6 +359,8 @@ class Router:
         return d, "local"
 
     async def close(self) -> None:
+        if self.auth is not None:
+            await self.auth.close()
         if self.evaluator is not None:
             await self.evaluator.close()
         for task in list(self._background):

@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 import tomllib
 from collections import Counter
 from pathlib import Path
@@ -208,10 +209,11 @@ class _FakeAccess:
         self.keys = {"good": Identity("p1", "alice", "search", "k1", (("infer", "model:mlp"),))}
         self.down = False
         self.calls = 0
+        self.delay = 0.001
 
     async def authenticate(self, key: str) -> Identity:
         self.calls += 1
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(self.delay)
         if self.down:
             raise Unavailable("connection refused")
         if key not in self.keys:
@@ -237,6 +239,32 @@ async def test_auth_cache_coalesces_expires_and_survives_an_outage() -> None:
     await asyncio.sleep(0.25)
     with pytest.raises(Unauthenticated):
         await auth.identify("good")
+
+
+async def test_a_key_in_steady_use_is_refreshed_ahead_so_no_request_waits_on_metering() -> None:
+    access = _FakeAccess()
+    access.delay = 0.3  # a slow metering: a request that waited for it would take >= 0.3 s
+    auth = Authenticator(access, ttl_s=1.0, stale_s=5.0)
+    await auth.identify("good")  # the first use of a key waits for its lookup
+    waits = []
+    end = time.monotonic() + 2.5  # steady traffic over more than two TTLs
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        assert (await auth.identify("good")).name == "alice"
+        waits.append(time.monotonic() - t0)
+        await asyncio.sleep(0.02)
+    assert max(waits) < 0.15, f"a request waited {max(waits):.3f} s for metering"
+    assert access.calls >= 3  # refreshed in the background meanwhile
+    del access.keys["good"]  # revoked: refused within the TTL plus one lookup
+    revoked_at = time.monotonic()
+    while True:
+        try:
+            await auth.identify("good")
+        except Unauthenticated:
+            break
+        assert time.monotonic() - revoked_at < 1.0 + 0.3 + 0.2, "a revoked key kept working"
+        await asyncio.sleep(0.02)
+    await auth.close()
 
 
 def test_the_example_config_parses(repo_root: Path) -> None:
