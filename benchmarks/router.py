@@ -410,7 +410,7 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
         for concurrency in (1, 16):
             d, r = by[("direct", size, concurrency)], by[("router", size, concurrency)]
             floor = by[("passthrough", size, concurrency)]
-            std = by[("router_stock", size, concurrency)]
+            stock = by[("router_stock", size, concurrency)]
             comparisons.append(
                 {
                     "size": size,
@@ -424,9 +424,9 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
                     "passthrough_throughput_ratio": floor.throughput_rps / d.throughput_rps,
                     # the router's added p50 as a share of the bare hop's (below 1: cheaper)
                     "added_p50_vs_passthrough": (r.p50_ms - d.p50_ms) / max(1e-9, floor.p50_ms - d.p50_ms),
-                    "stock_router_added_p50_ms": std.p50_ms - d.p50_ms,
-                    "stock_router_added_p99_ms": std.p99_ms - d.p99_ms,
-                    "stock_router_throughput_ratio": std.throughput_rps / d.throughput_rps,
+                    "stock_router_added_p50_ms": stock.p50_ms - d.p50_ms,
+                    "stock_router_added_p99_ms": stock.p99_ms - d.p99_ms,
+                    "stock_router_throughput_ratio": stock.throughput_rps / d.throughput_rps,
                 }
             )
     key = {(c["size"], c["concurrency"]): c for c in comparisons}

@@ -22,7 +22,7 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from switchyard.errors import Status, SwitchyardError
+from switchyard.errors import InvalidArgument, Status, SwitchyardError
 from switchyard.gen import _pool
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ def run_service(main: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(main)
     if choice != "uvloop":
         main.close()
-        raise ValueError(f"SWITCHYARD_LOOP={choice!r}: use uvloop (the default) or asyncio")
+        raise InvalidArgument(f"SWITCHYARD_LOOP={choice!r}: use uvloop (the default) or asyncio")
     return uvloop.run(main)
 
 

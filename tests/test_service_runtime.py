@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from switchyard import ids, transport
+from switchyard.errors import InvalidArgument
 from switchyard.grpcio import run_service
 
 
@@ -57,7 +58,7 @@ def test_switchyard_loop_asyncio_runs_the_standard_loop(monkeypatch: pytest.Monk
 def test_an_unknown_loop_name_is_refused_with_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWITCHYARD_LOOP", "trio")
     coro = _loop_module()
-    with pytest.raises(ValueError, match=r"SWITCHYARD_LOOP=.trio.: use uvloop .* or asyncio"):
+    with pytest.raises(InvalidArgument, match=r"SWITCHYARD_LOOP=.trio.: use uvloop .* or asyncio"):
         run_service(coro)
     assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED  # not left un-awaited
 

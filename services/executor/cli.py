@@ -46,7 +46,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-
     from services.executor.config import DEFAULT_PORTS, ExecutorConfig
     from services.executor.server import start_executor
     from switchyard import telemetry
