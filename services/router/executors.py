@@ -17,7 +17,7 @@ found again within a second or two) and a watcher task that asks `grpc.health.v1
 consecutive ejection, and re-admitted by the first passing probe after the cooldown. A
 call that meets UNAVAILABLE ejects its deployment at once (passive health). The watcher also
 asks ExecutorControl.GetLoad, so least-loaded routing has fresh numbers for deployments
-that have not answered a request lately.
+that have not answered a request within the interval.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -188,8 +189,9 @@ class ExecutorPool:
         return ""
 
     async def _refresh_load(self, name: str, supported: list[bool]) -> None:
-        if not supported[0]:
-            return
+        fresh = time.monotonic() - self.states[name].load_at < self._settings.health_interval_s
+        if not supported[0] or fresh:
+            return  # its answers reported the load within the interval: no RPC on the serving loop
         try:
             load = await executor_pb2_grpc.ExecutorControlStub(self.channels[name]).GetLoad(
                 executor_pb2.GetLoadRequest(), timeout=self._settings.health_timeout_s
