@@ -11,19 +11,28 @@ requests being served.
 from __future__ import annotations
 
 import os
+import random
 import time
 import uuid
 
+# Ids must be unique, not secret: a generator seeded from the OS once (and again in a forked
+# child, which would otherwise repeat its parent's sequence) saves a system call per id.
+_rng = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _rng.seed(os.urandom(32)))
 
-def uuid7() -> uuid.UUID:
+
+def _uuid7_int() -> int:
     """48 bits of Unix milliseconds, the version and variant bits, 74 random bits."""
     ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | (rand >> 68 & 0xFFF) << 64
-    value |= 0b10 << 62 | rand & 0x3FFF_FFFF_FFFF_FFFF
-    return uuid.UUID(int=value)
+    rand = _rng.getrandbits(74)
+    value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | (rand >> 62 & 0xFFF) << 64
+    return value | 0b10 << 62 | rand & 0x3FFF_FFFF_FFFF_FFFF
+
+
+def uuid7() -> uuid.UUID:
+    return uuid.UUID(int=_uuid7_int())
 
 
 def time_ordered_hex() -> str:
     """A UUIDv7 as 32 hex digits (the form request ids take)."""
-    return uuid7().hex
+    return f"{_uuid7_int():032x}"

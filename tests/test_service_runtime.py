@@ -41,6 +41,20 @@ def test_time_ordered_ids_sort_by_creation_across_milliseconds_and_never_repeat(
     assert stamps[-1] > stamps[0]
 
 
+def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, then out without running the test session's exit
+        os.write(write, ids.time_ordered_hex().encode())
+        os._exit(0)
+    os.close(write)
+    parent = ids.time_ordered_hex()
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    assert len(child) == 32 and child[12:] != parent[12:]
+
+
 async def _loop_module() -> str:
     return type(asyncio.get_running_loop()).__module__
 

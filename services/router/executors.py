@@ -91,6 +91,7 @@ class ExecutorPool:
         }
         self._idle: dict[str, list[Any]] = {name: [] for name in self.channels}
         self._tasks: list[asyncio.Task[None]] = []
+        self._tracing = telemetry.enabled()  # set up before the router starts, as the CLI does
 
     def start(self) -> None:
         for name in self.states:
@@ -113,7 +114,7 @@ class ExecutorPool:
         """One ModelInferRequest (the concatenated `parts`) on one of the deployment's streams;
         returns the serialized ModelInferResponse or raises UpstreamError."""
         params: dict[str, wire.Param] = {oip_params.TIMEOUT: max(1, int(timeout_s * 1e6))}
-        if telemetry.enabled():
+        if self._tracing:
             params.update(telemetry.trace_parameters())
         message = b"".join((*parts, wire.parameters_field(params)))  # later map entries win
         idle = self._idle[deployment]
