@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -33,6 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import write_report  # noqa: E402
 from clients.executor import build_infer_request  # noqa: E402
 from switchyard.gen.inference import grpc_service_pb2 as oip  # noqa: E402
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc  # noqa: E402
@@ -372,10 +372,7 @@ def main() -> None:
         return
     result = asyncio.run(run(args))
     report(result)
-    out = ROOT / "out" / "bench" / "executor.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_report("executor", result)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import subprocess
@@ -37,13 +36,13 @@ from sqlalchemy import create_engine, func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import postgres_databases, write_report  # noqa: E402
 from services.metering.db import make_engines, migrate, resolve_url  # noqa: E402
 from services.metering.schema import JOBS, LINES  # noqa: E402
 from services.metering.usage import insert_dicts  # noqa: E402
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb  # noqa: E402
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc  # noqa: E402
 
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 T0 = 1_767_225_600_000_000
 PATH = "bench-cpu@h"
 
@@ -287,22 +286,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         results.append(run_one("sqlite (WAL, synchronous=FULL)", f"sqlite:///{tmp}/bench.db", args))
     if not args.no_postgres:
-        pg_db = f"sy_bench_{uuid.uuid4().hex[:8]}"
-        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'CREATE DATABASE "{pg_db}"')
-        except Exception as exc:  # reachable or not is reported, never hidden
-            print(f"NOTICE: PostgreSQL not reachable, skipped ({exc.__class__.__name__})")
-        else:
-            try:
-                results.append(
-                    run_one("postgresql", f"postgresql+psycopg://postgres@127.0.0.1:5432/{pg_db}", args)
-                )
-            finally:
-                with admin.connect() as conn:
-                    conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{pg_db}" WITH (FORCE)')
-        admin.dispose()
+        with postgres_databases("sy_bench", 1) as urls:
+            if urls is not None:
+                results.append(run_one("postgresql", urls[0], args))
     config = dict(
         events=args.events,
         batch=args.batch,
@@ -330,10 +316,7 @@ def main() -> int:
             f"exactly-once {r['exactly_once']}\n    (driver-level executemany of the same rows: "
             f"{r['baseline_driver_same_rows_per_s']:,}/s, ratio {r['ratio_vs_driver_same_rows']})"
         )
-    out = ROOT / "out" / "bench"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ledger.json").write_text(json.dumps({"config": config, "results": results}, indent=2))
-    print(f"wrote {out / 'ledger.json'}")
+    write_report("ledger", {"config": config, "results": results})
     return 0 if all(r["exactly_once"] for r in results) else 1
 
 

@@ -27,6 +27,7 @@ import grpc
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from benchmarks.common import write_report
 from services.evaluator.server import start_evaluator
 from services.executor.config import ExecutorConfig
 from services.executor.server import start_executor
@@ -179,7 +180,4 @@ if __name__ == "__main__":
             f"{'met' if r['within_target'] else 'MISSED'}"
         )
     print(f"configuration: {json.dumps(report['configuration'])}")
-    out = ROOT / "out" / "bench" / "trial.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    write_report("trial", report)

@@ -18,7 +18,6 @@ per batch and the ratio time-ordered / random, and writes out/bench/usage_keys.j
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -30,16 +29,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import postgres_databases, write_report  # noqa: E402
 from services.metering.ledger import Ledger  # noqa: E402
 from services.metering.records import Actor, UsageEvent  # noqa: E402
 from switchyard.ids import time_ordered_hex  # noqa: E402
 
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 PATH = "bench-cpu"
 KEYS: dict[str, Callable[[], str]] = {
     "random (uuid4)": lambda: uuid.uuid4().hex,
@@ -126,23 +123,9 @@ def main() -> int:
         urls = {kind: f"sqlite:///{tmp}/ledger-{i}.db" for i, kind in enumerate(KEYS)}
         results["sqlite (WAL, synchronous=FULL)"] = measure(urls, args)
     if not args.no_postgres:
-        names = {kind: f"sy_keys_{uuid.uuid4().hex[:8]}" for kind in KEYS}
-        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as conn:
-                for name in names.values():
-                    conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        except Exception as exc:  # reachable or not is reported, never hidden
-            print(f"NOTICE: PostgreSQL not reachable, skipped ({exc.__class__.__name__})")
-        else:
-            try:
-                urls = {k: f"postgresql+psycopg://postgres@127.0.0.1:5432/{n}" for k, n in names.items()}
-                results["postgresql"] = measure(urls, args)
-            finally:
-                with admin.connect() as conn:
-                    for name in names.values():
-                        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        with postgres_databases("sy_keys", len(KEYS)) as pg_urls:
+            if pg_urls is not None:
+                results["postgresql"] = measure(dict(zip(KEYS, pg_urls, strict=True)), args)
     config = {
         "batch_events": args.batch,
         "batches_per_key_kind": args.batches,
@@ -164,10 +147,7 @@ def main() -> int:
             f"{seq['cpu_ms_median']:.3f} ms | ratio "
             f"wall x{r['ratio_wall_time_ordered_vs_random']}, CPU x{r['ratio_cpu_time_ordered_vs_random']}"
         )
-    out = ROOT / "out" / "bench"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "usage_keys.json").write_text(json.dumps({"config": config, "results": results}, indent=2))
-    print(f"wrote {out / 'usage_keys.json'}")
+    write_report("usage_keys", {"config": config, "results": results})
     return 0
 
 

@@ -129,7 +129,7 @@ def _handler(
     """One method, its errors mapped to statuses here: no interceptor on the request path."""
     behavior = map_errors(fn, f"/{SERVICE}/{name}")
     if request_type is None:
-        return grpc.unary_unary_rpc_method_handler(behavior)  # bytes in, bytes out
+        return grpc.unary_unary_rpc_method_handler(behavior)
     return grpc.unary_unary_rpc_method_handler(
         behavior,
         request_deserializer=request_type.FromString,
@@ -139,18 +139,19 @@ def _handler(
 
 def add_to_server(servicer: OipServicer, server: grpc.aio.Server) -> None:
     """Registers the OIP front (start it with `map_errors_in_servicers`)."""
-    handlers = {
-        "ModelInfer": _handler("ModelInfer", servicer.model_infer, None),
-        "ModelMetadata": _handler("ModelMetadata", servicer.model_metadata, pb.ModelMetadataRequest),
-        "ModelConfig": _handler("ModelConfig", servicer.model_config, pb.ModelConfigRequest),
-        "ModelReady": _handler("ModelReady", servicer.model_ready, pb.ModelReadyRequest),
-        "ServerLive": _handler("ServerLive", servicer.server_live, pb.ServerLiveRequest),
-        "ServerReady": _handler("ServerReady", servicer.server_ready, pb.ServerReadyRequest),
-        "ServerMetadata": _handler("ServerMetadata", servicer.server_metadata, pb.ServerMetadataRequest),
-        "ModelStatistics": _handler("ModelStatistics", servicer.model_statistics, pb.ModelStatisticsRequest),
-        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
-            map_errors(servicer.model_stream_infer, f"/{SERVICE}/ModelStreamInfer")
-        ),
+    unary: dict[str, tuple[Callable[..., Any], type[Message] | None]] = {
+        "ModelInfer": (servicer.model_infer, None),  # bytes in, bytes out
+        "ModelMetadata": (servicer.model_metadata, pb.ModelMetadataRequest),
+        "ModelConfig": (servicer.model_config, pb.ModelConfigRequest),
+        "ModelReady": (servicer.model_ready, pb.ModelReadyRequest),
+        "ServerLive": (servicer.server_live, pb.ServerLiveRequest),
+        "ServerReady": (servicer.server_ready, pb.ServerReadyRequest),
+        "ServerMetadata": (servicer.server_metadata, pb.ServerMetadataRequest),
+        "ModelStatistics": (servicer.model_statistics, pb.ModelStatisticsRequest),
     }
+    handlers = {name: _handler(name, fn, request_type) for name, (fn, request_type) in unary.items()}
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        map_errors(servicer.model_stream_infer, f"/{SERVICE}/ModelStreamInfer")
+    )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)  # looked up by path, as generated code does
