@@ -6,13 +6,14 @@ a temporary SQLite file, and the router started with `switchyard router serve` (
 metering with its cache, usage events to metering, telemetry off). One client process sends
 pre-serialised ModelInferRequests over grpc.aio straight to the executor (the baseline),
 through a bare grpc.aio pass-through hop (unary bytes in, unary bytes out, nothing else: the
-plain Python hop the issue compares with, on gRPC's and asyncio's defaults), through the
-router as deployed (uvloop, gRPC's EventEngine endpoints off: see switchyard/transport.py) and
-through the same router on stock settings (asyncio's loop, gRPC's default transport),
-alternating the four in rounds so the machine's drifting load hits each alike, with a 1 KB input
-(1 x 256 FP32, `small`) and a 1 MiB input (1 x 262144 FP32, `wide`), at 1 and 16
-concurrent clients. Prints p50/p99, throughput at 16 and the ratios, and writes
-out/bench/router.json.
+plain Python hop the issue compares with, on gRPC's and asyncio's defaults), and through three
+routers: as deployed (uvloop, gRPC's EventEngine endpoints off: see switchyard/transport.py;
+inference to the executor in frames: switchyard/frames.py), the same over gRPC streams to the
+executor (`router_grpc`), and over streams on stock settings (`router_stock`: asyncio's loop,
+gRPC's default transport). The five alternate in rounds so the machine's drifting load hits
+each alike, with a 1 KB input (1 x 256 FP32, `small`) and a 1 MiB input (1 x 262144 FP32,
+`wide`), at 1 and 16 concurrent clients. Prints p50/p99, throughput at 16 and the ratios,
+and writes out/bench/router.json.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/router.py [--scale 0.5]
 
@@ -53,6 +54,14 @@ WIDE = 262_144  # FP32 elements in one row of the `wide` model's input: 1 MiB
 SIZES = {"1KB": ("small", 1, SMALL), "1MB": ("wide", 1, WIDE)}  # model, rows, columns (FP32)
 MODELS = ("small", "wide")
 INFER = "/inference.GRPCInferenceService/ModelInfer"
+# Stock process settings: asyncio's loop and gRPC's default transport (GRPC_EXPERIMENTS="").
+STOCK = {"SWITCHYARD_LOOP": "asyncio", "GRPC_EXPERIMENTS": ""}
+# The routers measured: name -> (environment, executor_transport).
+ROUTERS: dict[str, tuple[dict[str, str], str]] = {
+    "router": ({}, "frames"),
+    "router_grpc": ({}, "grpc"),
+    "router_stock": (STOCK, "grpc"),
+}
 
 EXECUTOR = f"""
 import asyncio, sys
@@ -303,13 +312,14 @@ async def spawn(*args: str, env: dict[str, str], log: Path) -> asyncio.subproces
 async def run(scale: float) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none"}
-    ports = {name: free_port() for name in ("executor", "metering", "router", "router_stock", "passthrough")}
+    ports = {name: free_port() for name in ("executor", "metering", "passthrough", *ROUTERS)}
     addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
-    (tmp / "routes.toml").write_text(
-        f'[router]\nspool_dir = "{tmp / "spool"}"\nmax_in_flight = 1024\n\n'
-        f'[deployments.cpu]\naddress = "{addr["executor"]}"\npath = "cpu-bench"\n\n'
-        + "".join(f'[routes.{m}]\npolicy = "pinned"\ntargets = ["cpu"]\n\n' for m in MODELS)
-    )
+    for transport in ("frames", "grpc"):
+        (tmp / f"routes-{transport}.toml").write_text(
+            f'[router]\nmax_in_flight = 1024\nexecutor_transport = "{transport}"\n\n'
+            f'[deployments.cpu]\naddress = "{addr["executor"]}"\npath = "cpu-bench"\n\n'
+            + "".join(f'[routes.{m}]\npolicy = "pinned"\ntargets = ["cpu"]\n\n' for m in MODELS)
+        )
     write_block_means_checkpoint(tmp / "block_means.safetensors")
     procs = [
         await spawn(
@@ -332,20 +342,18 @@ async def run(scale: float) -> dict[str, Any]:
     try:
         await asyncio.gather(wait_serving(addr["executor"]), wait_serving(addr["metering"]))
         await wait_models_ready(addr["executor"], MODELS)
-        # Stock settings: asyncio's loop and gRPC's default transport (GRPC_EXPERIMENTS="").
-        stock = {"SWITCHYARD_LOOP": "asyncio", "GRPC_EXPERIMENTS": ""}
         procs.append(
             await spawn(
                 "-c",
                 PASSTHROUGH,
                 str(ports["passthrough"]),
                 addr["executor"],
-                env={**env, **stock},
+                env={**env, **STOCK},
                 log=tmp / "passthrough.log",
             )
         )
         key = await setup_key(addr["metering"])
-        for name, settings in (("router", {}), ("router_stock", stock)):
+        for name, (settings, transport) in ROUTERS.items():
             procs.append(
                 await spawn(
                     "-m",
@@ -355,7 +363,7 @@ async def run(scale: float) -> dict[str, Any]:
                     "--port",
                     str(ports[name]),
                     "--config",
-                    str(tmp / "routes.toml"),
+                    str(tmp / f"routes-{transport}.toml"),
                     "--metering",
                     addr["metering"],
                     "--spool-dir",
@@ -383,8 +391,7 @@ async def run(scale: float) -> dict[str, Any]:
             targets = [
                 ("direct", addr["executor"], None),
                 ("passthrough", addr["passthrough"], None),
-                ("router", addr["router"], auth),
-                ("router_stock", addr["router_stock"], auth),
+                *((name, addr[name], auth) for name in ROUTERS),
             ]
             for r in await measure_cell(targets, body, concurrency, n, rounds, size, x.nbytes):
                 results.append(r)
@@ -403,6 +410,14 @@ async def run(scale: float) -> dict[str, Any]:
     return summarise(results, scale)
 
 
+def _added(x: Result, direct: Result) -> dict[str, float]:
+    return {
+        "added_p50_ms": x.p50_ms - direct.p50_ms,
+        "added_p99_ms": x.p99_ms - direct.p99_ms,
+        "throughput_ratio": x.throughput_rps / direct.throughput_rps,
+    }
+
+
 def summarise(results: list[Result], scale: float) -> dict[str, Any]:
     by = {(r.target, r.size, r.concurrency): r for r in results}
     comparisons: list[dict[str, Any]] = []
@@ -410,23 +425,19 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
         for concurrency in (1, 16):
             d, r = by[("direct", size, concurrency)], by[("router", size, concurrency)]
             floor = by[("passthrough", size, concurrency)]
-            stock = by[("router_stock", size, concurrency)]
             comparisons.append(
                 {
                     "size": size,
                     "input_bytes": d.input_bytes,
                     "concurrency": concurrency,
-                    "added_p50_ms": r.p50_ms - d.p50_ms,
-                    "added_p99_ms": r.p99_ms - d.p99_ms,
-                    "throughput_ratio": r.throughput_rps / d.throughput_rps,
-                    "passthrough_added_p50_ms": floor.p50_ms - d.p50_ms,
-                    "passthrough_added_p99_ms": floor.p99_ms - d.p99_ms,
-                    "passthrough_throughput_ratio": floor.throughput_rps / d.throughput_rps,
+                    **_added(r, d),
                     # the router's added p50 as a share of the bare hop's (below 1: cheaper)
                     "added_p50_vs_passthrough": (r.p50_ms - d.p50_ms) / max(1e-9, floor.p50_ms - d.p50_ms),
-                    "stock_router_added_p50_ms": stock.p50_ms - d.p50_ms,
-                    "stock_router_added_p99_ms": stock.p99_ms - d.p99_ms,
-                    "stock_router_throughput_ratio": stock.throughput_rps / d.throughput_rps,
+                    "others": {
+                        name: _added(by[(name, size, concurrency)], d)
+                        for name in ("passthrough", *ROUTERS)
+                        if name != "router"
+                    },
                 }
             )
     key = {(c["size"], c["concurrency"]): c for c in comparisons}
@@ -445,9 +456,11 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
             },
             "executor": {"batch_buckets": BUCKETS, "dynamic_batching": True, "max_queue_delay_us": 0},
             "router": "switchyard router serve: pinned route, Bearer auth via metering (2 s cache), "
-            "usage events batched to metering (SQLite), telemetry off; `router` on uvloop (the "
-            "default) with gRPC's EventEngine endpoints off (switchyard/transport.py), "
-            "`router_stock` the same on asyncio's loop and gRPC's default transport",
+            "usage events batched to metering (SQLite), telemetry off; `router` as deployed: "
+            "uvloop, gRPC's EventEngine endpoints off (switchyard/transport.py), inference to the "
+            "executor in frames (switchyard/frames.py); `router_grpc` the same over gRPC "
+            "ModelStreamInfer streams (executor_transport = grpc); `router_stock` over streams on "
+            "asyncio's loop and gRPC's default transport",
             "passthrough": "a bare grpc.aio hop on asyncio's loop and gRPC's default transport",
             "client": "one grpc.aio process, pre-serialised requests, one channel per target; targets "
             "alternate in rounds (order rotating) and latencies are pooled over the rounds",
@@ -470,14 +483,12 @@ def main() -> int:
     args = parser.parse_args()
     report = asyncio.run(run(args.scale))
     for c in report["comparisons"]:
-        print(
-            f"{c['size']} c={c['concurrency']:2d}: router adds p50 {c['added_p50_ms']:+.3f} ms, "
-            f"p99 {c['added_p99_ms']:+.3f} ms; throughput ratio {c['throughput_ratio']:.2f}   "
-            f"(bare pass-through hop: p50 {c['passthrough_added_p50_ms']:+.3f} ms, "
-            f"p99 {c['passthrough_added_p99_ms']:+.3f} ms, ratio {c['passthrough_throughput_ratio']:.2f}; "
-            f"router on stock settings: p50 {c['stock_router_added_p50_ms']:+.3f} ms, "
-            f"p99 {c['stock_router_added_p99_ms']:+.3f} ms, ratio {c['stock_router_throughput_ratio']:.2f})"
-        )
+        print(f"{c['size']} c={c['concurrency']:2d}, added to direct:")
+        for name, x in {"router": c, **c["others"]}.items():
+            print(
+                f"    {name:12s} p50 {x['added_p50_ms']:+.3f} ms  p99 {x['added_p99_ms']:+.3f} ms  "
+                f"throughput ratio {x['throughput_ratio']:.2f}"
+            )
     for name, ok in report["targets_met"].items():
         print(f"target {name}: {'met' if ok else 'NOT met'}")
     out = Path(args.out)

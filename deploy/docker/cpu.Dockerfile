@@ -32,8 +32,8 @@ COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
 USER 10001:10001
-EXPOSE 8101
+EXPOSE 8101 8111
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
   CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8101"]
 ENTRYPOINT ["python", "-m", "switchyard"]
-CMD ["executor", "serve", "--backend", "cpu", "--host", "0.0.0.0", "--port", "8101", "--models", "mlp,tiny-lm,minilm-l6"]
+CMD ["executor", "serve", "--backend", "cpu", "--host", "0.0.0.0", "--port", "8101", "--frames-port", "8111", "--models", "mlp,tiny-lm,minilm-l6"]

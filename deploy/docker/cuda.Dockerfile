@@ -32,8 +32,8 @@ COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
 USER 10001:10001
-EXPOSE 8103
+EXPOSE 8103 8113
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
   CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8103"]
 ENTRYPOINT ["python", "-m", "switchyard"]
-CMD ["executor", "serve", "--backend", "cuda", "--host", "0.0.0.0", "--port", "8103", "--models", "mlp,tiny-lm,minilm-l6"]
+CMD ["executor", "serve", "--backend", "cuda", "--host", "0.0.0.0", "--port", "8103", "--frames-port", "8113", "--models", "mlp,tiny-lm,minilm-l6"]

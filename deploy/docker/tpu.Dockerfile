@@ -26,8 +26,8 @@ COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
 USER 10001:10001
-EXPOSE 8104
+EXPOSE 8104 8114
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
   CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8104"]
 ENTRYPOINT ["python", "-m", "switchyard"]
-CMD ["executor", "serve", "--backend", "tpu", "--host", "0.0.0.0", "--port", "8104", "--models", "mlp,tiny-lm"]
+CMD ["executor", "serve", "--backend", "tpu", "--host", "0.0.0.0", "--port", "8104", "--frames-port", "8114", "--models", "mlp,tiny-lm"]

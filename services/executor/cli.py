@@ -20,6 +20,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--port", type=int, default=-1, help="default: 8101 cpu, 8102 xla, 8103 cuda, 8104 tpu"
     )
     serve.add_argument(
+        "--frames-port",
+        type=int,
+        default=0,
+        help="port for routers' framed inference on the same host (default 0: any free port, "
+        "reported by Describe; -1: off, routers then use gRPC streams)",
+    )
+    serve.add_argument(
         "--models", default="mlp", help="comma-separated models to load at start (name[:version])"
     )
     serve.add_argument("--mode", default="", help="execution mode (default: the backend's first)")
@@ -59,6 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
         backend=args.backend,
         host=args.host,
         port=args.port if args.port >= 0 else DEFAULT_PORTS.get(args.backend, 8101),
+        frames_port=args.frames_port,
         models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
         mode=args.mode,
         precision=args.precision,

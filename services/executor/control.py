@@ -95,6 +95,7 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
             models=[model_status(m) for m in self.executor.models.values()],
             executor_id=self.executor.executor_id,
             registered_models=[f"{n}:{v}" for n, v in sorted(self.executor.registry.specs)],
+            frames_port=self.executor.frames_port,
         )
 
     async def LoadModel(self, request: pb.LoadModelRequest, context: Context) -> pb.LoadModelResponse:

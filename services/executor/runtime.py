@@ -81,6 +81,7 @@ class Executor:
         self.in_flight = 0
         self.draining = False
         self.executor_id = config.executor_id or host_id()
+        self.frames_port = 0  # where framed inference listens (switchyard.frames); 0 = not offered
         self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{backend.name}-device")
         self._load_lock = asyncio.Lock()
         self._device_jobs = 0

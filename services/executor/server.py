@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from services.executor.config import ExecutorConfig
 from services.executor.control import ControlServicer
 from services.executor.device import select_backend
+from services.executor.frames import FrameServer
 from services.executor.runtime import Executor
 from services.executor.servicer import InferenceServicer
 from switchyard.gen.inference import grpc_service_pb2_grpc
@@ -33,6 +34,7 @@ CONTROL_SERVICE = "switchyard.v1.ExecutorControl"
 class RunningExecutor:
     executor: Executor
     server: RunningServer
+    frames: FrameServer | None = None
 
     @property
     def port(self) -> int:
@@ -57,6 +59,8 @@ class RunningExecutor:
         # polling: in_flight is a plain counter, and a drain happens once per process
         while self.executor.in_flight > 0 and loop.time() < until:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+        if self.frames is not None:
+            await self.frames.close()
         await self.server.server.stop(max(0.0, until - loop.time()))
         await self.executor.close()
 
@@ -84,13 +88,10 @@ async def start_executor(config: ExecutorConfig, registry: ModelRegistry | None 
         drain_grace_s=config.drain_grace_s,
         map_errors_in_servicers=True,  # no per-call interceptor on the hot path
     )
+    inference = InferenceServicer(executor)
     server = await start_server(
         [
-            (
-                grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
-                InferenceServicer(executor),
-                OIP_SERVICE,
-            ),
+            (grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, inference, OIP_SERVICE),
             (
                 executor_pb2_grpc.add_ExecutorControlServicer_to_server,
                 ControlServicer(executor),
@@ -103,6 +104,9 @@ async def start_executor(config: ExecutorConfig, registry: ModelRegistry | None 
         executor.executor_id = f"{executor.executor_id}:{server.port}"
     running = RunningExecutor(executor, server)
     try:
+        if config.frames_port >= 0:
+            running.frames = FrameServer(inference, config.max_message_bytes)
+            executor.frames_port = await running.frames.start(config.host, config.frames_port)
         for entry in config.models:
             name, _, version = entry.partition(":")
             await executor.load_model(name, version, executor.default_options())
@@ -110,10 +114,11 @@ async def start_executor(config: ExecutorConfig, registry: ModelRegistry | None 
         await running.stop(0)
         raise
     log.info(
-        "executor %s (%s) serving %s on %s",
+        "executor %s (%s) serving %s on %s (frames on port %s)",
         executor.executor_id,
         backend.name,
         config.models,
         running.address,
+        executor.frames_port or "off",
     )
     return running

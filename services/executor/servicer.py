@@ -151,11 +151,11 @@ def _carrier(params: Any) -> dict[str, str]:
     return {k: params[k].string_param for k in (oip_params.TRACEPARENT, oip_params.TRACESTATE) if k in params}
 
 
-def _deadline(request: pb.ModelInferRequest, context: Context) -> float | None:
+def _deadline(request: pb.ModelInferRequest, remaining: float | None) -> float | None:
     """time.perf_counter() seconds when the request must be out of the queue: the gRPC
-    deadline or Triton's `timeout` parameter (microseconds), whichever comes first."""
+    deadline (`remaining` seconds) or Triton's `timeout` parameter (microseconds), whichever
+    comes first."""
     now = time.perf_counter()
-    remaining = context.time_remaining()
     deadline = now + remaining if remaining is not None else None
     if oip_params.TIMEOUT in request.parameters:
         timeout_us = request.parameters[oip_params.TIMEOUT].int64_param
@@ -175,6 +175,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             lambda: {f"{n}:{v}": m.compilations_after_warmup() for (n, v), m in executor.models.items()},
         )
         self._templates: dict[int, tuple[LoadedModel, pb.ModelInferResponse]] = {}
+        self._tracing = telemetry.enabled()  # set up before the server starts, as the CLI does
 
     def _template(self, model: LoadedModel) -> pb.ModelInferResponse:
         """The parts of a response fixed for a loaded model, built once per load."""
@@ -244,32 +245,40 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Each request answered in order; an error goes into error_message as "STATUS: why"
-        and the stream goes on. With tracing on, each request is its own span, parented on
-        the `traceparent` request parameter (the router's upstream streams send it)."""
-        tracing = telemetry.enabled()
+        """Each request answered in order; an error goes into error_message and the stream goes on."""
         async for request in request_iterator:
-            span = (
-                telemetry.server_span(_INFER_METHOD, _carrier(request.parameters))
-                if tracing
-                else contextlib.nullcontext()
-            )
-            try:
-                with span:
-                    response = await self.ModelInfer(request, context)
-            except SwitchyardError as exc:
-                yield pb.ModelStreamInferResponse(error_message=f"{exc.status.value}: {exc}")
-                continue
-            except Exception as exc:  # one bad request must not end the stream the others share
-                message = internal_error(exc, _STREAM_METHOD)
-                yield pb.ModelStreamInferResponse(error_message=f"INTERNAL: {message}")
-                continue
-            yield pb.ModelStreamInferResponse(infer_response=response)
+            yield await self.answer(request, context.time_remaining())
+
+    async def answer(
+        self, request: pb.ModelInferRequest, time_remaining: float | None
+    ) -> pb.ModelStreamInferResponse:
+        """One request of a stream or of a frame connection (switchyard.frames): an error goes
+        into error_message as "STATUS: why". With tracing on, each request is its own span,
+        parented on the `traceparent` request parameter (the router sends it)."""
+        span = (
+            telemetry.server_span(_INFER_METHOD, _carrier(request.parameters))
+            if self._tracing
+            else contextlib.nullcontext()
+        )
+        try:
+            with span:
+                response = await self.infer(request, time_remaining)
+        except SwitchyardError as exc:
+            return pb.ModelStreamInferResponse(error_message=f"{exc.status.value}: {exc}")
+        except Exception as exc:  # one bad request must not end the stream the others share
+            message = internal_error(exc, _STREAM_METHOD)
+            return pb.ModelStreamInferResponse(error_message=f"INTERNAL: {message}")
+        return pb.ModelStreamInferResponse(infer_response=response)
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+        return await self.infer(request, context.time_remaining())
+
+    async def infer(
+        self, request: pb.ModelInferRequest, time_remaining: float | None
+    ) -> pb.ModelInferResponse:
         started = time.perf_counter()
         inputs = decode_inputs(request)
-        deadline = _deadline(request, context)
+        deadline = _deadline(request, time_remaining)
         wanted = [o.name for o in request.outputs]
         if wanted:
             declared = [

@@ -96,6 +96,12 @@ class Settings:
     shadow_atol: float = 1e-5
     shadow_rtol: float = 1e-4
     shadow_max_pending: int = 64  # mirrored requests in flight; beyond that a mirror is skipped
+    # How inference reaches executors: "frames" (switchyard.frames, where the executor offers
+    # them; gRPC streams until connected and for executors that do not) or "grpc" (streams only).
+    executor_transport: str = "frames"
+
+
+TRANSPORTS = ("frames", "grpc")
 
 
 @dataclass(frozen=True)
@@ -200,6 +206,11 @@ def parse(raw: Mapping[str, Any]) -> RouterConfig:
             raise InvalidArgument(f"[router] {key} must be {expected.__name__}, got {value!r}")
         typed[key] = value
     settings = Settings(**typed)
+    if settings.executor_transport not in TRANSPORTS:
+        raise InvalidArgument(
+            f"[router] executor_transport must be one of {list(TRANSPORTS)}, "
+            f"got {settings.executor_transport!r}"
+        )
     deployments = []
     for name, d in dict(raw.get("deployments", {})).items():
         _check_keys(d, {"address", "path", "price_micros_per_hour"}, f"deployments.{name}")

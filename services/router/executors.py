@@ -18,6 +18,13 @@ consecutive ejection, and re-admitted by the first passing probe after the coold
 call that meets UNAVAILABLE ejects its deployment at once (passive health). The watcher also
 asks ExecutorControl.GetLoad, so least-loaded routing has fresh numbers for deployments
 that have not answered a request within the interval.
+
+Where the executor offers framed inference (switchyard.frames: its Describe names the port)
+and `executor_transport` is "frames", requests go over one frame connection per deployment
+instead: the same messages, several times cheaper per hop. The watcher opens it after a
+passing probe and opens it again after it breaks (a restarted executor has a new port);
+until then, or when the executor offers none, requests take the streams. A broken connection
+fails its requests with UNAVAILABLE, as a broken stream does.
 """
 
 from __future__ import annotations
@@ -35,12 +42,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.router import wire
 from services.router.config import Deployment, Settings
 from services.router.policies import DeploymentState
-from switchyard import oip_params, telemetry
+from switchyard import frames, oip_params, telemetry
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+FRAMES_RETRY_S = 30.0  # a deployment whose frame port did not connect is tried again after this
 MAX_IDLE_STREAMS = 64  # per deployment; more concurrent requests open more, closed when idle
 _ERROR, _RESPONSE = 1, 2  # ModelStreamInferResponse fields
 _STREAM_FIELDS = frozenset((_ERROR, _RESPONSE))
@@ -68,9 +76,10 @@ def _status_of(error_message: str) -> UpstreamError:
     return UpstreamError(code, why)
 
 
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # Find a restarted peer quickly instead of after the default back-off (up to 120 s).
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -90,10 +99,17 @@ class ExecutorPool:
             name: ch.stream_stream(STREAM_METHOD) for name, ch in self.channels.items()
         }
         self._idle: dict[str, list[Any]] = {name: [] for name in self.channels}
+        self._frames: dict[str, frames.FrameChannel] = {}
+        self._frames_retry_at: dict[str, float] = {}  # after a failed connect, not before (monotonic)
+        self._no_get_load: set[str] = set()  # executors that do not implement GetLoad
         self._tasks: list[asyncio.Task[None]] = []
         self._tracing = telemetry.enabled()  # set up before the router starts, as the CLI does
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """One round of health checks (and frame connections) on every deployment, at most
+        `health_timeout_s` or two, so the router starts knowing which executors serve and
+        how to reach them; then a watcher per deployment."""
+        await asyncio.gather(*(self._check(name) for name in self.states))
         for name in self.states:
             self._tasks.append(asyncio.create_task(self._watch(name), name=f"health-{name}"))
 
@@ -107,16 +123,47 @@ class ExecutorPool:
             for call in calls:
                 call.cancel()
             calls.clear()
+        for connection in self._frames.values():
+            connection.close()
         for channel in self.channels.values():
             await channel.close()
 
+    def transport(self, deployment: str) -> str:
+        """How the next request to `deployment` travels: "frames" or "grpc"."""
+        channel = self._frames.get(deployment)
+        return "frames" if channel is not None and channel.is_open else "grpc"
+
     async def infer(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
-        """One ModelInferRequest (the concatenated `parts`) on one of the deployment's streams;
-        returns the serialized ModelInferResponse or raises UpstreamError."""
+        """One ModelInferRequest (the concatenated `parts`) to the deployment, over its frame
+        connection or one of its streams; returns the serialized ModelInferResponse or raises
+        UpstreamError."""
         params: dict[str, wire.Param] = {oip_params.TIMEOUT: max(1, int(timeout_s * 1e6))}
         if self._tracing:
             params.update(telemetry.trace_parameters())
-        message = b"".join((*parts, wire.parameters_field(params)))  # later map entries win
+        message = (*parts, wire.parameters_field(params))  # later map entries win
+        channel = self._frames.get(deployment)
+        if channel is not None and channel.is_open:
+            try:
+                reply = await channel.request(message, timeout_s)
+            except frames.FrameTimeout:
+                raise UpstreamError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded waiting for the executor"
+                ) from None
+            except frames.FrameClosed as exc:
+                raise UpstreamError(
+                    grpc.StatusCode.UNAVAILABLE, f"the connection to the executor broke: {exc}"
+                ) from None
+        else:
+            reply = await self._stream_infer(deployment, b"".join(message), timeout_s)
+        fields = wire.scan_fields(reply, _STREAM_FIELDS)
+        if _ERROR in fields:
+            start, stop = fields[_ERROR][-1]
+            raise _status_of(reply[start:stop].decode(errors="replace"))
+        start, stop = fields[_RESPONSE][-1] if _RESPONSE in fields else (0, 0)
+        return reply[start:stop]
+
+    async def _stream_infer(self, deployment: str, message: bytes, timeout_s: float) -> bytes:
+        """One message on one of the deployment's streams; returns the ModelStreamInferResponse."""
         idle = self._idle[deployment]
         call = None
         while idle and call is None:
@@ -156,17 +203,12 @@ class ExecutorPool:
             timer.cancel()
         if answer is grpc.aio.EOF:
             raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "the executor closed the stream")
-        reply: bytes = answer
         if len(idle) < MAX_IDLE_STREAMS:
             idle.append(call)
         else:
             await call.done_writing()
-        fields = wire.scan_fields(reply, _STREAM_FIELDS)
-        if _ERROR in fields:
-            start, stop = fields[_ERROR][-1]
-            raise _status_of(reply[start:stop].decode(errors="replace"))
-        start, stop = fields[_RESPONSE][-1] if _RESPONSE in fields else (0, 0)
-        return reply[start:stop]
+        reply: bytes = answer
+        return reply
 
     def eject(self, deployment: str, reason: str) -> None:
         state = self.states[deployment]
@@ -189,9 +231,9 @@ class ExecutorPool:
             return f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}"
         return ""
 
-    async def _refresh_load(self, name: str, supported: list[bool]) -> None:
+    async def _refresh_load(self, name: str) -> None:
         fresh = time.monotonic() - self.states[name].load_at < self._settings.health_interval_s
-        if not supported[0] or fresh:
+        if name in self._no_get_load or fresh:
             return  # its answers reported the load within the interval: no RPC on the serving loop
         try:
             load = await executor_pb2_grpc.ExecutorControlStub(self.channels[name]).GetLoad(
@@ -199,19 +241,65 @@ class ExecutorPool:
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                supported[0] = False
+                self._no_get_load.add(name)
             return
         self.states[name].report_load(load.in_flight, load.queue_depth)
 
+    async def _connect_frames(self, name: str) -> None:
+        """Opens the deployment's frame connection if it offers one and none is open."""
+        if self.transport(name) == "frames" or time.monotonic() < self._frames_retry_at.get(name, 0.0):
+            return
+        self._frames.pop(name, None)
+        host = frames_host(self.states[name].deployment.address)
+        if host is None:
+            return  # an address form (unix:, ipv4:, ...) frames do not reach: streams only
+        timeout = self._settings.health_timeout_s
+        try:
+            described = await executor_pb2_grpc.ExecutorControlStub(self.channels[name]).Describe(
+                executor_pb2.DescribeRequest(), timeout=timeout
+            )
+            if not described.frames_port:
+                return  # this executor offers none (frames off, or an older version)
+            port = described.frames_port
+            channel = await frames.FrameChannel.connect(host, port, MAX_MESSAGE_BYTES, timeout)
+            if not channel.is_open:
+                raise OSError(channel.closed_because or "closed as it opened")
+        except (grpc.aio.AioRpcError, OSError, TimeoutError) as exc:
+            # health passed, so the port is what fails (a firewall, another network): streams
+            # serve meanwhile, and the watcher does not wait on it every interval
+            log.warning(
+                "deployment %s: no frame connection (%s); gRPC streams for %.0f s",
+                name, exc, FRAMES_RETRY_S,
+            )  # fmt: skip
+            self._frames_retry_at[name] = time.monotonic() + FRAMES_RETRY_S
+            return
+        self._frames[name] = channel
+        log.info("deployment %s: inference over frames on %s:%d", name, host, port)
+
+    async def _check(self, name: str) -> None:
+        problem = await self._probe(name)
+        if problem:
+            self.eject(name, problem)
+            return
+        if self.states[name].probe_succeeded():
+            log.info("re-admitted deployment %s after its cooldown", name)
+        if self._settings.executor_transport == "frames":
+            await self._connect_frames(name)
+        await self._refresh_load(name)
+
     async def _watch(self, name: str) -> None:
-        state = self.states[name]
-        load_supported = [True]
         while True:
-            problem = await self._probe(name)
-            if problem:
-                self.eject(name, problem)
-            else:
-                if state.probe_succeeded():
-                    log.info("re-admitted deployment %s after its cooldown", name)
-                await self._refresh_load(name, load_supported)
             await asyncio.sleep(self._settings.health_interval_s)
+            await self._check(name)
+
+
+def frames_host(address: str) -> str | None:
+    """The host of a gRPC target "host:port" (or "dns:///host:port", "[v6]:port"), where the
+    executor's frame port is; None for target forms that name no TCP host."""
+    target = address.removeprefix("dns:///")
+    if "://" in target or target.startswith(("unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")):
+        return None
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.removeprefix("[").removesuffix("]")

@@ -88,7 +88,7 @@ async def start_router(
     else:
         log.warning("no metering address: usage is not recorded")
     pool = ExecutorPool(config.deployments, settings)
-    pool.start()
+    await pool.start()
     evaluator = EvaluatorComparer(settings.evaluator) if settings.evaluator else None
     router = Router(config, pool, auth, spool, evaluator)
     registrations: list[Registration] = [

@@ -121,6 +121,8 @@ async def test_killed_executor_is_ejected_and_readmitted_when_it_returns(
         eject_base_s=0.5,
     )
     router = await make_router(cfg, metering.running.address)
+    pool = router.router.pool
+    assert pool.transport("preferred") == "frames"  # connected before the router served
     key, _ = await metering.key("svc-return", "ops")
     _, paths, _ = await _load(router.address, key, 5, 1)
     assert set(paths) == {"cpu-a"}  # failover order: the preferred deployment serves
@@ -128,14 +130,16 @@ async def test_killed_executor_is_ejected_and_readmitted_when_it_returns(
     await first.wait()
     _, paths, errors = await _load(router.address, key, 20, 2)
     assert errors == [] and set(paths) == {"cpu-b"}  # retried on the backup, then routed around
-    state = router.router.pool.states["preferred"]
+    state = pool.states["preferred"]
     assert not state.admitted() and state.last_error  # ejected, with the reason kept
+    assert pool.transport("preferred") == "grpc"  # its frame connection went with it
     second, _ = await spawn_executor(int(address.rsplit(":", 1)[1]))  # the same executor comes back
     try:
         for _ in range(100):
-            if state.admitted():
+            if state.admitted() and pool.transport("preferred") == "frames":
                 break
             await asyncio.sleep(0.1)
+        assert pool.transport("preferred") == "frames"  # the new process's frame port, found again
         _, paths, errors = await _load(router.address, key, 5, 1)
         assert errors == [] and set(paths) == {"cpu-a"}  # re-admitted after its cooldown
     finally:
@@ -195,24 +199,36 @@ async def test_full_route_answers_resource_exhausted_early(
     assert set(errors) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
+@pytest.mark.parametrize(
+    ("router_wants", "executor_offers", "transport"),
+    [("frames", True, "frames"), ("grpc", True, "grpc"), ("frames", False, "grpc")],
+)
 async def test_deadline_and_cancellation_reach_the_executor_queue(
-    metering: Metering, make_router: RouterFactory
+    metering: Metering, make_router: RouterFactory, router_wants: str, executor_offers: bool, transport: str
 ) -> None:
-    """The router's upstream streams carry the caller's remaining deadline (Triton's `timeout`
+    """Both upstream transports carry the caller's remaining deadline (Triton's `timeout`
     parameter): work still queued when it passes is dropped by the executor, not computed. A
-    caller who goes away cancels the upstream stream, and that work is dropped too. The
-    router then serves on fresh streams."""
+    caller who goes away cancels the upstream request (a CANCEL frame, or the stream), and
+    that work is dropped too. The router then goes on serving. Frames are used when the router
+    wants them and the executor offers them; otherwise streams."""
     from services.executor.config import ExecutorConfig
     from services.executor.server import start_executor
 
-    slow = await start_executor(ExecutorConfig(models=("mlp",), max_queue_delay_us=400_000))
+    slow = await start_executor(
+        ExecutorConfig(models=("mlp",), max_queue_delay_us=400_000, frames_port=0 if executor_offers else -1)
+    )
     try:
         model = slow.executor.find("mlp", "")
         assert model.batcher is not None
         counters = model.batcher.counters
-        cfg = routes_config({"slow": slow.address}, {"mlp": {"policy": "pinned", "targets": ["slow"]}})
+        cfg = routes_config(
+            {"slow": slow.address},
+            {"mlp": {"policy": "pinned", "targets": ["slow"]}},
+            executor_transport=router_wants,
+        )
         router = await make_router(cfg, metering.running.address)
-        key, _ = await metering.key("svc-deadline", "deadline")
+        assert router.router.pool.transport("slow") == transport
+        key, _ = await metering.key(f"svc-deadline-{router_wants}-{executor_offers}", "deadline")
         metadata = [("authorization", f"Bearer {key}")]
         async with grpc.aio.insecure_channel(router.address) as channel:
             stub = pbgrpc.GRPCInferenceServiceStub(channel)

@@ -109,6 +109,7 @@ def test_config_parses_into_frozen_objects() -> None:
         ({"router": {"max_in_flight": "many"}}, "must be int"),
         ({"router": {"colour": 1}}, "unknown keys"),
         ({"deployments": {"d": {"path": "x"}}}, "needs `address`"),
+        ({"router": {"executor_transport": "http"}}, r"executor_transport must be one of \['frames'"),
     ],
 )
 def test_config_errors_say_what_to_fix(patch: dict[str, object], message: str) -> None:

@@ -113,6 +113,7 @@ class DescribeResponse(_message.Message):
     MODELS_FIELD_NUMBER: _builtins.int
     EXECUTOR_ID_FIELD_NUMBER: _builtins.int
     REGISTERED_MODELS_FIELD_NUMBER: _builtins.int
+    FRAMES_PORT_FIELD_NUMBER: _builtins.int
     torch_version: _builtins.str
     resource_class: _builtins.str
     """pricing class, e.g. "cpu-2core", "gpu-h200" """
@@ -122,6 +123,8 @@ class DescribeResponse(_message.Message):
     """host id; paths on one host never measure at once"""
     executor_id: _builtins.str
     """host id and port; appears in response parameters"""
+    frames_port: _builtins.int
+    """framed inference (switchyard.frames), same host; 0 = not offered"""
     @_builtins.property
     def device(self) -> Global___DeviceInfo: ...
     @_builtins.property
@@ -151,10 +154,11 @@ class DescribeResponse(_message.Message):
         models: _abc.Iterable[Global___ModelStatus] | None = ...,
         executor_id: _builtins.str = ...,
         registered_models: _abc.Iterable[_builtins.str] | None = ...,
+        frames_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["device", b"device"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "executor_id", b"executor_id", "host", b"host", "models", b"models", "modes", b"modes", "price_key", b"price_key", "registered_models", b"registered_models", "resource_class", b"resource_class", "torch_version", b"torch_version", "versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "executor_id", b"executor_id", "frames_port", b"frames_port", "host", b"host", "models", b"models", "modes", b"modes", "price_key", b"price_key", "registered_models", b"registered_models", "resource_class", b"resource_class", "torch_version", b"torch_version", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
