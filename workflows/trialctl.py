@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
@@ -186,5 +187,13 @@ async def _main(args: argparse.Namespace) -> int:
     return await command(args)
 
 
-def main(args: argparse.Namespace) -> int:
-    return asyncio.run(_main(args))
+def main(args: argparse.Namespace) -> NoReturn:
+    """Runs the command and ends the process with its exit code, skipping interpreter
+    finalization: the clients' native threads (Temporal's Rust core, gRPC's pollers) can call
+    into Python while it finalizes and abort it ("PyGILState_Release ... finalizing", exit -6),
+    seen once in CI after `trial status` had printed its answer. A short-lived command has
+    nothing left to clean up once its output is flushed."""
+    code = asyncio.run(_main(args))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -128,9 +128,9 @@ def test_every_service_has_a_workload_with_grpc_probes() -> None:
     for doc in workloads(docs):
         for c in containers(doc):
             assert {"name": "switchyard-config"} in [e.get("configMapRef") for e in c.get("envFrom", [])]
-            for port in c.get("ports", []):
-                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                    assert c[probe]["grpc"]["port"] == port["containerPort"], (doc["metadata"]["name"], probe)
+            grpc_ports = [p["containerPort"] for p in c.get("ports", []) if p["name"] == "grpc"]
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe") if c.get("ports") else ():
+                assert [c[probe]["grpc"]["port"]] == grpc_ports, (doc["metadata"]["name"], probe)
     # PostgreSQL and Temporal are external: nothing here runs them.
     images = [c["image"] for d in workloads(docs) for c in containers(d)]
     assert not [i for i in images if "postgres" in i or "temporal" in i]
