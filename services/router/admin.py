@@ -18,7 +18,7 @@ from services.router.auth import Identity
 from services.router.config import Policy, Route, ShadowSpec, Target, validate_route
 from services.router.forward import Router
 from switchyard import ids
-from switchyard.errors import InvalidArgument, NotFound, PermissionDenied
+from switchyard.errors import InvalidArgument, PermissionDenied
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
 
@@ -103,9 +103,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
     async def SetRoute(self, request: rpb.SetRouteRequest, context: Ctx) -> rpb.Route:
         identity, request_id = await self._caller(context, f"route:{request.route.model}", need_admin=True)
         route = validate_route(route_from_proto(request.route), self.router.config.deployments)
-        old = self.router.routes.get(route.model)
-        # Copy-on-write: requests already running keep the route object they started with.
-        self.router.routes = {**self.router.routes, route.model: route}
+        old = self.router.set_route(route)
         self._audit_change(
             identity,
             "route.set",
@@ -118,13 +116,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
 
     async def DeleteRoute(self, request: rpb.DeleteRouteRequest, context: Ctx) -> rpb.DeleteRouteResponse:
         identity, request_id = await self._caller(context, f"route:{request.model}", need_admin=True)
-        if request.model not in self.router.routes:
-            raise NotFound(
-                f"no route for model {request.model!r}; routed models: {sorted(self.router.routes)}"
-            )
-        routes = dict(self.router.routes)
-        old = routes.pop(request.model)
-        self.router.routes = routes
+        old = self.router.delete_route(request.model)
         self._audit_change(identity, "route.delete", request.model, {"old": asdict(old)}, request_id, context)
         return rpb.DeleteRouteResponse()
 

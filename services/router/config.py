@@ -168,7 +168,24 @@ def validate_route(route: Route, deployments: tuple[Deployment, ...]) -> Route:
     return route
 
 
-def _route(model: str, raw: Any, deployments: tuple[Deployment, ...]) -> Route:
+def route_table(route: Route) -> dict[str, Any]:
+    """A route as its config-file table (what `route_from_table` reads back)."""
+
+    def target(t: Target) -> dict[str, Any]:
+        return {"deployment": t.deployment, "model": t.model, "version": t.version, "weight": t.weight}
+
+    table: dict[str, Any] = {
+        "policy": route.policy.value,
+        "targets": [target(t) for t in route.targets],
+        "max_in_flight": route.max_in_flight,
+    }
+    if route.shadow is not None:
+        candidates = [target(c) for c in route.shadow.candidates]
+        table["shadow"] = {"share": route.shadow.share, "candidates": candidates}
+    return table
+
+
+def route_from_table(model: str, raw: Any, deployments: tuple[Deployment, ...]) -> Route:
     where = f"routes.{model}"
     if not isinstance(raw, Mapping):
         raise InvalidArgument(f"{where} must be a table")
@@ -222,7 +239,7 @@ def parse(raw: Mapping[str, Any]) -> RouterConfig:
             )
         )
     deps = tuple(deployments)
-    routes = tuple(_route(model, r, deps) for model, r in dict(raw.get("routes", {})).items())
+    routes = tuple(route_from_table(model, r, deps) for model, r in dict(raw.get("routes", {})).items())
     return RouterConfig(settings, deps, routes)
 
 

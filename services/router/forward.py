@@ -30,6 +30,7 @@ from services.router.config import Route, RouterConfig, Target
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
 from services.router.executors import ExecutorPool, UpstreamError
 from services.router.policies import DeploymentState, plan
+from services.router.route_store import RouteStore
 from services.router.shadow import Divergence, ShadowStats, divergence
 from services.router.spool import Spool
 from switchyard import ids, oip_params, telemetry
@@ -86,10 +87,13 @@ class Router:
         auth: Authenticator | None,
         spool: Spool | None,
         evaluator: EvaluatorComparer | None = None,
+        store: RouteStore | None = None,
     ) -> None:
         self.config = config
         self.settings = config.settings
-        self.routes: dict[str, Route] = {r.model: r for r in config.routes}
+        self.store = store
+        routes = {r.model: r for r in config.routes}
+        self.routes: dict[str, Route] = routes if store is None else store.apply(routes, config.deployments)
         self.pool = pool
         self.auth = auth
         self.spool = spool
@@ -107,6 +111,22 @@ class Router:
         if route is None:
             raise NotFound(f"unknown model {model!r}; the router serves {sorted(self.routes)}")
         return route
+
+    def set_route(self, route: Route) -> Route | None:
+        """Adds or replaces a (validated) route, kept across restarts; returns the old one."""
+        if self.store is not None:
+            self.store.save(route.model, route)  # first: a change that cannot be kept is refused
+        old = self.routes.get(route.model)
+        # Copy-on-write: requests already running keep the route object they started with.
+        self.routes = {**self.routes, route.model: route}
+        return old
+
+    def delete_route(self, model: str) -> Route:
+        old = self.route_for(model)
+        if self.store is not None:
+            self.store.save(model, None)
+        self.routes = {m: r for m, r in self.routes.items() if m != model}
+        return old
 
     async def identify(self, metadata: Metadata, resource: str, request_id: str, peer: str) -> Identity:
         if self.auth is None:

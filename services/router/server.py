@@ -21,6 +21,7 @@ from services.router.evaluator_client import EvaluatorComparer
 from services.router.executors import ExecutorPool
 from services.router.forward import Router
 from services.router.metering_client import MeteringClient
+from services.router.route_store import RouteStore
 from services.router.spool import Spool
 from switchyard.errors import InvalidArgument
 from switchyard.gen.switchyard.v1 import router_pb2_grpc
@@ -90,7 +91,8 @@ async def start_router(
     pool = ExecutorPool(config.deployments, settings)
     await pool.start()
     evaluator = EvaluatorComparer(settings.evaluator) if settings.evaluator else None
-    router = Router(config, pool, auth, spool, evaluator)
+    store = RouteStore(spool_dir or Path(settings.spool_dir))  # admin changes, kept across restarts
+    router = Router(config, pool, auth, spool, evaluator, store)
     registrations: list[Registration] = [
         (oip.add_to_server, oip.OipServicer(router), oip.SERVICE),
         (

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,9 +19,11 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 from services.executor.server import RunningExecutor
+from services.router.server import start_router
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
+from switchyard.grpcio import ServerOptions
 from tests.router.conftest import Metering, RouterFactory, routes_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -192,3 +195,59 @@ async def test_admin_api_changes_routes_only_for_admins_and_audits_them(
     assert router.router.spool is not None and await router.router.spool.drain(5.0)
     audit = await metering.stub.QueryAudit(mpb.QueryAuditRequest(action="route.set", limit=10))
     assert any(json.loads(r.detail_json)["new"]["targets"][0]["deployment"] == "b" for r in audit.records)
+
+
+async def test_route_changes_survive_a_restart_and_a_deleted_route_stays_deleted(
+    metering: Metering, executors: list[RunningExecutor], tmp_path: Path
+) -> None:
+    cfg = routes_config(
+        {"a": executors[0].address, "b": executors[1].address},
+        {"mlp": {"policy": "pinned", "targets": ["a"]}, "mlp-old": {"policy": "pinned", "targets": ["a"]}},
+    )
+    admin_key, _ = await metering.key("ops-keeper", "ops", "admin", "*")
+    auth = [("authorization", f"Bearer {admin_key}")]
+    state = tmp_path / "state"
+    first = await start_router(cfg, metering.running.address, ServerOptions(), state)
+    try:
+        async with grpc.aio.insecure_channel(first.address) as channel:
+            admin = rgrpc.RouterAdminStub(channel)
+            new = rpb.Route(model="mlp", policy="weighted", targets=[rpb.Target(deployment="b", weight=2.0)])
+            await admin.SetRoute(rpb.SetRouteRequest(route=new), metadata=auth)
+            await admin.DeleteRoute(rpb.DeleteRouteRequest(model="mlp-old"), metadata=auth)
+            with pytest.raises(grpc.aio.AioRpcError) as missing:
+                await admin.DeleteRoute(rpb.DeleteRouteRequest(model="mlp-old"), metadata=auth)
+            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        await first.stop(0)
+    second = await start_router(cfg, metering.running.address, ServerOptions(), state)  # same file config
+    try:
+        routes = second.router.routes
+        assert sorted(routes) == ["mlp"]  # the deletion was kept
+        assert routes["mlp"].policy.value == "weighted" and routes["mlp"].targets[0].deployment == "b"
+        assert routes["mlp"].targets[0].weight == 2.0
+        served = await asyncio.to_thread(_infer, second.address, _x(), admin_key)
+        assert served.get_response().parameters["path"].string_param == "cpu-b"
+    finally:
+        await second.stop(0)
+
+
+async def test_a_route_change_that_cannot_be_kept_is_refused_and_changes_nothing(
+    metering: Metering, executors: list[RunningExecutor], tmp_path: Path
+) -> None:
+    cfg = routes_config({"a": executors[0].address, "b": executors[1].address}, {"mlp": {"targets": ["a"]}})
+    admin_key, _ = await metering.key("ops-diskfull", "ops", "admin", "*")
+    state = tmp_path / "state"
+    (state / "routes-state.tmp").mkdir(parents=True)  # where the new state would be written: unwritable
+    running = await start_router(cfg, metering.running.address, ServerOptions(), state)
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            new = rpb.Route(model="mlp", policy="pinned", targets=[rpb.Target(deployment="b")])
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await rgrpc.RouterAdminStub(channel).SetRoute(
+                    rpb.SetRouteRequest(route=new), metadata=[("authorization", f"Bearer {admin_key}")]
+                )
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "could not save the route change" in (refused.value.details() or "")
+        assert running.router.routes["mlp"].targets[0].deployment == "a"
+    finally:
+        await running.stop(0)

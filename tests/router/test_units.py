@@ -23,6 +23,7 @@ from services.router import config, wire
 from services.router.auth import Authenticator, Identity, authorize, bearer_key
 from services.router.config import Deployment, Policy, Route, Settings, Target
 from services.router.policies import DeploymentState, plan
+from services.router.route_store import RouteStore
 from switchyard.cluster.plan import ServiceSpec
 from switchyard.cluster.routes import render_routes
 from switchyard.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
@@ -308,3 +309,25 @@ def test_executor_stream_errors_keep_their_status() -> None:
     assert _status_of("DEADLINE_EXCEEDED: it was not run").code == grpc.StatusCode.DEADLINE_EXCEEDED
     for odd in ("no status here", "OK: fine", "NOPE: what"):
         assert _status_of(odd).code == grpc.StatusCode.UNKNOWN and _status_of(odd).details == odd
+
+
+def test_kept_route_changes_that_no_longer_fit_are_skipped_and_bad_files_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = config.parse(RAW_CONFIG)
+    routes = {r.model: r for r in cfg.routes}
+    store = RouteStore(tmp_path)
+    assert store.apply(routes, cfg.deployments) == routes  # no file yet: the config's routes
+    gone = Route("mlp", Policy.PINNED, (Target("xla"),))
+    store.save("mlp", gone)
+    store.save("tiny-lm", None)
+    fewer = tuple(d for d in cfg.deployments if d.name != "xla")  # the config changed since
+    with caplog.at_level("WARNING"):
+        applied = RouteStore(tmp_path).apply(routes, fewer)
+    assert applied["mlp"] == routes["mlp"] and "tiny-lm" not in applied
+    assert "skipping the kept change to route 'mlp'" in caplog.text and "'xla'" in caplog.text
+    assert RouteStore(tmp_path).apply(routes, cfg.deployments)["mlp"] == gone  # it fits again
+    (tmp_path / "routes-state.json").write_text("{not json")
+    with caplog.at_level("WARNING"):
+        assert RouteStore(tmp_path).apply(routes, cfg.deployments) == routes
+    assert "unreadable" in caplog.text
