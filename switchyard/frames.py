@@ -130,8 +130,11 @@ class FrameChannel(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for number, kind, payload in self._reader.feed(data):
+            if kind != REPLY:  # not this protocol's peer: fail what is pending, stop talking
+                self.close(f"the executor sent a frame of kind {kind}, not a reply")
+                return
             waiter = self._pending.pop(number, None)
-            if waiter is None or waiter.done() or kind != REPLY:
+            if waiter is None or waiter.done():
                 continue  # a reply to a request given up on
             if payload is None:
                 waiter.set_exception(
@@ -141,7 +144,7 @@ class FrameChannel(asyncio.Protocol):
                 waiter.set_result(payload)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed_because = str(exc) if exc else "closed by the executor"
+        self.closed_because = self.closed_because or (str(exc) if exc else "closed by the executor")
         pending, self._pending = self._pending, {}
         for waiter in pending.values():
             if not waiter.done():
@@ -172,6 +175,7 @@ class FrameChannel(asyncio.Protocol):
         finally:
             timer.cancel()
 
-    def close(self) -> None:
+    def close(self, reason: str = "closed by the router") -> None:
+        self.closed_because = self.closed_because or reason
         if self._transport is not None:
             self._transport.close()

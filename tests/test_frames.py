@@ -140,3 +140,26 @@ def test_a_request_past_its_time_is_cancelled_on_the_executor() -> None:
             await server.close()
 
     asyncio.run(scenario())
+
+
+def test_a_peer_that_does_not_speak_frames_fails_what_is_pending() -> None:
+    async def scenario() -> str:
+        async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readexactly(frames.HEADER.size)
+            writer.write(frames.header(0, 1, frames.REQUEST))  # a request, where a reply belongs
+            await writer.drain()
+            await reader.read()
+
+        server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        channel = await frames.FrameChannel.connect("127.0.0.1", port, 1 << 20, 5.0)
+        try:
+            with pytest.raises(frames.FrameClosed) as closed:
+                await channel.request([b""], 5.0)
+            assert not channel.is_open
+            return str(closed.value)
+        finally:
+            channel.close()
+            server.close()
+
+    assert asyncio.run(scenario()) == "the executor sent a frame of kind 1, not a reply"
