@@ -141,6 +141,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
                     queue_depth=state.queue_depth,
                     service_time_us=state.service_time_us,
                     price_micros_per_hour=d.price_micros_per_hour,
+                    transport=self.router.pool.transport(d.name),
                 )
             )
         return rpb.ListDeploymentsResponse(deployments=out)

@@ -190,6 +190,12 @@ async def test_admin_api_changes_routes_only_for_admins_and_audits_them(
             rpb.ListRoutesRequest(), metadata=[("authorization", f"Bearer {user_key}")]
         )
         assert [t.deployment for t in routes.routes[0].targets] == ["b"]
+        listed = await admin.ListDeployments(
+            rpb.ListDeploymentsRequest(), metadata=[("authorization", f"Bearer {user_key}")]
+        )
+        states = {d.name: d for d in listed.deployments}
+        assert states["a"].address == executors[0].address and states["b"].path == "cpu-b"
+        assert all(d.healthy and d.transport == "frames" for d in listed.deployments)
     served = await asyncio.to_thread(_infer, router.address, _x(), user_key)
     assert served.get_response().parameters["path"].string_param == "cpu-b"
     assert router.router.spool is not None and await router.router.spool.drain(5.0)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _pool.POOL.AddSerializedFile(b'\n\x1aswitchyard/v1/router.proto\x12\rswitchyard.v1\"L\n\x06Target\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\x01\"B\n\x06Shadow\x12\r\n\x05share\x18\x01 \x01(\x01\x12)\n\ncandidates\x18\x02 \x03(\x0b\x32\x15.switchyard.v1.Target\"\x8c\x01\n\x05Route\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12&\n\x07targets\x18\x03 \x03(\x0b\x32\x15.switchyard.v1.Target\x12%\n\x06shadow\x18\x04 \x01(\x0b\x32\x15.switchyard.v1.Shadow\x12\x15\n\rmax_in_flight\x18\x05 \x01(\x05\"\x13\n\x11ListRoutesRequest\":\n\x12ListRoutesResponse\x12$\n\x06routes\x18\x01 \x03(\x0b\x32\x14.switchyard.v1.Route\"6\n\x0fSetRouteRequest\x12#\n\x05route\x18\x01 \x01(\x0b\x32\x14.switchyard.v1.Route\"#\n\x12\x44\x65leteRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteRouteResponse\"\x18\n\x16ListDeploymentsRequest\"\xed\x01\n\x0f\x44\x65ploymentState\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\x15\n\rejected_for_s\x18\x05 \x01(\x01\x12\x11\n\tejections\x18\x06 \x01(\x05\x12\x12\n\nlast_error\x18\x07 \x01(\t\x12\x11\n\tin_flight\x18\x08 \x01(\x03\x12\x13\n\x0bqueue_depth\x18\t \x01(\x03\x12\x17\n\x0fservice_time_us\x18\n \x01(\x01\x12\x1d\n\x15price_micros_per_hour\x18\x0b \x01(\x03\"N\n\x17ListDeploymentsResponse\x12\x33\n\x0b\x64\x65ployments\x18\x01 \x03(\x0b\x32\x1e.switchyard.v1.DeploymentState\"$\n\x13ShadowReportRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xbb\x01\n\x0bShadowStats\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tcandidate\x18\x02 \x01(\t\x12\r\n\x05pairs\x18\x03 \x01(\x03\x12\x10\n\x08\x66\x61ilures\x18\x04 \x01(\x03\x12\x10\n\x08\x64iverged\x18\x05 \x01(\x03\x12\x15\n\rmax_abs_error\x18\x06 \x01(\x01\x12\x1a\n\x12mean_max_abs_error\x18\x07 \x01(\x01\x12\x12\n\nmin_cosine\x18\x08 \x01(\x01\x12\x10\n\x08\x63omparer\x18\t \x01(\t\"A\n\x14ShadowReportResponse\x12)\n\x05stats\x18\x01 \x03(\x0b\x32\x1a.switchyard.v1.ShadowStats2\xbd\x03\n\x0bRouterAdmin\x12S\n\nListRoutes\x12 .switchyard.v1.ListRoutesRequest\x1a!.switchyard.v1.ListRoutesResponse\"\x00\x12\x42\n\x08SetRoute\x12\x1e.switchyard.v1.SetRouteRequest\x1a\x14.switchyard.v1.Route\"\x00\x12V\n\x0b\x44\x65leteRoute\x12!.switchyard.v1.DeleteRouteRequest\x1a\".switchyard.v1.DeleteRouteResponse\"\x00\x12\x62\n\x0fListDeployments\x12%.switchyard.v1.ListDeploymentsRequest\x1a&.switchyard.v1.ListDeploymentsResponse\"\x00\x12Y\n\x0cShadowReport\x12\".switchyard.v1.ShadowReportRequest\x1a#.switchyard.v1.ShadowReportResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _pool.POOL.AddSerializedFile(b'\n\x1aswitchyard/v1/router.proto\x12\rswitchyard.v1\"L\n\x06Target\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\x01\"B\n\x06Shadow\x12\r\n\x05share\x18\x01 \x01(\x01\x12)\n\ncandidates\x18\x02 \x03(\x0b\x32\x15.switchyard.v1.Target\"\x8c\x01\n\x05Route\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12&\n\x07targets\x18\x03 \x03(\x0b\x32\x15.switchyard.v1.Target\x12%\n\x06shadow\x18\x04 \x01(\x0b\x32\x15.switchyard.v1.Shadow\x12\x15\n\rmax_in_flight\x18\x05 \x01(\x05\"\x13\n\x11ListRoutesRequest\":\n\x12ListRoutesResponse\x12$\n\x06routes\x18\x01 \x03(\x0b\x32\x14.switchyard.v1.Route\"6\n\x0fSetRouteRequest\x12#\n\x05route\x18\x01 \x01(\x0b\x32\x14.switchyard.v1.Route\"#\n\x12\x44\x65leteRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteRouteResponse\"\x18\n\x16ListDeploymentsRequest\"\x80\x02\n\x0f\x44\x65ploymentState\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\x15\n\rejected_for_s\x18\x05 \x01(\x01\x12\x11\n\tejections\x18\x06 \x01(\x05\x12\x12\n\nlast_error\x18\x07 \x01(\t\x12\x11\n\tin_flight\x18\x08 \x01(\x03\x12\x13\n\x0bqueue_depth\x18\t \x01(\x03\x12\x17\n\x0fservice_time_us\x18\n \x01(\x01\x12\x1d\n\x15price_micros_per_hour\x18\x0b \x01(\x03\x12\x11\n\ttransport\x18\x0c \x01(\t\"N\n\x17ListDeploymentsResponse\x12\x33\n\x0b\x64\x65ployments\x18\x01 \x03(\x0b\x32\x1e.switchyard.v1.DeploymentState\"$\n\x13ShadowReportRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xbb\x01\n\x0bShadowStats\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tcandidate\x18\x02 \x01(\t\x12\r\n\x05pairs\x18\x03 \x01(\x03\x12\x10\n\x08\x66\x61ilures\x18\x04 \x01(\x03\x12\x10\n\x08\x64iverged\x18\x05 \x01(\x03\x12\x15\n\rmax_abs_error\x18\x06 \x01(\x01\x12\x1a\n\x12mean_max_abs_error\x18\x07 \x01(\x01\x12\x12\n\nmin_cosine\x18\x08 \x01(\x01\x12\x10\n\x08\x63omparer\x18\t \x01(\t\"A\n\x14ShadowReportResponse\x12)\n\x05stats\x18\x01 \x03(\x0b\x32\x1a.switchyard.v1.ShadowStats2\xbd\x03\n\x0bRouterAdmin\x12S\n\nListRoutes\x12 .switchyard.v1.ListRoutesRequest\x1a!.switchyard.v1.ListRoutesResponse\"\x00\x12\x42\n\x08SetRoute\x12\x1e.switchyard.v1.SetRouteRequest\x1a\x14.switchyard.v1.Route\"\x00\x12V\n\x0b\x44\x65leteRoute\x12!.switchyard.v1.DeleteRouteRequest\x1a\".switchyard.v1.DeleteRouteResponse\"\x00\x12\x62\n\x0fListDeployments\x12%.switchyard.v1.ListDeploymentsRequest\x1a&.switchyard.v1.ListDeploymentsResponse\"\x00\x12Y\n\x0cShadowReport\x12\".switchyard.v1.ShadowReportRequest\x1a#.switchyard.v1.ShadowReportResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,15 +50,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTDEPLOYMENTSREQUEST']._serialized_start=531
   _globals['_LISTDEPLOYMENTSREQUEST']._serialized_end=555
   _globals['_DEPLOYMENTSTATE']._serialized_start=558
-  _globals['_DEPLOYMENTSTATE']._serialized_end=795
-  _globals['_LISTDEPLOYMENTSRESPONSE']._serialized_start=797
-  _globals['_LISTDEPLOYMENTSRESPONSE']._serialized_end=875
-  _globals['_SHADOWREPORTREQUEST']._serialized_start=877
-  _globals['_SHADOWREPORTREQUEST']._serialized_end=913
-  _globals['_SHADOWSTATS']._serialized_start=916
-  _globals['_SHADOWSTATS']._serialized_end=1103
-  _globals['_SHADOWREPORTRESPONSE']._serialized_start=1105
-  _globals['_SHADOWREPORTRESPONSE']._serialized_end=1170
-  _globals['_ROUTERADMIN']._serialized_start=1173
-  _globals['_ROUTERADMIN']._serialized_end=1618
+  _globals['_DEPLOYMENTSTATE']._serialized_end=814
+  _globals['_LISTDEPLOYMENTSRESPONSE']._serialized_start=816
+  _globals['_LISTDEPLOYMENTSRESPONSE']._serialized_end=894
+  _globals['_SHADOWREPORTREQUEST']._serialized_start=896
+  _globals['_SHADOWREPORTREQUEST']._serialized_end=932
+  _globals['_SHADOWSTATS']._serialized_start=935
+  _globals['_SHADOWSTATS']._serialized_end=1122
+  _globals['_SHADOWREPORTRESPONSE']._serialized_start=1124
+  _globals['_SHADOWREPORTRESPONSE']._serialized_end=1189
+  _globals['_ROUTERADMIN']._serialized_start=1192
+  _globals['_ROUTERADMIN']._serialized_end=1637
 # @@protoc_insertion_point(module_scope)

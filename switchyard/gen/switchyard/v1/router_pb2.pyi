@@ -232,6 +232,7 @@ class DeploymentState(_message.Message):
     QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
     SERVICE_TIME_US_FIELD_NUMBER: _builtins.int
     PRICE_MICROS_PER_HOUR_FIELD_NUMBER: _builtins.int
+    TRANSPORT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     path: _builtins.str
@@ -246,6 +247,8 @@ class DeploymentState(_message.Message):
     service_time_us: _builtins.float
     """moving average of measured service time"""
     price_micros_per_hour: _builtins.int
+    transport: _builtins.str
+    """how inference reaches it now: "frames" or "grpc" (streams)"""
     def __init__(
         self,
         *,
@@ -260,10 +263,11 @@ class DeploymentState(_message.Message):
         queue_depth: _builtins.int = ...,
         service_time_us: _builtins.float = ...,
         price_micros_per_hour: _builtins.int = ...,
+        transport: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "ejected_for_s", b"ejected_for_s", "ejections", b"ejections", "healthy", b"healthy", "in_flight", b"in_flight", "last_error", b"last_error", "name", b"name", "path", b"path", "price_micros_per_hour", b"price_micros_per_hour", "queue_depth", b"queue_depth", "service_time_us", b"service_time_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "ejected_for_s", b"ejected_for_s", "ejections", b"ejections", "healthy", b"healthy", "in_flight", b"in_flight", "last_error", b"last_error", "name", b"name", "path", b"path", "price_micros_per_hour", b"price_micros_per_hour", "queue_depth", b"queue_depth", "service_time_us", b"service_time_us", "transport", b"transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
