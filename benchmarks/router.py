@@ -63,11 +63,14 @@ ROUTERS: dict[str, tuple[dict[str, str], str]] = {
     "router_stock": (STOCK, "grpc"),
 }
 
+# The executor and metering run as their CLIs run them: on uvloop (run_service), the executor
+# with its start-up objects frozen out of the collector.
 EXECUTOR = f"""
-import asyncio, sys
+import gc, sys
 from pathlib import Path
 from services.executor.config import ExecutorConfig
 from services.executor.server import start_executor
+from switchyard.grpcio import run_service
 from switchyard.models.registry import ModelRegistry
 
 async def main() -> None:
@@ -77,10 +80,12 @@ async def main() -> None:
     cfg = ExecutorConfig(port=int(sys.argv[1]), models={MODELS!r}, batch_buckets={BUCKETS!r},
                          max_queue_size=1024)
     running = await start_executor(cfg, registry)
+    gc.collect()
+    gc.freeze()
     print("READY", flush=True)
     await running.serve_until_signal()
 
-asyncio.run(main())
+run_service(main())
 """
 
 # The floor: a bare grpc.aio hop that forwards ModelInfer bytes and does nothing else.
@@ -110,16 +115,16 @@ asyncio.run(main())
 """
 
 METERING = """
-import asyncio, sys
+import sys
 from services.metering.server import start_metering
-from switchyard.grpcio import ServerOptions
+from switchyard.grpcio import ServerOptions, run_service
 
 async def main() -> None:
     running = await start_metering(sys.argv[2], ServerOptions(port=int(sys.argv[1])))
     print("READY", flush=True)
     await running.serve_until_signal()
 
-asyncio.run(main())
+run_service(main())
 """
 
 
