@@ -1,12 +1,14 @@
 """The router's hop to an executor, alone: a message on a gRPC stream versus in frames.
 
-One server process (uvloop, as services run) answers the same echo two ways: on a grpc.aio
+A server process (uvloop, as services run) answers the same echo two ways: on a grpc.aio
 `ModelStreamInfer` stream, and on a frame connection (switchyard.frames, served by the
 executor's own FrameServer). Both parse the ModelInferRequest and answer a
 ModelStreamInferResponse carrying its tensor bytes back, so both sides do the same protobuf
-work; only the transport differs. One client process (uvloop) sends one request at a time
-over each, alternating rounds so the machine's drifting load hits both alike, at 1 KB and
-1 MiB. Prints round-trip p50/p99 and frames/stream ratios, writes out/bench/frames.json.
+work; only the transport differs. A second server process does the same on glibc's default
+malloc settings, to show what switchyard/allocator.py saves. One client process (uvloop)
+sends one request at a time over each, alternating rounds so the machine's drifting load hits
+all alike, at 1 KB and 1 MiB. Prints round-trip p50/p99 and the ratios, writes
+out/bench/frames.json.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/frames.py [--rounds 10] [--requests 300]
 """
@@ -15,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import os
 import platform
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import grpc
@@ -91,34 +94,47 @@ def quantile(values: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] / 1000.0  # µs
 
 
+Send = Callable[[bytes], Awaitable[bytes]]
+
+
+async def connect(grpc_port: int, frame_port: int, closers: list[Callable[[], Any]]) -> tuple[Send, Send]:
+    """(over a stream, in frames) to one server process."""
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}", options=OPTIONS)
+    call: Any = channel.stream_stream(STREAM)()  # bytes in, bytes out, as the router's streams
+    connection = await frames.FrameChannel.connect("127.0.0.1", frame_port, LIMIT, 10.0)
+    closers.extend((call.cancel, connection.close, channel.close))
+
+    async def over_stream(body: bytes) -> bytes:
+        await call.write(body)
+        return cast(bytes, await call.read())
+
+    async def over_frames(body: bytes) -> bytes:
+        return await connection.request((body,), 10.0)
+
+    return over_stream, over_frames
+
+
 async def measure(rounds: int, requests: int) -> dict[str, Any]:
-    grpc_port, frame_port = free_port(), free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        __file__,
-        "--serve",
-        str(grpc_port),
-        str(frame_port),
-        stdout=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    assert child.stdout is not None
+    # Two servers: malloc settings as services run (switchyard/allocator.py), and glibc's defaults.
+    servers = {"": {}, "_glibc_default": {"SWITCHYARD_MALLOC": "default"}}
+    children = []
+    transports: dict[str, Send] = {}
+    closers: list[Callable[[], Any]] = []
     try:
-        line = await asyncio.wait_for(child.stdout.readline(), 60)
-        assert line.startswith(b"READY"), line
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}", options=OPTIONS)
-        call: Any = channel.stream_stream(STREAM)()  # bytes in, bytes out, as the router's streams
-        connection = await frames.FrameChannel.connect("127.0.0.1", frame_port, LIMIT, 10.0)
-
-        async def over_stream(body: bytes) -> bytes:
-            await call.write(body)
-            return cast(bytes, await call.read())
-
-        async def over_frames(body: bytes) -> bytes:
-            return await connection.request((body,), 10.0)
-
-        transports = {"grpc_stream": over_stream, "frames": over_frames}
+        for suffix, extra in servers.items():
+            grpc_port, frame_port = free_port(), free_port()
+            env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+            serve_args = ("--serve", str(grpc_port), str(frame_port))
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, *serve_args, stdout=asyncio.subprocess.PIPE, env=env
+            )
+            children.append(child)
+            assert child.stdout is not None
+            line = await asyncio.wait_for(child.stdout.readline(), 60)
+            assert line.startswith(b"READY"), line
+            over_stream, over_frames = await connect(grpc_port, frame_port, closers)
+            transports[f"grpc_stream{suffix}"] = over_stream
+            transports[f"frames{suffix}"] = over_frames
         results: dict[str, Any] = {}
         for size, nbytes in SIZES.items():
             request = pb.ModelInferRequest(model_name="echo", id="r")
@@ -145,32 +161,41 @@ async def measure(rounds: int, requests: int) -> dict[str, Any]:
             }
             cell["frames_over_stream_p50"] = cell["frames"]["p50_us"] / cell["grpc_stream"]["p50_us"]
             cell["frames_over_stream_p99"] = cell["frames"]["p99_us"] / cell["grpc_stream"]["p99_us"]
+            for transport in ("grpc_stream", "frames"):  # what glibc's defaults cost
+                default = cell[f"{transport}_glibc_default"]["p50_us"]
+                cell[f"{transport}_malloc_kept_over_default_p50"] = cell[transport]["p50_us"] / default
             cell["message_bytes"] = len(body)
             results[size] = cell
             for name in transports:
                 c = cell[name]
                 print(
-                    f"{size} {name:12s} round trip p50 {c['p50_us']:8.1f} us  p99 {c['p99_us']:8.1f} us"
+                    f"{size} {name:26s} round trip p50 {c['p50_us']:8.1f} us  p99 {c['p99_us']:8.1f} us"
                     f"  ({c['requests']} requests)",
                     flush=True,
                 )
             print(
                 f"{size} frames / grpc stream: p50 x{cell['frames_over_stream_p50']:.3f}, "
-                f"p99 x{cell['frames_over_stream_p99']:.3f}",
+                f"p99 x{cell['frames_over_stream_p99']:.3f}; malloc kept / glibc default at p50: "
+                f"stream x{cell['grpc_stream_malloc_kept_over_default_p50']:.3f}, "
+                f"frames x{cell['frames_malloc_kept_over_default_p50']:.3f}",
                 flush=True,
             )
-        call.cancel()
-        connection.close()
-        await channel.close()
+        for close in closers:
+            if inspect.isawaitable(done := close()):
+                await done
     finally:
-        child.terminate()
-        await child.wait()
+        for child in children:
+            child.terminate()
+            await child.wait()
     return {
         "benchmark": "frames",
         "configuration": {
-            "server": "one process on uvloop: grpc.aio ModelStreamInfer (EventEngine default) and "
-            "FrameServer, both answering with Echo.answer",
-            "client": "one process on uvloop, one request at a time; rounds alternate the order",
+            "server": "two processes on uvloop, each serving grpc.aio ModelStreamInfer (EventEngine "
+            "default) and a FrameServer, both answering with Echo.answer: one with the malloc "
+            "settings services run with (switchyard/allocator.py), one (`*_glibc_default`) with "
+            "glibc's defaults (SWITCHYARD_MALLOC=default)",
+            "client": "one process on uvloop with the services' malloc settings, one request at a "
+            "time; rounds alternate the order",
             "message": "a ModelInferRequest with one UINT8 input of the size named; the reply carries "
             "the same bytes back",
             "rounds": rounds,

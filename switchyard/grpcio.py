@@ -22,6 +22,7 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from switchyard import allocator
 from switchyard.errors import InvalidArgument, Status, SwitchyardError
 from switchyard.gen import _pool
 
@@ -172,6 +173,11 @@ def run_service(main: Coroutine[Any, Any, T]) -> T:
     one on stock settings in the same run. SWITCHYARD_LOOP=asyncio runs the standard loop.
     Tests run the same services in-process on pytest's asyncio loop.
     """
+    try:
+        allocator.keep_freed_memory()  # large messages without a page fault per page (see there)
+    except InvalidArgument:
+        main.close()
+        raise
     choice = os.environ.get("SWITCHYARD_LOOP", "uvloop")
     if choice == "asyncio":
         return asyncio.run(main)

@@ -95,3 +95,47 @@ def test_the_router_transport_turns_event_engine_endpoints_off_unless_told_other
     value, log = _transport_in_child(base, first="import logging, grpc; logging.basicConfig()")
     assert value == "<unset>"
     assert "grpc was imported before the transport was chosen" in log
+
+
+ALLOCATIONS = """
+import resource
+from switchyard import allocator
+applied = allocator.keep_freed_memory()
+def burst() -> None:
+    held = [bytes(1 << 20) for _ in range(16)]  # sixteen 1 MiB messages in flight
+    del held
+burst()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    burst()
+print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+"""
+
+
+def _allocations_in_child(**env: str) -> tuple[bool, float]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "SWITCHYARD_MALLOC"))}
+    base["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", ALLOCATIONS], env={**base, **env}, capture_output=True, text=True, check=True
+    )
+    applied, faults = out.stdout.split()
+    return applied == "True", float(faults)
+
+
+def test_services_keep_freed_message_memory_mapped_unless_told_otherwise() -> None:
+    """Bursts of 1 MiB buffers, as large messages make: with the services' malloc settings
+    the freed memory is reused, so they fault far fewer fresh pages than on glibc's defaults."""
+    kept, kept_faults = _allocations_in_child()
+    default, default_faults = _allocations_in_child(SWITCHYARD_MALLOC="default")
+    assert kept and not default
+    assert kept_faults < default_faults / 2, (kept_faults, default_faults)
+    operator, _ = _allocations_in_child(MALLOC_TRIM_THRESHOLD_="1048576")  # the operator's setting wins
+    assert not operator
+
+
+def test_an_unknown_malloc_choice_is_refused_with_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWITCHYARD_MALLOC", "jemalloc")
+    coro = _loop_module()
+    with pytest.raises(InvalidArgument, match=r"SWITCHYARD_MALLOC=.jemalloc.: use keep .* or default"):
+        run_service(coro)
+    assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
