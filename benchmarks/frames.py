@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import os
 import platform
-import socket
+import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,6 +30,7 @@ import grpc
 from benchmarks.common import ROOT, write_report
 from services.executor.frames import FrameServer
 from switchyard import frames
+from switchyard.cluster.plan import free_port
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.grpcio import run_service
 
@@ -72,16 +72,10 @@ async def serve(grpc_port: int, frame_port: int) -> None:
     )
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
     await server.start()
-    framed = FrameServer(cast(Any, echo), LIMIT)
+    framed = FrameServer(echo, LIMIT)
     await framed.start("127.0.0.1", frame_port)
     print("READY", flush=True)
     await server.wait_for_termination()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _count(requests: int, nbytes: int) -> int:
@@ -89,20 +83,18 @@ def _count(requests: int, nbytes: int) -> int:
     return requests if nbytes < 65536 else max(20, requests // 10)
 
 
-def quantile(values: list[int], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] / 1000.0  # µs
-
-
 Send = Callable[[bytes], Awaitable[bytes]]
 
 
-async def connect(grpc_port: int, frame_port: int, closers: list[Callable[[], Any]]) -> tuple[Send, Send]:
-    """(over a stream, in frames) to one server process."""
+async def connect(
+    grpc_port: int, frame_port: int, channels: list[grpc.aio.Channel], connections: list[frames.FrameChannel]
+) -> tuple[Send, Send]:
+    """(over a stream, in frames) to one server process; what to close goes into the lists."""
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}", options=OPTIONS)
     call: Any = channel.stream_stream(STREAM)()  # bytes in, bytes out, as the router's streams
     connection = await frames.FrameChannel.connect("127.0.0.1", frame_port, LIMIT, 10.0)
-    closers.extend((call.cancel, connection.close, channel.close))
+    channels.append(channel)
+    connections.append(connection)
 
     async def over_stream(body: bytes) -> bytes:
         await call.write(body)
@@ -119,10 +111,11 @@ async def measure(rounds: int, requests: int) -> dict[str, Any]:
     servers = {"": {}, "_glibc_default": {"SWITCHYARD_MALLOC": "default"}}
     children = []
     transports: dict[str, Send] = {}
-    closers: list[Callable[[], Any]] = []
+    channels: list[grpc.aio.Channel] = []
+    connections: list[frames.FrameChannel] = []
     try:
         for suffix, extra in servers.items():
-            grpc_port, frame_port = free_port(), free_port()
+            grpc_port, frame_port = free_port("127.0.0.1"), free_port("127.0.0.1")
             env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
             serve_args = ("--serve", str(grpc_port), str(frame_port))
             child = await asyncio.create_subprocess_exec(
@@ -132,7 +125,7 @@ async def measure(rounds: int, requests: int) -> dict[str, Any]:
             assert child.stdout is not None
             line = await asyncio.wait_for(child.stdout.readline(), 60)
             assert line.startswith(b"READY"), line
-            over_stream, over_frames = await connect(grpc_port, frame_port, closers)
+            over_stream, over_frames = await connect(grpc_port, frame_port, channels, connections)
             transports[f"grpc_stream{suffix}"] = over_stream
             transports[f"frames{suffix}"] = over_frames
         results: dict[str, Any] = {}
@@ -155,10 +148,10 @@ async def measure(rounds: int, requests: int) -> dict[str, Any]:
                         t = time.perf_counter_ns()
                         await send(body)
                         samples[name].append(time.perf_counter_ns() - t)
-            cell: dict[str, Any] = {
-                name: {"p50_us": quantile(v, 0.5), "p99_us": quantile(v, 0.99), "requests": len(v)}
-                for name, v in samples.items()
-            }
+            cell: dict[str, Any] = {}
+            for name, v in samples.items():
+                q = statistics.quantiles(v, n=100, method="inclusive")  # as benchmarks/router.py
+                cell[name] = {"p50_us": q[49] / 1000, "p99_us": q[98] / 1000, "requests": len(v)}
             cell["frames_over_stream_p50"] = cell["frames"]["p50_us"] / cell["grpc_stream"]["p50_us"]
             cell["frames_over_stream_p99"] = cell["frames"]["p99_us"] / cell["grpc_stream"]["p99_us"]
             for transport in ("grpc_stream", "frames"):  # what glibc's defaults cost
@@ -180,9 +173,10 @@ async def measure(rounds: int, requests: int) -> dict[str, Any]:
                 f"frames x{cell['frames_malloc_kept_over_default_p50']:.3f}",
                 flush=True,
             )
-        for close in closers:
-            if inspect.isawaitable(done := close()):
-                await done
+        for connection in connections:
+            connection.close()
+        for channel in channels:
+            await channel.close()  # cancels its stream
     finally:
         for child in children:
             child.terminate()

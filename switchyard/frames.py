@@ -27,8 +27,6 @@ RESOURCE_EXHAUSTED and the connection stays usable.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 import struct
 from collections.abc import Sequence
 from typing import cast
@@ -44,14 +42,6 @@ Frame = tuple[int, int, bytes | None]  # number, kind, payload (None: longer tha
 
 def header(length: int, number: int, kind: int) -> bytes:
     return HEADER.pack(length, number, kind)
-
-
-def set_nodelay(transport: asyncio.BaseTransport) -> None:
-    """Small frames go out at once (asyncio sets this too; uvloop's servers may not)."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class FrameReader:
@@ -138,7 +128,6 @@ class FrameChannel(asyncio.Protocol):
         return self._transport is not None and not self._transport.is_closing()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        set_nodelay(transport)
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:

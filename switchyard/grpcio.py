@@ -173,18 +173,15 @@ def run_service(main: Coroutine[Any, Any, T]) -> T:
     one on stock settings in the same run. SWITCHYARD_LOOP=asyncio runs the standard loop.
     Tests run the same services in-process on pytest's asyncio loop.
     """
+    choice = os.environ.get("SWITCHYARD_LOOP", "uvloop")
     try:
+        if choice not in ("uvloop", "asyncio"):
+            raise InvalidArgument(f"SWITCHYARD_LOOP={choice!r}: use uvloop (the default) or asyncio")
         allocator.keep_freed_memory()  # large messages without a page fault per page (see there)
     except InvalidArgument:
-        main.close()
+        main.close()  # refused before it ran: not left un-awaited
         raise
-    choice = os.environ.get("SWITCHYARD_LOOP", "uvloop")
-    if choice == "asyncio":
-        return asyncio.run(main)
-    if choice != "uvloop":
-        main.close()
-        raise InvalidArgument(f"SWITCHYARD_LOOP={choice!r}: use uvloop (the default) or asyncio")
-    return uvloop.run(main)
+    return asyncio.run(main) if choice == "asyncio" else uvloop.run(main)
 
 
 def stop_signal() -> asyncio.Event:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import uvloop
@@ -94,7 +94,7 @@ def test_both_ends_on_either_event_loop(loop: str) -> None:
     router's and the executor's ends must work on both."""
 
     async def scenario() -> list[str]:
-        server = FrameServer(cast(Any, _Echo()), limit=1 << 20)
+        server = FrameServer(_Echo(), limit=1 << 20)
         port = await server.start("127.0.0.1", 0)
         channel = await frames.FrameChannel.connect("127.0.0.1", port, 1 << 20, 5.0)
         try:
@@ -126,7 +126,7 @@ def test_a_request_past_its_time_is_cancelled_on_the_executor() -> None:
                 raise
 
     async def scenario() -> None:
-        server = FrameServer(cast(Any, Slow()), limit=1 << 20)
+        server = FrameServer(Slow(), limit=1 << 20)
         channel = await frames.FrameChannel.connect(
             "127.0.0.1", await server.start("127.0.0.1", 0), 1 << 20, 5.0
         )

@@ -13,15 +13,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import cast
+from typing import Protocol, cast
 
 from google.protobuf.message import DecodeError
 
-from services.executor.servicer import InferenceServicer
 from switchyard import frames
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 log = logging.getLogger(__name__)
+
+
+class Answerer(Protocol):
+    """What answers a request: `InferenceServicer.answer`, the code behind ModelStreamInfer."""
+
+    async def answer(
+        self, request: pb.ModelInferRequest, time_remaining: float | None, /
+    ) -> pb.ModelStreamInferResponse: ...
 
 
 def _error_reply(status: str, why: str) -> bytes:
@@ -36,7 +43,6 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        frames.set_nodelay(transport)
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._server.connections.add(self)
 
@@ -89,7 +95,7 @@ class _Connection(asyncio.Protocol):
 class FrameServer:
     """Listens for frame connections next to the executor's gRPC port."""
 
-    def __init__(self, servicer: InferenceServicer, limit: int) -> None:
+    def __init__(self, servicer: Answerer, limit: int) -> None:
         self.servicer = servicer
         self.limit = limit
         self.connections: set[_Connection] = set()

@@ -23,8 +23,10 @@ Where the executor offers framed inference (switchyard.frames: its Describe name
 and `executor_transport` is "frames", requests go over one frame connection per deployment
 instead: the same messages, several times cheaper per hop. The watcher opens it after a
 passing probe and opens it again after it breaks (a restarted executor has a new port);
-until then, or when the executor offers none, requests take the streams. A broken connection
-fails its requests with UNAVAILABLE, as a broken stream does.
+until then, or when the executor offers none, requests take the streams. An executor that
+offers none, or whose port does not connect, is asked again after FRAMES_RETRY_S or once it
+has been ejected, not at every probe. A broken connection fails its requests with UNAVAILABLE,
+as a broken stream does.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
 log = logging.getLogger(__name__)
 
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
-FRAMES_RETRY_S = 30.0  # a deployment whose frame port did not connect is tried again after this
+FRAMES_RETRY_S = 30.0  # a deployment offering no frames, or whose port failed, is asked again after this
 MAX_IDLE_STREAMS = 64  # per deployment; more concurrent requests open more, closed when idle
 _ERROR, _RESPONSE = 1, 2  # ModelStreamInferResponse fields
 _STREAM_FIELDS = frozenset((_ERROR, _RESPONSE))
@@ -128,10 +130,13 @@ class ExecutorPool:
         for channel in self.channels.values():
             await channel.close()
 
+    def _open_frames(self, deployment: str) -> frames.FrameChannel | None:
+        channel = self._frames.get(deployment)
+        return channel if channel is not None and channel.is_open else None
+
     def transport(self, deployment: str) -> str:
         """How the next request to `deployment` travels: "frames" or "grpc"."""
-        channel = self._frames.get(deployment)
-        return "frames" if channel is not None and channel.is_open else "grpc"
+        return "grpc" if self._open_frames(deployment) is None else "frames"
 
     async def infer(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
         """One ModelInferRequest (the concatenated `parts`) to the deployment, over its frame
@@ -141,8 +146,8 @@ class ExecutorPool:
         if self._tracing:
             params.update(telemetry.trace_parameters())
         message = (*parts, wire.parameters_field(params))  # later map entries win
-        channel = self._frames.get(deployment)
-        if channel is not None and channel.is_open:
+        channel = self._open_frames(deployment)
+        if channel is not None:
             try:
                 reply = await channel.request(message, timeout_s)
             except frames.FrameTimeout:
@@ -214,6 +219,7 @@ class ExecutorPool:
         state = self.states[deployment]
         was_admitted = state.admitted()
         state.eject(reason, self._settings)
+        self._frames_retry_at.pop(deployment, None)
         if was_admitted:
             log.warning("ejected deployment %s: %s", deployment, reason)
 
@@ -247,7 +253,7 @@ class ExecutorPool:
 
     async def _connect_frames(self, name: str) -> None:
         """Opens the deployment's frame connection if it offers one and none is open."""
-        if self.transport(name) == "frames" or time.monotonic() < self._frames_retry_at.get(name, 0.0):
+        if self._open_frames(name) is not None or time.monotonic() < self._frames_retry_at.get(name, 0.0):
             return
         self._frames.pop(name, None)
         host = frames_host(self.states[name].deployment.address)
@@ -259,7 +265,10 @@ class ExecutorPool:
                 executor_pb2.DescribeRequest(), timeout=timeout
             )
             if not described.frames_port:
-                return  # this executor offers none (frames off, or an older version)
+                # frames off, or an older executor: no Describe per interval, but again after
+                # FRAMES_RETRY_S or an ejection (what comes back may offer them)
+                self._frames_retry_at[name] = time.monotonic() + FRAMES_RETRY_S
+                return
             port = described.frames_port
             channel = await frames.FrameChannel.connect(host, port, MAX_MESSAGE_BYTES, timeout)
             if not channel.is_open:
