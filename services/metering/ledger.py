@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from services.metering import access, audit, jobs, reports, reservations, usage
+from services.metering import access, audit, jobs, reports, reservations, routes, usage
 from services.metering.db import Engines, make_engines, migrate
 from services.metering.errors import AuthFailed
 from services.metering.records import Actor, JobCostInfo, JobInfo, ReservationInfo, UsageEvent, UsageResult
@@ -161,6 +161,13 @@ class Ledger:
 
     def trial(self, trial_id: str) -> Any:
         return self.read(lambda conn: jobs.get_trial(conn, trial_id))
+
+    # -- route changes ------------------------------------------------------------------
+    def save_route_change(self, actor: Actor, fleet: str, model: str, route_json: str | None) -> Any:
+        return self.write(lambda conn, now: routes.save(conn, actor, fleet, model, route_json, now))
+
+    def route_changes(self, fleet: str) -> list[Any]:
+        return self.read(lambda conn: routes.latest(conn, fleet))
 
     # -- access -------------------------------------------------------------------------
     def create_principal(self, actor: Actor, name: str, kind: str, team: str) -> access.PrincipalInfo:

@@ -219,6 +219,24 @@ class TrialRow(Base):
     updated_us: Mapped[int] = mapped_column(BigInteger)
 
 
+class RouteChangeRow(Base):
+    """A run-time route change made through a router's RouterAdmin, shared by the routers of
+    its fleet. Append-only history; the latest row per fleet and model (highest id) is in force,
+    and a NULL route_json means the route was deleted.
+    """
+
+    __tablename__ = "route_changes"
+    __table_args__ = (Index(None, "fleet", "model", "id"),)
+
+    id: Mapped[int] = mapped_column(SerialId, primary_key=True, autoincrement=True)
+    fleet: Mapped[str] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(200))
+    route_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    changed_us: Mapped[int] = mapped_column(BigInteger)
+    principal: Mapped[str] = mapped_column(String(200))
+    request_id: Mapped[str] = mapped_column(String(200))
+
+
 # Core handles on the tables (the hot paths use Core statements, not ORM sessions).
 PRICES = cast(Table, PriceRow.__table__)
 PATHS = cast(Table, PathRow.__table__)
@@ -231,3 +249,4 @@ KEYS = cast(Table, ApiKeyRow.__table__)
 AUDIT = cast(Table, AuditRow.__table__)
 HEAD = cast(Table, AuditHeadRow.__table__)
 TRIALS = cast(Table, TrialRow.__table__)
+ROUTE_CHANGES = cast(Table, RouteChangeRow.__table__)

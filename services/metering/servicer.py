@@ -106,6 +106,18 @@ def audit_msg(r: Any) -> pb.AuditRecord:
     )
 
 
+def route_change_msg(r: Any) -> pb.RouteChange:
+    return pb.RouteChange(
+        fleet=r.fleet,
+        model=r.model,
+        route_json=r.route_json or "",
+        deleted=r.route_json is None,
+        revision=r.id,
+        changed_unix_us=r.changed_us,
+        principal=r.principal,
+    )
+
+
 class MeteringServicer(pb_grpc.MeteringServicer):
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
@@ -300,6 +312,23 @@ class MeteringServicer(pb_grpc.MeteringServicer):
             report_json=row.report_json,
             verdicts=json.loads(row.verdicts_json or "{}"),
         )
+
+    async def SaveRouteChange(self, request: pb.SaveRouteChangeRequest, context: Any) -> pb.RouteChange:
+        r = request
+        if r.deleted == bool(r.route_json):
+            raise BadInput("give route_json for a changed route, or deleted = true (and no route_json)")
+        row = await self._w(
+            lambda: self.ledger.save_route_change(
+                actor_of(r.actor, context), r.fleet, r.model, None if r.deleted else r.route_json
+            )
+        )
+        return route_change_msg(row)
+
+    async def ListRouteChanges(
+        self, request: pb.ListRouteChangesRequest, context: Any
+    ) -> pb.ListRouteChangesResponse:
+        rows = await self._r(lambda: self.ledger.route_changes(request.fleet))
+        return pb.ListRouteChangesResponse(changes=[route_change_msg(r) for r in rows])
 
     async def CreatePrincipal(self, request: pb.CreatePrincipalRequest, context: Any) -> pb.Principal:
         r = request

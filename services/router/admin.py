@@ -103,7 +103,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
     async def SetRoute(self, request: rpb.SetRouteRequest, context: Ctx) -> rpb.Route:
         identity, request_id = await self._caller(context, f"route:{request.route.model}", need_admin=True)
         route = validate_route(route_from_proto(request.route), self.router.config.deployments)
-        old = self.router.set_route(route)
+        old = await self.router.set_route(route, identity.principal_id, request_id)
         self._audit_change(
             identity,
             "route.set",
@@ -116,7 +116,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
 
     async def DeleteRoute(self, request: rpb.DeleteRouteRequest, context: Ctx) -> rpb.DeleteRouteResponse:
         identity, request_id = await self._caller(context, f"route:{request.model}", need_admin=True)
-        old = self.router.delete_route(request.model)
+        old = await self.router.delete_route(request.model, identity.principal_id, request_id)
         self._audit_change(identity, "route.delete", request.model, {"old": asdict(old)}, request_id, context)
         return rpb.DeleteRouteResponse()
 

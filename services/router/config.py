@@ -99,6 +99,10 @@ class Settings:
     # How inference reaches executors: "frames" (switchyard.frames, where the executor offers
     # them; gRPC streams until connected and for executors that do not) or "grpc" (streams only).
     executor_transport: str = "frames"
+    # Routers with the same fleet name share RouterAdmin route changes through metering; each
+    # polls for the others' changes this often (0: never, only its own changes apply).
+    fleet: str = "default"
+    route_sync_s: float = 2.0
 
 
 TRANSPORTS = ("frames", "grpc")
@@ -227,6 +231,12 @@ def parse(raw: Mapping[str, Any]) -> RouterConfig:
         raise InvalidArgument(
             f"[router] executor_transport must be one of {list(TRANSPORTS)}, "
             f"got {settings.executor_transport!r}"
+        )
+    if not settings.fleet or len(settings.fleet) > 200:
+        raise InvalidArgument(f"[router] fleet must be a name of 1..200 characters, got {settings.fleet!r}")
+    if settings.route_sync_s < 0:
+        raise InvalidArgument(
+            f"[router] route_sync_s must be >= 0 (0: no polling), got {settings.route_sync_s}"
         )
     deployments = []
     for name, d in dict(raw.get("deployments", {})).items():

@@ -92,8 +92,8 @@ class Router:
         self.config = config
         self.settings = config.settings
         self.store = store
-        routes = {r.model: r for r in config.routes}
-        self.routes: dict[str, Route] = routes if store is None else store.apply(routes, config.deployments)
+        self.file_routes = {r.model: r for r in config.routes}
+        self.routes = store.routes(self.file_routes, config.deployments) if store else self.file_routes
         self.pool = pool
         self.auth = auth
         self.spool = spool
@@ -112,21 +112,47 @@ class Router:
             raise NotFound(f"unknown model {model!r}; the router serves {sorted(self.routes)}")
         return route
 
-    def set_route(self, route: Route) -> Route | None:
-        """Adds or replaces a (validated) route, kept across restarts; returns the old one."""
-        if self.store is not None:
-            self.store.save(route.model, route)  # first: a change that cannot be kept is refused
+    async def set_route(self, route: Route, principal: str = "", request_id: str = "") -> Route | None:
+        """Adds or replaces a (validated) route, kept and shared (`route_store`); returns the old one."""
+        if self.store is not None:  # first: a change that cannot be kept is refused
+            await self.store.save(route.model, route, principal, request_id)
         old = self.routes.get(route.model)
         # Copy-on-write: requests already running keep the route object they started with.
         self.routes = {**self.routes, route.model: route}
         return old
 
-    def delete_route(self, model: str) -> Route:
-        old = self.route_for(model)
+    async def delete_route(self, model: str, principal: str = "", request_id: str = "") -> Route:
+        old = self.route_for(model)  # NOT_FOUND before anything is kept
         if self.store is not None:
-            self.store.save(model, None)
+            await self.store.save(model, None, principal, request_id)
         self.routes = {m: r for m, r in self.routes.items() if m != model}
         return old
+
+    async def sync_routes(self) -> None:
+        """Applies the fleet's newer route changes; raises Unavailable while metering is down."""
+        if self.store is not None and await self.store.sync():
+            self.routes = self.store.routes(self.file_routes, self.config.deployments)
+            log.info("applied the fleet's route changes: %d routes now", len(self.routes))
+
+    def start_route_sync(self, interval_s: float) -> None:
+        task = asyncio.create_task(self._sync_routes_every(interval_s))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _sync_routes_every(self, interval_s: float) -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.sync_routes()
+            except SwitchyardError as exc:
+                if not failing:
+                    log.warning("cannot fetch the fleet's route changes from metering, retrying: %s", exc)
+                failing = True
+                continue
+            if failing:
+                log.info("fetching the fleet's route changes from metering again")
+            failing = False
 
     async def identify(self, metadata: Metadata, resource: str, request_id: str, peer: str) -> Identity:
         if self.auth is None:

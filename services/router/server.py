@@ -23,7 +23,7 @@ from services.router.forward import Router
 from services.router.metering_client import MeteringClient
 from services.router.route_store import RouteStore
 from services.router.spool import Spool
-from switchyard.errors import InvalidArgument
+from switchyard.errors import InvalidArgument, SwitchyardError
 from switchyard.gen.switchyard.v1 import router_pb2_grpc
 from switchyard.grpcio import Registration, RunningServer, ServerOptions, start_server
 
@@ -91,8 +91,16 @@ async def start_router(
     pool = ExecutorPool(config.deployments, settings)
     await pool.start()
     evaluator = EvaluatorComparer(settings.evaluator) if settings.evaluator else None
-    store = RouteStore(spool_dir or Path(settings.spool_dir))  # admin changes, kept across restarts
+    # admin changes: kept across restarts, and shared by the fleet through metering
+    store = RouteStore(spool_dir or Path(settings.spool_dir), metering, settings.fleet)
     router = Router(config, pool, auth, spool, evaluator, store)
+    if metering is not None:
+        try:
+            await router.sync_routes()  # the fleet's changes before the first request
+        except SwitchyardError as exc:
+            log.warning("serving without the fleet's latest route changes until metering answers: %s", exc)
+        if settings.route_sync_s > 0:
+            router.start_route_sync(settings.route_sync_s)
     registrations: list[Registration] = [
         (oip.add_to_server, oip.OipServicer(router), oip.SERVICE),
         (

@@ -11,6 +11,7 @@ import asyncio
 import os
 import socket
 import sys
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +99,10 @@ async def executors() -> AsyncIterator[list[RunningExecutor]]:
 def routes_config(
     addresses: dict[str, str], routes: dict[str, Any], **settings: Any
 ) -> router_config.RouterConfig:
-    """A RouterConfig from deployment name -> address (paths cpu-a, cpu-b, ... in order)."""
+    """A RouterConfig from deployment name -> address (paths cpu-a, cpu-b, ... in order).
+    Each config is its own fleet, so route changes made by one test (one module's metering
+    serves several) never reach another's routers; routers started from one config share them."""
+    settings.setdefault("fleet", f"test-{uuid.uuid4().hex[:12]}")
     deployments = {
         name: {"address": address, "path": PATHS[i], "price_micros_per_hour": 100 * (i + 1)}
         for i, (name, address) in enumerate(addresses.items())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,11 @@ from tritonclient.utils import InferenceServerException
 from services.executor.server import RunningExecutor
 from services.router.server import start_router
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
 from switchyard.grpcio import ServerOptions
-from tests.router.conftest import Metering, RouterFactory, routes_config
+from tests.router.conftest import Metering, RouterFactory, _prepare_ledger, routes_config, start_metering_at
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -238,22 +240,89 @@ async def test_route_changes_survive_a_restart_and_a_deleted_route_stays_deleted
 
 
 async def test_a_route_change_that_cannot_be_kept_is_refused_and_changes_nothing(
-    metering: Metering, executors: list[RunningExecutor], tmp_path: Path
+    executors: list[RunningExecutor], tmp_path: Path
 ) -> None:
-    cfg = routes_config({"a": executors[0].address, "b": executors[1].address}, {"mlp": {"targets": ["a"]}})
-    admin_key, _ = await metering.key("ops-diskfull", "ops", "admin", "*")
+    # Without metering the state file is where changes are kept: one it cannot write is refused.
+    deployments = {"a": executors[0].address, "b": executors[1].address}
+    cfg = routes_config(deployments, {"mlp": {"targets": ["a"]}}, require_auth=False)
     state = tmp_path / "state"
     (state / "routes-state.tmp").mkdir(parents=True)  # where the new state would be written: unwritable
-    running = await start_router(cfg, metering.running.address, ServerOptions(), state)
+    running = await start_router(cfg, "", ServerOptions(), state)
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
             new = rpb.Route(model="mlp", policy="pinned", targets=[rpb.Target(deployment="b")])
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await rgrpc.RouterAdminStub(channel).SetRoute(
-                    rpb.SetRouteRequest(route=new), metadata=[("authorization", f"Bearer {admin_key}")]
-                )
+                await rgrpc.RouterAdminStub(channel).SetRoute(rpb.SetRouteRequest(route=new))
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "could not save the route change" in (refused.value.details() or "")
         assert running.router.routes["mlp"].targets[0].deployment == "a"
     finally:
         await running.stop(0)
+
+
+async def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_route_changes_reach_every_router_of_the_fleet_and_no_other(
+    executors: list[RunningExecutor], tmp_path: Path
+) -> None:
+    shared = await start_metering_at(f"sqlite:///{tmp_path / 'fleet.db'}")  # stopped below
+    async with grpc.aio.insecure_channel(shared.address) as channel:
+        stub = mgrpc.MeteringStub(channel)
+        await _prepare_ledger(stub)
+        await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="fleet-ops", kind="user", team="ops"))
+        await stub.GrantRole(mpb.RoleRequest(principal="fleet-ops", role="admin", scope="*"))
+        await stub.GrantRole(mpb.RoleRequest(principal="fleet-ops", role="infer", scope="*"))
+        key = (await stub.CreateKey(mpb.CreateKeyRequest(principal="fleet-ops"))).key
+    auth = [("authorization", f"Bearer {key}")]
+    deployments = {"a": executors[0].address, "b": executors[1].address}
+    routes = {"mlp": {"policy": "pinned", "targets": ["a"]}, "mlp-old": {"targets": ["a"]}}
+    cfg = routes_config(deployments, routes, route_sync_s=0.2)
+    elsewhere = routes_config(deployments, routes, route_sync_s=0.2)  # another fleet
+    one, two, other = [
+        await start_router(c, shared.address, ServerOptions(), tmp_path / name)
+        for c, name in ((cfg, "one"), (cfg, "two"), (elsewhere, "other"))
+    ]
+    metering_up = True
+    try:
+        async with grpc.aio.insecure_channel(one.address) as channel:
+            new = rpb.Route(model="mlp", policy="pinned", targets=[rpb.Target(deployment="b")])
+            await rgrpc.RouterAdminStub(channel).SetRoute(rpb.SetRouteRequest(route=new), metadata=auth)
+        await _wait_for(lambda: two.router.routes["mlp"].targets[0].deployment == "b", "the change on two")
+        served = await asyncio.to_thread(_infer, two.address, _x(), key)
+        assert served.get_response().parameters["path"].string_param == "cpu-b"
+        async with grpc.aio.insecure_channel(two.address) as channel:
+            await rgrpc.RouterAdminStub(channel).DeleteRoute(
+                rpb.DeleteRouteRequest(model="mlp-old"), metadata=auth
+            )
+        await _wait_for(lambda: "mlp-old" not in one.router.routes, "the deletion on one")
+        await asyncio.sleep(0.5)  # a few of the other fleet's polls
+        assert other.router.routes["mlp"].targets[0].deployment == "a" and "mlp-old" in other.router.routes
+        late = await start_router(cfg, shared.address, ServerOptions(), tmp_path / "late")
+        try:  # a router that joins later starts with the fleet's changes
+            assert sorted(late.router.routes) == ["mlp"]
+            assert late.router.routes["mlp"].targets[0].deployment == "b"
+        finally:
+            await late.stop(0)
+
+        await shared.stop(0)  # metering down: changes are refused, the cached ones still apply
+        metering_up = False
+        async with grpc.aio.insecure_channel(one.address) as channel:
+            back = rpb.Route(model="mlp", policy="pinned", targets=[rpb.Target(deployment="a")])
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await rgrpc.RouterAdminStub(channel).SetRoute(rpb.SetRouteRequest(route=back), metadata=auth)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "could not save the route change in metering" in (refused.value.details() or "")
+        assert one.router.routes["mlp"].targets[0].deployment == "b"
+        await two.stop(0)
+        two = await start_router(cfg, shared.address, ServerOptions(), tmp_path / "two")  # same state dir
+        assert sorted(two.router.routes) == ["mlp"] and two.router.routes["mlp"].targets[0].deployment == "b"
+    finally:
+        for running in (one, two, other):
+            await running.stop(0)
+        if metering_up:
+            await shared.stop(0)

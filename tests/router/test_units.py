@@ -15,15 +15,16 @@ import time
 import tomllib
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from services.router import config, wire
 from services.router.auth import Authenticator, Identity, authorize, bearer_key
-from services.router.config import Deployment, Policy, Route, Settings, Target
+from services.router.config import Deployment, Policy, Route, Settings, Target, route_table
 from services.router.policies import DeploymentState, plan
-from services.router.route_store import RouteStore
+from services.router.route_store import Change, RouteStore
 from switchyard.cluster.plan import ServiceSpec
 from switchyard.cluster.routes import render_routes
 from switchyard.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
@@ -311,23 +312,71 @@ def test_executor_stream_errors_keep_their_status() -> None:
         assert _status_of(odd).code == grpc.StatusCode.UNKNOWN and _status_of(odd).details == odd
 
 
-def test_kept_route_changes_that_no_longer_fit_are_skipped_and_bad_files_ignored(
+async def test_kept_route_changes_that_no_longer_fit_are_skipped_and_bad_files_ignored(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     cfg = config.parse(RAW_CONFIG)
     routes = {r.model: r for r in cfg.routes}
     store = RouteStore(tmp_path)
-    assert store.apply(routes, cfg.deployments) == routes  # no file yet: the config's routes
+    assert store.routes(routes, cfg.deployments) == routes  # no file yet: the config's routes
     gone = Route("mlp", Policy.PINNED, (Target("xla"),))
-    store.save("mlp", gone)
-    store.save("tiny-lm", None)
+    await store.save("mlp", gone)
+    await store.save("tiny-lm", None)
     fewer = tuple(d for d in cfg.deployments if d.name != "xla")  # the config changed since
     with caplog.at_level("WARNING"):
-        applied = RouteStore(tmp_path).apply(routes, fewer)
+        applied = RouteStore(tmp_path).routes(routes, fewer)
     assert applied["mlp"] == routes["mlp"] and "tiny-lm" not in applied
     assert "skipping the kept change to route 'mlp'" in caplog.text and "'xla'" in caplog.text
-    assert RouteStore(tmp_path).apply(routes, cfg.deployments)["mlp"] == gone  # it fits again
+    assert RouteStore(tmp_path).routes(routes, cfg.deployments)["mlp"] == gone  # it fits again
     (tmp_path / "routes-state.json").write_text("{not json")
     with caplog.at_level("WARNING"):
-        assert RouteStore(tmp_path).apply(routes, cfg.deployments) == routes
+        assert RouteStore(tmp_path).routes(routes, cfg.deployments) == routes
     assert "unreadable" in caplog.text
+
+
+class FleetStore:
+    """The fleet's shared changes as metering keeps them: a revision per change, latest wins."""
+
+    def __init__(self) -> None:
+        self.changes: dict[str, Change] = {}
+        self.revision = 0
+        self.down = False
+
+    async def save_route_change(
+        self, fleet: str, model: str, table: dict[str, Any] | None, principal: str, request_id: str
+    ) -> int:
+        if self.down:
+            raise Unavailable("metering did not answer")
+        self.revision += 1
+        self.changes[model] = Change(table, self.revision)
+        return self.revision
+
+    async def route_changes(self, fleet: str) -> dict[str, Change]:
+        if self.down:
+            raise Unavailable("metering did not answer")
+        return dict(self.changes)
+
+
+async def test_shared_route_changes_newer_revision_wins_and_are_cached(tmp_path: Path) -> None:
+    cfg = config.parse(RAW_CONFIG)
+    routes = {r.model: r for r in cfg.routes}
+    fleet = FleetStore()
+    one, two = RouteStore(tmp_path / "one", fleet), RouteStore(tmp_path / "two", fleet)
+    pinned_xla = Route("mlp", Policy.PINNED, (Target("xla"),))
+    await one.save("mlp", pinned_xla, "ops", "req-1")
+    assert await two.sync() and two.routes(routes, cfg.deployments)["mlp"] == pinned_xla
+    assert not await two.sync()  # nothing newer
+    await two.save("tiny-lm", None)
+    stale = dict(fleet.changes)  # a poll that started before the next change answers late
+    pinned_cpu = Route("mlp", Policy.PINNED, (Target("cpu"),))
+    await one.save("mlp", pinned_cpu)
+    fleet.changes, latest = stale, fleet.changes
+    assert await one.sync()  # takes the deletion, keeps its own newer change to mlp
+    assert one.routes(routes, cfg.deployments)["mlp"] == pinned_cpu
+    assert "tiny-lm" not in one.routes(routes, cfg.deployments)
+    fleet.changes, fleet.down = latest, True
+    with pytest.raises(Unavailable, match="could not save the route change in metering"):
+        await two.save("mlp", pinned_xla)
+    assert two.changes["mlp"].table == route_table(pinned_xla)  # unchanged by the refusal
+    cached = RouteStore(tmp_path / "one", fleet).routes(routes, cfg.deployments)  # metering down
+    assert cached["mlp"] == pinned_cpu and "tiny-lm" not in cached

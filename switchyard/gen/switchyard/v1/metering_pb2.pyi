@@ -944,6 +944,124 @@ class RecordTrialResponse(_message.Message):
 Global___RecordTrialResponse: _TypeAlias = RecordTrialResponse  # noqa: Y015
 
 @_typing.final
+class RouteChange(_message.Message):
+    """One route change. The route is the routes file's table for the model, as a JSON object
+    (each router validates it against its own deployments; metering stores it as given).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLEET_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    ROUTE_JSON_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    CHANGED_UNIX_US_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    fleet: _builtins.str
+    model: _builtins.str
+    route_json: _builtins.str
+    """"" when deleted"""
+    deleted: _builtins.bool
+    revision: _builtins.int
+    """increases with every change, across fleets and models"""
+    changed_unix_us: _builtins.int
+    principal: _builtins.str
+    def __init__(
+        self,
+        *,
+        fleet: _builtins.str = ...,
+        model: _builtins.str = ...,
+        route_json: _builtins.str = ...,
+        deleted: _builtins.bool = ...,
+        revision: _builtins.int = ...,
+        changed_unix_us: _builtins.int = ...,
+        principal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed_unix_us", b"changed_unix_us", "deleted", b"deleted", "fleet", b"fleet", "model", b"model", "principal", b"principal", "revision", b"revision", "route_json", b"route_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteChange: _TypeAlias = RouteChange  # noqa: Y015
+
+@_typing.final
+class SaveRouteChangeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLEET_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    ROUTE_JSON_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    fleet: _builtins.str
+    """the routers that share the change ([router] fleet)"""
+    model: _builtins.str
+    route_json: _builtins.str
+    """a JSON object; "" when deleted"""
+    deleted: _builtins.bool
+    @_builtins.property
+    def actor(self) -> Global___Actor: ...
+    def __init__(
+        self,
+        *,
+        fleet: _builtins.str = ...,
+        model: _builtins.str = ...,
+        route_json: _builtins.str = ...,
+        deleted: _builtins.bool = ...,
+        actor: Global___Actor | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "deleted", b"deleted", "fleet", b"fleet", "model", b"model", "route_json", b"route_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SaveRouteChangeRequest: _TypeAlias = SaveRouteChangeRequest  # noqa: Y015
+
+@_typing.final
+class ListRouteChangesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLEET_FIELD_NUMBER: _builtins.int
+    fleet: _builtins.str
+    def __init__(
+        self,
+        *,
+        fleet: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fleet", b"fleet"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRouteChangesRequest: _TypeAlias = ListRouteChangesRequest  # noqa: Y015
+
+@_typing.final
+class ListRouteChangesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteChange]:
+        """the latest change per model, by model name"""
+
+    def __init__(
+        self,
+        *,
+        changes: _abc.Iterable[Global___RouteChange] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRouteChangesResponse: _TypeAlias = ListRouteChangesResponse  # noqa: Y015
+
+@_typing.final
 class GetTrialReportRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

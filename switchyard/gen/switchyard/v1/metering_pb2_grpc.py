@@ -94,6 +94,16 @@ class MeteringStub:
                 request_serializer=switchyard_dot_v1_dot_metering__pb2.GetTrialReportRequest.SerializeToString,
                 response_deserializer=switchyard_dot_v1_dot_metering__pb2.TrialReport.FromString,
                 _registered_method=True)
+        self.SaveRouteChange = channel.unary_unary(
+                '/switchyard.v1.Metering/SaveRouteChange',
+                request_serializer=switchyard_dot_v1_dot_metering__pb2.SaveRouteChangeRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_metering__pb2.RouteChange.FromString,
+                _registered_method=True)
+        self.ListRouteChanges = channel.unary_unary(
+                '/switchyard.v1.Metering/ListRouteChanges',
+                request_serializer=switchyard_dot_v1_dot_metering__pb2.ListRouteChangesRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_metering__pb2.ListRouteChangesResponse.FromString,
+                _registered_method=True)
         self.CreatePrincipal = channel.unary_unary(
                 '/switchyard.v1.Metering/CreatePrincipal',
                 request_serializer=switchyard_dot_v1_dot_metering__pb2.CreatePrincipalRequest.SerializeToString,
@@ -220,6 +230,20 @@ class MeteringServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaveRouteChange(self, request, context):
+        """Run-time route changes, shared by the routers of a fleet: RouterAdmin saves each change
+        here before it takes effect, and every router of the fleet polls the latest per model.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRouteChanges(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreatePrincipal(self, request, context):
         """Access.
         """
@@ -338,6 +362,16 @@ def add_MeteringServicer_to_server(servicer, server):
                     servicer.GetTrialReport,
                     request_deserializer=switchyard_dot_v1_dot_metering__pb2.GetTrialReportRequest.FromString,
                     response_serializer=switchyard_dot_v1_dot_metering__pb2.TrialReport.SerializeToString,
+            ),
+            'SaveRouteChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveRouteChange,
+                    request_deserializer=switchyard_dot_v1_dot_metering__pb2.SaveRouteChangeRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_metering__pb2.RouteChange.SerializeToString,
+            ),
+            'ListRouteChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRouteChanges,
+                    request_deserializer=switchyard_dot_v1_dot_metering__pb2.ListRouteChangesRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_metering__pb2.ListRouteChangesResponse.SerializeToString,
             ),
             'CreatePrincipal': grpc.unary_unary_rpc_method_handler(
                     servicer.CreatePrincipal,
@@ -709,6 +743,60 @@ class Metering:
             '/switchyard.v1.Metering/GetTrialReport',
             switchyard_dot_v1_dot_metering__pb2.GetTrialReportRequest.SerializeToString,
             switchyard_dot_v1_dot_metering__pb2.TrialReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveRouteChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.Metering/SaveRouteChange',
+            switchyard_dot_v1_dot_metering__pb2.SaveRouteChangeRequest.SerializeToString,
+            switchyard_dot_v1_dot_metering__pb2.RouteChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRouteChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.Metering/ListRouteChanges',
+            switchyard_dot_v1_dot_metering__pb2.ListRouteChangesRequest.SerializeToString,
+            switchyard_dot_v1_dot_metering__pb2.ListRouteChangesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,11 @@ class MeteringStub:
     RecordTrial: _grpc.UnaryUnaryMultiCallable[_metering_pb2.RecordTrialRequest, _metering_pb2.RecordTrialResponse]
     """Trials (written by the trial worker through metering, the ledger's only writer)."""
     GetTrialReport: _grpc.UnaryUnaryMultiCallable[_metering_pb2.GetTrialReportRequest, _metering_pb2.TrialReport]
+    SaveRouteChange: _grpc.UnaryUnaryMultiCallable[_metering_pb2.SaveRouteChangeRequest, _metering_pb2.RouteChange]
+    """Run-time route changes, shared by the routers of a fleet: RouterAdmin saves each change
+    here before it takes effect, and every router of the fleet polls the latest per model.
+    """
+    ListRouteChanges: _grpc.UnaryUnaryMultiCallable[_metering_pb2.ListRouteChangesRequest, _metering_pb2.ListRouteChangesResponse]
     CreatePrincipal: _grpc.UnaryUnaryMultiCallable[_metering_pb2.CreatePrincipalRequest, _metering_pb2.Principal]
     """Access."""
     CreateKey: _grpc.UnaryUnaryMultiCallable[_metering_pb2.CreateKeyRequest, _metering_pb2.CreateKeyResponse]
@@ -83,6 +88,11 @@ class MeteringAsyncStub(MeteringStub):
     RecordTrial: _aio.UnaryUnaryMultiCallable[_metering_pb2.RecordTrialRequest, _metering_pb2.RecordTrialResponse]  # type: ignore[assignment]
     """Trials (written by the trial worker through metering, the ledger's only writer)."""
     GetTrialReport: _aio.UnaryUnaryMultiCallable[_metering_pb2.GetTrialReportRequest, _metering_pb2.TrialReport]  # type: ignore[assignment]
+    SaveRouteChange: _aio.UnaryUnaryMultiCallable[_metering_pb2.SaveRouteChangeRequest, _metering_pb2.RouteChange]  # type: ignore[assignment]
+    """Run-time route changes, shared by the routers of a fleet: RouterAdmin saves each change
+    here before it takes effect, and every router of the fleet polls the latest per model.
+    """
+    ListRouteChanges: _aio.UnaryUnaryMultiCallable[_metering_pb2.ListRouteChangesRequest, _metering_pb2.ListRouteChangesResponse]  # type: ignore[assignment]
     CreatePrincipal: _aio.UnaryUnaryMultiCallable[_metering_pb2.CreatePrincipalRequest, _metering_pb2.Principal]  # type: ignore[assignment]
     """Access."""
     CreateKey: _aio.UnaryUnaryMultiCallable[_metering_pb2.CreateKeyRequest, _metering_pb2.CreateKeyResponse]  # type: ignore[assignment]
@@ -184,6 +194,23 @@ class MeteringServicer(metaclass=_abc_1.ABCMeta):
         request: _metering_pb2.GetTrialReportRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_metering_pb2.TrialReport, _abc.Awaitable[_metering_pb2.TrialReport]]: ...
+
+    @_abc_1.abstractmethod
+    def SaveRouteChange(
+        self,
+        request: _metering_pb2.SaveRouteChangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metering_pb2.RouteChange, _abc.Awaitable[_metering_pb2.RouteChange]]:
+        """Run-time route changes, shared by the routers of a fleet: RouterAdmin saves each change
+        here before it takes effect, and every router of the fleet polls the latest per model.
+        """
+
+    @_abc_1.abstractmethod
+    def ListRouteChanges(
+        self,
+        request: _metering_pb2.ListRouteChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metering_pb2.ListRouteChangesResponse, _abc.Awaitable[_metering_pb2.ListRouteChangesResponse]]: ...
 
     @_abc_1.abstractmethod
     def CreatePrincipal(

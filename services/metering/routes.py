@@ -1,0 +1,62 @@
+"""Run-time route changes shared by the routers of a fleet (`route_changes`).
+
+Each RouterAdmin change is one appended row; the latest row per fleet and model is in force.
+Metering
+only checks the shape (a model name, a JSON object or a deletion): the routers validate a
+route against their own deployments when they apply it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from services.metering.errors import BadInput
+from services.metering.records import MAX_KEY, Actor
+from services.metering.schema import ROUTE_CHANGES
+
+MAX_ROUTE_JSON = 64 * 1024
+
+
+def _check_name(value: str, what: str) -> None:
+    if not value or len(value) > MAX_KEY:
+        raise BadInput(f"{what} has {len(value)} characters; give 1..{MAX_KEY}")
+
+
+def save(conn: Connection, actor: Actor, fleet: str, model: str, route_json: str | None, now_us: int) -> Any:
+    """Appends one change (`route_json` None: deleted) and returns its row."""
+    _check_name(fleet, "fleet name")
+    _check_name(model, "model name")
+    if route_json is not None:
+        if len(route_json) > MAX_ROUTE_JSON:
+            raise BadInput(f"route_json is {len(route_json)} bytes; a route is at most {MAX_ROUTE_JSON}")
+        try:
+            table = json.loads(route_json)
+        except ValueError as exc:
+            raise BadInput(f"route_json is not valid JSON: {exc}") from None
+        if not isinstance(table, dict):
+            raise BadInput("route_json must be a JSON object (the route's routes-file table)")
+    values = dict(
+        fleet=fleet,
+        model=model,
+        route_json=route_json,
+        changed_us=now_us,
+        principal=actor.principal,
+        request_id=actor.request_id,
+    )
+    row_id = conn.execute(ROUTE_CHANGES.insert().values(**values)).inserted_primary_key[0]  # type: ignore[index]
+    return conn.execute(select(ROUTE_CHANGES).where(ROUTE_CHANGES.c.id == row_id)).one()
+
+
+def latest(conn: Connection, fleet: str) -> list[Any]:
+    """The fleet's change in force for each model (its highest id), ordered by model."""
+    _check_name(fleet, "fleet name")
+    newest = (
+        select(func.max(ROUTE_CHANGES.c.id))
+        .where(ROUTE_CHANGES.c.fleet == fleet)
+        .group_by(ROUTE_CHANGES.c.model)
+    )
+    query = select(ROUTE_CHANGES).where(ROUTE_CHANGES.c.id.in_(newest)).order_by(ROUTE_CHANGES.c.model)
+    return list(conn.execute(query))

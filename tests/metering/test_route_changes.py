@@ -1,0 +1,56 @@
+"""Run-time route changes shared by a fleet of routers: saved per fleet, latest per model wins."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+
+from switchyard.gen.switchyard.v1 import metering_pb2 as pb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
+from tests.metering.helpers import expect_status
+
+WHO = pb.Actor(principal="ops-admin", source="router", request_id="req-1")
+
+
+def _route(deployment: str) -> str:
+    return json.dumps({"policy": "pinned", "targets": [deployment]})
+
+
+async def test_latest_change_per_model_in_force_per_fleet(stub: pb_grpc.MeteringAsyncStub) -> None:
+    def change(fleet: str, model: str, route_json: str = "") -> pb.SaveRouteChangeRequest:
+        return pb.SaveRouteChangeRequest(
+            fleet=fleet, model=model, route_json=route_json, deleted=not route_json, actor=WHO
+        )
+
+    first = await stub.SaveRouteChange(change("prod", "mlp", _route("a")))
+    second = await stub.SaveRouteChange(change("prod", "mlp", _route("b")))
+    await stub.SaveRouteChange(change("prod", "old"))
+    await stub.SaveRouteChange(change("staging", "mlp", _route("c")))
+    assert second.revision > first.revision and second.principal == "ops-admin"
+    assert second.changed_unix_us >= first.changed_unix_us > 0
+
+    prod = (await stub.ListRouteChanges(pb.ListRouteChangesRequest(fleet="prod"))).changes
+    assert [(c.model, c.deleted) for c in prod] == [("mlp", False), ("old", True)]
+    assert json.loads(prod[0].route_json)["targets"] == ["b"] and prod[0].revision == second.revision
+    assert prod[1].route_json == "" and all(c.fleet == "prod" for c in prod)
+    staging = (await stub.ListRouteChanges(pb.ListRouteChangesRequest(fleet="staging"))).changes
+    assert [json.loads(c.route_json)["targets"] for c in staging] == [["c"]]
+    assert (await stub.ListRouteChanges(pb.ListRouteChangesRequest(fleet="none-yet"))).changes == []
+
+
+async def test_bad_route_changes_are_refused_with_what_to_fix(stub: pb_grpc.MeteringAsyncStub) -> None:
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    cases = [
+        (pb.SaveRouteChangeRequest(fleet="f", model="mlp", route_json="{not json"), "not valid JSON"),
+        (pb.SaveRouteChangeRequest(fleet="f", model="mlp", route_json="[1]"), "JSON object"),
+        (pb.SaveRouteChangeRequest(fleet="f", model="mlp"), "deleted = true"),
+        (pb.SaveRouteChangeRequest(fleet="f", model="mlp", route_json="{}", deleted=True), "deleted = true"),
+        (pb.SaveRouteChangeRequest(fleet="", model="mlp", route_json="{}"), "fleet name"),
+        (pb.SaveRouteChangeRequest(fleet="f", model="m" * 201, route_json="{}"), "model name"),
+        (pb.SaveRouteChangeRequest(fleet="f", model="mlp", route_json=" " * 70_000 + "{}"), "at most"),
+    ]
+    for request, message in cases:
+        await expect_status(stub.SaveRouteChange(request), invalid, message)
+    await expect_status(stub.ListRouteChanges(pb.ListRouteChangesRequest()), invalid, "fleet name")
+    assert (await stub.ListRouteChanges(pb.ListRouteChangesRequest(fleet="f"))).changes == []
