@@ -2,28 +2,32 @@
 
 ModelInfer is registered with no (de)serialiser, so the request arrives as the caller's bytes
 and the executor's bytes go back out: tensors are never decoded or re-encoded in the router.
-The small metadata RPCs are answered from a serving deployment of the model's route, with
-the model name the caller used. Server-level RPCs describe the router itself.
+ModelStreamInfer routes each request of a stream the same way. The small metadata RPCs are
+answered from a serving deployment of the model's route, with the model name the caller used.
+Server-level RPCs describe the router itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
+from services.router import wire
 from services.router.executors import UpstreamError
 from services.router.forward import Router
 from services.router.policies import plan
 from switchyard import ids
-from switchyard.errors import Unavailable, Unimplemented
+from switchyard.errors import SwitchyardError, Unavailable, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
-from switchyard.grpcio import map_errors
+from switchyard.grpcio import internal_error, map_errors
 
 SERVICE = "inference.GRPCInferenceService"
 VERSION = "0.1.0"
+STREAM_WINDOW = 64  # requests of one ModelStreamInfer stream in the router at once
 Req = TypeVar("Req", bound=Message)
 Rep = TypeVar("Rep", bound=Message)
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -119,8 +123,58 @@ class OipServicer:
         return reply
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Ctx) -> AsyncIterator[bytes]:
-        raise Unimplemented("ModelStreamInfer is not supported by the router; use ModelInfer")
-        yield b""  # pragma: no cover  (makes this an async generator)
+        """Each request routed as ModelInfer routes it, up to STREAM_WINDOW of a stream at once,
+        answered in request order; an error is answered in-band as "STATUS: why" (with the
+        request's id) and the stream goes on, as the executors answer. A caller without a valid
+        key is refused the stream itself; each request is still admitted on its own, so a key
+        revoked mid-stream stops working within the auth cache's TTL."""
+        metadata = context.invocation_metadata() or ()
+        peer = context.peer()
+        await self.router.identify(metadata, "stream:ModelStreamInfer", ids.time_ordered_hex(), peer)
+        # Answers in arrival order; the queue's bound holds the reader back when it is full.
+        answers: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue(STREAM_WINDOW)
+
+        async def read() -> None:
+            try:
+                async for raw in requests:
+                    task = asyncio.create_task(
+                        self._stream_answer(raw, metadata, context.time_remaining(), peer)
+                    )
+                    try:
+                        await answers.put(task)
+                    except asyncio.CancelledError:
+                        task.cancel()
+                        raise
+            finally:
+                await answers.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (task := await answers.get()) is not None:
+                yield await task
+            await reader  # the caller's stream broke: its error ends ours
+        finally:
+            reader.cancel()
+            while not answers.empty():
+                if (left := answers.get_nowait()) is not None:
+                    left.cancel()  # a caller that left: queued work is dropped at the executors
+
+    async def _stream_answer(
+        self, raw: bytes, metadata: Any, time_remaining: float | None, peer: str
+    ) -> bytes:
+        try:
+            return wire.stream_answer(await self.router.infer(raw, metadata, time_remaining, peer))
+        except UpstreamError as exc:
+            message = f"{exc.code.name}: {exc.details}"
+        except SwitchyardError as exc:
+            message = f"{exc.status.value}: {exc}"
+        except Exception as exc:  # one bad request must not end the stream the others share
+            message = f"INTERNAL: {internal_error(exc, f'/{SERVICE}/ModelStreamInfer')}"
+        try:
+            request_id = wire.read_header(raw).request_id
+        except SwitchyardError:
+            request_id = ""
+        return wire.stream_error(message, request_id)
 
 
 def _handler(

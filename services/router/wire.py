@@ -110,9 +110,23 @@ def read_header(buf: bytes) -> Header:
     return Header(last(MODEL_NAME), last(MODEL_VERSION), last(ID))
 
 
-def string_field(field: int, value: str) -> bytes:
-    data = value.encode()
+def bytes_field(field: int, data: bytes) -> bytes:
     return encode_varint((field << 3) | _LEN) + encode_varint(len(data)) + data
+
+
+def string_field(field: int, value: str) -> bytes:
+    return bytes_field(field, value.encode())
+
+
+# ModelStreamInferResponse: error_message = 1, infer_response = 2.
+def stream_answer(response: bytes) -> bytes:
+    """A serialized ModelInferResponse as a ModelStreamInferResponse, its bytes not re-encoded."""
+    return bytes_field(2, response)
+
+
+def stream_error(message: str, request_id: str) -> bytes:
+    """An in-band stream error ("STATUS: why"), with the request's id in infer_response."""
+    return string_field(1, message) + (bytes_field(2, string_field(ID, request_id)) if request_id else b"")
 
 
 Param = str | int | float | bool

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -100,6 +101,66 @@ async def test_tritonclient_through_the_router_equals_the_executor_and_names_the
     assert metering.usage_counts({routed.get_response().parameters["request_id"].string_param}) == {
         routed.get_response().parameters["request_id"].string_param: 1
     }
+
+
+def _stream(address: str, key: str | None, requests: list[tuple[str, np.ndarray]], answers: int) -> list[Any]:
+    """Sends `requests` on one tritonclient stream; returns the first `answers` (result, error)."""
+    client = triton.InferenceServerClient(address)
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    headers = {"authorization": f"Bearer {key}"} if key is not None else None
+    try:
+        client.start_stream(callback=lambda result, error: results.put((result, error)), headers=headers)
+        for i, (model, x) in enumerate(requests):
+            inp = triton.InferInput("x", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            try:
+                client.async_stream_infer(model, [inp], request_id=str(i))
+            except InferenceServerException:  # the stream already ended: its error is in `results`
+                break
+        return [results.get(timeout=30) for _ in range(answers)]
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+async def test_model_stream_infer_is_routed_in_order_with_errors_in_band(
+    metering: Metering, executors: list[RunningExecutor], make_router: RouterFactory
+) -> None:
+    cfg = routes_config(
+        {"a": executors[0].address},
+        {
+            "mlp": {"policy": "pinned", "targets": ["a"]},
+            "mlp-b": {"targets": [{"deployment": "a", "model": "mlp"}]},
+        },
+    )
+    router = await make_router(cfg, metering.running.address)
+    key, _ = await metering.key("svc-stream", "search", "infer", "model:mlp")
+    models = ["mlp", "mlp", "nope", "mlp", "mlp-b", "mlp"] * 4  # an unknown model, one out of scope
+    requests = [(model, _x(2, seed)) for seed, model in enumerate(models)]
+    answers = await asyncio.to_thread(_stream, router.address, key, requests, len(requests))
+    served = []
+    for i, ((model, x), (result, error)) in enumerate(zip(requests, answers, strict=True)):
+        if model == "nope":
+            assert result is None and "NOT_FOUND" in str(error) and "unknown model 'nope'" in str(error)
+        elif model == "mlp-b":
+            assert result is None and "PERMISSION_DENIED" in str(error)
+        else:
+            assert error is None, error
+            response = result.get_response()
+            assert response.id == str(i)  # answered in request order
+            assert response.parameters["path"].string_param == "cpu-a"
+            direct = await asyncio.to_thread(_infer, executors[0].address, x, None)
+            # close, not equal: a stream's requests run at once, so the executor batches them
+            np.testing.assert_allclose(result.as_numpy("y"), direct.as_numpy("y"), rtol=1e-5, atol=1e-5)
+            served.append(response.parameters["request_id"].string_param)
+    assert len(served) == 16
+    assert router.router.spool is not None and await router.router.spool.drain(5.0)
+    assert metering.usage_counts(set(served)) == dict.fromkeys(served, 1)  # each routed request once
+
+    # Without a valid key the stream itself is refused.
+    for bad in (None, "sk-not-a-key"):
+        ((result, error),) = await asyncio.to_thread(_stream, router.address, bad, requests[:1], 1)
+        assert result is None and "UNAUTHENTICATED" in str(error.status())
 
 
 async def test_refusals_each_get_their_status_and_are_audited(

@@ -248,6 +248,15 @@ async def test_deadline_and_cancellation_reach_the_executor_queue(
             assert counters.cancelled_in_queue == dropped + 1
             assert counters.executions == executions
 
+            stream = stub.ModelStreamInfer(metadata=metadata, timeout=30)  # a stream left mid-way
+            for _ in range(3):
+                await stream.write(_request())
+            await asyncio.sleep(0.1)
+            stream.cancel()
+            await asyncio.sleep(0.6)
+            assert counters.cancelled_in_queue == dropped + 4  # its queued requests dropped too
+            assert counters.executions == executions
+
             reply = await stub.ModelInfer(_request(), metadata=metadata, timeout=10)
             assert reply.parameters["path"].string_param == "cpu-a"
             assert counters.executions == executions + 1
