@@ -30,7 +30,9 @@ def upgrade() -> None:
         sa.Column("request_id", sa.String(length=200), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_route_changes")),
     )
-    op.create_index(op.f("ix_route_changes_fleet_model_id"), "route_changes", ["fleet", "model", "id"], unique=False)
+    op.create_index(
+        op.f("ix_route_changes_fleet_model_id"), "route_changes", ["fleet", "model", "id"], unique=False
+    )
 
 
 def downgrade() -> None:

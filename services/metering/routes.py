@@ -1,8 +1,7 @@
 """Run-time route changes shared by the routers of a fleet (`route_changes`).
 
 Each RouterAdmin change is one appended row; the latest row per fleet and model is in force.
-Metering
-only checks the shape (a model name, a JSON object or a deletion): the routers validate a
+Metering only checks the shape (names, a JSON object or a deletion): the routers validate a
 route against their own deployments when they apply it.
 """
 

@@ -150,6 +150,9 @@ class Router:
                     log.warning("cannot fetch the fleet's route changes from metering, retrying: %s", exc)
                 failing = True
                 continue
+            except Exception:  # a bug here must not stop the polling for good
+                log.exception("fetching the fleet's route changes failed; retrying")
+                continue
             if failing:
                 log.info("fetching the fleet's route changes from metering again")
             failing = False

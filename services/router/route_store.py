@@ -72,9 +72,11 @@ class RouteStore:
         if not isinstance(changes, dict):
             log.warning("ignoring route changes in %s: not a format-%d routes state file", self.path, FORMAT)
             return {}
-        revisions = raw.get("revisions") or {}
+        revisions = raw.get("revisions")
+        if not isinstance(revisions, dict):
+            revisions = {}
         kept = {
-            model: Change(table, int(revisions.get(model, 0)))
+            model: Change(table, revision if isinstance(revision := revisions.get(model), int) else 0)
             for model, table in changes.items()
             if table is None or isinstance(table, dict)
         }
