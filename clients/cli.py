@@ -2,6 +2,8 @@
 
 A .npy file is sent as the model's single input (its name from ModelMetadata); a .npz sends
 each array under its own name. Outputs go to `--output` (.npz) or are summarised on stdout.
+Through the router, the API key comes from SWITCHYARD_API_KEY (never a flag: flags show in
+`ps` and shell history).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _infer(args: argparse.Namespace) -> int:
     import json
+    import os
 
     import numpy as np
 
@@ -32,9 +35,12 @@ def _infer(args: argparse.Namespace) -> int:
     from switchyard.gen.inference import grpc_service_pb2 as oip
 
     loaded = np.load(args.input)
-    with ExecutorClient(args.address, timeout_s=args.timeout) as client:
+    api_key = os.environ.get("SWITCHYARD_API_KEY", "")
+    with ExecutorClient(args.address, timeout_s=args.timeout, api_key=api_key) as client:
         if isinstance(loaded, np.ndarray):
-            meta = client.oip.ModelMetadata(oip.ModelMetadataRequest(name=args.model, version=args.version))
+            meta = client.oip.ModelMetadata(
+                oip.ModelMetadataRequest(name=args.model, version=args.version), metadata=client.metadata
+            )
             if len(meta.inputs) != 1:
                 names = [i.name for i in meta.inputs]
                 raise SystemExit(f"{args.model} takes inputs {names}; pass an .npz with those names")

@@ -45,7 +45,9 @@ def parameter_values(params: Any) -> dict[str, str | int | float | bool]:
 
 
 class ExecutorClient:
-    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
+    """`api_key` goes with every OIP call as `authorization: Bearer <key>` (the router needs one)."""
+
+    def __init__(self, address: str, timeout_s: float = 30.0, api_key: str = "") -> None:
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -54,6 +56,7 @@ class ExecutorClient:
         self.oip = oip_grpc.GRPCInferenceServiceStub(self.channel)
         self.control = ctl_grpc.ExecutorControlStub(self.channel)
         self.timeout_s = timeout_s
+        self.metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
 
     def __enter__(self) -> ExecutorClient:
         return self
@@ -70,12 +73,13 @@ class ExecutorClient:
         self, model: str, inputs: dict[str, np.ndarray], version: str = "", timeout_s: float | None = None
     ) -> InferResult:
         request = build_infer_request(model, inputs, version)
-        response = self.oip.ModelInfer(request, timeout=timeout_s or self.timeout_s)
+        response = self.oip.ModelInfer(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
         return parse_infer_response(response)
 
     def ready(self, model: str = "") -> bool:
         if model:
-            return bool(self.oip.ModelReady(oip.ModelReadyRequest(name=model), timeout=self.timeout_s).ready)
+            request = oip.ModelReadyRequest(name=model)
+            return bool(self.oip.ModelReady(request, timeout=self.timeout_s, metadata=self.metadata).ready)
         return bool(self.oip.ServerReady(oip.ServerReadyRequest(), timeout=self.timeout_s).ready)
 
     def describe(self) -> dict[str, Any]:

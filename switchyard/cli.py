@@ -50,6 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # an expected refusal (e.g. a backend unavailable here): its message, not a traceback
         print(f"switchyard {args.command}: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        import grpc
+
+        if isinstance(exc, grpc.Call):  # a service's answer: its status and message
+            print(f"switchyard {args.command}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""`switchyard router serve`: the OIP front door on port 8001."""
+"""`switchyard router serve`: the OIP front door on port 8001; and its admin commands.
+
+`switchyard router routes | set-route | delete-route | deployments | shadow` call a running
+router's RouterAdmin API (changing a route needs a key with role `admin`). The key comes from
+SWITCHYARD_API_KEY, never a flag (flags show in `ps` and shell history). Answers print as JSON.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +26,39 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     serve.add_argument("--spool-dir", default="", help="durable usage spool (default: [router] spool_dir)")
     serve.set_defaults(func=_serve)
+
+    def admin(name: str, help: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
+        parser.add_argument("--address", default="127.0.0.1:8001", help="router (default 127.0.0.1:8001)")
+        parser.add_argument("--timeout", type=float, default=10.0)
+        parser.set_defaults(func=_admin, admin=name)
+        return parser
+
+    admin("routes", help="list the routes in force")
+    set_route = admin("set-route", help="add or replace a model's route (role admin; audited)")
+    set_route.add_argument("model")
+    set_route.add_argument(
+        "--policy",
+        default="failover",
+        help="pinned | weighted | failover | least_loaded | cheapest (default failover)",
+    )
+    set_route.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        metavar="DEPLOYMENT[:WEIGHT]",
+        help="a configured deployment, in order; repeat for more (weights for `weighted`)",
+    )
+    set_route.add_argument("--shadow-share", type=float, default=0.0, help="share mirrored to candidates")
+    set_route.add_argument(
+        "--shadow-candidate", action="append", default=[], metavar="DEPLOYMENT", help="repeatable"
+    )
+    set_route.add_argument("--max-in-flight", type=int, default=0, help="0: [router] max_in_flight")
+    delete_route = admin("delete-route", help="remove a model's route (role admin; audited)")
+    delete_route.add_argument("model")
+    admin("deployments", help="each deployment's health, load, transport and price")
+    shadow = admin("shadow", help="shadow divergence per model and candidate")
+    shadow.add_argument("--model", default="")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -63,4 +101,54 @@ def _serve(args: argparse.Namespace) -> int:
     except SwitchyardError as exc:
         print(f"switchyard router: {exc}")
         return 2
+    return 0
+
+
+def _target(spec: str) -> Any:
+    from switchyard.errors import InvalidArgument
+    from switchyard.gen.switchyard.v1 import router_pb2 as rpb
+
+    name, _, weight = spec.partition(":")
+    try:
+        return rpb.Target(deployment=name, weight=float(weight) if weight else 1.0)
+    except ValueError:
+        raise InvalidArgument(f"--target {spec!r}: the weight after ':' must be a number") from None
+
+
+def _admin(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from switchyard.gen.switchyard.v1 import router_pb2 as rpb
+    from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
+
+    key = os.environ.get("SWITCHYARD_API_KEY", "")
+    metadata = (("authorization", f"Bearer {key}"),) if key else None
+    with grpc.insecure_channel(args.address) as channel:
+        stub = rgrpc.RouterAdminStub(channel)
+        call: dict[str, Any] = {"timeout": args.timeout, "metadata": metadata}
+        reply: Any
+        if args.admin == "routes":
+            reply = stub.ListRoutes(rpb.ListRoutesRequest(), **call)
+        elif args.admin == "set-route":
+            route = rpb.Route(
+                model=args.model,
+                policy=args.policy,
+                targets=[_target(t) for t in args.target],
+                max_in_flight=args.max_in_flight,
+            )
+            if args.shadow_share or args.shadow_candidate:
+                route.shadow.share = args.shadow_share
+                route.shadow.candidates.extend(rpb.Target(deployment=c) for c in args.shadow_candidate)
+            reply = stub.SetRoute(rpb.SetRouteRequest(route=route), **call)
+        elif args.admin == "delete-route":
+            reply = stub.DeleteRoute(rpb.DeleteRouteRequest(model=args.model), **call)
+        elif args.admin == "deployments":
+            reply = stub.ListDeployments(rpb.ListDeploymentsRequest(), **call)
+        else:
+            reply = stub.ShadowReport(rpb.ShadowReportRequest(model=args.model), **call)
+    print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
     return 0

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -387,3 +390,54 @@ async def test_route_changes_reach_every_router_of_the_fleet_and_no_other(
             await running.stop(0)
         if metering_up:
             await shared.stop(0)
+
+
+async def _switchyard(repo_root: Path, key: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(repo_root)}
+    env.pop("SWITCHYARD_API_KEY", None)
+    if key is not None:
+        env["SWITCHYARD_API_KEY"] = key
+    command = [sys.executable, "-m", "switchyard", *args]
+    return await asyncio.to_thread(
+        subprocess.run, command, capture_output=True, text=True, cwd=repo_root, env=env, timeout=120
+    )
+
+
+async def test_operator_commands_change_routes_and_infer_through_the_router(
+    metering: Metering,
+    executors: list[RunningExecutor],
+    make_router: RouterFactory,
+    tmp_path: Path,
+    repo_root: Path,
+) -> None:
+    deployments = {"a": executors[0].address, "b": executors[1].address}
+    cfg = routes_config(deployments, {"mlp": {"policy": "pinned", "targets": ["a"]}})
+    router = await make_router(cfg, metering.running.address)
+    admin_key, _ = await metering.key("ops-cli", "ops", "admin", "*")
+    await metering.stub.GrantRole(mpb.RoleRequest(principal="ops-cli", role="infer", scope="*"))
+    at = ("--address", router.address)
+
+    weighted = ("--policy", "weighted", "--target", "a:1", "--target", "b:3")
+    done = await _switchyard(repo_root, admin_key, "router", "set-route", "mlp", *weighted, *at)
+    assert done.returncode == 0, done.stderr
+    assert [t["weight"] for t in json.loads(done.stdout)["targets"]] == [1.0, 3.0]
+    listed = json.loads((await _switchyard(repo_root, admin_key, "router", "routes", *at)).stdout)
+    assert listed["routes"][0]["policy"] == "weighted"
+    states = json.loads((await _switchyard(repo_root, admin_key, "router", "deployments", *at)).stdout)
+    assert sorted(d["name"] for d in states["deployments"]) == ["a", "b"]
+
+    np.save(tmp_path / "x.npy", _x(2))
+    inferred = await _switchyard(
+        repo_root, admin_key, "infer", "--model", "mlp", "--input", str(tmp_path / "x.npy"), *at
+    )
+    assert inferred.returncode == 0, inferred.stderr
+    assert json.loads(inferred.stdout)["parameters"]["path"] in ("cpu-a", "cpu-b")
+
+    assert (await _switchyard(repo_root, admin_key, "router", "delete-route", "mlp", *at)).returncode == 0
+    assert "mlp" not in router.router.routes
+    for key, status in ((None, "UNAUTHENTICATED"), (admin_key, "NOT_FOUND")):
+        refused = await _switchyard(repo_root, key, "router", "delete-route", "mlp", *at)
+        assert refused.returncode == 1 and refused.stderr.startswith(f"switchyard router: {status}: ")
+        assert "Traceback" not in refused.stderr
+    bad = await _switchyard(repo_root, admin_key, "router", "set-route", "mlp", "--target", "a:lots", *at)
+    assert bad.returncode == 2 and "the weight after ':' must be a number" in bad.stderr
