@@ -163,8 +163,12 @@ class Ledger:
         return self.read(lambda conn: jobs.get_trial(conn, trial_id))
 
     # -- route changes ------------------------------------------------------------------
-    def save_route_change(self, actor: Actor, fleet: str, model: str, route_json: str | None) -> Any:
-        return self.write(lambda conn, now: routes.save(conn, actor, fleet, model, route_json, now))
+    def save_route_change(
+        self, actor: Actor, fleet: str, model: str, route_json: str | None, previous_json: str = ""
+    ) -> Any:
+        return self.write(
+            lambda conn, now: routes.save(conn, actor, fleet, model, route_json, previous_json, now)
+        )
 
     def route_changes(self, fleet: str) -> list[Any]:
         return self.read(lambda conn: routes.latest(conn, fleet))

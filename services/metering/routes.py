@@ -1,6 +1,8 @@
 """Run-time route changes shared by the routers of a fleet (`route_changes`).
 
-Each RouterAdmin change is one appended row; the latest row per fleet and model is in force.
+Each RouterAdmin change is one appended row, audited in the same transaction (`route.set`,
+`route.delete`, with the route it replaced as the router had it); the latest row per fleet and
+model is in force.
 Metering only checks the shape (names, a JSON object or a deletion): the routers validate a
 route against their own deployments when they apply it.
 """
@@ -12,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
+from services.metering import audit
 from services.metering.errors import BadInput
 from services.metering.records import MAX_KEY, Actor
 from services.metering.schema import ROUTE_CHANGES
@@ -24,19 +27,32 @@ def _check_name(value: str, what: str) -> None:
         raise BadInput(f"{what} has {len(value)} characters; give 1..{MAX_KEY}")
 
 
-def save(conn: Connection, actor: Actor, fleet: str, model: str, route_json: str | None, now_us: int) -> Any:
-    """Appends one change (`route_json` None: deleted) and returns its row."""
+def _table(text: str, what: str) -> dict[str, Any]:
+    if len(text) > MAX_ROUTE_JSON:
+        raise BadInput(f"{what} is {len(text)} bytes; a route is at most {MAX_ROUTE_JSON}")
+    try:
+        table = json.loads(text)
+    except ValueError as exc:
+        raise BadInput(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(table, dict):
+        raise BadInput(f"{what} must be a JSON object (the route's routes-file table)")
+    return table
+
+
+def save(
+    conn: Connection,
+    actor: Actor,
+    fleet: str,
+    model: str,
+    route_json: str | None,
+    previous_json: str,
+    now_us: int,
+) -> Any:
+    """Appends one change (`route_json` None: deleted) and its audit row; returns the change."""
     _check_name(fleet, "fleet name")
     _check_name(model, "model name")
-    if route_json is not None:
-        if len(route_json) > MAX_ROUTE_JSON:
-            raise BadInput(f"route_json is {len(route_json)} bytes; a route is at most {MAX_ROUTE_JSON}")
-        try:
-            table = json.loads(route_json)
-        except ValueError as exc:
-            raise BadInput(f"route_json is not valid JSON: {exc}") from None
-        if not isinstance(table, dict):
-            raise BadInput("route_json must be a JSON object (the route's routes-file table)")
+    new = _table(route_json, "route_json") if route_json is not None else None
+    old = _table(previous_json, "previous_json") if previous_json else None
     values = dict(
         fleet=fleet,
         model=model,
@@ -46,6 +62,9 @@ def save(conn: Connection, actor: Actor, fleet: str, model: str, route_json: str
         request_id=actor.request_id,
     )
     row_id = conn.execute(ROUTE_CHANGES.insert().values(**values)).inserted_primary_key[0]  # type: ignore[index]
+    action = "route.set" if new is not None else "route.delete"
+    detail = {"fleet": fleet, "revision": row_id, "old": old, "new": new}
+    audit.append(conn, actor, action, f"route/{fleet}/{model}", "ok", now_us, detail)
     return conn.execute(select(ROUTE_CHANGES).where(ROUTE_CHANGES.c.id == row_id)).one()
 
 

@@ -319,7 +319,11 @@ class MeteringServicer(pb_grpc.MeteringServicer):
             raise BadInput("give route_json for a changed route, or deleted = true (and no route_json)")
         row = await self._w(
             lambda: self.ledger.save_route_change(
-                actor_of(r.actor, context), r.fleet, r.model, None if r.deleted else r.route_json
+                actor_of(r.actor, context),
+                r.fleet,
+                r.model,
+                None if r.deleted else r.route_json,
+                r.previous_json,
             )
         )
         return route_change_msg(row)

@@ -1,15 +1,14 @@
 """RouterAdmin servicer: routes read and changed at run time, every change audited.
 
 Changing a route needs a key with role `admin`; reading needs any valid key. A route is
-validated whole (the same rules as the config file) before it replaces the old one, and
-each attempt, allowed or denied, becomes an audit row with the route as detail.
+validated whole (the same rules as the config file) before it replaces the old one. A denied
+attempt is audited by the router; a change by metering, in the transaction that saves it for
+the fleet (`route_store`), with the old and the new route as detail.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict
 from typing import Any
 
 import grpc
@@ -76,25 +75,6 @@ class AdminServicer(rgrpc.RouterAdminServicer):
             raise PermissionDenied(reason)
         return identity, request_id
 
-    def _audit_change(
-        self,
-        identity: Identity,
-        action: str,
-        route: str,
-        detail: dict[str, Any],
-        request_id: str,
-        context: Ctx,
-    ) -> None:
-        self.router.audit(
-            identity,
-            action,
-            f"route:{route}",
-            "ok",
-            json.dumps(detail, default=str),
-            request_id,
-            context.peer(),
-        )
-
     async def ListRoutes(self, request: rpb.ListRoutesRequest, context: Ctx) -> rpb.ListRoutesResponse:
         await self._caller(context, "routes", need_admin=False)
         routes = sorted(self.router.routes.values(), key=lambda r: r.model)
@@ -103,21 +83,12 @@ class AdminServicer(rgrpc.RouterAdminServicer):
     async def SetRoute(self, request: rpb.SetRouteRequest, context: Ctx) -> rpb.Route:
         identity, request_id = await self._caller(context, f"route:{request.route.model}", need_admin=True)
         route = validate_route(route_from_proto(request.route), self.router.config.deployments)
-        old = await self.router.set_route(route, identity.principal_id, request_id)
-        self._audit_change(
-            identity,
-            "route.set",
-            route.model,
-            {"old": asdict(old) if old else None, "new": asdict(route)},
-            request_id,
-            context,
-        )
+        await self.router.set_route(route, identity.principal_id, request_id)
         return route_to_proto(route)
 
     async def DeleteRoute(self, request: rpb.DeleteRouteRequest, context: Ctx) -> rpb.DeleteRouteResponse:
         identity, request_id = await self._caller(context, f"route:{request.model}", need_admin=True)
-        old = await self.router.delete_route(request.model, identity.principal_id, request_id)
-        self._audit_change(identity, "route.delete", request.model, {"old": asdict(old)}, request_id, context)
+        await self.router.delete_route(request.model, identity.principal_id, request_id)
         return rpb.DeleteRouteResponse()
 
     async def ListDeployments(

@@ -114,9 +114,9 @@ class Router:
 
     async def set_route(self, route: Route, principal: str = "", request_id: str = "") -> Route | None:
         """Adds or replaces a (validated) route, kept and shared (`route_store`); returns the old one."""
-        if self.store is not None:  # first: a change that cannot be kept is refused
-            await self.store.save(route.model, route, principal, request_id)
         old = self.routes.get(route.model)
+        if self.store is not None:  # first: a change that cannot be kept is refused
+            await self.store.save(route.model, route, old, principal, request_id)
         # Copy-on-write: requests already running keep the route object they started with.
         self.routes = {**self.routes, route.model: route}
         return old
@@ -124,7 +124,7 @@ class Router:
     async def delete_route(self, model: str, principal: str = "", request_id: str = "") -> Route:
         old = self.route_for(model)  # NOT_FOUND before anything is kept
         if self.store is not None:
-            await self.store.save(model, None, principal, request_id)
+            await self.store.save(model, None, old, principal, request_id)
         self.routes = {m: r for m, r in self.routes.items() if m != model}
         return old
 

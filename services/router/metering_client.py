@@ -83,7 +83,13 @@ class MeteringClient:
             raise as_error(exc) from None
 
     async def save_route_change(
-        self, fleet: str, model: str, table: dict[str, Any] | None, principal: str, request_id: str
+        self,
+        fleet: str,
+        model: str,
+        table: dict[str, Any] | None,
+        previous: dict[str, Any] | None,
+        principal: str,
+        request_id: str,
     ) -> int:
         actor = mpb.Actor(
             principal=principal, source="router", request_id=request_id, trace_id=telemetry.current_trace_id()
@@ -94,6 +100,7 @@ class MeteringClient:
             route_json=json.dumps(table, sort_keys=True) if table is not None else "",
             deleted=table is None,
             actor=actor,
+            previous_json=json.dumps(previous, sort_keys=True) if previous is not None else "",
         )
         try:
             reply = await self._stub.SaveRouteChange(

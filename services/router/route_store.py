@@ -3,9 +3,10 @@
 The routes file is the operator's (often a read-only ConfigMap), so changes made at run time
 live elsewhere:
 - With metering, in its `route_changes` table under the router's fleet (`[router] fleet`): a
-  change is saved there before it takes effect, and refused (UNAVAILABLE) when metering cannot
-  take it. Every router of the fleet polls for the latest change per model every
-  `route_sync_s`, so a change sent to one replica reaches them all.
+  change is saved there, and audited in the same transaction, before it takes effect, and
+  refused (UNAVAILABLE) when metering cannot take it. Every router of the fleet polls for the
+  latest change per model every `route_sync_s`, so a change sent to one replica reaches them
+  all.
 - In `routes-state.json` in the router's state directory (its usage spool directory). Without
   metering it is where changes are kept: written (temporary file, fsync, rename, fsync of the
   directory) before a change takes effect, and a failed write refuses the change. With
@@ -46,7 +47,13 @@ class SharedRoutes(Protocol):
     """Where a fleet's route changes are shared (metering)."""
 
     async def save_route_change(
-        self, fleet: str, model: str, table: dict[str, Any] | None, principal: str, request_id: str
+        self,
+        fleet: str,
+        model: str,
+        table: dict[str, Any] | None,
+        previous: dict[str, Any] | None,
+        principal: str,
+        request_id: str,
     ) -> int: ...
 
     async def route_changes(self, fleet: str) -> dict[str, Change]: ...
@@ -99,8 +106,16 @@ class RouteStore:
                     log.warning("skipping the kept change to route %r from %s: %s", model, self.path, exc)
         return out
 
-    async def save(self, model: str, route: Route | None, principal: str = "", request_id: str = "") -> None:
-        """Keeps `route` (None: deleted) for `model`; raises Unavailable if it cannot be kept."""
+    async def save(
+        self,
+        model: str,
+        route: Route | None,
+        previous: Route | None = None,
+        principal: str = "",
+        request_id: str = "",
+    ) -> None:
+        """Keeps `route` (None: deleted) for `model`, replacing `previous` (for the audit trail);
+        raises Unavailable if it cannot be kept."""
         table = route_table(route) if route is not None else None
         if self.shared is None:
             changes = {**self.changes, model: Change(table)}
@@ -112,8 +127,9 @@ class RouteStore:
                 ) from None
         else:
             try:
+                old = route_table(previous) if previous is not None else None
                 revision = await self.shared.save_route_change(
-                    self.fleet, model, table, principal, request_id
+                    self.fleet, model, table, old, principal, request_id
                 )
             except Unavailable as exc:
                 raise Unavailable(

@@ -24,7 +24,9 @@ async def test_latest_change_per_model_in_force_per_fleet(stub: pb_grpc.Metering
         )
 
     first = await stub.SaveRouteChange(change("prod", "mlp", _route("a")))
-    second = await stub.SaveRouteChange(change("prod", "mlp", _route("b")))
+    replacing = change("prod", "mlp", _route("b"))
+    replacing.previous_json = _route("a")  # as the router had it: for the audit trail
+    second = await stub.SaveRouteChange(replacing)
     await stub.SaveRouteChange(change("prod", "old"))
     await stub.SaveRouteChange(change("staging", "mlp", _route("c")))
     assert second.revision > first.revision and second.principal == "ops-admin"
@@ -38,6 +40,21 @@ async def test_latest_change_per_model_in_force_per_fleet(stub: pb_grpc.Metering
     assert [json.loads(c.route_json)["targets"] for c in staging] == [["c"]]
     assert (await stub.ListRouteChanges(pb.ListRouteChangesRequest(fleet="none-yet"))).changes == []
 
+    # Each change is audited in the transaction that saved it, with the old and the new route.
+    sets = (await stub.QueryAudit(pb.QueryAuditRequest(action="route.set"))).records
+    assert [r.resource for r in reversed(sets)] == ["route/prod/mlp", "route/prod/mlp", "route/staging/mlp"]
+    detail = json.loads(sets[-2].detail_json)
+    assert detail == {
+        "fleet": "prod",
+        "revision": second.revision,
+        "old": json.loads(_route("a")),
+        "new": json.loads(_route("b")),
+    }
+    assert sets[-2].actor.principal == "ops-admin" and sets[-2].actor.request_id == "req-1"
+    (deleted,) = (await stub.QueryAudit(pb.QueryAuditRequest(action="route.delete"))).records
+    assert deleted.resource == "route/prod/old" and json.loads(deleted.detail_json)["new"] is None
+    assert (await stub.VerifyAudit(pb.VerifyAuditRequest())).ok
+
 
 async def test_bad_route_changes_are_refused_with_what_to_fix(stub: pb_grpc.MeteringAsyncStub) -> None:
     invalid = grpc.StatusCode.INVALID_ARGUMENT
@@ -49,6 +66,7 @@ async def test_bad_route_changes_are_refused_with_what_to_fix(stub: pb_grpc.Mete
         (pb.SaveRouteChangeRequest(fleet="", model="mlp", route_json="{}"), "fleet name"),
         (pb.SaveRouteChangeRequest(fleet="f", model="m" * 201, route_json="{}"), "model name"),
         (pb.SaveRouteChangeRequest(fleet="f", model="mlp", route_json=" " * 70_000 + "{}"), "at most"),
+        (pb.SaveRouteChangeRequest(fleet="f", model="m", route_json="{}", previous_json="1"), "previous"),
     ]
     for request, message in cases:
         await expect_status(stub.SaveRouteChange(request), invalid, message)

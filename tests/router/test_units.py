@@ -343,7 +343,13 @@ class FleetStore:
         self.down = False
 
     async def save_route_change(
-        self, fleet: str, model: str, table: dict[str, Any] | None, principal: str, request_id: str
+        self,
+        fleet: str,
+        model: str,
+        table: dict[str, Any] | None,
+        previous: dict[str, Any] | None,
+        principal: str,
+        request_id: str,
     ) -> int:
         if self.down:
             raise Unavailable("metering did not answer")
@@ -363,7 +369,7 @@ async def test_shared_route_changes_newer_revision_wins_and_are_cached(tmp_path:
     fleet = FleetStore()
     one, two = RouteStore(tmp_path / "one", fleet), RouteStore(tmp_path / "two", fleet)
     pinned_xla = Route("mlp", Policy.PINNED, (Target("xla"),))
-    await one.save("mlp", pinned_xla, "ops", "req-1")
+    await one.save("mlp", pinned_xla, None, "ops", "req-1")
     assert await two.sync() and two.routes(routes, cfg.deployments)["mlp"] == pinned_xla
     assert not await two.sync()  # nothing newer
     await two.save("tiny-lm", None)

@@ -995,12 +995,15 @@ class SaveRouteChangeRequest(_message.Message):
     ROUTE_JSON_FIELD_NUMBER: _builtins.int
     DELETED_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
+    PREVIOUS_JSON_FIELD_NUMBER: _builtins.int
     fleet: _builtins.str
     """the routers that share the change ([router] fleet)"""
     model: _builtins.str
     route_json: _builtins.str
     """a JSON object; "" when deleted"""
     deleted: _builtins.bool
+    previous_json: _builtins.str
+    """the route it replaces, as the router had it ("" = none): audited"""
     @_builtins.property
     def actor(self) -> Global___Actor: ...
     def __init__(
@@ -1011,10 +1014,11 @@ class SaveRouteChangeRequest(_message.Message):
         route_json: _builtins.str = ...,
         deleted: _builtins.bool = ...,
         actor: Global___Actor | None = ...,
+        previous_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "deleted", b"deleted", "fleet", b"fleet", "model", b"model", "route_json", b"route_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "deleted", b"deleted", "fleet", b"fleet", "model", b"model", "previous_json", b"previous_json", "route_json", b"route_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

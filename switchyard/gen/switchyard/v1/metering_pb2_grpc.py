@@ -232,7 +232,8 @@ class MeteringServicer:
 
     def SaveRouteChange(self, request, context):
         """Run-time route changes, shared by the routers of a fleet: RouterAdmin saves each change
-        here before it takes effect, and every router of the fleet polls the latest per model.
+        here before it takes effect (audited in the same transaction as route.set / route.delete),
+        and every router of the fleet polls the latest per model.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

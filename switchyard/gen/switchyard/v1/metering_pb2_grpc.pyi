@@ -53,7 +53,8 @@ class MeteringStub:
     GetTrialReport: _grpc.UnaryUnaryMultiCallable[_metering_pb2.GetTrialReportRequest, _metering_pb2.TrialReport]
     SaveRouteChange: _grpc.UnaryUnaryMultiCallable[_metering_pb2.SaveRouteChangeRequest, _metering_pb2.RouteChange]
     """Run-time route changes, shared by the routers of a fleet: RouterAdmin saves each change
-    here before it takes effect, and every router of the fleet polls the latest per model.
+    here before it takes effect (audited in the same transaction as route.set / route.delete),
+    and every router of the fleet polls the latest per model.
     """
     ListRouteChanges: _grpc.UnaryUnaryMultiCallable[_metering_pb2.ListRouteChangesRequest, _metering_pb2.ListRouteChangesResponse]
     CreatePrincipal: _grpc.UnaryUnaryMultiCallable[_metering_pb2.CreatePrincipalRequest, _metering_pb2.Principal]
@@ -90,7 +91,8 @@ class MeteringAsyncStub(MeteringStub):
     GetTrialReport: _aio.UnaryUnaryMultiCallable[_metering_pb2.GetTrialReportRequest, _metering_pb2.TrialReport]  # type: ignore[assignment]
     SaveRouteChange: _aio.UnaryUnaryMultiCallable[_metering_pb2.SaveRouteChangeRequest, _metering_pb2.RouteChange]  # type: ignore[assignment]
     """Run-time route changes, shared by the routers of a fleet: RouterAdmin saves each change
-    here before it takes effect, and every router of the fleet polls the latest per model.
+    here before it takes effect (audited in the same transaction as route.set / route.delete),
+    and every router of the fleet polls the latest per model.
     """
     ListRouteChanges: _aio.UnaryUnaryMultiCallable[_metering_pb2.ListRouteChangesRequest, _metering_pb2.ListRouteChangesResponse]  # type: ignore[assignment]
     CreatePrincipal: _aio.UnaryUnaryMultiCallable[_metering_pb2.CreatePrincipalRequest, _metering_pb2.Principal]  # type: ignore[assignment]
@@ -202,7 +204,8 @@ class MeteringServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_metering_pb2.RouteChange, _abc.Awaitable[_metering_pb2.RouteChange]]:
         """Run-time route changes, shared by the routers of a fleet: RouterAdmin saves each change
-        here before it takes effect, and every router of the fleet polls the latest per model.
+        here before it takes effect (audited in the same transaction as route.set / route.delete),
+        and every router of the fleet polls the latest per model.
         """
 
     @_abc_1.abstractmethod
