@@ -93,7 +93,9 @@ class Router:
         self.settings = config.settings
         self.store = store
         self.file_routes = {r.model: r for r in config.routes}
-        self.routes = store.routes(self.file_routes, config.deployments) if store else self.file_routes
+        self.routes = self.file_routes
+        if store is not None:  # with the run-time changes kept (and shared) since
+            self.routes = store.routes(self.file_routes, config.deployments)
         self.pool = pool
         self.auth = auth
         self.spool = spool
@@ -112,21 +114,18 @@ class Router:
             raise NotFound(f"unknown model {model!r}; the router serves {sorted(self.routes)}")
         return route
 
-    async def set_route(self, route: Route, principal: str = "", request_id: str = "") -> Route | None:
-        """Adds or replaces a (validated) route, kept and shared (`route_store`); returns the old one."""
-        old = self.routes.get(route.model)
-        if self.store is not None:  # first: a change that cannot be kept is refused
-            await self.store.save(route.model, route, old, principal, request_id)
+    async def set_route(self, route: Route, principal: str = "", request_id: str = "") -> None:
+        """Adds or replaces a (validated) route, kept and shared first (`route_store`)."""
+        if self.store is not None:  # a change that cannot be kept is refused
+            await self.store.save(route.model, route, self.routes.get(route.model), principal, request_id)
         # Copy-on-write: requests already running keep the route object they started with.
         self.routes = {**self.routes, route.model: route}
-        return old
 
-    async def delete_route(self, model: str, principal: str = "", request_id: str = "") -> Route:
+    async def delete_route(self, model: str, principal: str = "", request_id: str = "") -> None:
         old = self.route_for(model)  # NOT_FOUND before anything is kept
         if self.store is not None:
             await self.store.save(model, None, old, principal, request_id)
         self.routes = {m: r for m, r in self.routes.items() if m != model}
-        return old
 
     async def sync_routes(self) -> None:
         """Applies the fleet's newer route changes; raises Unavailable while metering is down."""

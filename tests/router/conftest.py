@@ -62,7 +62,7 @@ class Metering:
         return counts if keys is None else {k: v for k, v in counts.items() if k in keys}
 
 
-async def _prepare_ledger(stub: mgrpc.MeteringAsyncStub) -> None:
+async def prepare_ledger(stub: mgrpc.MeteringAsyncStub) -> None:
     await stub.SetPrice(mpb.SetPriceRequest(price_key=PRICE_KEY, micros_per_hour=3_600_000, currency="USD"))
     for path in PATHS:
         await stub.RegisterPath(
@@ -80,7 +80,7 @@ async def metering(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Me
     running = await start_metering_at(url)
     channel = grpc.aio.insecure_channel(running.address)
     stub = mgrpc.MeteringStub(channel)
-    await _prepare_ledger(stub)
+    await prepare_ledger(stub)
     yield Metering(running, url, stub, channel)
     await channel.close()
     await running.stop(0)

@@ -30,7 +30,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
 from switchyard.grpcio import ServerOptions
-from tests.router.conftest import Metering, RouterFactory, _prepare_ledger, routes_config, start_metering_at
+from tests.router.conftest import Metering, RouterFactory, prepare_ledger, routes_config, start_metering_at
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -337,7 +337,7 @@ async def test_route_changes_reach_every_router_of_the_fleet_and_no_other(
     shared = await start_metering_at(f"sqlite:///{tmp_path / 'fleet.db'}")  # stopped below
     async with grpc.aio.insecure_channel(shared.address) as channel:
         stub = mgrpc.MeteringStub(channel)
-        await _prepare_ledger(stub)
+        await prepare_ledger(stub)
         await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="fleet-ops", kind="user", team="ops"))
         await stub.GrantRole(mpb.RoleRequest(principal="fleet-ops", role="admin", scope="*"))
         await stub.GrantRole(mpb.RoleRequest(principal="fleet-ops", role="infer", scope="*"))

@@ -24,7 +24,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from tests.router.conftest import (
     Metering,
     RouterFactory,
-    _prepare_ledger,
+    prepare_ledger,
     routes_config,
     spawn_executor,
     start_metering_at,
@@ -155,7 +155,7 @@ async def test_metering_stopped_and_restarted_during_traffic(
     port = first.port
     async with grpc.aio.insecure_channel(first.address) as channel:
         stub = mgrpc.MeteringStub(channel)
-        await _prepare_ledger(stub)
+        await prepare_ledger(stub)
         await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="svc-restart", kind="service", team="t"))
         await stub.GrantRole(mpb.RoleRequest(principal="svc-restart", role="infer", scope="*"))
         key = (await stub.CreateKey(mpb.CreateKeyRequest(principal="svc-restart"))).key
