@@ -53,7 +53,7 @@ def save(
     _check_name(model, "model name")
     new = _table(route_json, "route_json") if route_json is not None else None
     old = _table(previous_json, "previous_json") if previous_json else None
-    values = dict(
+    insert = ROUTE_CHANGES.insert().values(
         fleet=fleet,
         model=model,
         route_json=route_json,
@@ -61,11 +61,11 @@ def save(
         principal=actor.principal,
         request_id=actor.request_id,
     )
-    row_id = conn.execute(ROUTE_CHANGES.insert().values(**values)).inserted_primary_key[0]  # type: ignore[index]
+    row = conn.execute(insert.returning(ROUTE_CHANGES)).one()
     action = "route.set" if new is not None else "route.delete"
-    detail = {"fleet": fleet, "revision": row_id, "old": old, "new": new}
+    detail = {"fleet": fleet, "revision": row.id, "old": old, "new": new}
     audit.append(conn, actor, action, f"route/{fleet}/{model}", "ok", now_us, detail)
-    return conn.execute(select(ROUTE_CHANGES).where(ROUTE_CHANGES.c.id == row_id)).one()
+    return row
 
 
 def latest(conn: Connection, fleet: str) -> list[Any]:

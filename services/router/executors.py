@@ -52,8 +52,7 @@ log = logging.getLogger(__name__)
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 FRAMES_RETRY_S = 30.0  # a deployment offering no frames, or whose port failed, is asked again after this
 MAX_IDLE_STREAMS = 64  # per deployment; more concurrent requests open more, closed when idle
-_ERROR, _RESPONSE = 1, 2  # ModelStreamInferResponse fields
-_STREAM_FIELDS = frozenset((_ERROR, _RESPONSE))
+_STREAM_FIELDS = frozenset((wire.STREAM_ERROR, wire.STREAM_RESPONSE))
 # A stream that ends with one of these was broken under the request (the executor killed or
 # stopped, the connection lost: grpc reports "Internal error from Core" for a write on a dead
 # connection): UNAVAILABLE, so the router ejects the deployment and retries elsewhere.
@@ -161,10 +160,10 @@ class ExecutorPool:
         else:
             reply = await self._stream_infer(deployment, b"".join(message), timeout_s)
         fields = wire.scan_fields(reply, _STREAM_FIELDS)
-        if _ERROR in fields:
-            start, stop = fields[_ERROR][-1]
+        if wire.STREAM_ERROR in fields:
+            start, stop = fields[wire.STREAM_ERROR][-1]
             raise _status_of(reply[start:stop].decode(errors="replace"))
-        start, stop = fields[_RESPONSE][-1] if _RESPONSE in fields else (0, 0)
+        start, stop = fields[wire.STREAM_RESPONSE][-1] if wire.STREAM_RESPONSE in fields else (0, 0)
         return reply[start:stop]
 
     async def _stream_infer(self, deployment: str, message: bytes, timeout_s: float) -> bytes:

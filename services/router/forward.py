@@ -86,16 +86,15 @@ class Router:
         pool: ExecutorPool,
         auth: Authenticator | None,
         spool: Spool | None,
+        store: RouteStore,
         evaluator: EvaluatorComparer | None = None,
-        store: RouteStore | None = None,
     ) -> None:
         self.config = config
         self.settings = config.settings
         self.store = store
         self.file_routes = {r.model: r for r in config.routes}
-        self.routes = self.file_routes
-        if store is not None:  # with the run-time changes kept (and shared) since
-            self.routes = store.routes(self.file_routes, config.deployments)
+        self.routes: dict[str, Route] = {}
+        self._apply_route_changes()
         self.pool = pool
         self.auth = auth
         self.spool = spool
@@ -114,23 +113,26 @@ class Router:
             raise NotFound(f"unknown model {model!r}; the router serves {sorted(self.routes)}")
         return route
 
+    def _apply_route_changes(self) -> None:
+        """The routes in force: the file's, with the run-time changes kept (and shared) since.
+        Copy-on-write: requests already running keep the route object they started with."""
+        self.routes = self.store.routes(self.file_routes, self.config.deployments)
+
     async def set_route(self, route: Route, principal: str = "", request_id: str = "") -> None:
-        """Adds or replaces a (validated) route, kept and shared first (`route_store`)."""
-        if self.store is not None:  # a change that cannot be kept is refused
-            await self.store.save(route.model, route, self.routes.get(route.model), principal, request_id)
-        # Copy-on-write: requests already running keep the route object they started with.
-        self.routes = {**self.routes, route.model: route}
+        """Adds or replaces a (validated) route; kept and shared first, so a change that cannot
+        be kept is refused (`route_store`)."""
+        await self.store.save(route.model, route, self.routes.get(route.model), principal, request_id)
+        self._apply_route_changes()
 
     async def delete_route(self, model: str, principal: str = "", request_id: str = "") -> None:
         old = self.route_for(model)  # NOT_FOUND before anything is kept
-        if self.store is not None:
-            await self.store.save(model, None, old, principal, request_id)
-        self.routes = {m: r for m, r in self.routes.items() if m != model}
+        await self.store.save(model, None, old, principal, request_id)
+        self._apply_route_changes()
 
     async def sync_routes(self) -> None:
         """Applies the fleet's newer route changes; raises Unavailable while metering is down."""
-        if self.store is not None and await self.store.sync():
-            self.routes = self.store.routes(self.file_routes, self.config.deployments)
+        if await self.store.sync():
+            self._apply_route_changes()
             log.info("applied the fleet's route changes: %d routes now", len(self.routes))
 
     def start_route_sync(self, interval_s: float) -> None:

@@ -103,7 +103,8 @@ class RouteStore:
             except SwitchyardError as exc:
                 if (model, change.revision) not in self._skipped:
                     self._skipped.add((model, change.revision))
-                    log.warning("skipping the kept change to route %r from %s: %s", model, self.path, exc)
+                    where = f"revision {change.revision}" if change.revision else str(self.path)
+                    log.warning("skipping the kept change to route %r (%s): %s", model, where, exc)
         return out
 
     async def save(

@@ -93,7 +93,7 @@ async def start_router(
     evaluator = EvaluatorComparer(settings.evaluator) if settings.evaluator else None
     # admin changes: kept across restarts, and shared by the fleet through metering
     store = RouteStore(spool_dir or Path(settings.spool_dir), metering, settings.fleet)
-    router = Router(config, pool, auth, spool, evaluator, store)
+    router = Router(config, pool, auth, spool, store, evaluator)
     if metering is not None:
         try:
             await router.sync_routes()  # the fleet's changes before the first request

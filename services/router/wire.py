@@ -118,15 +118,19 @@ def string_field(field: int, value: str) -> bytes:
     return bytes_field(field, value.encode())
 
 
-# ModelStreamInferResponse: error_message = 1, infer_response = 2.
+# ModelStreamInferResponse fields: an in-band error ("STATUS: why") or the response.
+STREAM_ERROR, STREAM_RESPONSE = 1, 2
+
+
 def stream_answer(response: bytes) -> bytes:
     """A serialized ModelInferResponse as a ModelStreamInferResponse, its bytes not re-encoded."""
-    return bytes_field(2, response)
+    return bytes_field(STREAM_RESPONSE, response)
 
 
 def stream_error(message: str, request_id: str) -> bytes:
-    """An in-band stream error ("STATUS: why"), with the request's id in infer_response."""
-    return string_field(1, message) + (bytes_field(2, string_field(ID, request_id)) if request_id else b"")
+    """An in-band stream error, with the request's id in infer_response."""
+    answer = bytes_field(STREAM_RESPONSE, string_field(ID, request_id)) if request_id else b""
+    return string_field(STREAM_ERROR, message) + answer
 
 
 Param = str | int | float | bool
