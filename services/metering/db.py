@@ -3,6 +3,12 @@
 SQLite (a file, WAL mode) is the default; PostgreSQL comes from SWITCHYARD_DATABASE_URL.
 SQLite gets two engines: writes begin with BEGIN IMMEDIATE, so two writers never deadlock
 upgrading a read lock, while reads keep plain deferred transactions and run beside a writer.
+
+On PostgreSQL the schema belongs to a migrator role (the one `migrate` connects as) and the
+service runs as a runtime role with only what it needs (RUNTIME_GRANTS): on the journal and
+the audit trail it may only INSERT and SELECT, so no runtime credential can change or remove
+a ledger line or an audit row, and only the owner could drop the append-only triggers.
+`migrate(url, runtime_role=...)` (or SWITCHYARD_DATABASE_RUNTIME_ROLE) applies the grants.
 """
 
 from __future__ import annotations
@@ -14,10 +20,32 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_SQLITE = ROOT / "var" / "metering.db"
 ENV_URL = "SWITCHYARD_DATABASE_URL"
+ENV_RUNTIME_ROLE = "SWITCHYARD_DATABASE_RUNTIME_ROLE"
+
+# What the runtime role may do, table by table. UPDATE on `paths` is for the row locks
+# (FOR SHARE / FOR UPDATE need it); paths themselves are never changed.
+RUNTIME_GRANTS = {
+    "ledger_lines": "SELECT, INSERT",
+    "audit_log": "SELECT, INSERT",
+    "audit_head": "SELECT, UPDATE",
+    "paths": "SELECT, INSERT, UPDATE",
+    "prices": "SELECT, INSERT",
+    "reservations": "SELECT, INSERT, UPDATE",
+    "jobs": "SELECT, INSERT, UPDATE",
+    "principals": "SELECT, INSERT",
+    "api_keys": "SELECT, INSERT, UPDATE",
+    "role_bindings": "SELECT, INSERT, DELETE",
+    "trials": "SELECT, INSERT, UPDATE",
+    "route_changes": "SELECT, INSERT",
+    "alembic_version": "SELECT",
+    "v_cost_per_completed_job": "SELECT",
+    "v_idle_by_path": "SELECT",
+}
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -101,8 +129,39 @@ def alembic_config(url: str) -> Any:
     return cfg
 
 
-def migrate(url: str | None = None) -> None:
-    """Bring the database to the newest migration (idempotent)."""
+def migrate(url: str | None = None, runtime_role: str | None = None) -> None:
+    """Bring the database to the newest migration (idempotent); on PostgreSQL, then give the
+    runtime role (argument or SWITCHYARD_DATABASE_RUNTIME_ROLE) exactly RUNTIME_GRANTS."""
     from alembic import command
 
-    command.upgrade(alembic_config(resolve_url(url)), "head")
+    resolved = resolve_url(url)
+    command.upgrade(alembic_config(resolved), "head")
+    role = runtime_role or os.environ.get(ENV_RUNTIME_ROLE, "")
+    if role and not is_sqlite(resolved):
+        grant_runtime(resolved, role)
+
+
+def grant_runtime(url: str, role: str) -> None:
+    """Reset the runtime role's privileges to RUNTIME_GRANTS (run as the schema's owner)."""
+    from sqlalchemy import text
+
+    if not role.replace("_", "").isalnum():
+        raise ValueError(f"runtime role {role!r} is not a plain identifier (letters, digits, _)")
+    engine = create_engine(resolve_url(url), poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            tables = set(
+                conn.execute(
+                    text("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
+                ).scalars()
+            )
+            unknown = sorted(tables - set(RUNTIME_GRANTS))
+            if unknown:
+                raise ValueError(f"no runtime grant decided for {', '.join(unknown)} (db.RUNTIME_GRANTS)")
+            conn.execute(text(f'REVOKE ALL ON ALL TABLES IN SCHEMA public FROM "{role}"'))
+            conn.execute(text(f'GRANT USAGE ON SCHEMA public TO "{role}"'))
+            conn.execute(text(f'GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO "{role}"'))
+            for table in sorted(tables):
+                conn.execute(text(f'GRANT {RUNTIME_GRANTS[table]} ON "{table}" TO "{role}"'))
+    finally:
+        engine.dispose()

@@ -53,6 +53,10 @@ def complete_job(
     if status not in JOB_STATUSES:
         raise BadInput(f"status {status!r} is not one of {', '.join(JOB_STATUSES)}")
     old = conn.execute(select(JOBS).where(JOBS.c.job_id == job_id)).first()
+    if old is not None:
+        # The path first (the order every writer takes), then the job row, read again locked.
+        load_paths(conn, [old.path])
+        old = conn.execute(select(JOBS).where(JOBS.c.job_id == job_id).with_for_update()).one()
     if old is None:
         if not path:
             raise BadInput(f"job {job_id} has no usage yet; give its path")

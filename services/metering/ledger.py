@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from services.metering import access, audit, jobs, reports, reservations, routes, usage
+from services.metering import access, audit, auditkey, jobs, reports, reservations, routes, usage
 from services.metering.db import Engines, make_engines, migrate
 from services.metering.errors import AuthFailed
 from services.metering.records import Actor, JobCostInfo, JobInfo, ReservationInfo, UsageEvent, UsageResult
@@ -29,19 +30,38 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-class Ledger:
-    """Owns the engines; safe to share between threads."""
+# `anchor_path` left out: the default for the database (auditkey.default_anchor).
+DEFAULT_ANCHOR = Path("<default>")
 
-    def __init__(self, engines: Engines, clock: Callable[[], int] = now_us) -> None:
+
+class Ledger:
+    """Owns the engines and the audit key; safe to share between threads."""
+
+    def __init__(
+        self,
+        engines: Engines,
+        clock: Callable[[], int] = now_us,
+        audit_key: bytes | None = None,
+        anchor_path: Path | None = DEFAULT_ANCHOR,
+    ) -> None:
         self.engines = engines
         self.clock = clock
+        self.audit_key = audit_key if audit_key is not None else auditkey.load_key(engines.url)
+        default = anchor_path == DEFAULT_ANCHOR
+        self.anchor_path = auditkey.default_anchor(engines.url) if default else anchor_path
 
     @classmethod
-    def open(cls, url: str | None = None, run_migrations: bool = True) -> Ledger:
+    def open(
+        cls,
+        url: str | None = None,
+        run_migrations: bool = True,
+        audit_key: bytes | None = None,
+        anchor_path: Path | None = DEFAULT_ANCHOR,
+    ) -> Ledger:
         engines = make_engines(url)
         if run_migrations:
             migrate(engines.url)
-        return cls(engines)
+        return cls(engines, audit_key=audit_key, anchor_path=anchor_path)
 
     def close(self) -> None:
         self.engines.dispose()
@@ -51,6 +71,7 @@ class Ledger:
         for attempt in range(RETRIES):
             try:
                 with self.engines.write.begin() as conn:
+                    audit.bind_key(conn, self.audit_key)
                     return fn(conn, self.clock())
             except (IntegrityError, OperationalError) as exc:
                 if attempt == RETRIES - 1 or not _retryable(exc):
@@ -236,7 +257,16 @@ class Ledger:
         return audit.query(self.engines.read, action, principal, since_us, until_us, limit)
 
     def verify_audit(self) -> audit.Verification:
-        return audit.verify(self.engines.read)
+        return audit.verify(self.engines.read, self.audit_key, self.anchor_path)
+
+    def write_anchor(self) -> bool:
+        """Sign the committed head into the anchor file (if one is configured and it moved)."""
+        if self.anchor_path is None:
+            return False
+        seq, digest = audit.head(self.engines.read)
+        if seq == 0:
+            return False
+        return auditkey.write_anchor(self.anchor_path, self.audit_key, seq, digest, self.clock())
 
 
 def _retryable(exc: DBAPIError) -> bool:

@@ -110,7 +110,7 @@ def open_reservation(conn: Connection, key: str, path: str, start_us: int, trial
         if (old.path, old.start_us, old.trial_id) != (path, start_us, trial_id):
             raise Conflict(f"reservation key {key} is already used for {old.path} from {old.start_us}")
         return _info(old)
-    load_paths(conn, [path])
+    load_paths(conn, [path], lock="update")  # one opener per path at a time: no overlap
     clash = conn.execute(
         select(RESERVATIONS.c.reservation_id).where(
             RESERVATIONS.c.path == path,
@@ -150,6 +150,10 @@ def get_reservation(conn: Connection, rid: str) -> ReservationInfo:
 
 
 def close_reservation(conn: Connection, rid: str, end_us: int, now_us: int) -> ReservationInfo:
+    res = get_reservation(conn, rid)
+    # Exclusive on the path, then read again: usage being added there commits first (or
+    # waits, and then sees the reservation closed).
+    load_paths(conn, [res.path], lock="update")
     res = get_reservation(conn, rid)
     check_time(end_us, "end_unix_us")
     if res.state == "closed":

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -111,10 +112,22 @@ class JobRow(Base):
 
 
 class LedgerLine(Base):
-    """One immutable journal row. basis: busy | idle_share | idle | prepare | reversal."""
+    """One immutable journal row. basis: busy | idle_share | idle | prepare | reversal.
+    A reversal's method is 'reverses <key>', unique among reversals: a line is reversed once."""
 
     __tablename__ = "ledger_lines"
-    __table_args__ = (Index(None, "path", "at_us"), Index(None, "job_id"), Index(None, "reservation_id"))
+    __table_args__ = (
+        Index(None, "path", "at_us"),
+        Index(None, "job_id"),
+        Index(None, "reservation_id"),
+        Index(
+            "uq_ledger_lines_reversal_target",
+            "method",
+            unique=True,
+            sqlite_where=text("basis = 'reversal'"),
+            postgresql_where=text("basis = 'reversal'"),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(SerialId, primary_key=True, autoincrement=True)
     idempotency_key: Mapped[str] = mapped_column(String(240), unique=True)

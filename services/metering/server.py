@@ -2,13 +2,17 @@
 
 `start_metering(url, ServerOptions(port=0))` migrates the database to head, opens the
 ledger and serves it; the returned object has `.address`, `.ledger` and `async stop()`.
+While it serves, it signs the audit chain's head into the anchor file every `anchor_s`
+seconds (SWITCHYARD_AUDIT_ANCHOR_S, default 10) and once more at stop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from services.metering.db import resolve_url
 from services.metering.ledger import Ledger
@@ -19,6 +23,23 @@ from switchyard.grpcio import RunningServer, ServerOptions, start_server
 log = logging.getLogger(__name__)
 SERVICE_NAME = "switchyard.v1.Metering"
 DEFAULT_PORT = 8201
+ENV_ANCHOR_S = "SWITCHYARD_AUDIT_ANCHOR_S"
+
+
+async def _anchor_loop(ledger: Ledger, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await asyncio.to_thread(ledger.write_anchor)
+        except Exception as exc:  # keep serving; the next round tries again
+            log.warning("could not write the audit head digest to %s: %s", ledger.anchor_path, exc)
+
+
+async def _final_anchor(ledger: Ledger) -> None:
+    try:
+        await asyncio.to_thread(ledger.write_anchor)
+    except Exception as exc:
+        log.warning("could not write the audit head digest to %s: %s", ledger.anchor_path, exc)
 
 
 @dataclass
@@ -26,6 +47,7 @@ class RunningMetering:
     server: RunningServer
     ledger: Ledger
     servicer: MeteringServicer
+    anchor_task: asyncio.Task[None] | None = field(default=None)
 
     @property
     def address(self) -> str:
@@ -39,13 +61,23 @@ class RunningMetering:
         """Drain (NOT_SERVING, finish in-flight calls), then release threads and connections."""
         await self.server.drain(grace_s)
         await asyncio.to_thread(self.servicer.shutdown)
+        await self._stop_anchor()
         self.ledger.close()
+
+    async def _stop_anchor(self) -> None:
+        if self.anchor_task is not None:
+            self.anchor_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.anchor_task
+            self.anchor_task = None
+            await _final_anchor(self.ledger)
 
     async def serve_until_signal(self, stop: asyncio.Event | None = None) -> None:
         try:
             await self.server.wait_for_signal(stop)
         finally:
             await asyncio.to_thread(self.servicer.shutdown)
+            await self._stop_anchor()
             self.ledger.close()
 
 
@@ -66,4 +98,13 @@ async def start_metering(
         ledger.close()
         raise
     log.info("metering serving on %s (%s)", server.address, ledger.engines.dialect)
-    return RunningMetering(server, ledger, servicer)
+    task = None
+    if ledger.anchor_path is not None:
+        every_s = float(os.environ.get(ENV_ANCHOR_S, "10"))
+        task = asyncio.create_task(_anchor_loop(ledger, every_s), name="audit-anchor")
+    else:
+        log.warning(
+            "no audit head digest file (set SWITCHYARD_AUDIT_ANCHOR): removing the newest audit rows "
+            "together with the head row would go unnoticed"
+        )
+    return RunningMetering(server, ledger, servicer, task)

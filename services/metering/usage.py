@@ -84,14 +84,22 @@ def load_price_book(conn: Connection, price_keys: Iterable[str]) -> PriceBook:
     )
 
 
-def load_paths(conn: Connection, names: Iterable[str]) -> dict[str, str]:
-    """path -> price key; raises NOT_FOUND naming the first unknown path."""
+def load_paths(conn: Connection, names: Iterable[str], lock: str = "share") -> dict[str, str]:
+    """path -> price key; raises NOT_FOUND naming the first unknown path.
+
+    The path rows are also the lock of what happens on a path: writes that add usage to a
+    path take them shared (FOR SHARE, in path order), writes that decide on a path's usage
+    as a whole (closing or opening a reservation, reversing a line) exclusively (FOR
+    UPDATE), so one never decides on a set of lines another is still adding to. SQLite's
+    write transactions are exclusive already (BEGIN IMMEDIATE). `lock=""` reads only.
+    """
     wanted = sorted(set(names))
     found: dict[str, str] = {}
     for part in chunks(wanted):
-        found.update(
-            conn.execute(select(PATHS.c.path, PATHS.c.price_key).where(PATHS.c.path.in_(part))).all()
-        )
+        stmt = select(PATHS.c.path, PATHS.c.price_key).where(PATHS.c.path.in_(part)).order_by(PATHS.c.path)
+        if lock:
+            stmt = stmt.with_for_update(read=lock == "share")
+        found.update(conn.execute(stmt).all())
     for name in wanted:
         if name not in found:
             raise UnknownEntity(f"unknown path {name!r}; register it first (RegisterPath)")
@@ -202,10 +210,12 @@ def _merge_jobs(conn: Connection, jobs: dict[str, dict[str, Any]]) -> None:
     """Create the jobs, or move existing ones to a terminal status (once)."""
     if not jobs:
         return
-    ids = list(jobs)
+    ids = sorted(jobs)
     stored: dict[str, Any] = {}
     for part in chunks(ids):
-        for r in conn.execute(select(JOBS).where(JOBS.c.job_id.in_(part))):
+        # Locked (in id order): two replicas ending the same job do not both read "running".
+        stmt = select(JOBS).where(JOBS.c.job_id.in_(part)).order_by(JOBS.c.job_id).with_for_update()
+        for r in conn.execute(stmt):
             stored[r.job_id] = r
     insert_dicts(conn, JOBS, [jobs[k] for k in sorted(jobs) if k not in stored])
     for job_id, old in stored.items():
@@ -370,6 +380,9 @@ def reverse_usage(conn: Connection, key: str, reverses: str, reason: str, now_us
     orig = conn.execute(select(LINES).where(LINES.c.idempotency_key == reverses)).first()
     if orig is None:
         raise UnknownEntity(f"no usage line with idempotency key {reverses!r}")
+    # Exclusive on the path: no reservation closes over this line while it is being reversed.
+    # (Two reversals of one line are stopped by the unique index on the reversal target.)
+    load_paths(conn, [orig.path], lock="update")
     if orig.basis not in ("busy", "prepare"):
         raise WrongState(
             f"line {reverses} is a {orig.basis} line; only busy and preparation lines are reversed"

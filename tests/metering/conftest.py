@@ -7,6 +7,7 @@ time. Under CI=true an unreachable server fails the tests; elsewhere they skip w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -41,13 +42,14 @@ def pg_unavailable() -> str | None:
     return _pg_reason()
 
 
-def make_pg_database(reason: str | None, template: str = "") -> str:
+def make_pg_database(reason: str | None, template: str = "", owner: str = "") -> str:
     if reason:
         if IN_CI:
             pytest.fail(f"{reason}; CI=true requires PostgreSQL")
         pytest.skip(f"NOTICE: {reason}; PostgreSQL tests skipped")
     name = f"sy_metering_{uuid.uuid4().hex[:12]}"
     clause = f' TEMPLATE "{template}"' if template else ""
+    clause += f' OWNER "{owner}"' if owner else ""
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"{clause}')
         # Tests check behaviour, not crash durability: skip the WAL flush at each commit.
@@ -55,8 +57,39 @@ def make_pg_database(reason: str | None, template: str = "") -> str:
     return name
 
 
-def pg_url(name: str) -> str:
-    return f"postgresql+psycopg://postgres@127.0.0.1:{PG_PORT}/{name}"
+def pg_url(name: str, user: str = "postgres") -> str:
+    return f"postgresql+psycopg://{user}@127.0.0.1:{PG_PORT}/{name}"
+
+
+# The two database roles of a production deployment: the schema's owner runs the migrations,
+# the service runs as the runtime role (services.metering.db.RUNTIME_GRANTS).
+MIGRATOR, RUNTIME = "switchyard_migrator", "switchyard_runtime"
+
+
+def ensure_pg_roles() -> None:
+    """Create the roles once (they are cluster-wide; other runs may be creating them too)."""
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        for role in (MIGRATOR, RUNTIME):
+            with contextlib.suppress(psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                conn.execute(f'CREATE ROLE "{role}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE')
+
+
+@pytest.fixture
+def pg_roles_db(pg_unavailable: str | None) -> Iterator[dict[str, str]]:
+    """A PostgreSQL ledger owned and migrated by the migrator role, with the runtime role's
+    grants applied: URLs for "migrator", "runtime" and "superuser" (a DBA, for tampering)."""
+    if pg_unavailable is None:
+        ensure_pg_roles()
+    name = make_pg_database(pg_unavailable, owner=MIGRATOR)
+    try:
+        migrate(pg_url(name, MIGRATOR), runtime_role=RUNTIME)
+        yield {
+            "migrator": pg_url(name, MIGRATOR),
+            "runtime": pg_url(name, RUNTIME),
+            "superuser": pg_url(name),
+        }
+    finally:
+        drop_pg_database(name)
 
 
 @pytest.fixture(scope="session")

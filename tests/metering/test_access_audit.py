@@ -90,10 +90,19 @@ async def test_audit_verify_names_the_first_tampered_row(
         plain_sql(db_url, "DELETE FROM audit_log WHERE seq = 2")
         expected = 2
     else:
-        # A forged row with a correct hash, linked to the last real row: only the head betrays it.
+        # A forged row with a correct HMAC (an insider with the key), linked to the last real
+        # row: only the head betrays it.
         last = (await stub.QueryAudit(pb.QueryAuditRequest(limit=1))).records[0]
         forged = row_hash(
-            6, last.at_unix_us + 1, Actor("root"), "price.set", "price/gpu", "ok", "{}", last.hash
+            metering.ledger.audit_key,
+            6,
+            last.at_unix_us + 1,
+            Actor("root"),
+            "price.set",
+            "price/gpu",
+            "ok",
+            "{}",
+            last.hash,
         )
         plain_sql(
             db_url,
