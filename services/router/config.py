@@ -92,6 +92,10 @@ class Settings:
     # stop, which flushes): events of the last interval.
     usage_flush_s: float = 0.25
     usage_batch: int = 1000
+    # The spool's bound on disk; from spool_alarm_fraction of it the router logs an alarm and
+    # reports NOT_SERVING until the spool has drained (services/router/spool.py).
+    spool_max_mb: int = 1024
+    spool_alarm_fraction: float = 0.8
     evaluator: str = ""  # address of the evaluator service; "" = compare locally
     shadow_atol: float = 1e-5
     shadow_rtol: float = 1e-4
@@ -234,6 +238,11 @@ def parse(raw: Mapping[str, Any]) -> RouterConfig:
         )
     if not settings.fleet or len(settings.fleet) > 200:
         raise InvalidArgument(f"[router] fleet must be a name of 1..200 characters, got {settings.fleet!r}")
+    if settings.spool_max_mb < 1 or not 0 < settings.spool_alarm_fraction <= 1:
+        raise InvalidArgument(
+            "[router] spool_max_mb must be >= 1 and spool_alarm_fraction in (0, 1], got "
+            f"{settings.spool_max_mb} and {settings.spool_alarm_fraction}"
+        )
     if settings.route_sync_s < 0:
         raise InvalidArgument(
             f"[router] route_sync_s must be >= 0 (0: no polling), got {settings.route_sync_s}"

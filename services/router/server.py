@@ -45,6 +45,8 @@ class RunningRouter:
         return self.server.port
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        if self.router.spool is not None:
+            self.router.spool.set_ready = None  # draining: the spool no longer decides readiness
         await self.server.drain(grace_s)
         await self.router.close()
         if self.router.spool is not None:
@@ -81,7 +83,12 @@ async def start_router(
     spool = None
     if metering is not None:
         spool = Spool(
-            metering, spool_dir or Path(settings.spool_dir), settings.usage_flush_s, settings.usage_batch
+            metering,
+            spool_dir or Path(settings.spool_dir),
+            settings.usage_flush_s,
+            settings.usage_batch,
+            max_bytes=settings.spool_max_mb << 20,
+            alarm_fraction=settings.spool_alarm_fraction,
         )
         spool.start()
         if spool.backlog:
@@ -112,6 +119,10 @@ async def start_router(
     # every servicer maps its own errors: no interceptor on the request path
     options = dataclasses.replace(options or ServerOptions(), map_errors_in_servicers=True)
     server = await start_server(registrations, options)
+    if spool is not None:
+        spool.set_ready = server.set_serving  # a spool near its bound takes the router out of rotation
+        if spool.under_pressure:
+            await server.set_serving(False)
     log.info(
         "router serving on %s (%d routes, %d deployments)",
         server.address,
