@@ -71,15 +71,12 @@ from pathlib import Path
 from services.executor.config import ExecutorConfig
 from services.executor.server import start_executor
 from switchyard.grpcio import run_service
-from switchyard.models.registry import ModelRegistry
 
 async def main() -> None:
-    registry = ModelRegistry.with_builtins()
-    for name in {MODELS!r}:
-        registry.register_user(name, "1", f"benchmarks.router:{{name}}_model", Path(sys.argv[2]))
     cfg = ExecutorConfig(port=int(sys.argv[1]), models={MODELS!r}, batch_buckets={BUCKETS!r},
-                         max_queue_size=1024)
-    running = await start_executor(cfg, registry)
+                         max_queue_size=1024, model_repository=sys.argv[2],
+                         allowed_factories=("benchmarks",))
+    running = await start_executor(cfg)
     gc.collect()
     gc.freeze()
     print("READY", flush=True)
@@ -159,11 +156,19 @@ def wide_model() -> Any:
     return _block_means(WIDE)
 
 
-def write_block_means_checkpoint(path: Path) -> None:
+def write_block_means_repository(root: Path) -> None:
+    """The two user models as factory-format entries of a model repository at `root`."""
     import torch
     from safetensors.torch import save_file
 
-    save_file({"scale": torch.ones(1)}, str(path))
+    from switchyard.models.manage import add_model
+
+    for name in MODELS:
+        source = root.parent / f"source-{name}"
+        source.mkdir()
+        (source / "model.toml").write_text(f'[factory]\nfunction = "benchmarks.router:{name}_model"\n')
+        save_file({"scale": torch.ones(1)}, str(source / "model.safetensors"))
+        add_model(root, name, source, allowed_factories=("benchmarks",))
 
 
 def free_port() -> int:
@@ -325,13 +330,13 @@ async def run(scale: float) -> dict[str, Any]:
             f'[deployments.cpu]\naddress = "{addr["executor"]}"\npath = "cpu-bench"\n\n'
             + "".join(f'[routes.{m}]\npolicy = "pinned"\ntargets = ["cpu"]\n\n' for m in MODELS)
         )
-    write_block_means_checkpoint(tmp / "block_means.safetensors")
+    write_block_means_repository(tmp / "models")
     procs = [
         await spawn(
             "-c",
             EXECUTOR,
             str(ports["executor"]),
-            str(tmp / "block_means.safetensors"),
+            str(tmp / "models"),
             env=env,
             log=tmp / "executor.log",
         ),

@@ -68,6 +68,13 @@ enabled = true
 exporter = "console"           # none | console | otlp (spans go to each service's log)
 otlp_endpoint = ""
 
+[models]
+repository = "var/models"      # the model repository every executor and the worker load from;
+                               # created and seeded with the built-ins when missing
+
+[executors]
+allowed_factories = []         # packages whose factory-format models executors may import
+
 [executors.cpu]
 enabled = "true"
 port = 8101
@@ -151,6 +158,8 @@ class Config:
     worker_enabled: bool
     telemetry: TelemetryConfig
     executors: tuple[ExecutorConfig, ...]
+    model_repository: Path = Path("var/models")
+    allowed_factories: tuple[str, ...] = ()
 
     @property
     def ledger_url(self) -> str:
@@ -324,8 +333,18 @@ def _build(tree: Mapping[str, Any]) -> Config:
         telemetry=TelemetryConfig(
             exporter=exporter, otlp_endpoint=str(_get(telemetry, "otlp_endpoint", str, "telemetry"))
         ),
-        executors=tuple(_executor(name, ex) for name, ex in tree["executors"].items()),
+        executors=tuple(
+            _executor(name, ex) for name, ex in tree["executors"].items() if name != "allowed_factories"
+        ),
+        model_repository=Path(str(_get(tree["models"], "repository", str, "models"))),
+        allowed_factories=_packages(tree["executors"].get("allowed_factories", [])),
     )
+
+
+def _packages(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+        raise ConfigError("'executors.allowed_factories' must be a list of package names")
+    return tuple(value)
 
 
 def load_config(

@@ -6,6 +6,7 @@ Registration is cheap; torch and grpc are imported inside the command functions.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 
@@ -28,6 +29,19 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     serve.add_argument(
         "--models", default="mlp", help="comma-separated models to load at start (name[:version])"
+    )
+    serve.add_argument(
+        "--model-repository",
+        default="",
+        help="the model repository to load from (default $SWITCHYARD_MODEL_REPOSITORY or var/models; "
+        "a missing folder is created and seeded with the built-ins)",
+    )
+    serve.add_argument(
+        "--allow-factory",
+        action="append",
+        default=[],
+        metavar="PACKAGE",
+        help="a package whose factory-format models may be imported (repeatable; none by default)",
     )
     serve.add_argument("--mode", default="", help="execution mode (default: the backend's first)")
     serve.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 | fp64")
@@ -68,6 +82,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port if args.port >= 0 else DEFAULT_PORTS.get(args.backend, 8101),
         frames_port=args.frames_port,
         models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
+        model_repository=str(_repository(args.model_repository)),
+        allowed_factories=tuple(p for arg in args.allow_factory for p in arg.split(",") if p),
         mode=args.mode,
         precision=args.precision,
         batch_buckets=tuple(int(b) for b in args.buckets.split(",")),
@@ -94,6 +110,18 @@ def _serve(args: argparse.Namespace) -> int:
 
     run_service(run())
     return 0
+
+
+def _repository(given: str) -> Path:
+    """The repository folder; a missing one is created with the built-ins in it."""
+    import os
+
+    from switchyard.models.repository import seed_builtins
+
+    root = Path(given or os.environ.get("SWITCHYARD_MODEL_REPOSITORY", "") or "var/models").resolve()
+    if not root.exists():
+        seed_builtins(root)
+    return root
 
 
 def _describe(args: argparse.Namespace) -> int:

@@ -17,6 +17,11 @@ class ExecutorConfig:
     # (reported by Describe), -1 = off (routers then use gRPC streams).
     frames_port: int = 0
     models: tuple[str, ...] = ()  # loaded at start-up with the defaults below
+    # The model repository this executor loads from ("" = the built-ins' default repository,
+    # switchyard.models.repository.default_repository) and the packages whose factories it may
+    # import (the built-ins' own modules are always allowed; nothing else by default).
+    model_repository: str = ""
+    allowed_factories: tuple[str, ...] = ()
     mode: str = ""  # "" = the backend's default mode
     precision: str = "fp32"
     batch_buckets: tuple[int, ...] = DEFAULT_BUCKETS

@@ -1,12 +1,13 @@
 """switchyard.v1.ExecutorControl: an adapter from control messages to `Executor`.
 
 Describe, LoadModel (phase timings and compatibility findings), Unload, Train, ModelStatus
-and GetLoad. User models are registered by LoadModel when it names a factory and checkpoint.
+and GetLoad. LoadModel names a repository model and version only; no request can make the
+executor import code (a factory runs only when the repository's model.toml names it and its
+package is in the executor's allow-list).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -94,20 +95,16 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
             modes=list(d.modes),
             models=[model_status(m) for m in self.executor.models.values()],
             executor_id=self.executor.executor_id,
-            registered_models=[f"{n}:{v}" for n, v in sorted(self.executor.registry.specs)],
+            registered_models=[f"{n}:{v}" for n, v in self.executor.registry.entries()],
             frames_port=self.executor.frames_port,
         )
 
     async def LoadModel(self, request: pb.LoadModelRequest, context: Context) -> pb.LoadModelResponse:
-        if request.factory or request.checkpoint_path:
-            self.executor.register_user_model(
-                request.model_name, request.version, request.factory, Path(request.checkpoint_path),
-                request.checkpoint_sha256,
-            )  # fmt: skip
-        defaults = self.executor.default_options()
+        defaults = self.executor.default_options(request.model_name, request.version)
+        manifest = self.executor.registry.get(request.model_name, request.version).manifest
         options = LoadOptions(
             mode=request.mode or defaults.mode,
-            precision=request.precision or "fp32",
+            precision=request.precision or manifest.precision_for(self.executor.backend.name),
             batch_buckets=tuple(request.batch_buckets) or defaults.batch_buckets,
             max_queue_delay_us=request.max_queue_delay_us,
             max_queue_size=request.max_queue_size or defaults.max_queue_size,

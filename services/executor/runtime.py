@@ -14,7 +14,6 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -25,7 +24,7 @@ from services.executor.config import ExecutorConfig
 from services.executor.model_runtime import LoadedModel, LoadOptions
 from switchyard.codec import WireTensor
 from switchyard.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from switchyard.models.registry import ModelNotFound, ModelRegistry
+from switchyard.models.repository import ModelNotFound, Repository
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,7 +38,7 @@ INLINE_LOOK_TURNS = 3
 
 
 class ModelNotLoaded(NotFound):
-    """The model exists in the registry but this executor has not loaded it."""
+    """The model exists in the repository but this executor has not loaded it."""
 
 
 class Draining(Unavailable):
@@ -72,7 +71,7 @@ class Load:
 
 
 class Executor:
-    def __init__(self, config: ExecutorConfig, backend: Backend, registry: ModelRegistry) -> None:
+    def __init__(self, config: ExecutorConfig, backend: Backend, registry: Repository) -> None:
         self.config = config
         self.backend = backend
         self.registry = registry
@@ -110,13 +109,20 @@ class Executor:
         return self._device_jobs == 0 and model.expected_compute_s(rows) <= limit
 
     # ---- models -------------------------------------------------------------------------
-    def default_options(self) -> LoadOptions:
+    def default_options(self, name: str = "", version: str = "") -> LoadOptions:
+        """The executor's settings; a named model's model.toml [batching] replaces the buckets
+        and queue delay it declares."""
         c = self.config
+        buckets, delay = c.batch_buckets, c.max_queue_delay_us
+        if name:
+            batching = self.registry.get(name, version).manifest.batching
+            buckets = batching.buckets or buckets
+            delay = batching.max_queue_delay_us if batching.max_queue_delay_us >= 0 else delay
         return LoadOptions(
             mode=c.mode or self.backend.modes[0],
             precision=c.precision,
-            batch_buckets=c.batch_buckets,
-            max_queue_delay_us=c.max_queue_delay_us,
+            batch_buckets=buckets,
+            max_queue_delay_us=delay,
             max_queue_size=c.max_queue_size,
             dynamic_batching=c.dynamic_batching,
         )
@@ -294,19 +300,6 @@ class Executor:
             host=host_id(),
             modes=self.backend.modes,
         )
-
-    def register_user_model(
-        self, name: str, version: str, factory: str, checkpoint: Path, sha256: str
-    ) -> None:
-        if not factory or not str(checkpoint) or str(checkpoint) == ".":
-            raise InvalidArgument(
-                "a user model needs both factory ('package.module:function') and checkpoint_path"
-            )
-        if (name, version or "1") in self.registry.specs and self.registry.specs[
-            (name, version or "1")
-        ].platform != "pytorch_user":
-            raise InvalidArgument(f"{name!r} is a built-in model; register user models under another name")
-        self.registry.register_user(name, version, factory, checkpoint, sha256)
 
     async def close(self) -> None:
         for model in list(self.models.values()):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.executor.config import ExecutorConfig
 from services.executor.control import ControlServicer
@@ -22,7 +23,7 @@ from services.executor.servicer import InferenceServicer
 from switchyard.gen.inference import grpc_service_pb2_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc
 from switchyard.grpcio import RunningServer, ServerOptions, start_server, stop_signal
-from switchyard.models.registry import ModelRegistry
+from switchyard.models.repository import Repository, default_repository
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,10 @@ class RunningExecutor:
         waiter.cancel()
 
 
-async def start_executor(config: ExecutorConfig, registry: ModelRegistry | None = None) -> RunningExecutor:
+async def start_executor(config: ExecutorConfig) -> RunningExecutor:
     backend = select_backend(config.backend, config.cpu_threads)
-    executor = Executor(config, backend, registry or ModelRegistry.with_builtins())
+    root = Path(config.model_repository) if config.model_repository else default_repository()
+    executor = Executor(config, backend, Repository(root.resolve(), config.allowed_factories))
     options = ServerOptions(
         host=config.host,
         port=config.port,
@@ -109,7 +111,7 @@ async def start_executor(config: ExecutorConfig, registry: ModelRegistry | None 
             executor.frames_port = await running.frames.start(config.host, config.frames_port)
         for entry in config.models:
             name, _, version = entry.partition(":")
-            await executor.load_model(name, version, executor.default_options())
+            await executor.load_model(name, version, executor.default_options(name, version))
     except BaseException:
         await running.stop(0)
         raise

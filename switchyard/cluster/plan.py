@@ -121,8 +121,12 @@ def build_plan(
     host = config.host
     py = sys.executable
     # Child processes import this checkout, whatever their interpreter (the XLA env too).
+    # The caller's PYTHONPATH comes after the checkout, so a user's model package (a factory
+    # in [executors] allowed_factories) stays importable by the executors.
+    caller_path = os.environ.get("PYTHONPATH", "")
     base_env = {
-        "PYTHONPATH": str(root),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(root), caller_path) if p),
+        "SWITCHYARD_MODEL_REPOSITORY": str(config.model_repository.resolve()),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "SWITCHYARD_TRACES": config.telemetry.exporter,
@@ -210,6 +214,9 @@ def build_plan(
                     str(port),
                     "--models",
                     ",".join(ex.models),
+                    "--model-repository",
+                    str(config.model_repository.resolve()),
+                    *(f"--allow-factory={p}" for p in config.allowed_factories),
                     *(("--mode", ex.mode) if ex.mode else ()),
                 ),
                 f"{host}:{port}",

@@ -23,6 +23,7 @@ from switchyard.cluster.plan import Ports, ServiceSpec, build_plan
 from switchyard.cluster.supervisor import StartupFailed, Supervisor
 from switchyard.config import Config
 from switchyard.errors import FailedPrecondition
+from switchyard.models.repository import seed_builtins
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,6 +95,10 @@ class LocalCluster:
                     f"set a different port in the config (e.g. SWITCHYARD_ROUTER_PORT)"
                 )
         (self.state_dir / "spool").mkdir(parents=True, exist_ok=True)
+        repository = self.config.model_repository
+        if not repository.exists() or not any(repository.iterdir()):
+            added = seed_builtins(repository)
+            self._say(f"model repository {repository}: seeded with the built-ins ({', '.join(added)})")
 
     def executors(self) -> dict[str, ServiceSpec]:
         return {s.name.removeprefix("executor-"): s for s in self.specs if s.name.startswith("executor-")}

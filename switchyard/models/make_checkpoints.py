@@ -1,7 +1,7 @@
 """Writes the seeded reference checkpoints (run once; the files are committed).
 
 `python -m switchyard.models.make_checkpoints` rewrites `checkpoints/*.safetensors` and
-prints their sha256, which `registry.py` pins. Bytes can differ across torch builds
+prints their sha256, which `builtin/<name>/model.toml` pins. Bytes can differ across torch builds
 (initialisers change), so the committed files, not this script, are the truth.
 """
 
@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from switchyard.models import mlp, tiny_lm
-from switchyard.models.registry import CHECKPOINTS, file_sha256
+from switchyard.models.manifest import file_sha256
+from switchyard.models.repository import CHECKPOINTS
 
 MODELS = {"mlp": (mlp.build, 0), "tiny_lm": (tiny_lm.build, 1)}
 

@@ -9,7 +9,6 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from clients.executor import build_infer_request, parse_infer_response
 from services.executor.server import RunningExecutor
@@ -17,7 +16,7 @@ from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
 from switchyard.models.registry import ModelRegistry, load_module
-from tests.executor.user_model import Breaking
+from tests.executor.user_model import Breaking, add_user_model
 
 pytestmark = pytest.mark.slow
 
@@ -60,18 +59,12 @@ async def test_compiled_mlp_pads_to_buckets_and_never_recompiles_while_serving(
 
 
 async def test_graph_breaks_are_reported_with_reasons(executor: RunningExecutor, tmp_path: Path) -> None:
-    checkpoint = tmp_path / "breaking.safetensors"
-    save_file({k: v.contiguous() for k, v in Breaking().state_dict().items()}, str(checkpoint))
+    root = executor.executor.registry.root
+    add_user_model(root, "breaking", "tests.executor.user_model:build_breaking", Breaking())
     async with grpc.aio.insecure_channel(executor.address) as channel:
         loaded = (
             await ctl_grpc.ExecutorControlStub(channel).LoadModel(
-                ctl.LoadModelRequest(
-                    model_name="breaking",
-                    factory="tests.executor.user_model:build_breaking",
-                    checkpoint_path=str(checkpoint),
-                    mode="compile",
-                    batch_buckets=[2],
-                )
+                ctl.LoadModelRequest(model_name="breaking", mode="compile", batch_buckets=[2])
             )
         ).model
     assert loaded.compatibility.graph_breaks >= 1

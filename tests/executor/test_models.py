@@ -14,12 +14,14 @@ from safetensors.torch import save_file
 
 from clients.executor import build_infer_request, parse_infer_response
 from services.executor.server import RunningExecutor
+from switchyard.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
 from switchyard.models import minilm
+from switchyard.models.manage import add_model
 from switchyard.models.registry import ModelRegistry, file_sha256, load_module
-from tests.executor.user_model import Scaler
+from tests.executor.user_model import Scaler, add_user_model
 
 REGISTRY = ModelRegistry.with_builtins()
 SENTENCES = [
@@ -42,8 +44,8 @@ def _tokenize(seq: int = 24) -> np.ndarray:
 def test_checkpoints_hash_to_the_registry() -> None:
     for name in ("mlp", "tiny-lm", "minilm-l6"):
         spec = REGISTRY.get(name)
-        assert file_sha256(spec.checkpoint()) == spec.sha256, name
-    assert Path(REGISTRY.get("tiny-lm").checkpoint()).stat().st_size < 4_000_000
+        assert file_sha256(spec.folder / "model.safetensors") == spec.sha256, name
+    assert (REGISTRY.get("tiny-lm").folder / "model.safetensors").stat().st_size < 4_000_000
 
 
 @pytest.mark.slow
@@ -114,20 +116,14 @@ def test_perturbed_variant_fails_the_design_tolerance(name: str) -> None:
 async def test_user_model_from_factory_and_safetensors(executor: RunningExecutor, tmp_path: Path) -> None:
     torch.manual_seed(5)
     module = Scaler()
-    checkpoint = tmp_path / "scaler.safetensors"
-    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(checkpoint))
+    root = executor.executor.registry.root
+    sha = add_user_model(root, "scaler", "tests.executor.user_model:build", module)
+    assert sha == file_sha256(root / "scaler" / "1" / "model.safetensors")
     features = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
     async with grpc.aio.insecure_channel(executor.address) as channel:
         control = ctl_grpc.ExecutorControlStub(channel)
-        status = await control.LoadModel(
-            ctl.LoadModelRequest(
-                model_name="scaler",
-                factory="tests.executor.user_model:build",
-                checkpoint_path=str(checkpoint),
-                batch_buckets=[1, 4],
-            )
-        )  # fmt: skip
-        assert status.model.checkpoint_sha256 == file_sha256(checkpoint)
+        status = await control.LoadModel(ctl.LoadModelRequest(model_name="scaler", batch_buckets=[1, 4]))
+        assert status.model.checkpoint_sha256 == sha
         response = await oip_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
             build_infer_request("scaler", {"features": features})
         )
@@ -135,38 +131,45 @@ async def test_user_model_from_factory_and_safetensors(executor: RunningExecutor
             expected = module(torch.from_numpy(features)).numpy()
         np.testing.assert_array_equal(parse_infer_response(response).outputs["score"], expected)
 
-        factory = "tests.executor.user_model:"
-        path = str(checkpoint)
-        cases = [
-            ("bad", f"{factory}nope", path, "cannot be imported"),
-            ("bad", "no_colon", path, "package.module:function"),
-            ("bad", f"{factory}build", str(tmp_path / "x"), "is not a file"),
-            ("bad", f"{factory}not_a_user_model", path, "must return"),
-            ("mlp", f"{factory}build", path, "built-in"),
-        ]
-        for name, factory_path, checkpoint_path, text in cases:
-            request = ctl.LoadModelRequest(
-                model_name=name, factory=factory_path, checkpoint_path=checkpoint_path
-            )
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await control.LoadModel(request)
-            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
-            assert text in (info.value.details() or "")
+    # A broken factory is refused when it is added (validation loads it), so it never
+    # reaches an executor; nothing of it is left in the repository.
+    factory = "tests.executor.user_model:"
+    cases: list[tuple[str, str, type[Exception], str]] = [
+        ("bad", f"{factory}nope", FailedPrecondition, "cannot be imported"),
+        ("bad", "no_colon", FailedPrecondition, "package.module:function"),
+        ("bad", f"{factory}not_a_user_model", InvalidArgument, "declare [[inputs]]"),
+        ("mlp", f"{factory}build", AlreadyExists, "already exists"),  # the built-in's version 1
+    ]
+    for name, factory_path, error, text in cases:
+        source = _factory_source(tmp_path, factory_path, module)
+        with pytest.raises(error) as raised:
+            add_model(root, name, source, version="1", allowed_factories=("tests",))
+        assert text in str(raised.value), raised.value
+    assert not (root / "bad").exists()
+    source = _factory_source(tmp_path, f"{factory}build", module)
+    (source / "model.safetensors").unlink()  # the weights the factory needs are not there
+    with pytest.raises(InvalidArgument, match="holds no artifact files"):
+        add_model(root, "bad", source, allowed_factories=("tests",))
+    assert not (root / "bad").exists()
+
+
+def _factory_source(tmp_path: Path, function: str, module: torch.nn.Module) -> Path:
+    source = tmp_path / "source"
+    source.mkdir(exist_ok=True)
+    (source / "model.toml").write_text(f'format = "factory"\n[factory]\nfunction = "{function}"\n')
+    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(source / "model.safetensors"))
+    return source
 
 
 async def test_a_model_bug_is_internal_without_a_traceback_and_the_server_goes_on(
     executor: RunningExecutor, tmp_path: Path
 ) -> None:
-    checkpoint = tmp_path / "failing.safetensors"
-    save_file({k: v.contiguous() for k, v in Scaler().state_dict().items()}, str(checkpoint))
+    add_user_model(
+        executor.executor.registry.root, "failing", "tests.executor.user_model:build_failing", Scaler()
+    )
     async with grpc.aio.insecure_channel(executor.address) as channel:
         await ctl_grpc.ExecutorControlStub(channel).LoadModel(
-            ctl.LoadModelRequest(
-                model_name="failing",
-                factory="tests.executor.user_model:build_failing",
-                checkpoint_path=str(checkpoint),
-                batch_buckets=[1],
-            )
+            ctl.LoadModelRequest(model_name="failing", batch_buckets=[1])
         )
         stub = oip_grpc.GRPCInferenceServiceStub(channel)
         huge = np.full((1, 4), 1e9, np.float32)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -51,3 +54,23 @@ class Failing(Scaler):
 
 def build_failing() -> UserModel:
     return UserModel(Failing(), (TensorSpec("features", "FP32", (4,)),), (TensorSpec("score", "FP32", (2,)),))
+
+
+def add_user_model(
+    root: Path, name: str, function: str, module: nn.Module, allowed: tuple[str, ...] = ("tests",)
+) -> str:
+    """A factory-format model added to the repository at `root` as a user would add it: a
+    folder with model.toml (the factory; inputs/outputs come from its UserModel) and the
+    weights; returns the artifact sha256."""
+    from safetensors.torch import save_file
+
+    from switchyard.models.manage import add_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp)
+        (source / "model.toml").write_text(f'format = "factory"\n[factory]\nfunction = "{function}"\n')
+        save_file(
+            {k: v.contiguous() for k, v in module.state_dict().items()}, str(source / "model.safetensors")
+        )
+        spec, _ = add_model(root, name, source, version="1", replace=True, allowed_factories=allowed)
+    return spec.sha256

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from switchyard.models.repository import seed_builtins
 from tests.conftest import IN_CI, ROOT
 
 XLA_PYTHON = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
@@ -93,12 +94,22 @@ def wait_serving(process: subprocess.Popen[str], timeout_s: float = START_TIMEOU
 
 
 @pytest.fixture(scope="module")
-def executors() -> Iterator[dict[str, ExecutorProcess]]:
-    """An xla and a cpu executor, both serving mlp and tiny-lm warmed for BUCKETS."""
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The executors' model repository: the built-ins, plus what a test adds."""
+    root = tmp_path_factory.mktemp("models")
+    seed_builtins(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def executors(repository: Path) -> Iterator[dict[str, ExecutorProcess]]:
+    """An xla and a cpu executor, both serving mlp and tiny-lm warmed for BUCKETS, from one
+    repository; factories of the `tests` package are allowed."""
     xla_python = require_xla_env()
+    extra = ("--model-repository", str(repository), "--allow-factory", "tests")
     started = {
-        "xla": spawn(xla_python, "xla", "mlp,tiny-lm"),
-        "cpu": spawn(sys.executable, "cpu", "mlp,tiny-lm"),
+        "xla": spawn(xla_python, "xla", "mlp,tiny-lm", *extra),
+        "cpu": spawn(sys.executable, "cpu", "mlp,tiny-lm", *extra),
     }
     running: dict[str, ExecutorProcess] = {}
     try:

@@ -1,6 +1,7 @@
 """A user model with an op torch_xla 2.9 cannot lower: `torch.median(dim)` runs on the host.
 
-Registered through LoadModel (factory + safetensors checkpoint) in the XLA executor, it shows
+Added to the XLA executor's model repository (factory format: this module's `build` and a
+safetensors file; the executor allows factories of the `tests` package), it shows
 the fallback captured as a compatibility finding (`aten::median.dim_values`) while the output
 still matches the CPU path. The factory runs inside the executor's process, so this module
 imports only what the XLA environment has.

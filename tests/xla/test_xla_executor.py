@@ -24,6 +24,7 @@ from services.evaluator.compare import Comparison, Criteria, compare
 from services.evaluator.tensors import DecodedTensor
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
+from switchyard.models.manage import add_model
 from switchyard.models.registry import ModelRegistry, load_module
 from tests.xla import fallback_model
 from tests.xla.conftest import BUCKETS, ExecutorProcess
@@ -147,15 +148,13 @@ def test_load_reports_compile_time_and_fallbacks(xla: str, model: str) -> None:
     assert list(compat.unsupported_dtypes) == []  # PJRT CPU runs fp32, bf16, fp16 and fp64
 
 
-def test_fallback_op_is_captured_and_still_correct(xla: str, tmp_path: Path) -> None:
-    checkpoint = tmp_path / "median_head.safetensors"
-    save_file(fallback_model.seeded_state(), str(checkpoint))
-    request = ctl.LoadModelRequest(
-        model_name="median-head",
-        factory=fallback_model.FACTORY,
-        checkpoint_path=str(checkpoint),
-        batch_buckets=[1, 4],
+def test_fallback_op_is_captured_and_still_correct(xla: str, repository: Path, tmp_path: Path) -> None:
+    (tmp_path / "model.toml").write_text(
+        f'format = "factory"\n[factory]\nfunction = "{fallback_model.FACTORY}"\n'
     )
+    save_file(fallback_model.seeded_state(), str(tmp_path / "model.safetensors"))
+    add_model(repository, "median-head", tmp_path, allowed_factories=("tests",))
+    request = ctl.LoadModelRequest(model_name="median-head", batch_buckets=[1, 4])
     with grpc.insecure_channel(xla) as channel:
         loaded = ctl_grpc.ExecutorControlStub(channel).LoadModel(request, timeout=120).model
     assert loaded.state == "READY"

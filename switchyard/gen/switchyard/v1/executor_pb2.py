@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _pool.POOL.AddSerializedFile(b'\n\x1cswitchyard/v1/executor.proto\x12\rswitchyard.v1\"\x11\n\x0f\x44\x65scribeRequest\"\xc8\x01\n\nDeviceInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65vice_count\x18\x04 \x01(\x05\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x03\x12\x1e\n\x16memory_available_bytes\x18\x06 \x01(\x03\x12\x11\n\tavailable\x18\x07 \x01(\x08\x12\x1a\n\x12unavailable_reason\x18\x08 \x01(\t\"\xff\x02\n\x10\x44\x65scribeResponse\x12)\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x19.switchyard.v1.DeviceInfo\x12\x15\n\rtorch_version\x18\x02 \x01(\t\x12?\n\x08versions\x18\x03 \x03(\x0b\x32-.switchyard.v1.DescribeResponse.VersionsEntry\x12\x16\n\x0eresource_class\x18\x04 \x01(\t\x12\x11\n\tprice_key\x18\x05 \x01(\t\x12\x0c\n\x04host\x18\x06 \x01(\t\x12\r\n\x05modes\x18\x07 \x03(\t\x12*\n\x06models\x18\x08 \x03(\x0b\x32\x1a.switchyard.v1.ModelStatus\x12\x13\n\x0b\x65xecutor_id\x18\t \x01(\t\x12\x19\n\x11registered_models\x18\n \x03(\t\x12\x13\n\x0b\x66rames_port\x18\x0b \x01(\x05\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x82\x02\n\x10LoadModelRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x11\n\tprecision\x18\x04 \x01(\t\x12\x15\n\rbatch_buckets\x18\x05 \x03(\x05\x12\x1a\n\x12max_queue_delay_us\x18\x06 \x01(\x04\x12\x16\n\x0emax_queue_size\x18\x07 \x01(\x05\x12\x18\n\x10\x64ynamic_batching\x18\x08 \x01(\x08\x12\x19\n\x11\x63heckpoint_sha256\x18\t \x01(\t\x12\x0f\n\x07\x66\x61\x63tory\x18\n \x01(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x0b \x01(\t\"b\n\x0cPhaseTimings\x12\x19\n\x11\x63heckpoint_load_s\x18\x01 \x01(\x01\x12\x13\n\x0bto_device_s\x18\x02 \x01(\x01\x12\x11\n\tcompile_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\"\'\n\nFallbackOp\x12\n\n\x02op\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"\x9e\x02\n\x13\x43ompatibilityReport\x12/\n\x0c\x66\x61llback_ops\x18\x01 \x03(\x0b\x32\x19.switchyard.v1.FallbackOp\x12\x14\n\x0cgraph_breaks\x18\x02 \x01(\x03\x12\x1b\n\x13graph_break_reasons\x18\x03 \x03(\t\x12\x12\n\nrecompiles\x18\x04 \x01(\x03\x12\x1a\n\x12unsupported_dtypes\x18\x05 \x03(\t\x12\x13\n\x0b\x61\x64\x61ptations\x18\x06 \x03(\t\x12\x14\n\x0c\x63ompilations\x18\x07 \x01(\x03\x12\x16\n\x0e\x63ompile_time_s\x18\x08 \x01(\x01\x12!\n\x19\x63ompilations_after_warmup\x18\t \x01(\x03\x12\r\n\x05notes\x18\n \x03(\t\"\x9c\x03\n\x0bModelStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12\x11\n\tprecision\x18\x05 \x01(\t\x12\x15\n\rbatch_buckets\x18\x06 \x03(\x05\x12\x19\n\x11\x63heckpoint_sha256\x18\x07 \x01(\t\x12,\n\x07timings\x18\x08 \x01(\x0b\x32\x1b.switchyard.v1.PhaseTimings\x12\x39\n\rcompatibility\x18\t \x01(\x0b\x32\".switchyard.v1.CompatibilityReport\x12\r\n\x05\x65rror\x18\n \x01(\t\x12.\n\x08\x63ounters\x18\x0b \x01(\x0b\x32\x1c.switchyard.v1.ModelCounters\x12\x16\n\x0emax_batch_size\x18\x0c \x01(\x05\x12\x18\n\x10\x64ynamic_batching\x18\r \x01(\x08\x12\x1a\n\x12max_queue_delay_us\x18\x0e \x01(\x04\x12\x16\n\x0emax_queue_size\x18\x0f \x01(\x05\"\x96\x01\n\rModelCounters\x12\x10\n\x08requests\x18\x01 \x01(\x03\x12\x12\n\nexecutions\x18\x02 \x01(\x03\x12\x0c\n\x04rows\x18\x03 \x01(\x03\x12\x18\n\x10\x65xpired_in_queue\x18\x04 \x01(\x03\x12\x1a\n\x12\x63\x61ncelled_in_queue\x18\x05 \x01(\x03\x12\x1b\n\x13rejected_queue_full\x18\x06 \x01(\x03\">\n\x11LoadModelResponse\x12)\n\x05model\x18\x01 \x01(\x0b\x32\x1a.switchyard.v1.ModelStatus\"4\n\rUnloadRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\x10\n\x0eUnloadResponse\"p\n\x0cTrainRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x01(\x05\x12\n\n\x02lr\x18\x04 \x01(\x01\x12\x0c\n\x04seed\x18\x05 \x01(\x03\x12\x12\n\nbatch_size\x18\x06 \x01(\x05\"D\n\rTrainResponse\x12\x0c\n\x04loss\x18\x01 \x03(\x01\x12\x14\n\x0cstep_seconds\x18\x02 \x03(\x01\x12\x0f\n\x07total_s\x18\x03 \x01(\x01\"9\n\x12ModelStatusRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"A\n\x13ModelStatusResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.switchyard.v1.ModelStatus\"\x10\n\x0eGetLoadRequest\"F\n\nLoadReport\x12\x11\n\tin_flight\x18\x01 \x01(\x03\x12\x13\n\x0bqueue_depth\x18\x02 \x01(\x03\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x32\xe0\x03\n\x0f\x45xecutorControl\x12M\n\x08\x44\x65scribe\x12\x1e.switchyard.v1.DescribeRequest\x1a\x1f.switchyard.v1.DescribeResponse\"\x00\x12P\n\tLoadModel\x12\x1f.switchyard.v1.LoadModelRequest\x1a .switchyard.v1.LoadModelResponse\"\x00\x12G\n\x06Unload\x12\x1c.switchyard.v1.UnloadRequest\x1a\x1d.switchyard.v1.UnloadResponse\"\x00\x12\x44\n\x05Train\x12\x1b.switchyard.v1.TrainRequest\x1a\x1c.switchyard.v1.TrainResponse\"\x00\x12V\n\x0bModelStatus\x12!.switchyard.v1.ModelStatusRequest\x1a\".switchyard.v1.ModelStatusResponse\"\x00\x12\x45\n\x07GetLoad\x12\x1d.switchyard.v1.GetLoadRequest\x1a\x19.switchyard.v1.LoadReport\"\x00\x62\x06proto3')
+DESCRIPTOR = _pool.POOL.AddSerializedFile(b'\n\x1cswitchyard/v1/executor.proto\x12\rswitchyard.v1\"\x11\n\x0f\x44\x65scribeRequest\"\xc8\x01\n\nDeviceInfo\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65vice_count\x18\x04 \x01(\x05\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x03\x12\x1e\n\x16memory_available_bytes\x18\x06 \x01(\x03\x12\x11\n\tavailable\x18\x07 \x01(\x08\x12\x1a\n\x12unavailable_reason\x18\x08 \x01(\t\"\xff\x02\n\x10\x44\x65scribeResponse\x12)\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x19.switchyard.v1.DeviceInfo\x12\x15\n\rtorch_version\x18\x02 \x01(\t\x12?\n\x08versions\x18\x03 \x03(\x0b\x32-.switchyard.v1.DescribeResponse.VersionsEntry\x12\x16\n\x0eresource_class\x18\x04 \x01(\t\x12\x11\n\tprice_key\x18\x05 \x01(\t\x12\x0c\n\x04host\x18\x06 \x01(\t\x12\r\n\x05modes\x18\x07 \x03(\t\x12*\n\x06models\x18\x08 \x03(\x0b\x32\x1a.switchyard.v1.ModelStatus\x12\x13\n\x0b\x65xecutor_id\x18\t \x01(\t\x12\x19\n\x11registered_models\x18\n \x03(\t\x12\x13\n\x0b\x66rames_port\x18\x0b \x01(\x05\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xfe\x01\n\x10LoadModelRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x11\n\tprecision\x18\x04 \x01(\t\x12\x15\n\rbatch_buckets\x18\x05 \x03(\x05\x12\x1a\n\x12max_queue_delay_us\x18\x06 \x01(\x04\x12\x16\n\x0emax_queue_size\x18\x07 \x01(\x05\x12\x18\n\x10\x64ynamic_batching\x18\x08 \x01(\x08\x12\x19\n\x11\x63heckpoint_sha256\x18\t \x01(\tJ\x04\x08\n\x10\x0bJ\x04\x08\x0b\x10\x0cR\x07\x66\x61\x63toryR\x0f\x63heckpoint_path\"b\n\x0cPhaseTimings\x12\x19\n\x11\x63heckpoint_load_s\x18\x01 \x01(\x01\x12\x13\n\x0bto_device_s\x18\x02 \x01(\x01\x12\x11\n\tcompile_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\"\'\n\nFallbackOp\x12\n\n\x02op\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"\x9e\x02\n\x13\x43ompatibilityReport\x12/\n\x0c\x66\x61llback_ops\x18\x01 \x03(\x0b\x32\x19.switchyard.v1.FallbackOp\x12\x14\n\x0cgraph_breaks\x18\x02 \x01(\x03\x12\x1b\n\x13graph_break_reasons\x18\x03 \x03(\t\x12\x12\n\nrecompiles\x18\x04 \x01(\x03\x12\x1a\n\x12unsupported_dtypes\x18\x05 \x03(\t\x12\x13\n\x0b\x61\x64\x61ptations\x18\x06 \x03(\t\x12\x14\n\x0c\x63ompilations\x18\x07 \x01(\x03\x12\x16\n\x0e\x63ompile_time_s\x18\x08 \x01(\x01\x12!\n\x19\x63ompilations_after_warmup\x18\t \x01(\x03\x12\r\n\x05notes\x18\n \x03(\t\"\x9c\x03\n\x0bModelStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12\x11\n\tprecision\x18\x05 \x01(\t\x12\x15\n\rbatch_buckets\x18\x06 \x03(\x05\x12\x19\n\x11\x63heckpoint_sha256\x18\x07 \x01(\t\x12,\n\x07timings\x18\x08 \x01(\x0b\x32\x1b.switchyard.v1.PhaseTimings\x12\x39\n\rcompatibility\x18\t \x01(\x0b\x32\".switchyard.v1.CompatibilityReport\x12\r\n\x05\x65rror\x18\n \x01(\t\x12.\n\x08\x63ounters\x18\x0b \x01(\x0b\x32\x1c.switchyard.v1.ModelCounters\x12\x16\n\x0emax_batch_size\x18\x0c \x01(\x05\x12\x18\n\x10\x64ynamic_batching\x18\r \x01(\x08\x12\x1a\n\x12max_queue_delay_us\x18\x0e \x01(\x04\x12\x16\n\x0emax_queue_size\x18\x0f \x01(\x05\"\x96\x01\n\rModelCounters\x12\x10\n\x08requests\x18\x01 \x01(\x03\x12\x12\n\nexecutions\x18\x02 \x01(\x03\x12\x0c\n\x04rows\x18\x03 \x01(\x03\x12\x18\n\x10\x65xpired_in_queue\x18\x04 \x01(\x03\x12\x1a\n\x12\x63\x61ncelled_in_queue\x18\x05 \x01(\x03\x12\x1b\n\x13rejected_queue_full\x18\x06 \x01(\x03\">\n\x11LoadModelResponse\x12)\n\x05model\x18\x01 \x01(\x0b\x32\x1a.switchyard.v1.ModelStatus\"4\n\rUnloadRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\x10\n\x0eUnloadResponse\"p\n\x0cTrainRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x01(\x05\x12\n\n\x02lr\x18\x04 \x01(\x01\x12\x0c\n\x04seed\x18\x05 \x01(\x03\x12\x12\n\nbatch_size\x18\x06 \x01(\x05\"D\n\rTrainResponse\x12\x0c\n\x04loss\x18\x01 \x03(\x01\x12\x14\n\x0cstep_seconds\x18\x02 \x03(\x01\x12\x0f\n\x07total_s\x18\x03 \x01(\x01\"9\n\x12ModelStatusRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"A\n\x13ModelStatusResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.switchyard.v1.ModelStatus\"\x10\n\x0eGetLoadRequest\"F\n\nLoadReport\x12\x11\n\tin_flight\x18\x01 \x01(\x03\x12\x13\n\x0bqueue_depth\x18\x02 \x01(\x03\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x32\xe0\x03\n\x0f\x45xecutorControl\x12M\n\x08\x44\x65scribe\x12\x1e.switchyard.v1.DescribeRequest\x1a\x1f.switchyard.v1.DescribeResponse\"\x00\x12P\n\tLoadModel\x12\x1f.switchyard.v1.LoadModelRequest\x1a .switchyard.v1.LoadModelResponse\"\x00\x12G\n\x06Unload\x12\x1c.switchyard.v1.UnloadRequest\x1a\x1d.switchyard.v1.UnloadResponse\"\x00\x12\x44\n\x05Train\x12\x1b.switchyard.v1.TrainRequest\x1a\x1c.switchyard.v1.TrainResponse\"\x00\x12V\n\x0bModelStatus\x12!.switchyard.v1.ModelStatusRequest\x1a\".switchyard.v1.ModelStatusResponse\"\x00\x12\x45\n\x07GetLoad\x12\x1d.switchyard.v1.GetLoadRequest\x1a\x19.switchyard.v1.LoadReport\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,35 +42,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBERESPONSE_VERSIONSENTRY']._serialized_start=606
   _globals['_DESCRIBERESPONSE_VERSIONSENTRY']._serialized_end=653
   _globals['_LOADMODELREQUEST']._serialized_start=656
-  _globals['_LOADMODELREQUEST']._serialized_end=914
-  _globals['_PHASETIMINGS']._serialized_start=916
-  _globals['_PHASETIMINGS']._serialized_end=1014
-  _globals['_FALLBACKOP']._serialized_start=1016
-  _globals['_FALLBACKOP']._serialized_end=1055
-  _globals['_COMPATIBILITYREPORT']._serialized_start=1058
-  _globals['_COMPATIBILITYREPORT']._serialized_end=1344
-  _globals['_MODELSTATUS']._serialized_start=1347
-  _globals['_MODELSTATUS']._serialized_end=1759
-  _globals['_MODELCOUNTERS']._serialized_start=1762
-  _globals['_MODELCOUNTERS']._serialized_end=1912
-  _globals['_LOADMODELRESPONSE']._serialized_start=1914
-  _globals['_LOADMODELRESPONSE']._serialized_end=1976
-  _globals['_UNLOADREQUEST']._serialized_start=1978
-  _globals['_UNLOADREQUEST']._serialized_end=2030
-  _globals['_UNLOADRESPONSE']._serialized_start=2032
-  _globals['_UNLOADRESPONSE']._serialized_end=2048
-  _globals['_TRAINREQUEST']._serialized_start=2050
-  _globals['_TRAINREQUEST']._serialized_end=2162
-  _globals['_TRAINRESPONSE']._serialized_start=2164
-  _globals['_TRAINRESPONSE']._serialized_end=2232
-  _globals['_MODELSTATUSREQUEST']._serialized_start=2234
-  _globals['_MODELSTATUSREQUEST']._serialized_end=2291
-  _globals['_MODELSTATUSRESPONSE']._serialized_start=2293
-  _globals['_MODELSTATUSRESPONSE']._serialized_end=2358
-  _globals['_GETLOADREQUEST']._serialized_start=2360
-  _globals['_GETLOADREQUEST']._serialized_end=2376
-  _globals['_LOADREPORT']._serialized_start=2378
-  _globals['_LOADREPORT']._serialized_end=2448
-  _globals['_EXECUTORCONTROL']._serialized_start=2451
-  _globals['_EXECUTORCONTROL']._serialized_end=2931
+  _globals['_LOADMODELREQUEST']._serialized_end=910
+  _globals['_PHASETIMINGS']._serialized_start=912
+  _globals['_PHASETIMINGS']._serialized_end=1010
+  _globals['_FALLBACKOP']._serialized_start=1012
+  _globals['_FALLBACKOP']._serialized_end=1051
+  _globals['_COMPATIBILITYREPORT']._serialized_start=1054
+  _globals['_COMPATIBILITYREPORT']._serialized_end=1340
+  _globals['_MODELSTATUS']._serialized_start=1343
+  _globals['_MODELSTATUS']._serialized_end=1755
+  _globals['_MODELCOUNTERS']._serialized_start=1758
+  _globals['_MODELCOUNTERS']._serialized_end=1908
+  _globals['_LOADMODELRESPONSE']._serialized_start=1910
+  _globals['_LOADMODELRESPONSE']._serialized_end=1972
+  _globals['_UNLOADREQUEST']._serialized_start=1974
+  _globals['_UNLOADREQUEST']._serialized_end=2026
+  _globals['_UNLOADRESPONSE']._serialized_start=2028
+  _globals['_UNLOADRESPONSE']._serialized_end=2044
+  _globals['_TRAINREQUEST']._serialized_start=2046
+  _globals['_TRAINREQUEST']._serialized_end=2158
+  _globals['_TRAINRESPONSE']._serialized_start=2160
+  _globals['_TRAINRESPONSE']._serialized_end=2228
+  _globals['_MODELSTATUSREQUEST']._serialized_start=2230
+  _globals['_MODELSTATUSREQUEST']._serialized_end=2287
+  _globals['_MODELSTATUSRESPONSE']._serialized_start=2289
+  _globals['_MODELSTATUSRESPONSE']._serialized_end=2354
+  _globals['_GETLOADREQUEST']._serialized_start=2356
+  _globals['_GETLOADREQUEST']._serialized_end=2372
+  _globals['_LOADREPORT']._serialized_start=2374
+  _globals['_LOADREPORT']._serialized_end=2444
+  _globals['_EXECUTORCONTROL']._serialized_start=2447
+  _globals['_EXECUTORCONTROL']._serialized_end=2927
 # @@protoc_insertion_point(module_scope)

@@ -177,30 +177,23 @@ class LoadModelRequest(_message.Message):
     MAX_QUEUE_SIZE_FIELD_NUMBER: _builtins.int
     DYNAMIC_BATCHING_FIELD_NUMBER: _builtins.int
     CHECKPOINT_SHA256_FIELD_NUMBER: _builtins.int
-    FACTORY_FIELD_NUMBER: _builtins.int
-    CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
     model_name: _builtins.str
     version: _builtins.str
-    """"" = the registry's default version"""
+    """"" = the repository's default version"""
     mode: _builtins.str
     """eager | compile | lazy | strict | debug | defer_and_fuse"""
     precision: _builtins.str
-    """fp32 | bf16 | fp16 | fp64 ("" = fp32)"""
+    """fp32 | bf16 | fp16 | fp64 ("" = model.toml [precision], else fp32)"""
     max_queue_delay_us: _builtins.int
     """dynamic batching delay; 0 = no waiting"""
     max_queue_size: _builtins.int
     """0 = executor default"""
     dynamic_batching: _builtins.bool
     checkpoint_sha256: _builtins.str
-    """if set, the checkpoint must hash to this"""
-    factory: _builtins.str
-    """User model: registers model_name/version from a factory ("package.module:function"
-    returning switchyard.models.registry.UserModel) and a safetensors file on the executor.
-    """
-    checkpoint_path: _builtins.str
+    """if set, the artifact must hash to this"""
     @_builtins.property
     def batch_buckets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """batch sizes warmed up; requests pad up to one"""
+        """batch sizes warmed up; requests pad up to one ([] = model.toml [batching], else the executor's)"""
 
     def __init__(
         self,
@@ -214,12 +207,10 @@ class LoadModelRequest(_message.Message):
         max_queue_size: _builtins.int = ...,
         dynamic_batching: _builtins.bool = ...,
         checkpoint_sha256: _builtins.str = ...,
-        factory: _builtins.str = ...,
-        checkpoint_path: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_buckets", b"batch_buckets", "checkpoint_path", b"checkpoint_path", "checkpoint_sha256", b"checkpoint_sha256", "dynamic_batching", b"dynamic_batching", "factory", b"factory", "max_queue_delay_us", b"max_queue_delay_us", "max_queue_size", b"max_queue_size", "mode", b"mode", "model_name", b"model_name", "precision", b"precision", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_buckets", b"batch_buckets", "checkpoint_sha256", b"checkpoint_sha256", "dynamic_batching", b"dynamic_batching", "max_queue_delay_us", b"max_queue_delay_us", "max_queue_size", b"max_queue_size", "mode", b"mode", "model_name", b"model_name", "precision", b"precision", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
