@@ -65,7 +65,7 @@ shadow_share = 0.2             # share of requests mirrored to the shadow path i
 enabled = true
 
 [telemetry]
-exporter = "console"           # none | console | otlp (spans go to each service's log)
+exporter = "none"              # none | otlp | console (a debugging switch: spans in each service's log)
 otlp_endpoint = ""
 
 [models]

@@ -243,12 +243,13 @@ async def start_server(
 ) -> RunningServer:
     """Start a grpc.aio server with health, reflection, limits and error mapping.
 
-    When a tracer provider is installed (`switchyard.telemetry.setup`), every RPC is also a
-    span parented on the caller's trace context; without one nothing extra is wrapped.
+    When a tracer provider is installed (`switchyard.telemetry.setup`), every unary RPC is
+    also a span parented on the caller's trace context (opentelemetry-instrumentation-grpc);
+    without one nothing extra is wrapped.
     """
     from switchyard import telemetry
 
-    tracing = [telemetry.ServerTracingInterceptor()] if telemetry.enabled() else []
+    tracing = telemetry.server_interceptors()
     # With map_errors_in_servicers, servicers map their own errors (ErrorMappedServicer) and
     # the interceptor stays only to map errors that caller-supplied interceptors raise.
     in_servicers = options.map_errors_in_servicers

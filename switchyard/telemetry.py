@@ -1,52 +1,116 @@
-"""OpenTelemetry for every switchyard service: set-up, and trace context over gRPC metadata.
+"""OpenTelemetry tracing for every switchyard service: set-up from the standard `OTEL_*`
+variables, and trace context over gRPC.
 
-`setup(TelemetryConfig.from_env("router"))` installs a tracer and a meter provider once per
-process: console exporter by default (metrics every 60 s), OTLP when `SWITCHYARD_TRACES=otlp`
-(or `OTEL_EXPORTER_OTLP_ENDPOINT` is set; the OTLP exporter package must then be installed),
-nothing with `none`. `switchyard.grpcio.start_server` adds `ServerTracingInterceptor` whenever
-a tracer provider is installed, so each served RPC is a span whose parent comes from the
-caller's `traceparent` metadata; callers add their context with `inject_metadata` or
-`ClientTracingInterceptor`. The chain router -> executor -> metering is therefore one trace.
-Without a provider nothing is wrapped and the hot path pays nothing."""
+`setup(TelemetryConfig.from_env("switchyard-router"))` installs a tracer provider once per
+process, from:
+
+- `OTEL_TRACES_EXPORTER` (older name `SWITCHYARD_TRACES`): `otlp`, `console`, `none` or a
+  comma list; default `otlp` when an OTLP endpoint is set, else `none`.
+- `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`): the collector (gRPC).
+- `OTEL_TRACES_SAMPLER`: `always_on`, `always_off`, `traceidratio`, `parentbased_always_on`
+  (default), `parentbased_always_off`, `parentbased_traceidratio`; `OTEL_TRACES_SAMPLER_ARG`:
+  the ratio of the `*traceidratio` samplers, 0 to 1 (default 1).
+- `OTEL_SERVICE_NAME`: the service's name in traces (default `switchyard-router`, ...).
+
+By default nothing is exported and no provider is installed: no span is created, no
+interceptor wraps a call, and the hot path pays nothing. OTLP spans go through a batch span
+processor (a background thread, off the request path); `console` prints each span as it
+ends and is a debugging switch: printing a span per request costs a small service about a
+third of its throughput. The documented production setting is OTLP with
+`OTEL_TRACES_SAMPLER=parentbased_traceidratio` and `OTEL_TRACES_SAMPLER_ARG=0.01`: the caller's
+sampling decision is kept, and one root trace in a hundred is recorded; trace ids are still
+made and propagated for every request, so audit rows name them.
+
+With a provider installed, unary RPCs are spans through opentelemetry-instrumentation-grpc
+(`server_interceptors`, `client_interceptors`); a message of a long-lived inference stream
+carries its trace context in its own parameters and is its own span (`server_span`), since a
+stream's metadata is sent once. The chain client -> router -> executor -> metering is one trace.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, propagate, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    ConsoleMetricExporter,
-    MetricReader,
-    PeriodicExportingMetricReader,
-)
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace import sampling as samplers
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-EXPORTERS = ("console", "otlp", "none")
+EXPORTERS = ("otlp", "console", "none")
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+# Methods whose messages are spans of their own (server_span), not one span per stream.
+STREAM_METHODS = ("ModelStreamInfer",)
 
 
 @dataclass(frozen=True)
 class TelemetryConfig:
     service_name: str
-    exporter: str = "console"
+    exporter: str = "none"  # comma list of EXPORTERS
     otlp_endpoint: str = ""
+    sampler: str = "parentbased_always_on"
+    sampler_arg: float = 1.0
+
+    @property
+    def exporters(self) -> tuple[str, ...]:
+        return tuple(e for e in self.exporter.split(",") if e and e != "none")
 
     @classmethod
-    def from_env(cls, service_name: str, default: str = "console") -> TelemetryConfig:
-        endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-        exporter = os.environ.get("SWITCHYARD_TRACES", "otlp" if endpoint else default).lower()
-        if exporter not in EXPORTERS:
-            raise ValueError(f"SWITCHYARD_TRACES={exporter!r}: use one of {EXPORTERS}")
-        return cls(service_name, exporter, endpoint)
+    def from_env(
+        cls, service_name: str, default: str = "none", environ: Mapping[str, str] | None = None
+    ) -> TelemetryConfig:
+        """The standard OTEL_* variables (SWITCHYARD_TRACES is the older name of
+        OTEL_TRACES_EXPORTER); a bad value is refused with the variable and its choices."""
+        env = os.environ if environ is None else environ
+        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+        variable = "OTEL_TRACES_EXPORTER" if env.get("OTEL_TRACES_EXPORTER") else "SWITCHYARD_TRACES"
+        chosen = env.get(variable) or ("otlp" if endpoint else default)
+        names = [e.strip().lower() for e in chosen.split(",") if e.strip()]
+        for name in names:
+            if name not in EXPORTERS:
+                choices = ", ".join(EXPORTERS)
+                raise ValueError(f"{variable}={chosen!r}: use one of {choices} (or a comma list)")
+        sampler = env.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_always_on"
+        if sampler not in SAMPLERS:
+            raise ValueError(f"OTEL_TRACES_SAMPLER={sampler!r}: use one of {', '.join(SAMPLERS)}")
+        arg_text = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+        try:
+            arg = float(arg_text) if arg_text else 1.0
+        except ValueError:
+            arg = -1.0
+        if not 0.0 <= arg <= 1.0:
+            raise ValueError(f"OTEL_TRACES_SAMPLER_ARG={arg_text!r}: give the sampled share, 0 to 1")
+        return cls(
+            env.get("OTEL_SERVICE_NAME") or service_name, ",".join(names) or "none", endpoint, sampler, arg
+        )
+
+    def make_sampler(self) -> samplers.Sampler:
+        ratio = samplers.TraceIdRatioBased(self.sampler_arg)
+        root: samplers.Sampler = {
+            "always_on": samplers.ALWAYS_ON,
+            "always_off": samplers.ALWAYS_OFF,
+            "traceidratio": ratio,
+        }.get(self.sampler.removeprefix("parentbased_"), ratio)
+        return samplers.ParentBased(root) if self.sampler.startswith("parentbased_") else root
 
 
 def _otlp_exporter(endpoint: str) -> SpanExporter:
@@ -56,61 +120,74 @@ def _otlp_exporter(endpoint: str) -> SpanExporter:
         )
     except ImportError as exc:
         raise RuntimeError(
-            "SWITCHYARD_TRACES=otlp needs the package opentelemetry-exporter-otlp-proto-grpc "
-            "(not in the pinned environment); install it or use SWITCHYARD_TRACES=console"
+            "OTEL_TRACES_EXPORTER=otlp needs the package opentelemetry-exporter-otlp-proto-grpc "
+            "(pinned in requirements/main.txt and installed in the images); install it or set "
+            "OTEL_TRACES_EXPORTER=none"
         ) from exc
     exporter: SpanExporter = OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
     return exporter
 
 
-def _setup_metrics(config: TelemetryConfig, reader: MetricReader | None) -> None:
-    if isinstance(metrics.get_meter_provider(), MeterProvider):
-        return
-    if reader is None:
-        if config.exporter == "none":
-            return
-        if config.exporter == "otlp":
-            try:
-                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # type: ignore[import-not-found,unused-ignore]
-                    OTLPMetricExporter,
-                )
-            except ImportError:
-                return  # traces already said what to install
-            reader = PeriodicExportingMetricReader(OTLPMetricExporter())
-        else:
-            reader = PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=60_000)
-    resource = Resource.create({"service.name": config.service_name})
-    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
-
-
-def metrics_enabled() -> bool:
-    return isinstance(metrics.get_meter_provider(), MeterProvider)
-
-
-def setup(
-    config: TelemetryConfig, exporter: SpanExporter | None = None, metric_reader: MetricReader | None = None
-) -> TracerProvider | None:
-    """Install the process's tracer and meter providers (once); returns the tracer provider or None."""
-    _setup_metrics(config, metric_reader)
+def setup(config: TelemetryConfig, exporter: SpanExporter | None = None) -> TracerProvider | None:
+    """Install the process's tracer provider (once); returns it, or None when nothing is
+    exported. `exporter` (tests) is added with a simple processor, so spans are there at once."""
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         if exporter is not None:
-            current.add_span_processor(BatchSpanProcessor(exporter))
+            current.add_span_processor(SimpleSpanProcessor(exporter))
         return current
-    if config.exporter == "none" and exporter is None:
+    if not config.exporters and exporter is None:
         return None
-    provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
-    if exporter is None:
-        exporter = (
-            _otlp_exporter(config.otlp_endpoint) if config.exporter == "otlp" else ConsoleSpanExporter()
-        )
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": config.service_name}), sampler=config.make_sampler()
+    )
+    for name in config.exporters:
+        if name == "otlp":
+            provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(config.otlp_endpoint)))
+        else:  # console: a debugging switch, each span printed as it ends
+            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return provider
 
 
 def enabled() -> bool:
     return isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
+def _not_stream_or_health() -> Any:
+    from opentelemetry.instrumentation.grpc import filters
+
+    streams = [filters.method_name(m) for m in STREAM_METHODS]
+    return filters.negate(filters.any_of(filters.health_check(), *streams))
+
+
+def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
+    """opentelemetry-instrumentation-grpc's server interceptor (one SERVER span per RPC,
+    parented on the caller's `traceparent`) when tracing is on; none otherwise. Health
+    checks and inference streams are left out: streams trace per message (`server_span`)."""
+    if not enabled():
+        return []
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+    interceptor: grpc.aio.ServerInterceptor = aio_server_interceptor(  # type: ignore[no-untyped-call]
+        filter_=_not_stream_or_health()
+    )
+    return [interceptor]
+
+
+def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
+    """opentelemetry-instrumentation-grpc's client interceptors (a CLIENT span per call and
+    the trace context in its metadata) when tracing is on; none otherwise."""
+    if not enabled():
+        return []
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
+    interceptors: list[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]
+        filter_=_not_stream_or_health()
+    )
+    return interceptors
 
 
 Metadata = Sequence[tuple[str, str | bytes]]
@@ -137,16 +214,17 @@ def trace_parameters() -> dict[str, str]:
 
 @contextlib.contextmanager
 def server_span(method: str, parent: otel_context.Context | Mapping[str, str]) -> Iterator[None]:
-    """One SERVER span for an RPC or one message of a stream, parented on the caller's trace
-    context (a Context, or a carrier of traceparent/tracestate)."""
+    """One SERVER span for one message of a stream, parented on the caller's trace context
+    (a Context, or a carrier of traceparent/tracestate)."""
     if not isinstance(parent, otel_context.Context):
         parent = propagate.extract(dict(parent))
     tracer = trace.get_tracer("switchyard.grpc")
     with tracer.start_as_current_span(
         method, context=parent, kind=SpanKind.SERVER, record_exception=False
     ) as span:
-        span.set_attribute("rpc.system", "grpc")
-        span.set_attribute("rpc.method", method)
+        if span.is_recording():
+            span.set_attribute("rpc.system", "grpc")
+            span.set_attribute("rpc.method", method)
         try:
             yield
         except BaseException as exc:
@@ -159,47 +237,11 @@ def current_trace_id() -> str:
     return format(ctx.trace_id, "032x") if ctx.is_valid else ""
 
 
-class ServerTracingInterceptor(grpc.aio.ServerInterceptor):
-    """One SERVER span per unary RPC, parented on the caller's `traceparent` metadata."""
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        behavior: Callable[..., Any] = handler.unary_unary
-        method = details.method
-        parent = extract_context(details.invocation_metadata)
-
-        async def traced(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            with server_span(method, parent):
-                return await behavior(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(
-            traced,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-
-class ClientTracingInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
-    """Adds a CLIENT span and the trace context to every unary call of a channel."""
-
-    async def intercept_unary_unary(
-        self, continuation: Callable[..., Any], client_call_details: grpc.aio.ClientCallDetails, request: Any
-    ) -> Any:
-        method = client_call_details.method
-        name = method.decode() if isinstance(method, bytes) else str(method)
-        with trace.get_tracer("switchyard.grpc").start_as_current_span(name, kind=SpanKind.CLIENT):
-            metadata = inject_metadata(list(client_call_details.metadata or ()))  # type: ignore[arg-type]
-            details = grpc.aio.ClientCallDetails(
-                client_call_details.method,
-                client_call_details.timeout,
-                grpc.aio.Metadata(*metadata),
-                client_call_details.credentials,
-                client_call_details.wait_for_ready,
-            )
-            return await continuation(details, request)
+def trace_id_of_metadata(metadata: Any) -> str:
+    """The trace id of a W3C `traceparent` (00-<trace id>-<span id>-<flags>) in gRPC metadata."""
+    for key, value in metadata or ():
+        if key == "traceparent":
+            parts = (value.decode() if isinstance(value, bytes) else value).split("-")
+            if len(parts) == 4 and len(parts[1]) == 32:
+                return parts[1]
+    return ""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 from temporalio.exceptions import ApplicationError
 
+from switchyard import telemetry
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as eval_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as exec_grpc
@@ -63,7 +64,11 @@ class Connections:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ]
-            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=options)
+            # with tracing on, each call is a CLIENT span of the activity's trace, its context
+            # in the call's metadata (opentelemetry-instrumentation-grpc)
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address, options=options, interceptors=telemetry.client_interceptors()
+            )
         return channel
 
     def executor_address(self, executor: str) -> str:

@@ -34,7 +34,7 @@ COPY workflows/ workflows/
 COPY alembic.ini ./
 COPY migrations/ migrations/
 USER 10001:10001
-EXPOSE 8001 8201 8301
+EXPOSE 8001 8201 8301 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s \
   CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8001"]
 ENTRYPOINT ["python", "-m", "switchyard"]

@@ -32,7 +32,7 @@ COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
 USER 10001:10001
-EXPOSE 8103 8113
+EXPOSE 8103 8113 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
   CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8103"]
 ENTRYPOINT ["python", "-m", "switchyard"]

@@ -26,7 +26,7 @@ COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
 USER 10001:10001
-EXPOSE 8104 8114
+EXPOSE 8104 8114 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
   CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8104"]
 ENTRYPOINT ["python", "-m", "switchyard"]

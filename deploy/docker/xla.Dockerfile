@@ -28,7 +28,7 @@ COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
 USER 10001:10001
-EXPOSE 8102 8112
+EXPOSE 8102 8112 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
   CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8102"]
 ENTRYPOINT ["python", "-m", "switchyard"]

@@ -47,17 +47,15 @@ class MeteringClient:
     def __init__(self, address: str, timeout_s: float = 2.0) -> None:
         self.address = address
         self._timeout = timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        # with tracing on, each call is a CLIENT span, its trace context in the call's metadata
+        self._channel = grpc.aio.insecure_channel(
+            address, options=CHANNEL_OPTIONS, interceptors=telemetry.client_interceptors()
+        )
         self._stub = mgrpc.MeteringStub(self._channel)
-
-    def _metadata(self) -> list[tuple[str, str]]:
-        return telemetry.inject_metadata([]) if telemetry.enabled() else []
 
     async def authenticate(self, key: str) -> Identity:
         try:
-            reply = await self._stub.Authenticate(
-                mpb.AuthenticateRequest(key=key), timeout=self._timeout, metadata=self._metadata()
-            )
+            reply = await self._stub.Authenticate(mpb.AuthenticateRequest(key=key), timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             error = as_error(exc)
             if isinstance(error, errors.NotFound | errors.PermissionDenied | errors.InvalidArgument):
@@ -72,13 +70,13 @@ class MeteringClient:
         if not request.HasField("actor"):
             request.actor.source = "router"
         try:
-            await self._stub.RecordUsage(request, timeout=self._timeout, metadata=self._metadata())
+            await self._stub.RecordUsage(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise as_error(exc) from None
 
     async def append_audit(self, request: mpb.AppendAuditRequest) -> None:
         try:
-            await self._stub.AppendAudit(request, timeout=self._timeout, metadata=self._metadata())
+            await self._stub.AppendAudit(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise as_error(exc) from None
 
@@ -103,9 +101,7 @@ class MeteringClient:
             previous_json=json.dumps(previous, sort_keys=True) if previous is not None else "",
         )
         try:
-            reply = await self._stub.SaveRouteChange(
-                request, timeout=self._timeout, metadata=self._metadata()
-            )
+            reply = await self._stub.SaveRouteChange(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise as_error(exc) from None
         return reply.revision
@@ -113,7 +109,7 @@ class MeteringClient:
     async def route_changes(self, fleet: str) -> dict[str, Change]:
         try:
             reply = await self._stub.ListRouteChanges(
-                mpb.ListRouteChangesRequest(fleet=fleet), timeout=self._timeout, metadata=self._metadata()
+                mpb.ListRouteChangesRequest(fleet=fleet), timeout=self._timeout
             )
         except grpc.aio.AioRpcError as exc:
             raise as_error(exc) from None

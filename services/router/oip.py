@@ -10,6 +10,7 @@ Server-level RPCs describe the router itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -20,7 +21,7 @@ from services.router import wire
 from services.router.executors import UpstreamError
 from services.router.forward import Router
 from services.router.policies import plan
-from switchyard import ids
+from switchyard import ids, telemetry
 from switchyard.errors import SwitchyardError, Unavailable, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.grpcio import internal_error, map_errors
@@ -36,6 +37,7 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 class OipServicer:
     def __init__(self, router: Router) -> None:
         self.router = router
+        self._tracing = telemetry.enabled()  # set up before the router starts, as the CLI does
 
     async def model_infer(self, raw: bytes, context: Ctx) -> bytes:
         try:
@@ -162,8 +164,15 @@ class OipServicer:
     async def _stream_answer(
         self, raw: bytes, metadata: Any, time_remaining: float | None, peer: str
     ) -> bytes:
+        # with tracing on, each message is a span of the trace the stream's metadata names
+        span = (
+            telemetry.server_span(f"/{SERVICE}/ModelStreamInfer", telemetry.extract_context(metadata))
+            if self._tracing
+            else contextlib.nullcontext()
+        )
         try:
-            return wire.stream_answer(await self.router.infer(raw, metadata, time_remaining, peer))
+            with span:
+                return wire.stream_answer(await self.router.infer(raw, metadata, time_remaining, peer))
         except UpstreamError as exc:
             message = f"{exc.code.name}: {exc.details}"
         except SwitchyardError as exc:

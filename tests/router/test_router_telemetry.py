@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+from typing import Any
 
 import pytest
 
@@ -23,11 +24,8 @@ import asyncio, json, pathlib, sys, tempfile
 import grpc, numpy as np
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from switchyard import telemetry
-
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 exporter = InMemorySpanExporter()
-reader = InMemoryMetricReader()
-provider = telemetry.setup(telemetry.TelemetryConfig("test", "none"), exporter=exporter, metric_reader=reader)
+provider = telemetry.setup(telemetry.TelemetryConfig("test", "none"), exporter=exporter)
 
 from services.executor.config import ExecutorConfig
 from services.executor.server import start_executor
@@ -58,7 +56,16 @@ async def main() -> None:
         req.raw_input_contents.append(np.zeros((1, 64), np.float32).tobytes())
         auth = [("authorization", f"Bearer {key}")]
         await pbgrpc.GRPCInferenceServiceStub(ch).ModelInfer(req, metadata=auth)
-    await router.stop(0); await executor.stop(0); await metering.stop(0)
+        try:  # refused: the denial's audit row must name this request's trace
+            bad = [("authorization", "Bearer nope")]
+            await pbgrpc.GRPCInferenceServiceStub(ch).ModelInfer(req, metadata=bad)
+        except grpc.aio.AioRpcError:
+            pass
+    await router.stop(0)
+    async with grpc.aio.insecure_channel(metering.address) as ch:
+        audit = await mgrpc.MeteringStub(ch).QueryAudit(mpb.QueryAuditRequest(action="request.denied"))
+    print("AUDIT " + json.dumps([r.actor.trace_id for r in audit.records]), flush=True)
+    await executor.stop(0); await metering.stop(0)
     provider.force_flush()
     spans = [
         {"name": s.name, "trace": s.context.trace_id, "id": s.context.span_id,
@@ -66,9 +73,6 @@ async def main() -> None:
         for s in exporter.get_finished_spans()
     ]
     print("SPANS " + json.dumps(spans), flush=True)
-    names = [m.name for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
-             for m in sm.metrics]
-    print("METRICS " + json.dumps(names), flush=True)
 
 asyncio.run(main())
 """
@@ -87,15 +91,26 @@ async def test_one_trace_router_executor_metering() -> None:
     )
     out, err = await asyncio.wait_for(proc.communicate(), 180)
     assert proc.returncode == 0, err.decode()[-3000:]
-    line = next(ln for ln in out.decode().splitlines() if ln.startswith("SPANS "))
-    spans = json.loads(line.removeprefix("SPANS "))
+    lines = out.decode().splitlines()
+    spans = json.loads(next(ln for ln in lines if ln.startswith("SPANS ")).removeprefix("SPANS "))
+    by_id = {s["id"]: s for s in spans}
+
+    def root_of(span: dict[str, Any]) -> dict[str, Any]:
+        while span["parent"] is not None:
+            span = by_id[span["parent"]]
+        return span
+
     infer = [s for s in spans if s["name"] == "/inference.GRPCInferenceService/ModelInfer"]
     roots = [s for s in infer if s["parent"] is None]
-    assert len(roots) == 1, spans  # the router's span: the caller sent no context
-    root = roots[0]
-    executor = [s for s in infer if s["parent"] == root["id"]]
+    assert len(roots) == 2, spans  # the router's spans: the caller sent no context
+    answered = next(r for r in roots if any(s["parent"] == r["id"] for s in infer))
+    executor = [s for s in infer if s["parent"] == answered["id"]]
+    assert executor and executor[0]["trace"] == answered["trace"]  # router -> executor
+    # router -> metering: the CLIENT span (instrumentation) and metering's SERVER span under it
     auth = [s for s in spans if s["name"] == "/switchyard.v1.Metering/Authenticate"]
-    assert executor and executor[0]["trace"] == root["trace"]  # router -> executor
-    assert (
-        auth and auth[0]["parent"] == root["id"] and auth[0]["trace"] == root["trace"]
-    )  # router -> metering
+    assert len(auth) >= 2 and all(s["trace"] == root_of(s)["trace"] for s in auth)
+    assert answered["id"] in {root_of(s)["id"] for s in auth}
+    assert not [s for s in spans if "Health" in s["name"]]  # health probes are not traced
+    (denied_trace,) = json.loads(next(ln for ln in lines if ln.startswith("AUDIT ")).removeprefix("AUDIT "))
+    refused = next(r for r in roots if r is not answered)
+    assert denied_trace == format(refused["trace"], "032x")  # the audit row names the request's trace

@@ -1,0 +1,192 @@
+"""Tracing set-up from the standard OTEL_* variables: nothing by default, sampling, OTLP.
+
+A tracer provider is process-global, so what installs one runs in a child process; the
+parsing of the variables runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from switchyard.telemetry import TelemetryConfig
+from tests.conftest import ROOT
+
+
+def test_nothing_is_exported_by_default() -> None:
+    config = TelemetryConfig.from_env("switchyard-router", environ={})
+    assert config.exporters == () and config.service_name == "switchyard-router"
+
+
+def test_the_standard_variables_are_honoured() -> None:
+    env = {
+        "OTEL_TRACES_EXPORTER": "otlp,console",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.25",
+        "OTEL_SERVICE_NAME": "edge-router",
+        "SWITCHYARD_TRACES": "none",  # the older name yields to the standard one
+    }
+    config = TelemetryConfig.from_env("switchyard-router", environ=env)
+    assert config.exporters == ("otlp", "console")
+    assert (config.otlp_endpoint, config.service_name) == ("http://collector:4317", "edge-router")
+    assert (config.sampler, config.sampler_arg) == ("parentbased_traceidratio", 0.25)
+    assert "ParentBased" in type(config.make_sampler()).__name__
+    # an endpoint alone means OTLP; the older variable still works alone
+    assert TelemetryConfig.from_env(
+        "x", environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}
+    ).exporters == ("otlp",)
+    assert TelemetryConfig.from_env("x", environ={"SWITCHYARD_TRACES": "console"}).exporters == ("console",)
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "jaeger"}, "OTEL_TRACES_EXPORTER='jaeger'"),
+        ({"SWITCHYARD_TRACES": "zipkin"}, "SWITCHYARD_TRACES='zipkin'"),
+        ({"OTEL_TRACES_SAMPLER": "sometimes"}, "OTEL_TRACES_SAMPLER='sometimes'"),
+        ({"OTEL_TRACES_SAMPLER_ARG": "2"}, "OTEL_TRACES_SAMPLER_ARG='2'"),
+        ({"OTEL_TRACES_SAMPLER_ARG": "half"}, "OTEL_TRACES_SAMPLER_ARG='half'"),
+    ],
+)
+def test_a_bad_value_names_the_variable(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ValueError, match=named.replace("'", ".")):
+        TelemetryConfig.from_env("x", environ=env)
+
+
+CHILD = """
+import json, os
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+from switchyard import telemetry
+
+config = telemetry.TelemetryConfig.from_env("switchyard-test")
+memory = InMemorySpanExporter()
+provider = telemetry.setup(config, exporter=memory)
+processors = [type(p).__name__ for p in provider._active_span_processor._span_processors]
+exporters = [type(getattr(p, "span_exporter", None) or p._batch_processor._exporter).__name__
+             for p in provider._active_span_processor._span_processors]
+tracer = trace.get_tracer("t")
+ids = set()
+for _ in range(200):
+    with tracer.start_as_current_span("root"):
+        ids.add(telemetry.current_trace_id())
+sampled_parent = set_span_in_context(NonRecordingSpan(SpanContext(
+    0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))))
+with tracer.start_as_current_span("child", context=sampled_parent):
+    pass
+names = [s.name for s in memory.get_finished_spans()]
+print(json.dumps({"processors": processors, "exporters": exporters, "roots": names.count("root"),
+                  "children": names.count("child"), "ids": len(ids) - ("" in ids),
+                  "service": provider.resource.attributes["service.name"]}))
+provider.shutdown()
+"""
+
+
+def _child(env: dict[str, str]) -> dict[str, object]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SWITCHYARD_TRACES"))}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        env={**clean, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_ratio_sampling_keeps_trace_ids_and_the_callers_decision() -> None:
+    got = _child(
+        {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",  # nobody there: spans are dropped
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.1",
+            "OTEL_SERVICE_NAME": "edge",
+        }
+    )
+    # OTLP goes through a batch processor (off the request path); the test's exporter after it
+    assert got["processors"] == ["BatchSpanProcessor", "SimpleSpanProcessor"]
+    assert got["exporters"] == ["OTLPSpanExporter", "InMemorySpanExporter"]
+    assert 0 < int(str(got["roots"])) < 60  # about 20 of 200 root traces recorded
+    assert got["ids"] == 200  # every request still has its own trace id (audit rows name it)
+    assert got["children"] == 1  # a sampled caller's trace is recorded whatever the ratio
+    assert got["service"] == "edge"
+
+
+def test_console_is_a_debugging_switch_without_a_batch_thread() -> None:
+    got = _child({"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "always_off"})
+    assert got["processors"] == ["SimpleSpanProcessor", "SimpleSpanProcessor"]
+    assert got["exporters"] == ["ConsoleSpanExporter", "InMemorySpanExporter"]
+    assert got["roots"] == 0 and got["children"] == 0 and got["ids"] == 200
+
+
+def test_a_service_started_with_otlp_tracing_runs_and_serves_its_metrics() -> None:
+    """The Kubernetes configuration (OTLP to a collector, ratio sampling): the process must
+    start and serve, not exit on a missing exporter package; and its /metrics parses."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SWITCHYARD_TRACES"))}
+    env = {
+        **clean,
+        "PYTHONPATH": str(ROOT),
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.01",
+    }
+    args = [sys.executable, "-m", "switchyard", "evaluator", "serve", "--port", "0", "--metrics-port", "0"]
+    proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("metrics on http://"), line
+        url = line.split()[-1]
+        import urllib.request
+
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        names = {f.name for f in text_string_to_metric_families(text)}
+        assert {"process_cpu_seconds", "process_resident_memory_bytes"} <= names
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+
+
+def test_the_images_install_what_the_manifests_configure() -> None:
+    """The Kubernetes config exports traces over OTLP and every pod serves Prometheus metrics:
+    the packages for both are dependencies of the project (the CPU, CUDA and control images
+    install it under requirements/main.txt's pins) and pinned in the XLA and TPU images' files."""
+    import tomllib
+
+    import yaml
+
+    config = yaml.safe_load((ROOT / "deploy" / "k8s" / "base" / "config.yaml").read_text())["data"]
+    assert "otlp" in config["OTEL_TRACES_EXPORTER"].split(",")
+    needed = (
+        "opentelemetry-exporter-otlp-proto-grpc",
+        "opentelemetry-instrumentation-grpc",
+        "prometheus_client",
+    )
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for package in needed:
+        assert any(d.startswith(package) for d in project), package
+        for pins in ("main.txt", "xla.txt", "tpu.txt"):
+            text = (ROOT / "requirements" / pins).read_text()
+            assert f"\n{package}==" in text, f"{package} is not pinned in requirements/{pins}"
+    for dockerfile in (ROOT / "deploy" / "docker").glob("*.Dockerfile"):
+        text = dockerfile.read_text()
+        assert "9090" in text, f"{dockerfile.name} does not expose the metrics port"
+        assert (
+            "requirements/main.txt" in text
+            or "requirements/xla.txt" in text
+            or "requirements/tpu.txt" in text
+        )
