@@ -31,8 +31,12 @@ def _executors(text: str, hosts: dict[str, str] | None = None) -> dict[str, str]
 def _worker(args: argparse.Namespace) -> int:
     import asyncio
 
+    from switchyard import metrics, telemetry
     from workflows.connections import WorkerConfig
     from workflows.worker import run_worker
+
+    # before the Temporal client connects: its TracingInterceptor uses this provider
+    telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-worker"))
 
     hosts: dict[str, str] = {}
     executors = _executors(os.environ.get("SWITCHYARD_EXECUTORS", ""), hosts)
@@ -47,7 +51,13 @@ def _worker(args: argparse.Namespace) -> int:
         task_queue=args.task_queue,
         hosts=hosts,
     )
-    asyncio.run(run_worker(config))
+    host = os.environ.get("SWITCHYARD_METRICS_HOST", "127.0.0.1")  # the worker serves nothing else
+    endpoint = metrics.serve([], host, metrics.metrics_port(args.metrics_port), "worker")
+    try:
+        asyncio.run(run_worker(config))
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     return 0
 
 
@@ -88,6 +98,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     worker.add_argument(
         "--task-queue", default="switchyard-trials", help="task queue (default switchyard-trials)"
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
+        "free port, logged; -1 = none)",
     )
     worker.set_defaults(func=_worker)
 

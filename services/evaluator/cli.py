@@ -8,9 +8,16 @@ from typing import Any
 
 def _serve(args: argparse.Namespace) -> int:
     from services.evaluator.server import run
+    from switchyard import metrics, telemetry
     from switchyard.grpcio import ServerOptions
 
-    return run(ServerOptions(host=args.host, port=args.port))
+    telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-evaluator"))
+    endpoint = metrics.serve([], args.host, metrics.metrics_port(args.metrics_port), "evaluator")
+    try:
+        return run(ServerOptions(host=args.host, port=args.port))
+    finally:
+        if endpoint is not None:
+            endpoint.close()
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -20,4 +27,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve = commands.add_parser("serve", help="serve the evaluator over gRPC")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8301, help="port (default 8301; 0 picks a free one)")
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
+        "free port, logged; -1 = none)",
+    )
     serve.set_defaults(func=_serve)

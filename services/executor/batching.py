@@ -70,21 +70,74 @@ class BatchResult:
 
 @dataclass
 class BatchCounters:
+    """What ModelStatistics and the Prometheus metrics report, kept as plain integers on the
+    event loop (read at scrape or query time: recording costs a few additions a request)."""
+
     requests: int = 0
     executions: int = 0
     rows: int = 0
     expired_in_queue: int = 0
     cancelled_in_queue: int = 0
     rejected_queue_full: int = 0
+    failed_compute: int = 0  # requests of batches whose compute raised
     queue_ns: int = 0
     compute_ns: int = 0
     ran_inline: int = 0  # lone requests that took the fast path (no queue, no thread)
+    # Per request, as Triton counts them: each request of a batch is charged its batch's phases.
+    success: int = 0
+    success_ns: int = 0  # end-to-end time in the executor of successful requests
+    request_input_ns: int = 0
+    request_infer_ns: int = 0
+    request_output_ns: int = 0
+    last_inference_ms: int = 0  # unix milliseconds of the last executed batch
+    # rows of an executed batch -> [executions, input ns, infer ns, output ns] (batch_stats)
+    by_batch_size: dict[int, list[int]] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> int:
+        return (
+            self.expired_in_queue + self.cancelled_in_queue + self.rejected_queue_full + self.failed_compute
+        )
+
+    def executed(self, requests: int, rows: int, phases: Phases) -> None:
+        self.executions += 1
+        self.rows += rows
+        self.compute_ns += phases.total_ns
+        self.request_input_ns += phases.input_ns * requests
+        self.request_infer_ns += phases.infer_ns * requests
+        self.request_output_ns += phases.output_ns * requests
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        entry = self.by_batch_size.get(rows)
+        if entry is None:
+            entry = self.by_batch_size[rows] = [0, 0, 0, 0]
+        entry[0] += 1
+        entry[1] += phases.input_ns
+        entry[2] += phases.infer_ns
+        entry[3] += phases.output_ns
 
 
-# Computes one batch synchronously: (requests) -> (per-request outputs, compute_s, padded rows)
-ComputeNow = Callable[[list[QueuedRequest]], tuple[list[list[np.ndarray]], float, int]]
-# Runs one assembled batch on the device: (requests) -> (per-request outputs, compute_s, padded rows)
-RunBatch = Callable[[list[QueuedRequest]], Awaitable[tuple[list[list[np.ndarray]], float, int]]]
+@dataclass(frozen=True)
+class Phases:
+    """A batch's compute in Triton's three phases (nanoseconds): assembling the inputs,
+    running the model (device synchronised), splitting the outputs."""
+
+    input_ns: int
+    infer_ns: int
+    output_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        return self.input_ns + self.infer_ns + self.output_ns
+
+    @property
+    def total_s(self) -> float:
+        return self.total_ns / 1e9
+
+
+# Computes one batch synchronously: (requests) -> (per-request outputs, phases, padded rows)
+ComputeNow = Callable[[list[QueuedRequest]], tuple[list[list[np.ndarray]], Phases, int]]
+# Runs one assembled batch on the device: (requests) -> (per-request outputs, phases, padded rows)
+RunBatch = Callable[[list[QueuedRequest]], Awaitable[tuple[list[list[np.ndarray]], Phases, int]]]
 
 
 class Batcher:
@@ -116,12 +169,11 @@ class Batcher:
         """
         future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
         item = QueuedRequest(arrays, rows, None, future)
-        outputs, compute_s, padded = compute([item])
+        outputs, phases, padded = compute([item])
         self.counters.requests += 1
-        self.counters.executions += 1
         self.counters.ran_inline += 1
-        self.counters.rows += rows
-        self.counters.compute_ns += int(compute_s * 1e9)
+        self.counters.executed(1, rows, phases)
+        compute_s = phases.total_s
         queue_us = int((time.perf_counter() - item.enqueued - compute_s) * 1e6)
         return BatchResult(outputs[0], max(0, queue_us), int(compute_s * 1e6), rows, padded)
 
@@ -237,13 +289,14 @@ class Batcher:
         started = time.perf_counter()
         self._executing = True
         try:
-            outputs, compute_s, padded = await self._run_batch(batch)
+            outputs, phases, padded = await self._run_batch(batch)
         except asyncio.CancelledError:  # closed mid-batch: answer the callers, then stop
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(Unavailable("the model was unloaded while this request ran"))
             raise
         except Exception as exc:
+            self.counters.failed_compute += len(batch)
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(exc)
@@ -251,10 +304,8 @@ class Batcher:
         finally:
             self._executing = False
         rows = sum(i.rows for i in batch)
-        self.counters.executions += 1
-        self.counters.rows += rows
-        compute_us = int(compute_s * 1e6)
-        self.counters.compute_ns += int(compute_s * 1e9)
+        self.counters.executed(len(batch), rows, phases)
+        compute_us = phases.total_ns // 1000
         for item, out in zip(batch, outputs, strict=True):
             queue_us = int((started - item.enqueued) * 1e6)
             self.counters.queue_ns += queue_us * 1000

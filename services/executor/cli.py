@@ -59,6 +59,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "microseconds runs on the event loop instead of the device thread",
     )
     serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: cores - 1)")
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
+        "free port, logged; -1 = none)",
+    )
     serve.set_defaults(func=_serve)
 
     describe = commands.add_parser("describe", help="print an executor's Describe as JSON")
@@ -67,14 +74,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from services.executor import metrics
     from services.executor.config import DEFAULT_PORTS, ExecutorConfig
     from services.executor.server import start_executor
+    from switchyard import metrics as prometheus
     from switchyard import telemetry
     from switchyard.grpcio import run_service, stop_signal
 
-    # traces and metrics per SWITCHYARD_TRACES (console by default, otlp, none), before the
-    # server starts so its tracing interceptor is installed
+    # traces per the OTEL_* variables (none by default), before the server starts so its
+    # tracing interceptor is installed
     telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-executor"))
+    metrics_port = prometheus.metrics_port(args.metrics_port)
 
     config = ExecutorConfig(
         backend=args.backend,
@@ -99,6 +109,9 @@ def _serve(args: argparse.Namespace) -> int:
     async def run() -> None:
         stop = stop_signal()  # before the address is announced: see stop_signal
         running = await start_executor(config)
+        endpoint = prometheus.serve(
+            [metrics.collector(running.executor)], args.host, metrics_port, "executor"
+        )
         # Models and modules loaded at start-up live as long as the process: keep them out of
         # the cyclic collector's full passes, which would otherwise walk them while serving.
         import gc
@@ -107,6 +120,8 @@ def _serve(args: argparse.Namespace) -> int:
         gc.freeze()
         print(f"executor {running.executor.executor_id} serving on {running.address}", flush=True)
         await running.serve_until_signal(stop)
+        if endpoint is not None:
+            endpoint.close()
 
     run_service(run())
     return 0

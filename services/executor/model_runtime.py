@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from services.executor.backends.base import PRECISIONS, Backend, CompileCounters, PreparedModel
-from services.executor.batching import Batcher, QueuedRequest
+from services.executor.batching import Batcher, Phases, QueuedRequest
 from switchyard import codec
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument
@@ -208,9 +208,10 @@ class LoadedModel:
         buckets = self.options.batch_buckets
         return buckets[bisect.bisect_left(buckets, rows)]
 
-    def compute(self, batch: list[QueuedRequest]) -> tuple[list[list[np.ndarray]], float, int]:
-        """Assembles, pads, runs and splits one batch (device thread). Returns compute seconds."""
-        start = time.perf_counter()
+    def compute(self, batch: list[QueuedRequest]) -> tuple[list[list[np.ndarray]], Phases, int]:
+        """Assembles, pads, runs and splits one batch (device thread); returns the time of
+        each phase (Triton's compute input, infer and output)."""
+        start = time.perf_counter_ns()
         rows = sum(item.rows for item in batch)
         padded = self.bucket_for(rows) if self.pad_to_buckets else rows
         tensors = []
@@ -229,7 +230,9 @@ class LoadedModel:
             tensors.append(codec.to_torch(buf, datatype))
         serving = self.state == "READY"
         compiled = self.compilations_after_warmup() if serving else 0
+        assembled = time.perf_counter_ns()
         outputs = self._run_tensors(tensors)
+        computed = time.perf_counter_ns()
         if serving and self.compilations_after_warmup() > compiled:
             log.warning(
                 "%s:%s compiled while serving: a batch of %d request(s), %d rows padded to %d, "
@@ -246,7 +249,8 @@ class LoadedModel:
             for j, item in enumerate(batch):
                 per_request[j].append(arr[at : at + item.rows])
                 at += item.rows
-        return per_request, time.perf_counter() - start, padded
+        phases = Phases(assembled - start, computed - assembled, time.perf_counter_ns() - computed)
+        return per_request, phases, padded
 
     def _run_tensors(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         assert self.prepared is not None

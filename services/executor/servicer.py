@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from services.executor.metrics import ExecutorMetrics
+from services.executor.batching import BatchCounters
 from services.executor.model_runtime import LoadedModel
 from services.executor.runtime import Executor
 from switchyard import codec, oip_params, telemetry
@@ -166,14 +166,30 @@ def _deadline(request: pb.ModelInferRequest, remaining: float | None) -> float |
     return deadline
 
 
+def model_statistics(c: BatchCounters, stats: pb.ModelStatistics) -> None:
+    """Triton's statistics of one model from its batcher's counters: per request (success,
+    fail, queue, compute input/infer/output; a request is charged its batch's phases), and per
+    executed batch size (batch_stats), so perf_analyzer prints its server-side section."""
+    stats.last_inference = c.last_inference_ms
+    stats.inference_count = c.rows
+    stats.execution_count = c.executions
+    s = stats.inference_stats
+    s.success.count, s.success.ns = c.success, c.success_ns
+    s.fail.count = c.failures
+    s.queue.count, s.queue.ns = c.success, c.queue_ns
+    s.compute_input.count, s.compute_input.ns = c.success, c.request_input_ns
+    s.compute_infer.count, s.compute_infer.ns = c.success, c.request_infer_ns
+    s.compute_output.count, s.compute_output.ns = c.success, c.request_output_ns
+    for size, (n, input_ns, infer_ns, output_ns) in sorted(c.by_batch_size.items()):
+        b = stats.batch_stats.add(batch_size=size)
+        b.compute_input.count, b.compute_input.ns = n, input_ns
+        b.compute_infer.count, b.compute_infer.ns = n, infer_ns
+        b.compute_output.count, b.compute_output.ns = n, output_ns
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
-        self.metrics = ExecutorMetrics.create(
-            executor.backend.name,
-            lambda: (executor.load().in_flight, executor.load().queue_depth),
-            lambda: {f"{n}:{v}": m.compilations_after_warmup() for (n, v), m in executor.models.items()},
-        )
         self._templates: dict[int, tuple[LoadedModel, pb.ModelInferResponse]] = {}
         self._tracing = telemetry.enabled()  # set up before the server starts, as the CLI does
 
@@ -226,20 +242,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             models = list(self.executor.models.values())
         response = pb.ModelStatisticsResponse()
         for model in models:
-            c = model.batcher.counters if model.batcher is not None else None
             stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
-            if c is None:
-                continue
-            stats.inference_count = c.rows
-            stats.execution_count = c.executions
-            stats.inference_stats.success.count = c.requests
-            stats.inference_stats.fail.count = (
-                c.expired_in_queue + c.cancelled_in_queue + c.rejected_queue_full
-            )
-            stats.inference_stats.queue.count = c.requests
-            stats.inference_stats.queue.ns = c.queue_ns
-            stats.inference_stats.compute_infer.count = c.executions
-            stats.inference_stats.compute_infer.ns = c.compute_ns
+            if model.batcher is not None:
+                model_statistics(model.batcher.counters, stats)
         return response
 
     async def ModelStreamInfer(
@@ -276,7 +281,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def infer(
         self, request: pb.ModelInferRequest, time_remaining: float | None
     ) -> pb.ModelInferResponse:
-        started = time.perf_counter()
+        started = time.perf_counter_ns()
         inputs = decode_inputs(request)
         deadline = _deadline(request, time_remaining)
         wanted = [o.name for o in request.outputs]
@@ -306,9 +311,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         params[oip_params.COMPILATIONS_AFTER_WARMUP].int64_param = model.compilations_after_warmup()
         params[oip_params.IN_FLIGHT].int64_param = load.in_flight
         params[oip_params.QUEUE_DEPTH].int64_param = load.queue_depth
-        if self.metrics is not None:
-            latency_us = int((time.perf_counter() - started) * 1e6)
-            self.metrics.record(
-                model.spec.name, latency_us, result.queue_us, result.compute_us, result.batch_size
-            )
+        if model.batcher is not None:  # ModelStatistics and the metrics read these
+            counters = model.batcher.counters
+            counters.success += 1
+            counters.success_ns += time.perf_counter_ns() - started
         return response

@@ -102,17 +102,29 @@ def guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 
 
 def serve(args: argparse.Namespace) -> int:
+    from services.metering import metrics
     from services.metering.server import start_metering
+    from switchyard import metrics as prometheus
     from switchyard import telemetry
     from switchyard.grpcio import ServerOptions, run_service, stop_signal
 
     telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-metering"))
+    metrics_port = prometheus.metrics_port(args.metrics_port)
 
     async def run() -> None:
         stop = stop_signal()  # before the address is announced: see stop_signal
         running = await start_metering(args.db, ServerOptions(host=args.host, port=args.port))
+        servicer = running.servicer
+        endpoint = prometheus.serve(
+            [metrics.collector(servicer.stats, servicer.write_queue_depth)],
+            args.host,
+            metrics_port,
+            "metering",
+        )
         print(f"metering serving on {running.address}", flush=True)
         await running.serve_until_signal(stop)
+        if endpoint is not None:
+            endpoint.close()
 
     run_service(run())
     return 0

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from services.metering.errors import BadInput
 from services.metering.ledger import Ledger
+from services.metering.metrics import MeteringStats
 from services.metering.records import Actor, UsageEvent
 from services.metering.usage import check_batch
 from switchyard import telemetry
@@ -121,8 +122,12 @@ def route_change_msg(r: Any) -> pb.RouteChange:
 class MeteringServicer(pb_grpc.MeteringServicer):
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
+        self.stats = MeteringStats()  # read by the Prometheus collector (services/metering/metrics.py)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="ledger-write")
         self._readers = ThreadPoolExecutor(4, thread_name_prefix="ledger-read")
+
+    def write_queue_depth(self) -> int:
+        return self._writer._work_queue.qsize()  # calls waiting behind the one being written
 
     def shutdown(self) -> None:
         self._writer.shutdown(wait=True)
@@ -146,6 +151,9 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         # writer thread's database work on the batch before instead of queueing behind it.
         batch = check_batch([event_of(e) for e in request.events])
         result = await self._w(lambda: self.ledger.record_usage(batch))
+        self.stats.ingested(
+            (e.ended_unix_us for e in request.events), result.accepted, result.duplicates, result.unpriced
+        )
         return pb.RecordUsageResponse(
             accepted=result.accepted, duplicates=result.duplicates, unpriced=result.unpriced
         )

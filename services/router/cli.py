@@ -25,6 +25,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--evaluator", default="", help="evaluator HOST:PORT for shadow pairs (default: local)"
     )
     serve.add_argument("--spool-dir", default="", help="durable usage spool (default: [router] spool_dir)")
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
+        "free port, logged; -1 = none)",
+    )
     serve.set_defaults(func=_serve)
 
     def admin(name: str, help: str) -> argparse.ArgumentParser:
@@ -68,8 +75,9 @@ def _serve(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
-    from services.router import config
+    from services.router import config, metrics
     from services.router.server import start_router
+    from switchyard import metrics as prometheus
     from switchyard import telemetry
     from switchyard.errors import SwitchyardError
     from switchyard.grpcio import ServerOptions, run_service, stop_signal
@@ -84,6 +92,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"switchyard router: {exc}")
         return 2
     telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-router"))
+    metrics_port = prometheus.metrics_port(args.metrics_port)
 
     async def run() -> None:
         stop = stop_signal()  # before the address is announced: see stop_signal
@@ -93,8 +102,11 @@ def _serve(args: argparse.Namespace) -> int:
             ServerOptions(host=args.host, port=args.port),
             Path(args.spool_dir) if args.spool_dir else None,
         )
+        endpoint = prometheus.serve([metrics.collector(running.router)], args.host, metrics_port, "router")
         print(f"router serving OIP on {running.address}", flush=True)
         await running.serve_until_signal(stop)
+        if endpoint is not None:
+            endpoint.close()
 
     try:
         run_service(run())

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from opentelemetry import metrics
 
 from services.router import wire
 from services.router.auth import ANONYMOUS, Authenticator, Identity, authorize, bearer_key
 from services.router.config import Route, RouterConfig, Target
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
 from services.router.executors import ExecutorPool, UpstreamError
+from services.router.metrics import RouterStats
 from services.router.policies import DeploymentState, plan
 from services.router.route_store import RouteStore
 from services.router.shadow import Divergence, ShadowStats, divergence
@@ -65,20 +65,6 @@ def tags_key(tags: dict[str, str] | None) -> str:
 _LOAD_KEYS = (oip_params.IN_FLIGHT, oip_params.QUEUE_DEPTH, oip_params.COMPUTE_US, oip_params.BATCH_SIZE)
 
 
-class RouterMetrics:
-    """Request latency and router overhead histograms per model and path (DESIGN §8)."""
-
-    def __init__(self) -> None:
-        meter = metrics.get_meter("switchyard.router")
-        self.duration = meter.create_histogram("switchyard.router.request.duration", unit="ms")
-        self.overhead = meter.create_histogram("switchyard.router.overhead", unit="us")
-
-    def record(self, model: str, path: str, duration_ms: float, overhead_us: int) -> None:
-        attributes = {"model": model, "path": path}
-        self.duration.record(duration_ms, attributes)
-        self.overhead.record(overhead_us, attributes)
-
-
 class Router:
     def __init__(
         self,
@@ -103,7 +89,7 @@ class Router:
         self.in_flight: dict[str, int] = {}
         self.shadow_stats: dict[tuple[str, str], ShadowStats] = {}
         self._shadow_pending = 0
-        self._metrics = RouterMetrics() if telemetry.metrics_enabled() else None
+        self.stats = RouterStats()  # read by the Prometheus collector (services/router/metrics.py)
         self._background: set[asyncio.Task[None]] = set()
 
     # ---- admission ----------------------------------------------------------------------------
@@ -231,6 +217,9 @@ class Router:
         finally:
             self.in_flight[route.model] -= 1
             self._usage(route, identity, request_id, header, outcome, started_us, "primary")
+            self.stats.record(
+                route.model, outcome.path, identity.team, outcome.status, (time.perf_counter_ns() - t0) / 1e9
+            )
         if route.shadow is not None and self.rng.random() < route.shadow.share:
             self._mirror(route, header, raw, reply, time_remaining, request_id, identity)
         extra: dict[str, wire.Param] = {"path": outcome.path, "request_id": request_id}
@@ -239,8 +228,7 @@ class Router:
             suffix = wire.string_field(wire.MODEL_NAME, route.model)  # callers see the name they asked for
         overhead_us = (time.perf_counter_ns() - t0 - wait_ns) // 1000
         extra["router_overhead_us"] = overhead_us
-        if self._metrics is not None:
-            self._metrics.record(route.model, outcome.path, (time.perf_counter_ns() - t0) / 1e6, overhead_us)
+        self.stats.record_overhead(route.model, outcome.path, overhead_us / 1e6)
         return b"".join((reply, suffix, wire.parameters_field(extra)))
 
     def _body(self, raw: bytes, header: wire.Header, target: Target) -> list[bytes]:
