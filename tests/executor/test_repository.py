@@ -62,7 +62,9 @@ def _hand_written(root: Path, name: str, function: str) -> None:
 
 async def _load_error(executor: RunningExecutor, raw: bytes) -> grpc.aio.AioRpcError:
     async with grpc.aio.insecure_channel(executor.address) as channel:
-        call = channel.unary_unary("/switchyard.v1.ExecutorControl/LoadModel")
+        call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/switchyard.v1.ExecutorControl/LoadModel"
+        )
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await call(raw, timeout=60)
     return info.value
