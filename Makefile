@@ -11,6 +11,8 @@ MAIN_ENV := $(CACHE)/main-$(MAIN_HASH)
 XLA_ENV := $(CACHE)/xla-$(XLA_HASH)
 TPU_HASH := $(shell sha256sum requirements/tpu.txt | cut -c1-12)
 TPU_ENV := $(CACHE)/tpu-$(TPU_HASH)
+FOCUS_HASH := $(shell sha256sum requirements/focus.txt | cut -c1-12)
+FOCUS_ENV := $(CACHE)/focus-$(FOCUS_HASH)
 VENV := .venv
 PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)
@@ -19,7 +21,7 @@ export SWITCHYARD_TPU_PYTHON := $(TPU_ENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test setup setup-main setup-xla setup-tpu setup-tools lint proto proto-check bench clean
+.PHONY: run test setup setup-main setup-xla setup-tpu setup-focus focus-python setup-tools lint proto proto-check bench clean
 
 run: setup
 	$(PY) -m switchyard demo $(ARGS)
@@ -68,6 +70,21 @@ $(TPU_ENV)/.ready:
 	$(PYTHON) -m venv $(TPU_ENV)
 	$(TPU_ENV)/bin/python -m pip install -q --upgrade pip
 	$(TPU_ENV)/bin/python -m pip install -q -r requirements/tpu.txt
+	touch $@
+
+# focus-validator (FOCUS conformance of `switchyard ledger export`): its pins conflict with the
+# main environment's, so it gets its own; tests/metering/test_focus.py builds it when missing.
+setup-focus: $(FOCUS_ENV)/.ready
+
+focus-python:
+	@echo $(FOCUS_ENV)/bin/python
+
+$(FOCUS_ENV)/.ready:
+	@echo "== building focus-validator environment in $(FOCUS_ENV) (cached by requirements hash)"
+	rm -rf $(FOCUS_ENV)
+	$(PYTHON) -m venv $(FOCUS_ENV)
+	$(FOCUS_ENV)/bin/python -m pip install -q --upgrade pip
+	$(FOCUS_ENV)/bin/python -m pip install -q -r requirements/focus.txt
 	touch $@
 
 lint: setup-main proto-check

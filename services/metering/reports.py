@@ -3,7 +3,7 @@
 Cost per completed job = all cost of the group in the window (busy, idle, preparation,
 failed work included) / jobs of the group that ended in the window as completed within the
 quality criteria, rounded half up once. Unpriced lines are counted, never summed as zero.
-Exports stream the journal as CSV or as FOCUS 1.2 columns, a chunk at a time.
+Exports stream the journal as CSV or as FOCUS 1.2 columns (docs/focus.md), a chunk at a time.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from services.metering.costmodel import round_div
 from services.metering.errors import BadInput
-from services.metering.schema import JOBS, LINES
+from services.metering.schema import JOBS, LINES, PATHS, PRICES
 
 GROUPS = ("path", "model", "team", "day")
 IDLE = ("idle", "idle_share")
@@ -146,23 +147,51 @@ CSV_COLUMNS = (
     "arm",
     "unpriced",
 )
+# FOCUS 1.2: the 21 mandatory columns, the conditional ones the journal has data for, the
+# nullable ones left empty (present, so a validator finds them), then our own x_ columns.
 FOCUS_COLUMNS = (
+    "AvailabilityZone",
     "BilledCost",
-    "EffectiveCost",
-    "ListCost",
+    "BillingAccountId",
+    "BillingAccountName",
     "BillingCurrency",
-    "ChargePeriodStart",
-    "ChargePeriodEnd",
+    "BillingPeriodEnd",
+    "BillingPeriodStart",
     "ChargeCategory",
+    "ChargeClass",
     "ChargeDescription",
+    "ChargeFrequency",
+    "ChargePeriodEnd",
+    "ChargePeriodStart",
+    "CommitmentDiscountCategory",
+    "CommitmentDiscountId",
+    "CommitmentDiscountName",
+    "CommitmentDiscountStatus",
+    "CommitmentDiscountType",
     "ConsumedQuantity",
     "ConsumedUnit",
+    "ContractedCost",
+    "ContractedUnitPrice",
+    "EffectiveCost",
+    "InvoiceIssuerName",
+    "ListCost",
+    "ListUnitPrice",
+    "PricingCategory",
     "PricingQuantity",
     "PricingUnit",
+    "ProviderName",
+    "PublisherName",
+    "RegionId",
+    "RegionName",
     "ResourceId",
+    "ResourceName",
     "ResourceType",
-    "ServiceName",
     "ServiceCategory",
+    "ServiceName",
+    "SkuId",
+    "SkuPriceId",
+    "SubAccountId",
+    "SubAccountName",
     "Tags",
     "x_JobId",
     "x_TrialId",
@@ -175,6 +204,51 @@ FOCUS_COLUMNS = (
 
 def iso(us: int) -> str:
     return datetime.fromtimestamp(us / 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def iso_s(us: int) -> str:
+    """ISO 8601 UTC to the second (FOCUS date-times carry no fractions)."""
+    return datetime.fromtimestamp(us // 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ceil_s(us: int) -> int:
+    return -(-us // 1_000_000) * 1_000_000
+
+
+def month_bounds(us: int) -> tuple[int, int]:
+    """The calendar month (UTC) holding `us`: the billing period, as microseconds."""
+    day = datetime.fromtimestamp(us // 1_000_000, UTC)
+    start = day.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    end = (
+        start.replace(year=start.year + 1, month=1)
+        if start.month == 12
+        else start.replace(month=start.month + 1)
+    )
+    return int(start.timestamp()) * 1_000_000, int(end.timestamp()) * 1_000_000
+
+
+@dataclass(frozen=True)
+class FocusParty:
+    """Who bills whom in a FOCUS export (`[metering]`-level settings, from the environment):
+    SWITCHYARD_BILLING_ACCOUNT_ID / _NAME, SWITCHYARD_INVOICE_ISSUER, SWITCHYARD_PROVIDER,
+    and SWITCHYARD_BILLING_CURRENCY for lines whose price key was never priced."""
+
+    account_id: str = "switchyard"
+    account_name: str = "switchyard"
+    issuer: str = "switchyard"
+    provider: str = "switchyard"
+    currency: str = "USD"
+
+    @classmethod
+    def from_env(cls) -> FocusParty:
+        env = os.environ.get
+        return cls(
+            env("SWITCHYARD_BILLING_ACCOUNT_ID", cls.account_id),
+            env("SWITCHYARD_BILLING_ACCOUNT_NAME", cls.account_name),
+            env("SWITCHYARD_INVOICE_ISSUER", cls.issuer),
+            env("SWITCHYARD_PROVIDER", cls.provider),
+            env("SWITCHYARD_BILLING_CURRENCY", cls.currency),
+        )
 
 
 def money(micros: int | None) -> str:
@@ -209,34 +283,79 @@ def _csv_row(r: Any) -> list[str]:
     ]
 
 
-def _focus_row(r: Any) -> list[str]:
+def _focus_row(r: Any, party: FocusParty, currencies: dict[str, str]) -> list[str]:
+    """One journal line as FOCUS 1.2. An unpriced line is billed 0 (FOCUS has no "unknown"
+    cost) and flagged: x_Unpriced=true and the tag `x_unpriced`; reports never count it as 0."""
     hours = f"{r.quantity_us / 3_600_000_000:.9f}"
+    unpriced = r.amount_micros is None
     tags = dict(json.loads(r.tags_json or "{}"), model=r.model, team=r.team, arm=r.arm)
+    if unpriced:
+        tags["x_unpriced"] = "true"
+    cost = money(0 if unpriced else r.amount_micros)
+    start = r.at_us // 1_000_000 * 1_000_000
+    end = max(_ceil_s(max(r.end_us, r.at_us)), start + 1_000_000)  # exclusive, at least a second
+    period_start, period_end = month_bounds(r.at_us)
     return [
-        money(r.amount_micros),
-        money(r.amount_micros),
-        money(r.amount_micros),
-        r.currency or "",
-        iso(r.at_us),
-        iso(max(r.end_us, r.at_us)),
+        "",  # AvailabilityZone
+        cost,  # BilledCost
+        party.account_id,
+        party.account_name,
+        r.currency or currencies.get(r.path, party.currency),
+        iso_s(period_end),
+        iso_s(period_start),
         "Usage",
+        "Correction" if r.basis == "reversal" else "",
         f"{r.basis} time on {r.path}",
-        hours,
+        "Usage-Based",
+        iso_s(end),
+        iso_s(start),
+        "",  # CommitmentDiscountCategory
+        "",  # CommitmentDiscountId
+        "",  # CommitmentDiscountName
+        "",  # CommitmentDiscountStatus
+        "",  # CommitmentDiscountType
+        hours,  # ConsumedQuantity
         "Hours",
-        hours,
+        cost,  # ContractedCost (no negotiated discounts: the list price is the contract)
+        "",  # ContractedUnitPrice
+        cost,  # EffectiveCost
+        party.issuer,
+        cost,  # ListCost
+        "",  # ListUnitPrice
+        "",  # PricingCategory
+        hours,  # PricingQuantity
         "Hours",
-        r.path,
+        party.provider,  # ProviderName
+        party.provider,  # PublisherName
+        "",  # RegionId
+        "",  # RegionName
+        r.path,  # ResourceId
+        r.path,  # ResourceName
         "accelerator path",
-        "switchyard",
         "AI and Machine Learning",
+        "switchyard",  # ServiceName
+        "",  # SkuId
+        "",  # SkuPriceId
+        r.team,  # SubAccountId
+        r.team,  # SubAccountName
         json.dumps(tags, sort_keys=True),
         r.job_id or "",
         r.trial_id,
         r.basis,
         r.price_version or "",
         r.method or "",
-        "true" if r.amount_micros is None else "false",
+        "true" if unpriced else "false",
     ]
+
+
+def _path_currencies(conn: Any) -> dict[str, str]:
+    """path -> the currency its price key is priced in (a key keeps one currency)."""
+    stmt = (
+        select(PATHS.c.path, func.max(PRICES.c.currency))
+        .join(PRICES, PRICES.c.price_key == PATHS.c.price_key)
+        .group_by(PATHS.c.path)
+    )
+    return {path: currency for path, currency in conn.execute(stmt)}
 
 
 def export(
@@ -251,11 +370,16 @@ def export(
         stmt = stmt.where(LINES.c.at_us >= since_us)
     if until_us:
         stmt = stmt.where(LINES.c.at_us < until_us)
-    header, convert = (CSV_COLUMNS, _csv_row) if fmt == "csv" else (FOCUS_COLUMNS, _focus_row)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(header)
+    writer.writerow(CSV_COLUMNS if fmt == "csv" else FOCUS_COLUMNS)
+    party = FocusParty.from_env()
     with engine.connect() as conn:
+        currencies = _path_currencies(conn) if fmt == "focus" else {}
+
+        def convert(r: Any) -> list[str]:
+            return _csv_row(r) if fmt == "csv" else _focus_row(r, party, currencies)
+
         for r in conn.execute(stmt).yield_per(1000):
             writer.writerow(convert(r))
             if buf.tell() >= chunk_bytes:

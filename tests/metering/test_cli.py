@@ -99,7 +99,8 @@ def test_finance_cli_end_to_end(
     with focus.open() as fh:
         exported = list(csv.DictReader(fh))
     assert len(exported) == 31 and {r["ServiceCategory"] for r in exported} == {"AI and Machine Learning"}
-    assert sorted(r["BilledCost"] for r in exported)[:2] == ["", "0.125000"]
+    assert sorted(r["BilledCost"] for r in exported)[:2] == ["0.000000", "0.125000"]
+    assert [r["x_Unpriced"] for r in exported].count("true") == 1  # billed 0, flagged unpriced
     page = tmp_path / "report.html"
     assert cli(served, "ledger", "html", "-o", str(page)) == 0
     html = page.read_text()
