@@ -64,6 +64,10 @@ shadow_share = 0.2             # share of requests mirrored to the shadow path i
 [worker]
 enabled = true
 
+[security]
+insecure = false               # true = plaintext between services, callers unchecked (tests only)
+pki_dir = ""                   # "" = <state_dir>/tls: a local CA and a certificate per service
+
 [telemetry]
 exporter = "none"              # none | otlp | console (a debugging switch: spans in each service's log)
 otlp_endpoint = ""
@@ -131,6 +135,12 @@ class RouterConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    insecure: bool
+    pki_dir: str  # "" = <state_dir>/tls
+
+
+@dataclass(frozen=True)
 class TelemetryConfig:
     exporter: str
     otlp_endpoint: str
@@ -160,6 +170,12 @@ class Config:
     executors: tuple[ExecutorConfig, ...]
     model_repository: Path = Path("var/models")
     allowed_factories: tuple[str, ...] = ()
+    security: SecurityConfig = SecurityConfig(insecure=False, pki_dir="")
+
+    @property
+    def pki_dir(self) -> Path:
+        """Where `switchyard up` keeps its CA and the services' certificates."""
+        return Path(self.security.pki_dir) if self.security.pki_dir else self.state_dir / "tls"
 
     @property
     def ledger_url(self) -> str:
@@ -338,6 +354,10 @@ def _build(tree: Mapping[str, Any]) -> Config:
         ),
         model_repository=Path(str(_get(tree["models"], "repository", str, "models"))),
         allowed_factories=_packages(tree["executors"].get("allowed_factories", [])),
+        security=SecurityConfig(
+            insecure=bool(_get(tree["security"], "insecure", bool, "security")),
+            pki_dir=str(_get(tree["security"], "pki_dir", str, "security")),
+        ),
     )
 
 

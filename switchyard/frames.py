@@ -22,11 +22,18 @@ and replies come in any order. The remaining deadline and the trace context trav
 parameters (Triton's `timeout`, `traceparent`), as they do on the stream. A frame longer than
 the receiver's limit is skipped, not buffered; the receiver answers it (or fails it) with
 RESOURCE_EXHAUSTED and the connection stays usable.
+
+Outside an explicitly insecure setup the connection is TLS with a certificate on both ends
+(switchyard.tls), and the executor serves only the identities it accepts for inference.
+The executor bounds the requests in flight on one connection: at the bound it stops reading
+the socket (TCP flow control holds the sender back) until answers go out, and it stops
+reading as well while the router is not taking its replies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
 from collections.abc import Sequence
 from typing import cast
@@ -118,9 +125,16 @@ class FrameChannel(asyncio.Protocol):
         self.closed_because = ""
 
     @classmethod
-    async def connect(cls, host: str, port: int, limit: int, timeout_s: float) -> FrameChannel:
+    async def connect(
+        cls, host: str, port: int, limit: int, timeout_s: float, tls: ssl.SSLContext | None = None
+    ) -> FrameChannel:
+        """Connects (over TLS with `tls`: the executor's certificate checked against `host`,
+        this process's certificate shown to it)."""
         loop = asyncio.get_running_loop()
-        _, channel = await asyncio.wait_for(loop.create_connection(lambda: cls(limit), host, port), timeout_s)
+        connecting = loop.create_connection(
+            lambda: cls(limit), host, port, ssl=tls, server_hostname=host if tls is not None else None
+        )
+        _, channel = await asyncio.wait_for(connecting, timeout_s)
         return channel
 
     @property

@@ -22,7 +22,7 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from switchyard import allocator
+from switchyard import allocator, authz, tls
 from switchyard.errors import InvalidArgument, Status, SwitchyardError
 from switchyard.gen import _pool
 
@@ -90,29 +90,36 @@ class ErrorMappedServicer:
     The generated `add_*_to_server` reads each method once, so the wrapping happens once.
     """
 
-    def __init__(self, servicer: Any, service: str) -> None:
+    def __init__(self, servicer: Any, service: str, guard: authz.Guard | None = None) -> None:
         self._servicer = servicer
         self._service = service
+        self._guard = guard
 
     def __getattr__(self, name: str) -> Any:
         behavior = getattr(self._servicer, name)
         if not callable(behavior) or not name[:1].isupper():
             return behavior
-        return map_errors(behavior, f"/{self._service}/{name}")
+        return map_errors(behavior, f"/{self._service}/{name}", self._guard)
 
 
-def map_errors(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+def map_errors(
+    behavior: Callable[..., Any], method: str, guard: authz.Guard | None = None
+) -> Callable[..., Any]:
     """`behavior` (an RPC method: coroutine or async generator) with errors mapped to statuses
-    as ErrorInterceptor maps them; for handlers registered by hand with
-    `map_errors_in_servicers`."""
+    as ErrorInterceptor maps them, after `guard` admitted the caller; for handlers registered
+    by hand with `map_errors_in_servicers`."""
     if inspect.isasyncgenfunction(behavior):
-        return _wrap_stream(behavior, method)
-    return _wrap_unary(behavior, method)
+        return _wrap_stream(behavior, method, guard)
+    return _wrap_unary(behavior, method, guard)
 
 
-def _wrap_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+def _wrap_unary(
+    behavior: Callable[..., Any], method: str, guard: authz.Guard | None = None
+) -> Callable[..., Any]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
+            if guard is not None:
+                await guard.admit(method, context)
             return await behavior(request, context)
         except grpc.aio.AbortError:
             raise
@@ -122,9 +129,13 @@ def _wrap_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Any]
     return wrapper
 
 
-def _wrap_stream(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+def _wrap_stream(
+    behavior: Callable[..., Any], method: str, guard: authz.Guard | None = None
+) -> Callable[..., Any]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
         try:
+            if guard is not None:
+                await guard.admit(method, context)
             async for item in behavior(request, context):
                 yield item
         except grpc.aio.AbortError:
@@ -148,6 +159,15 @@ class ServerOptions:
     # every call (cheaper); only for servicers whose RPCs are plain `async def Name(request,
     # context)` methods registered through generated `add_*_to_server` functions.
     map_errors_in_servicers: bool = False
+    # Internal ports: mutual TLS with this identity, or plaintext where it is explicitly
+    # insecure; None = the process's (switchyard.tls.current: the environment).
+    security: tls.Security | None = None
+    # A port for callers outside the cluster (the router's front): no client certificate is
+    # asked for; TLS from `public_tls` (certificate chain PEM, private key PEM) when given.
+    public: bool = False
+    public_tls: tuple[bytes, bytes] | None = None
+    # Asked before every RPC of the registered services (not health or reflection).
+    guard: authz.Guard | None = None
 
     def channel_options(self) -> list[tuple[str, int]]:
         return [
@@ -204,11 +224,19 @@ class RunningServer:
     health: Any  # grpc_health aio HealthServicer
     services: Sequence[str]
     options: ServerOptions
+    security: tls.Security = field(default_factory=tls.Security.plaintext)
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def address(self) -> str:
         return f"{self.options.host}:{self.port}"
+
+    def describe_security(self) -> str:
+        """For the service's start line: how its port is protected."""
+        if self.options.public:
+            front = "TLS" if self.options.public_tls is not None else "plaintext"
+            return f"public port: {front}; internal calls: {self.security.describe()}"
+        return self.security.describe()
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -252,7 +280,10 @@ async def start_server(
     tracing = telemetry.server_interceptors()
     # With map_errors_in_servicers, servicers map their own errors (ErrorMappedServicer) and
     # the interceptor stays only to map errors that caller-supplied interceptors raise.
-    in_servicers = options.map_errors_in_servicers
+    # A guard wraps each servicer's methods (as map_errors_in_servicers does), so it runs
+    # where the method runs and the caller it admits is in authz.CALLER there.
+    guard = options.guard
+    in_servicers = options.map_errors_in_servicers or guard is not None
     mapping = [] if in_servicers and not interceptors else [ErrorInterceptor()]
     server = grpc.aio.server(
         interceptors=[*tracing, *interceptors, *mapping] or None,
@@ -260,17 +291,29 @@ async def start_server(
     )
     names = []
     for add, servicer, name in registrations:
-        add(ErrorMappedServicer(servicer, name) if in_servicers else servicer, server)
+        add(ErrorMappedServicer(servicer, name, guard) if in_servicers else servicer, server)
         names.append(name)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server, pool=_pool.POOL
     )
-    port = server.add_insecure_port(f"{options.host}:{options.port}")
+    address = f"{options.host}:{options.port}"
+    security = tls.resolve(options.security)
+    if options.public:
+        if options.public_tls is not None:
+            cert, key = options.public_tls
+            port = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            port = server.add_insecure_port(address)
+    elif security.insecure:
+        log.warning("%s on %s: %s", ", ".join(names), address, security.describe())
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, tls.server_credentials(security))
     if port == 0:
         raise OSError(f"could not bind {options.host}:{options.port}")
     await server.start()
-    running = RunningServer(server, port, health_servicer, names, options)
+    running = RunningServer(server, port, health_servicer, names, options, security)
     await running.set_serving(True)
     return running

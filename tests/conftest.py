@@ -10,6 +10,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# The suite runs its services in plaintext, by name (the services refuse to start with neither
+# certificates nor this): the tests of identities and authorisation give their servers
+# certificates explicitly (tests/security/), which wins over this for those servers.
+os.environ["SWITCHYARD_SECURITY_INSECURE"] = "true"
+
 
 @pytest.fixture(scope="session")
 def repo_root() -> Path:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 from temporalio.exceptions import ApplicationError
 
-from switchyard import telemetry
+from switchyard import telemetry, tls
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as eval_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as exec_grpc
@@ -53,8 +53,10 @@ class WorkerConfig:
 
 
 class Connections:
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig, security: tls.Security | None = None) -> None:
+        """`security`: the worker's identity (None: the process's, from the environment)."""
         self.config = config
+        self.security = tls.resolve(security)
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
@@ -66,8 +68,8 @@ class Connections:
             ]
             # with tracing on, each call is a CLIENT span of the activity's trace, its context
             # in the call's metadata (opentelemetry-instrumentation-grpc)
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=options, interceptors=telemetry.client_interceptors()
+            channel = self._channels[address] = tls.aio_channel(
+                address, options, self.security, interceptors=telemetry.client_interceptors()
             )
         return channel
 

@@ -146,12 +146,11 @@ async def _status(args: argparse.Namespace) -> int:
 async def _report(args: argparse.Namespace) -> int:
     fmt = args.format or {".html": "html", ".json": "json"}.get(Path(args.output).suffix, "md")
     if args.source == "ledger":
-        import grpc
-
+        from switchyard import tls
         from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
         from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 
-        async with grpc.aio.insecure_channel(args.metering) as channel:
+        async with tls.aio_channel(args.metering) as channel:
             stored = await mgrpc.MeteringStub(channel).GetTrialReport(
                 mpb.GetTrialReportRequest(trial_id=args.trial_id), timeout=30
             )

@@ -66,6 +66,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
         "free port, logged; -1 = none)",
     )
+    serve.add_argument(
+        "--metering", default="", help="metering address, where refused calls are audited (default: log only)"
+    )
+    serve.add_argument(
+        "--oip-identities",
+        default="router,worker",
+        help="with mTLS: services that may call inference here directly (default router,worker)",
+    )
     serve.set_defaults(func=_serve)
 
     describe = commands.add_parser("describe", help="print an executor's Describe as JSON")
@@ -104,6 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
         price_key=args.price_key,
         cpu_threads=args.threads,
         inline_compute_us=args.inline_compute_us,
+        metering=args.metering,
+        oip_identities=tuple(i.strip() for i in args.oip_identities.split(",") if i.strip()),
     )
 
     async def run() -> None:

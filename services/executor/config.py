@@ -37,3 +37,9 @@ class ExecutorConfig:
     # the device thread, where batches form.
     inline_compute_us: int = 10_000
     cpu_threads: int = 0  # torch intra-op threads; 0 = cores - 1 (at least 1)
+    # With mTLS: the services (identity names, spiffe://switchyard/<name>) that may call
+    # inference straight here (OIP and frames); the control API takes router and worker only.
+    oip_identities: tuple[str, ...] = ("router", "worker")
+    metering: str = ""  # where refusals are audited ("" = only this process's log)
+    frames_max_in_flight: int = 256  # per frame connection; at the bound reading pauses
+    max_bytes_elements: int = 1_000_000  # BYTES elements one request may carry

@@ -6,6 +6,13 @@ ModelStreamInfer, and its REPLY goes back when done, in any order. CANCEL cancel
 A malformed request gets INVALID_ARGUMENT and an oversized one RESOURCE_EXHAUSTED in its
 reply; the connection goes on. A frame of a kind the executor does not take closes the
 connection: the peer does not speak this protocol.
+
+Flow control: with `max_in_flight` requests of a connection unanswered, the executor stops
+reading it, and it stops as well while its replies are not being read (the transport's write
+buffer is over its high-water mark); reading resumes when both clear. With TLS, a peer whose
+certificate names an identity the executor does not serve inference to gets its first request
+answered PERMISSION_DENIED (UNAUTHENTICATED without a switchyard identity), the refusal
+audited once for the connection, and the connection closed.
 """
 
 from __future__ import annotations
@@ -13,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
+from collections.abc import Collection
 from typing import Protocol, cast
 
 from google.protobuf.message import DecodeError
 
-from switchyard import frames
+from switchyard import authz, frames, tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -41,13 +50,44 @@ class _Connection(asyncio.Protocol):
         self._reader = frames.FrameReader(server.limit)
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._transport: asyncio.Transport | None = None
+        self._refusal: str = ""  # "STATUS: why" for a peer refused inference
+        self._writing_paused = False
+        self._reading_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._server.connections.add(self)
+        self._refusal = self._server.admit(self._transport)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._flow()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._flow()
+
+    def _flow(self) -> None:
+        """Reads while requests in flight are under the bound and replies are being taken."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        hold = self._writing_paused or len(self._tasks) >= self._server.max_in_flight
+        if hold and not self._reading_paused:
+            transport.pause_reading()
+            self._reading_paused = True
+        elif not hold and self._reading_paused:
+            transport.resume_reading()
+            self._reading_paused = False
 
     def data_received(self, data: bytes) -> None:
         for number, kind, payload in self._reader.feed(data):
+            if self._refusal:
+                if kind == frames.REQUEST:
+                    status, _, why = self._refusal.partition(": ")
+                    self._reply(number, _error_reply(status, why))
+                self.close()
+                return
             if kind == frames.CANCEL:
                 task = self._tasks.pop(number, None)
                 if task is not None:
@@ -63,10 +103,12 @@ class _Connection(asyncio.Protocol):
                 task = asyncio.create_task(self._answer(number, payload))
                 self._tasks[number] = task
                 task.add_done_callback(functools.partial(self._done, number))
+        self._flow()
 
     def _done(self, number: int, task: asyncio.Task[None]) -> None:
         if self._tasks.get(number) is task:
             del self._tasks[number]
+        self._flow()
 
     async def _answer(self, number: int, payload: bytes) -> None:
         try:
@@ -95,16 +137,54 @@ class _Connection(asyncio.Protocol):
 class FrameServer:
     """Listens for frame connections next to the executor's gRPC port."""
 
-    def __init__(self, servicer: Answerer, limit: int) -> None:
+    def __init__(
+        self,
+        servicer: Answerer,
+        limit: int,
+        security: tls.Security | None = None,
+        allowed: Collection[str] = (tls.ROUTER, tls.WORKER),
+        audit: authz.AuditSink | None = None,
+        max_in_flight: int = 256,
+    ) -> None:
         self.servicer = servicer
         self.limit = limit
+        self.security = tls.resolve(security)
+        self.allowed = frozenset(allowed)
+        self.audit = audit
+        self.max_in_flight = max_in_flight
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
 
+    def admit(self, transport: asyncio.Transport) -> str:
+        """ "" when the peer may send inference; else the "STATUS: why" it gets (audited here, once)."""
+        if self.security.insecure:
+            return ""
+        identity = tls.transport_identity(transport)
+        service = identity.removeprefix(tls.SPIFFE_PREFIX) if authz.known(identity) else ""
+        if service in self.allowed:
+            return ""
+        peer = transport.get_extra_info("peername")
+        if service:
+            status = "PERMISSION_DENIED"
+            why = (
+                f"{identity} may not send inference over frames (allowed: {', '.join(sorted(self.allowed))})"
+            )
+        else:
+            status = "UNAUTHENTICATED"
+            why = f"frames need a switchyard service certificate; got {authz.cap(identity, 80) or 'none'}"
+        refusal = authz.Refusal(identity, str(peer), "frames", status, why)
+        log.warning(
+            "refused a frame connection from %s (%s): %s", peer, authz.cap(identity, 80) or "-", status
+        )
+        if self.audit is not None:
+            self.audit(refusal)
+        return f"{status}: {why}"
+
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port)
+        context: ssl.SSLContext | None = tls.server_ssl_context(self.security)
+        self._server = await loop.create_server(lambda: _Connection(self), host, port, ssl=context)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 

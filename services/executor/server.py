@@ -20,6 +20,7 @@ from services.executor.device import select_backend
 from services.executor.frames import FrameServer
 from services.executor.runtime import Executor
 from services.executor.servicer import InferenceServicer
+from switchyard import authz, tls
 from switchyard.gen.inference import grpc_service_pb2_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc
 from switchyard.grpcio import RunningServer, ServerOptions, start_server, stop_signal
@@ -29,6 +30,31 @@ log = logging.getLogger(__name__)
 
 OIP_SERVICE = "inference.GRPCInferenceService"
 CONTROL_SERVICE = "switchyard.v1.ExecutorControl"
+# Control methods that change nothing: the operator's status table may ask them too.
+READ_ONLY_CONTROL = ("Describe", "ModelStatus", "GetLoad")
+MUTATING_CONTROL = ("LoadModel", "Unload", "Train")
+OIP_METHODS = (
+    "ModelInfer",
+    "ModelStreamInfer",
+    "ModelMetadata",
+    "ModelConfig",
+    "ModelReady",
+    "ServerLive",
+    "ServerReady",
+    "ServerMetadata",
+    "ModelStatistics",
+)
+
+
+def executor_guard(
+    config: ExecutorConfig, security: tls.Security, audit: authz.AuditSink | None
+) -> authz.ServiceGuard:
+    """Control from the router and the worker (reads also from the operator); inference
+    straight here only from `config.oip_identities`."""
+    rules: dict[str, tuple[str, ...]] = {m: (tls.ROUTER, tls.WORKER) for m in MUTATING_CONTROL}
+    rules.update({m: (tls.ROUTER, tls.WORKER, tls.OPERATOR) for m in READ_ONLY_CONTROL})
+    rules.update({m: config.oip_identities for m in OIP_METHODS})
+    return authz.ServiceGuard(security, rules, (tls.ROUTER, tls.WORKER), audit, "an executor")
 
 
 @dataclass
@@ -36,6 +62,7 @@ class RunningExecutor:
     executor: Executor
     server: RunningServer
     frames: FrameServer | None = None
+    audit: authz.MeteringAudit | None = None
 
     @property
     def port(self) -> int:
@@ -64,6 +91,8 @@ class RunningExecutor:
             await self.frames.close()
         await self.server.server.stop(max(0.0, until - loop.time()))
         await self.executor.close()
+        if self.audit is not None:
+            await self.audit.close()
 
     async def serve_until_signal(self, stop: asyncio.Event | None = None) -> None:
         """Serves until SIGTERM or SIGINT (or `stop` from `stop_signal()`), then drains as `stop` does."""
@@ -78,10 +107,18 @@ class RunningExecutor:
         waiter.cancel()
 
 
-async def start_executor(config: ExecutorConfig) -> RunningExecutor:
+async def start_executor(config: ExecutorConfig, security: tls.Security | None = None) -> RunningExecutor:
+    """`security`: mTLS identity, or explicit plaintext (None: the process's, from the environment)."""
+    security = tls.resolve(security)
     backend = select_backend(config.backend, config.cpu_threads)
     root = Path(config.model_repository) if config.model_repository else default_repository()
     executor = Executor(config, backend, Repository(root.resolve(), config.allowed_factories))
+    audit = (
+        authz.MeteringAudit(config.metering, security, f"executor {config.backend}")
+        if config.metering and not security.insecure
+        else None
+    )
+    guard = None if security.insecure else executor_guard(config, security, audit)
     options = ServerOptions(
         host=config.host,
         port=config.port,
@@ -89,6 +126,8 @@ async def start_executor(config: ExecutorConfig) -> RunningExecutor:
         max_send_bytes=config.max_message_bytes,
         drain_grace_s=config.drain_grace_s,
         map_errors_in_servicers=True,  # no per-call interceptor on the hot path
+        security=security,
+        guard=guard,
     )
     inference = InferenceServicer(executor)
     server = await start_server(
@@ -104,10 +143,17 @@ async def start_executor(config: ExecutorConfig) -> RunningExecutor:
     )
     if not config.executor_id:
         executor.executor_id = f"{executor.executor_id}:{server.port}"
-    running = RunningExecutor(executor, server)
+    running = RunningExecutor(executor, server, audit=audit)
     try:
         if config.frames_port >= 0:
-            running.frames = FrameServer(inference, config.max_message_bytes)
+            running.frames = FrameServer(
+                inference,
+                config.max_message_bytes,
+                security,
+                config.oip_identities,
+                audit,
+                config.frames_max_in_flight,
+            )
             executor.frames_port = await running.frames.start(config.host, config.frames_port)
         for entry in config.models:
             name, _, version = entry.partition(":")
@@ -116,11 +162,12 @@ async def start_executor(config: ExecutorConfig) -> RunningExecutor:
         await running.stop(0)
         raise
     log.info(
-        "executor %s (%s) serving %s on %s (frames on port %s)",
+        "executor %s (%s) serving %s on %s (frames on port %s; %s)",
         executor.executor_id,
         backend.name,
         config.models,
         running.address,
         executor.frames_port or "off",
+        security.describe(),
     )
     return running

@@ -115,6 +115,8 @@ def append(
         raise RuntimeError("no audit key bound to this connection (audit.bind_key)")
     head = conn.execute(select(HEAD.c.seq, HEAD.c.hash).where(HEAD.c.id == 1).with_for_update()).one()
     seq, prev = int(head.seq) + 1, str(head.hash)
+    if actor.on_behalf_of:
+        detail = {**(detail or {}), "on_behalf_of": actor.on_behalf_of}
     detail_json = json.dumps(detail or {}, sort_keys=True, separators=(",", ":"))
     digest = row_hash(key, seq, now_us, actor, action, resource, outcome, detail_json, prev)
     conn.execute(

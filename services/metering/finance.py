@@ -11,6 +11,7 @@ import asyncio
 import csv
 import io
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 
@@ -81,7 +83,9 @@ def actor(args: argparse.Namespace) -> pb.Actor:
 
 def call(args: argparse.Namespace, fn: Callable[[pb_grpc.MeteringAsyncStub], Awaitable[T]]) -> T:
     async def run() -> T:
-        async with grpc.aio.insecure_channel(args.metering) as channel:
+        # the operator's certificate (or explicit plaintext), and SWITCHYARD_API_KEY if set
+        key = os.environ.get("SWITCHYARD_API_KEY", "")
+        async with tls.aio_channel(args.metering, api_key=key) as channel:
             return await fn(pb_grpc.MeteringStub(channel))
 
     return asyncio.run(run())

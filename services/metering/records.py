@@ -20,10 +20,11 @@ MAX_US = 2**62  # far beyond any real timestamp or duration; keeps products insi
 
 @dataclass(frozen=True)
 class Actor:
-    principal: str = ""
+    principal: str = ""  # the authenticated identity (with mTLS); what the caller said without
     source: str = ""
     request_id: str = ""
     trace_id: str = ""
+    on_behalf_of: str = ""  # the principal the caller named, when it is not the one authenticated
 
 
 class UsageEvent(NamedTuple):

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
 
 from services.metering.db import resolve_url
+from services.metering.guard import MeteringGuard
 from services.metering.ledger import Ledger
 from services.metering.servicer import MeteringServicer
+from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import RunningServer, ServerOptions, start_server
 
@@ -89,6 +92,9 @@ async def start_metering(
     url = resolve_url(database_url)
     ledger = await asyncio.to_thread(Ledger.open, url)
     servicer = MeteringServicer(ledger)
+    security = tls.resolve(options.security)
+    guard = MeteringGuard(security, ledger, servicer._writer)
+    options = dataclasses.replace(options, security=security, guard=guard)
     try:
         server = await start_server(
             [(pb_grpc.add_MeteringServicer_to_server, servicer, SERVICE_NAME)], options
@@ -97,7 +103,7 @@ async def start_metering(
         servicer.shutdown()
         ledger.close()
         raise
-    log.info("metering serving on %s (%s)", server.address, ledger.engines.dialect)
+    log.info("metering serving on %s (%s; %s)", server.address, ledger.engines.dialect, security.describe())
     task = None
     if ledger.anchor_path is not None:
         every_s = float(os.environ.get(ENV_ANCHOR_S, "10"))

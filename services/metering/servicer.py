@@ -19,7 +19,8 @@ from services.metering.ledger import Ledger
 from services.metering.metrics import MeteringStats
 from services.metering.records import Actor, UsageEvent
 from services.metering.usage import check_batch
-from switchyard import telemetry
+from switchyard import authz, telemetry
+from switchyard.errors import PermissionDenied
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 
@@ -38,10 +39,24 @@ def trace_id_of(context: Any) -> str:
     return telemetry.current_trace_id()
 
 
+MAX_ACTION = 64
+MAX_DETAIL_JSON = 8192
+
+
 def actor_of(msg: pb.Actor, context: Any = None) -> Actor:
-    """Who acts, for the audit trail; the trace id comes from the call's trace context when
-    the caller did not name one, so audit rows join up with traces (DESIGN §8)."""
-    return Actor(msg.principal, msg.source, msg.request_id, msg.trace_id or trace_id_of(context))
+    """Who acts, for the audit trail: the identity the call authenticated (its certificate, or
+    the principal of its API key), with the principal the caller named kept as "on behalf of";
+    what the caller said only where metering is explicitly insecure. The trace id comes from
+    the call's trace context when the caller did not name one, so audit rows join up with
+    traces. Every string is capped."""
+    cap = authz.cap
+    trace = cap(msg.trace_id or trace_id_of(context), 64)
+    caller = authz.CALLER.get()
+    if caller is None or caller.insecure:
+        return Actor(cap(msg.principal), cap(msg.source), cap(msg.request_id, 128), trace)
+    named = msg.principal if msg.principal != caller.actor else ""
+    source = f"{msg.source} ({caller.identity})" if caller.principal else msg.source or caller.identity
+    return Actor(cap(caller.actor), cap(source), cap(msg.request_id, 128), trace, cap(named))
 
 
 def event_of(e: pb.UsageEvent) -> UsageEvent:
@@ -390,6 +405,14 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         r = request
         if not r.action:
             raise BadInput("action is empty; name what happened, e.g. request.denied")
+        if len(r.action) > MAX_ACTION:
+            raise BadInput(f"action is {len(r.action)} characters; at most {MAX_ACTION}")
+        if len(r.detail_json) > MAX_DETAIL_JSON:
+            raise BadInput(f"detail_json is {len(r.detail_json)} characters; at most {MAX_DETAIL_JSON}")
+        caller = authz.CALLER.get()
+        refusal = (r.action, r.outcome) == ("rpc.denied", "denied")
+        if caller is not None and caller.service in ("executor", "evaluator") and not refusal:
+            raise PermissionDenied(f"{caller.identity} may append only its refusals (rpc.denied, denied)")
         if r.outcome not in ("ok", "denied", "failed"):
             raise BadInput(f"outcome {r.outcome!r} is not ok, denied or failed")
         try:
@@ -400,7 +423,7 @@ class MeteringServicer(pb_grpc.MeteringServicer):
             raise BadInput("detail_json must be a JSON object")
         rec = await self._w(
             lambda: self.ledger.append_audit(
-                actor_of(r.actor, context), r.action, r.resource, r.outcome, detail
+                actor_of(r.actor, context), r.action, authz.cap(r.resource), r.outcome, detail
             )
         )
         return audit_msg(rec)

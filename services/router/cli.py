@@ -32,12 +32,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
         "free port, logged; -1 = none)",
     )
+    serve.add_argument(
+        "--tls-cert", default="", help="PEM certificate chain: TLS on the public port (with --tls-key)"
+    )
+    serve.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     serve.set_defaults(func=_serve)
 
     def admin(name: str, help: str) -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
         parser.add_argument("--address", default="127.0.0.1:8001", help="router (default 127.0.0.1:8001)")
         parser.add_argument("--timeout", type=float, default=10.0)
+        parser.add_argument("--tls-ca", default="", help="CA (PEM) of a router serving TLS on its port")
         parser.set_defaults(func=_admin, admin=name)
         return parser
 
@@ -79,15 +84,23 @@ def _serve(args: argparse.Namespace) -> int:
     from services.router.server import start_router
     from switchyard import metrics as prometheus
     from switchyard import telemetry
-    from switchyard.errors import SwitchyardError
+    from switchyard.errors import InvalidArgument, SwitchyardError
     from switchyard.grpcio import ServerOptions, run_service, stop_signal
 
     try:
+        if bool(args.tls_cert) != bool(args.tls_key):
+            raise InvalidArgument("give --tls-cert and --tls-key together (or neither)")
+        public_tls = (
+            (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes()) if args.tls_cert else None
+        )
         cfg = config.load(Path(args.config))
         if args.evaluator:
             cfg = dataclasses.replace(
                 cfg, settings=dataclasses.replace(cfg.settings, evaluator=args.evaluator)
             )
+    except OSError as exc:
+        print(f"switchyard router: cannot read {exc.filename}: {exc.strerror}")
+        return 2
     except SwitchyardError as exc:
         print(f"switchyard router: {exc}")
         return 2
@@ -99,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
         running = await start_router(
             cfg,
             args.metering,
-            ServerOptions(host=args.host, port=args.port),
+            ServerOptions(host=args.host, port=args.port, public_tls=public_tls),
             Path(args.spool_dir) if args.spool_dir else None,
         )
         endpoint = prometheus.serve([metrics.collector(running.router)], args.host, metrics_port, "router")
@@ -139,7 +152,13 @@ def _admin(args: argparse.Namespace) -> int:
 
     key = os.environ.get("SWITCHYARD_API_KEY", "")
     metadata = (("authorization", f"Bearer {key}"),) if key else None
-    with grpc.insecure_channel(args.address) as channel:
+    if args.tls_ca:
+        with open(args.tls_ca, "rb") as ca:
+            credentials = grpc.ssl_channel_credentials(ca.read())
+        channel = grpc.secure_channel(args.address, credentials)
+    else:
+        channel = grpc.insecure_channel(args.address)
+    with channel:
         stub = rgrpc.RouterAdminStub(channel)
         call: dict[str, Any] = {"timeout": args.timeout, "metadata": metadata}
         reply: Any

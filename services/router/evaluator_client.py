@@ -15,6 +15,7 @@ import grpc
 
 from services.router.executors import CHANNEL_OPTIONS
 from services.router.shadow import Divergence
+from switchyard import tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as epb
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as egrpc
@@ -36,11 +37,17 @@ def _raw_tensors(response: pb.ModelInferResponse) -> dict[str, epb.Tensor]:
 
 
 class EvaluatorComparer:
-    def __init__(self, address: str, precision: str = "fp32", timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        precision: str = "fp32",
+        timeout_s: float = 5.0,
+        security: tls.Security | None = None,
+    ) -> None:
         self.address = address
         self._precision = precision
         self._timeout = timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = tls.aio_channel(address, CHANNEL_OPTIONS, security)
         self._stub = egrpc.EvaluatorStub(self._channel)
 
     async def compare(self, reference: pb.ModelInferResponse, candidate: pb.ModelInferResponse) -> Divergence:

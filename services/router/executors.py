@@ -44,7 +44,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.router import wire
 from services.router.config import Deployment, Settings
 from services.router.policies import DeploymentState
-from switchyard import frames, oip_params, telemetry
+from switchyard import frames, oip_params, telemetry, tls
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -89,11 +89,15 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 
 
 class ExecutorPool:
-    def __init__(self, deployments: Sequence[Deployment], settings: Settings) -> None:
+    def __init__(
+        self, deployments: Sequence[Deployment], settings: Settings, security: tls.Security | None = None
+    ) -> None:
         self._settings = settings
+        self.security = tls.resolve(security)
+        self._frames_tls = tls.client_ssl_context(self.security)
         self.states: dict[str, DeploymentState] = {d.name: DeploymentState(d) for d in deployments}
         self.channels: dict[str, grpc.aio.Channel] = {
-            d.name: grpc.aio.insecure_channel(d.address, options=CHANNEL_OPTIONS) for d in deployments
+            d.name: tls.aio_channel(d.address, CHANNEL_OPTIONS, self.security) for d in deployments
         }
         # Identity (de)serialisers: request and response stay bytes end to end.
         self._open_stream: dict[str, Any] = {
@@ -269,7 +273,9 @@ class ExecutorPool:
                 self._frames_retry_at[name] = time.monotonic() + FRAMES_RETRY_S
                 return
             port = described.frames_port
-            channel = await frames.FrameChannel.connect(host, port, MAX_MESSAGE_BYTES, timeout)
+            channel = await frames.FrameChannel.connect(
+                host, port, MAX_MESSAGE_BYTES, timeout, self._frames_tls
+            )
             if not channel.is_open:
                 raise OSError(channel.closed_because or "closed as it opened")
         except (grpc.aio.AioRpcError, OSError, TimeoutError) as exc:

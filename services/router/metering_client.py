@@ -15,7 +15,7 @@ import grpc
 from services.router.auth import Identity
 from services.router.executors import CHANNEL_OPTIONS
 from services.router.route_store import Change
-from switchyard import errors, telemetry
+from switchyard import errors, telemetry, tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 
@@ -44,12 +44,12 @@ def as_error(exc: grpc.aio.AioRpcError) -> errors.SwitchyardError:
 class MeteringClient:
     """Authenticate, RecordUsage and AppendAudit over one channel, with short timeouts."""
 
-    def __init__(self, address: str, timeout_s: float = 2.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 2.0, security: tls.Security | None = None) -> None:
         self.address = address
         self._timeout = timeout_s
         # with tracing on, each call is a CLIENT span, its trace context in the call's metadata
-        self._channel = grpc.aio.insecure_channel(
-            address, options=CHANNEL_OPTIONS, interceptors=telemetry.client_interceptors()
+        self._channel = tls.aio_channel(
+            address, CHANNEL_OPTIONS, security, interceptors=telemetry.client_interceptors()
         )
         self._stub = mgrpc.MeteringStub(self._channel)
 

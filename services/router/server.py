@@ -23,6 +23,7 @@ from services.router.forward import Router
 from services.router.metering_client import MeteringClient
 from services.router.route_store import RouteStore
 from services.router.spool import Spool
+from switchyard import tls
 from switchyard.errors import InvalidArgument, SwitchyardError
 from switchyard.gen.switchyard.v1 import router_pb2_grpc
 from switchyard.grpcio import Registration, RunningServer, ServerOptions, start_server
@@ -67,14 +68,19 @@ async def start_router(
     metering_address: str = "",
     options: ServerOptions | None = None,
     spool_dir: Path | None = None,
+    security: tls.Security | None = None,
 ) -> RunningRouter:
+    """`security`: the router's identity for its calls to metering, executors and the
+    evaluator (None: the process's, from the environment). Its own port is public: callers
+    bring API keys, and TLS on it comes from `options.public_tls`."""
     settings = config.settings
+    security = tls.resolve(security if security is not None else (options.security if options else None))
     if settings.require_auth and not metering_address:
         raise InvalidArgument(
             "the router checks keys through metering: pass --metering HOST:PORT, or set "
             "require_auth = false under [router] for a trusted local setup"
         )
-    metering = MeteringClient(metering_address) if metering_address else None
+    metering = MeteringClient(metering_address, security=security) if metering_address else None
     auth = (
         Authenticator(metering, settings.auth_cache_ttl_s, settings.auth_stale_s)
         if metering is not None and settings.require_auth
@@ -95,9 +101,9 @@ async def start_router(
             log.info("replaying %d spooled usage segments from an earlier run", spool.backlog)
     else:
         log.warning("no metering address: usage is not recorded")
-    pool = ExecutorPool(config.deployments, settings)
+    pool = ExecutorPool(config.deployments, settings, security)
     await pool.start()
-    evaluator = EvaluatorComparer(settings.evaluator) if settings.evaluator else None
+    evaluator = EvaluatorComparer(settings.evaluator, security=security) if settings.evaluator else None
     # admin changes: kept across restarts, and shared by the fleet through metering
     store = RouteStore(spool_dir or Path(settings.spool_dir), metering, settings.fleet)
     router = Router(config, pool, auth, spool, store, evaluator)
@@ -117,16 +123,19 @@ async def start_router(
         ),
     ]
     # every servicer maps its own errors: no interceptor on the request path
-    options = dataclasses.replace(options or ServerOptions(), map_errors_in_servicers=True)
+    options = dataclasses.replace(
+        options or ServerOptions(), map_errors_in_servicers=True, public=True, security=security
+    )
     server = await start_server(registrations, options)
     if spool is not None:
         spool.set_ready = server.set_serving  # a spool near its bound takes the router out of rotation
         if spool.under_pressure:
             await server.set_serving(False)
     log.info(
-        "router serving on %s (%d routes, %d deployments)",
+        "router serving on %s (%d routes, %d deployments; %s)",
         server.address,
         len(router.routes),
         len(pool.states),
+        server.describe_security(),
     )
     return RunningRouter(server, router, metering)

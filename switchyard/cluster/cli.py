@@ -18,6 +18,11 @@ def _config_args(parser: argparse.ArgumentParser) -> None:
         "--config", default="", help="TOML config file (default: $SWITCHYARD_CONFIG, then built-in)"
     )
     parser.add_argument("--state-dir", default="", help="where the ledger, Temporal database and logs go")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext between services and no caller checks (security.insecure; tests only)",
+    )
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -26,6 +31,8 @@ def _load(args: argparse.Namespace) -> Any:
     overrides: dict[str, Any] = {}
     if args.state_dir:
         overrides["state_dir"] = args.state_dir
+    if args.insecure:
+        overrides["security"] = {"insecure": True}
     return load_config(args.config or None, overrides=overrides)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from switchyard import tls
 from switchyard.cluster.routes import PATH_IDS
 from switchyard.errors import FailedPrecondition
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc, metering_pb2, metering_pb2_grpc
@@ -50,7 +51,7 @@ class PathCost:
 
 
 async def _describe(address: str) -> executor_pb2.DescribeResponse | None:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with tls.aio_channel(address) as channel:
         try:
             return await executor_pb2_grpc.ExecutorControlStub(channel).Describe(
                 executor_pb2.DescribeRequest(), timeout=10
@@ -63,7 +64,7 @@ async def ensure_prices(metering: str, executors: Mapping[str, str], paths: Mapp
     """A price in force and a registered path for every executor (audited admin actions).
     `executors` maps backend -> address, `paths` backend -> ledger path id."""
     now_us = int(time.time() * 1_000_000)
-    async with grpc.aio.insecure_channel(metering) as channel:
+    async with tls.aio_channel(metering) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
         for backend, address in executors.items():
             described = await _describe(address)
@@ -95,7 +96,7 @@ async def open_reservations(metering: str, paths: Mapping[str, str], run: str, s
     """One reservation per path from `start_us`: the window whose idle time is charged.
     All or none: if one cannot be opened, those already opened are closed again."""
     ids: list[str] = []
-    async with grpc.aio.insecure_channel(metering) as channel:
+    async with tls.aio_channel(metering) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
         try:
             for path in paths.values():
@@ -114,7 +115,7 @@ async def open_reservations(metering: str, paths: Mapping[str, str], run: str, s
 
 async def close_reservations(metering: str, reservation_ids: list[str]) -> None:
     end_us = int(time.time() * 1_000_000)
-    async with grpc.aio.insecure_channel(metering) as channel:
+    async with tls.aio_channel(metering) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
         for rid in reservation_ids:
             await stub.CloseReservation(
@@ -124,7 +125,7 @@ async def close_reservations(metering: str, reservation_ids: list[str]) -> None:
 
 
 async def report(metering: str, since_us: int) -> list[PathCost]:
-    async with grpc.aio.insecure_channel(metering) as channel:
+    async with tls.aio_channel(metering) as channel:
         reply = await metering_pb2_grpc.MeteringStub(channel).CostReport(
             metering_pb2.CostReportRequest(group_by=["path"], since_unix_us=since_us, actor=ACTOR), timeout=30
         )

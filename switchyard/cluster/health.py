@@ -14,6 +14,7 @@ from datetime import timedelta
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from switchyard import tls
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
 
 SERVING = "SERVING"
@@ -23,7 +24,7 @@ UNREACHABLE = "UNREACHABLE"
 
 async def grpc_health(address: str, service: str = "", timeout_s: float = 2.0) -> str:
     """The grpc.health.v1 status of `service` at `address` (SERVING, NOT_SERVING, ...)."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with tls.aio_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
@@ -56,7 +57,7 @@ class ModelState:
 
 async def executor_models(address: str, timeout_s: float = 3.0) -> list[ModelState] | None:
     """Models an executor holds and their state; None when it cannot be asked."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with tls.aio_channel(address) as channel:
         stub = executor_pb2_grpc.ExecutorControlStub(channel)
         try:
             reply = await stub.ModelStatus(executor_pb2.ModelStatusRequest(), timeout=timeout_s)
@@ -109,7 +110,7 @@ async def temporal_pollers(address: str, namespace: str, task_queue: str, timeou
 
 async def executor_host(address: str, timeout_s: float = 5.0) -> str:
     """The host id an executor reports (paths on one host never measure at once); "" if unknown."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with tls.aio_channel(address) as channel:
         stub = executor_pb2_grpc.ExecutorControlStub(channel)
         try:
             reply = await stub.Describe(executor_pb2.DescribeRequest(), timeout=timeout_s)
@@ -120,7 +121,7 @@ async def executor_host(address: str, timeout_s: float = 5.0) -> str:
 
 async def executor_load(address: str, timeout_s: float = 3.0) -> tuple[int, int] | None:
     """(in flight, queue depth) an executor reports; None when it cannot be asked."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with tls.aio_channel(address) as channel:
         stub = executor_pb2_grpc.ExecutorControlStub(channel)
         try:
             reply = await stub.GetLoad(executor_pb2.GetLoadRequest(), timeout=timeout_s)

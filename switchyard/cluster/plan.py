@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from switchyard import tls
 from switchyard.config import Config, ConfigError, ExecutorConfig
 
 # Search attributes operators filter trials by in the Temporal UI (DESIGN §4); the names the
@@ -76,6 +77,13 @@ def resolve_ports(config: Config, executors: Iterable[ExecutorConfig]) -> Ports:
     )
 
 
+def identities(config: Config) -> list[str]:
+    """The certificate directories a cluster needs (named as its services; executors share
+    the identity `executor`), and `operator` for `switchyard up` itself and the CLI."""
+    names = ["metering", "evaluator", "router", "worker", "operator"]
+    return names + [f"executor-{ex.backend}" for ex, _ in enabled_executors(config)]
+
+
 def executor_python(ex: ExecutorConfig) -> str:
     return ex.python or sys.executable
 
@@ -133,6 +141,14 @@ def build_plan(
     }
     if config.telemetry.otlp_endpoint:
         base_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = config.telemetry.otlp_endpoint
+    pki = config.pki_dir.resolve()
+
+    def identity_env(name: str) -> dict[str, str]:
+        """Each service's certificate (`LocalCluster.prepare` issues them), or plaintext by name."""
+        if config.security.insecure:
+            return {**base_env, tls.INSECURE_ENV: "true"}
+        return {**base_env, tls.TLS_DIR_ENV: str(pki / name)}
+
     temporal_address = config.temporal.address or f"{host}:{ports.temporal}"
     metering = f"{host}:{ports.metering}"
     evaluator = f"{host}:{ports.evaluator}"
@@ -180,7 +196,7 @@ def build_plan(
             _switchyard(py, "metering", "serve", "--host", host, "--port", str(ports.metering)),
             metering,
             "grpc",
-            env={**base_env, "SWITCHYARD_DATABASE_URL": config.ledger_url},
+            env={**identity_env("metering"), "SWITCHYARD_DATABASE_URL": config.ledger_url},
         )
     )
     specs.append(
@@ -189,14 +205,14 @@ def build_plan(
             _switchyard(py, "evaluator", "serve", "--host", host, "--port", str(ports.evaluator)),
             evaluator,
             "grpc",
-            env=base_env,
+            env=identity_env("evaluator"),
         )
     )
     executor_addresses: dict[str, str] = {}
     for ex, _why in executors:
         port = ports.executors[ex.backend]
         executor_addresses[ex.backend] = f"{host}:{port}"
-        env = dict(base_env)
+        env = identity_env(f"executor-{ex.backend}")
         if ex.backend == "xla":
             env.setdefault("PJRT_DEVICE", os.environ.get("PJRT_DEVICE", "CPU"))
         specs.append(
@@ -217,6 +233,8 @@ def build_plan(
                     "--model-repository",
                     str(config.model_repository.resolve()),
                     *(f"--allow-factory={p}" for p in config.allowed_factories),
+                    "--metering",
+                    metering,
                     *(("--mode", ex.mode) if ex.mode else ()),
                 ),
                 f"{host}:{port}",
@@ -249,7 +267,7 @@ def build_plan(
             ),
             f"{host}:{ports.router}",
             "grpc",
-            env=base_env,
+            env=identity_env("router"),
         )
     )
     if config.worker_enabled:
@@ -268,5 +286,7 @@ def build_plan(
         ]
         for backend, address in executor_addresses.items():
             argv += ["--executor", f"{backend}={address}"]
-        specs.append(ServiceSpec("trial-worker", _switchyard(py, *argv), "", "process", env=base_env))
+        specs.append(
+            ServiceSpec("trial-worker", _switchyard(py, *argv), "", "process", env=identity_env("worker"))
+        )
     return specs, ports

@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import grpc
 import numpy as np
 
+from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2, metering_pb2_grpc
 
 # Inputs with an unknown (-1) dimension get this size: batch 1, and sequences at the length
@@ -37,7 +37,7 @@ class TeamKey:
 async def create_team_key(metering: str, team: str, models: Sequence[str] = ("*",)) -> TeamKey:
     """A team principal with the `infer` role (on `models`) and a fresh API key."""
     actor = metering_pb2.Actor(principal="admin", source="switchyard demo")
-    async with grpc.aio.insecure_channel(metering) as channel:
+    async with tls.aio_channel(metering) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
         principal = await stub.CreatePrincipal(
             metering_pb2.CreatePrincipalRequest(name=team, kind="team", team=team, actor=actor), timeout=10

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from switchyard import tls
 from switchyard.cluster import health, routes
-from switchyard.cluster.plan import Ports, ServiceSpec, build_plan
+from switchyard.cluster.plan import Ports, ServiceSpec, build_plan, identities
 from switchyard.cluster.supervisor import StartupFailed, Supervisor
 from switchyard.config import Config
 from switchyard.errors import FailedPrecondition
@@ -99,6 +100,22 @@ class LocalCluster:
         if not repository.exists() or not any(repository.iterdir()):
             added = seed_builtins(repository)
             self._say(f"model repository {repository}: seeded with the built-ins ({', '.join(added)})")
+        self._prepare_identities()
+
+    def _prepare_identities(self) -> None:
+        """A local CA and a certificate per service on first start (kept for the next; files
+        0600), and the operator's for this process's own calls; or plaintext, said so."""
+        if self.config.security.insecure:
+            self._say("INSECURE: services talk plaintext and do not check callers (security.insecure)")
+            tls.set_default(tls.Security.plaintext())
+            return
+        pki = self.config.pki_dir.resolve()
+        hosts = tuple(dict.fromkeys((self.config.host, "127.0.0.1", "localhost")))
+        folders = tls.ensure_local_pki(pki, identities(self.config), hosts)
+        tls.set_default(tls.Security.from_dir(folders["operator"]))
+        self._say(
+            f"mTLS between services: certificates in {pki} (CLI: {tls.TLS_DIR_ENV}={folders['operator']})"
+        )
 
     def executors(self) -> dict[str, ServiceSpec]:
         return {s.name.removeprefix("executor-"): s for s in self.specs if s.name.startswith("executor-")}
@@ -149,6 +166,9 @@ class LocalCluster:
             "ledger_url": self.config.ledger_url if not self.config.database_url else "(configured)",
             "state_dir": str(self.state_dir),
             "temporal_address": self.config.temporal.address or self.address("temporal"),
+            "tls_dir": ""
+            if self.config.security.insecure
+            else str(self.config.pki_dir.resolve() / "operator"),
         }
         path = self.state_dir / "cluster.json"
         tmp = path.with_suffix(".tmp")
@@ -173,6 +193,7 @@ class LocalCluster:
             self._say("stopping: draining the router first, then every service")
             await self.supervisor.stop()
         (self.state_dir / "cluster.json").unlink(missing_ok=True)
+        tls.set_default(None)
 
     async def __aenter__(self) -> LocalCluster:
         try:
