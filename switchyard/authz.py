@@ -70,7 +70,7 @@ class Refusal:
     reason: str
 
     def detail_json(self) -> str:
-        detail = {"status": self.status, "reason": cap(self.reason, 512)}
+        detail = {"status": self.status, "reason": cap(self.reason, 512), "caller": cap(self.identity)}
         return json.dumps(detail, sort_keys=True)[:MAX_AUDIT_DETAIL]
 
 

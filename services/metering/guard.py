@@ -125,6 +125,7 @@ class MeteringGuard:
         allowed = set(SERVICE_RPCS.get(service, ()))
         key = bearer(context)
         if key is not None:
+            key = key[: authz.MAX_AUDIT_STRING]  # a real key is far shorter; its id is audited
             source = authz.cap(f"{caller.identity or '-'} {caller.peer}")
             try:
                 ident = await self._run(lambda: self.ledger.authenticate(key, Actor(source=source)))

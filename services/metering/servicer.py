@@ -392,8 +392,9 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         return pb.RoleResponse()
 
     async def Authenticate(self, request: pb.AuthenticateRequest, context: Any) -> pb.AuthenticateResponse:
-        peer = Actor(source=str(context.peer()), trace_id=trace_id_of(context))
-        ident = await self._r(lambda: self.ledger.authenticate(request.key, peer))
+        peer = Actor(source=authz.cap(str(context.peer())), trace_id=trace_id_of(context))
+        key = request.key[: authz.MAX_AUDIT_STRING]  # a real key is far shorter; its id is audited
+        ident = await self._r(lambda: self.ledger.authenticate(key, peer))
         p = ident.principal
         return pb.AuthenticateResponse(
             principal=pb.Principal(principal_id=p.principal_id, name=p.name, kind=p.kind, team=p.team),
@@ -412,7 +413,15 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         caller = authz.CALLER.get()
         refusal = (r.action, r.outcome) == ("rpc.denied", "denied")
         if caller is not None and caller.service in ("executor", "evaluator") and not refusal:
-            raise PermissionDenied(f"{caller.identity} may append only its refusals (rpc.denied, denied)")
+            reason = f"{caller.identity} may append only its refusals (rpc.denied, denied)"
+            actor = Actor(authz.cap(caller.identity), authz.cap(f"metering {caller.peer}"))
+            detail_of = {"status": "PERMISSION_DENIED", "reason": reason}
+            await self._w(
+                lambda: self.ledger.append_audit(
+                    actor, "rpc.denied", "/switchyard.v1.Metering/AppendAudit", "denied", detail_of
+                )
+            )
+            raise PermissionDenied(reason)
         if r.outcome not in ("ok", "denied", "failed"):
             raise BadInput(f"outcome {r.outcome!r} is not ok, denied or failed")
         try:
