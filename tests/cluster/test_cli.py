@@ -10,7 +10,7 @@ from pathlib import Path
 from switchyard.cluster.plan import free_port
 from tests.conftest import ROOT
 
-ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "SWITCHYARD_SECURITY_INSECURE": "true"}
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ from switchyard.cluster.plan import ServiceSpec, free_port
 from switchyard.cluster.supervisor import StartupFailed, Supervisor
 from tests.conftest import ROOT
 
-ENV = {"PYTHONPATH": str(ROOT)}
+ENV = {"PYTHONPATH": str(ROOT), "SWITCHYARD_SECURITY_INSECURE": "true"}
 
 
 def alive(pid: int) -> bool:
