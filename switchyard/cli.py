@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "services.router.cli",
     "workflows.cli",
     "switchyard.cluster.cli",
+    "switchyard.models.cli",
 )
 
 

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument(
         "--model-repository",
         default="",
-        help="the model repository to load from (default $SWITCHYARD_MODEL_REPOSITORY or var/models; "
+        help="the model repository to load from (default $SWITCHYARD_MODELS_REPOSITORY or var/models; "
         "a missing folder is created and seeded with the built-ins)",
     )
     serve.add_argument(
@@ -143,7 +143,7 @@ def _repository(given: str) -> Path:
 
     from switchyard.models.repository import seed_builtins
 
-    root = Path(given or os.environ.get("SWITCHYARD_MODEL_REPOSITORY", "") or "var/models").resolve()
+    root = Path(given or os.environ.get("SWITCHYARD_MODELS_REPOSITORY", "") or "var/models").resolve()
     if not root.exists():
         seed_builtins(root)
     return root

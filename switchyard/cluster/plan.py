@@ -134,7 +134,7 @@ def build_plan(
     caller_path = os.environ.get("PYTHONPATH", "")
     base_env = {
         "PYTHONPATH": os.pathsep.join(p for p in (str(root), caller_path) if p),
-        "SWITCHYARD_MODEL_REPOSITORY": str(config.model_repository.resolve()),
+        "SWITCHYARD_MODELS_REPOSITORY": str(config.model_repository.resolve()),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "SWITCHYARD_TRACES": config.telemetry.exporter,

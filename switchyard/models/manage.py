@@ -166,13 +166,23 @@ def _factory_io(m: ModelToml, allowed: Sequence[str]) -> IO | None:
 def validate(spec: ModelSpec, batch: int = 2) -> Validation:
     """Loads on the CPU and runs seeded example inputs; the outputs must match the declared
     count, datatypes and dims (INVALID_ARGUMENT naming both shapes otherwise)."""
-    from switchyard.codec import oip_datatype
-
     module = load_module(spec)
     inputs = spec.example_inputs(batch, torch.Generator().manual_seed(0))
     with torch.inference_mode():
         result = module(*inputs)
     outs = list(result) if isinstance(result, tuple | list) else [result]
+    shapes = check_outputs(spec, outs, batch)
+    in_shapes = tuple((s.name, tuple(t.shape)) for s, t in zip(spec.inputs, inputs, strict=True))
+    return Validation(batch, in_shapes, shapes)
+
+
+def check_outputs(
+    spec: ModelSpec, outs: Sequence[Any], batch: int, dtypes: bool = True
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The outputs a model returned for `batch` rows against model.toml (INVALID_ARGUMENT
+    naming both shapes when they disagree)."""
+    from switchyard.codec import oip_datatype
+
     declared = spec.outputs
     if len(outs) != len(declared):
         raise InvalidArgument(
@@ -191,14 +201,13 @@ def validate(spec: ModelSpec, batch: int = 2) -> Validation:
                 f"{spec.name} output {s.name!r} has shape {list(got)} for a batch of {batch}, but model.toml "
                 f"declares [batch, {', '.join(map(str, s.dims))}] = {list(want)}; fix model.toml's dims"
             )
-        if oip_datatype(out.dtype) != s.datatype:
+        if dtypes and oip_datatype(out.dtype) != s.datatype:
             raise InvalidArgument(
                 f"{spec.name} output {s.name!r} is {oip_datatype(out.dtype)}, "
                 f"but model.toml declares {s.datatype}"
             )
         shapes.append((s.name, got))
-    in_shapes = tuple((s.name, tuple(t.shape)) for s, t in zip(spec.inputs, inputs, strict=True))
-    return Validation(batch, in_shapes, tuple(shapes))
+    return tuple(shapes)
 
 
 def audit(root: Path, action: str, detail: dict[str, Any]) -> dict[str, Any]:

@@ -276,8 +276,8 @@ def seed_builtins(root: Path, names: Sequence[str] = ()) -> list[str]:
 
 
 def default_repository() -> Path:
-    """$SWITCHYARD_MODEL_REPOSITORY, else a cache folder seeded with the built-ins (once)."""
-    configured = os.environ.get("SWITCHYARD_MODEL_REPOSITORY", "")
+    """$SWITCHYARD_MODELS_REPOSITORY, else a cache folder seeded with the built-ins (once)."""
+    configured = os.environ.get("SWITCHYARD_MODELS_REPOSITORY", "")
     if configured:
         return Path(configured)
     digest = hashlib.sha256()
