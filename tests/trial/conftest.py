@@ -12,6 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from services.evaluator.server import start_evaluator
 from switchyard.grpcio import RunningServer, ServerOptions
+from switchyard.models.repository import seed_builtins
 from tests.trial.stack import Stack, free_port, set_prices, start_xla_executor, wait_serving, xla_python
 from workflows.trial import SEARCH_ATTRIBUTES
 
@@ -52,15 +53,19 @@ async def stack(
 
     url = f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.db'}"
     metering = await start_metering(url, ServerOptions(port=0))
-    cpu = await start_executor(ExecutorConfig(backend="cpu", port=0))
+    repository = tmp_path_factory.mktemp("models")
+    seed_builtins(repository)
+    cpu = await start_executor(
+        ExecutorConfig(backend="cpu", port=0, model_repository=str(repository), allowed_factories=("tests",))
+    )
     xla_process = None
     xla = ""
     if xla_python() and (ROOT / "services" / "executor" / "backends" / "xla.py").exists():
         port = free_port()
-        xla_process = start_xla_executor(port)
+        xla_process = start_xla_executor(port, repository)
         xla = f"127.0.0.1:{port}"
         await wait_serving(xla)
-    running = Stack(temporal_env, evaluator.address, metering.address, url, cpu.address, xla)
+    running = Stack(temporal_env, evaluator.address, metering.address, url, cpu.address, xla, repository)
     await set_prices(running)
     yield running
     if xla_process is not None:

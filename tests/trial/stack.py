@@ -33,6 +33,7 @@ class Stack:
     database_url: str
     cpu: str
     xla: str  # "" when the XLA environment is missing
+    repository: Path  # both executors' model repository (built-ins + what tests add)
 
     @property
     def temporal(self) -> str:
@@ -73,9 +74,11 @@ async def wait_serving(address: str, timeout_s: float = 180.0) -> None:
                 await asyncio.sleep(0.5)
 
 
-def start_xla_executor(port: int) -> subprocess.Popen[bytes]:
+def start_xla_executor(port: int, repository: Path | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
     command = [xla_python(), "-m", "switchyard", "executor", "serve", "--backend", "xla", "--port", str(port)]
+    if repository is not None:
+        command += ["--model-repository", str(repository), "--allow-factory", "tests"]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
