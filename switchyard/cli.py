@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "workflows.cli",
     "switchyard.cluster.cli",
     "switchyard.models.cli",
+    "services.router.workloads_cli",
 )
 
 

@@ -15,6 +15,10 @@ SetRoute, so a route that would be refused at start-up is also refused at run ti
     [routes.mlp.shadow]
     share = 0.1
     candidates = [{deployment = "cpu", model = "mlp-perturbed"}]
+    [routes.mlp.capture]             # opt-in: a share of requests' inputs kept for trials
+    share = 0.05
+    max_mb = 64                      # bound on the route's captured files (oldest go first)
+    retention = 604800               # seconds a captured workload is kept
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from services.router.capture import CaptureSpec, parse_capture
 from switchyard.errors import InvalidArgument
 
 
@@ -72,6 +77,7 @@ class Route:
     targets: tuple[Target, ...]
     shadow: ShadowSpec | None = None
     max_in_flight: int = 0  # 0 = settings.max_in_flight
+    capture: CaptureSpec | None = None  # set in the routes file only (services/router/capture.py)
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,7 @@ class Settings:
     # polls for the others' changes this often (0: never, only its own changes apply).
     fleet: str = "default"
     route_sync_s: float = 2.0
+    workloads_dir: str = "var/workloads"  # captured workloads, one folder per route
 
 
 TRANSPORTS = ("frames", "grpc")
@@ -197,7 +204,7 @@ def route_from_table(model: str, raw: Any, deployments: tuple[Deployment, ...]) 
     where = f"routes.{model}"
     if not isinstance(raw, Mapping):
         raise InvalidArgument(f"{where} must be a table")
-    _check_keys(raw, {"policy", "targets", "shadow", "max_in_flight"}, where)
+    _check_keys(raw, {"policy", "targets", "shadow", "max_in_flight", "capture"}, where)
     try:
         policy = Policy(str(raw.get("policy", "failover")))
     except ValueError:
@@ -212,7 +219,8 @@ def route_from_table(model: str, raw: Any, deployments: tuple[Deployment, ...]) 
         shadow = ShadowSpec(
             float(s.get("share", 0.0)), tuple(_target(c, where) for c in s.get("candidates", ()))
         )
-    route = Route(model, policy, targets, shadow, int(raw.get("max_in_flight", 0)))
+    capture = parse_capture(raw["capture"], where) if "capture" in raw else None
+    route = Route(model, policy, targets, shadow, int(raw.get("max_in_flight", 0)), capture)
     return validate_route(route, deployments)
 
 

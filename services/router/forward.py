@@ -19,12 +19,14 @@ import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from services.router import wire
 from services.router.auth import ANONYMOUS, Authenticator, Identity, authorize, bearer_key
+from services.router.capture import Capturer
 from services.router.config import Route, RouterConfig, Target
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
 from services.router.executors import ExecutorPool, UpstreamError
@@ -91,6 +93,7 @@ class Router:
         self._shadow_pending = 0
         self.stats = RouterStats()  # read by the Prometheus collector (services/router/metrics.py)
         self._background: set[asyncio.Task[None]] = set()
+        self.captures: dict[str, Capturer] = {}  # route -> its workload capture (opt-in)
 
     # ---- admission ----------------------------------------------------------------------------
     def route_for(self, model: str) -> Route:
@@ -222,6 +225,9 @@ class Router:
             )
         if route.shadow is not None and self.rng.random() < route.shadow.share:
             self._mirror(route, header, raw, reply, time_remaining, request_id, identity)
+        capture = self.captures.get(route.model)
+        if capture is not None:
+            capture.offer(raw)  # a queue append at most; never waits
         extra: dict[str, wire.Param] = {"path": outcome.path, "request_id": request_id}
         suffix = b""
         if target.model and target.model != route.model:
@@ -396,7 +402,23 @@ class Router:
         d = divergence(primary, candidate, self.settings.shadow_atol, self.settings.shadow_rtol)
         return d, "local"
 
+    def start_captures(self, root: Path) -> None:
+        """A capture per route whose routes-file entry opts in; each start is audited."""
+        for route in self.config.routes:
+            if route.capture is None:
+                continue
+            capturer = Capturer(route.model, route.capture, root / route.model)
+            capturer.start()
+            self.captures[route.model] = capturer
+            detail = json.dumps(
+                {"share": route.capture.share, "max_mb": route.capture.max_mb,
+                 "retention_s": route.capture.retention_s, "folder": str(capturer.folder)}
+            )  # fmt: skip
+            self.audit(None, "workload.capture", f"route/{route.model}", "ok", detail, "", "router")
+
     async def close(self) -> None:
+        for capturer in self.captures.values():
+            await capturer.close()
         if self.auth is not None:
             await self.auth.close()
         if self.evaluator is not None:

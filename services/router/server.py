@@ -107,6 +107,7 @@ async def start_router(
     # admin changes: kept across restarts, and shared by the fleet through metering
     store = RouteStore(spool_dir or Path(settings.spool_dir), metering, settings.fleet)
     router = Router(config, pool, auth, spool, store, evaluator)
+    router.start_captures(Path(settings.workloads_dir))
     if metering is not None:
         try:
             await router.sync_routes()  # the fleet's changes before the first request

@@ -1,0 +1,298 @@
+"""Workload capture: a share of a route's requests written to disk for replay in trials.
+
+Opt-in per route (`[routes.X.capture] share, max_mb, retention`). On the hot path a sampled
+request's bytes are appended to a bounded in-memory queue and nothing else; when the queue is
+full the request is not captured (counted in `dropped`): capture never makes serving wait.
+A writer task drains the queue on a thread: it keeps only the input tensors (name, datatype,
+shape, raw bytes; never the caller's identity, request id or parameters) and appends them as
+length-prefixed ModelInferRequests to the route's current segment file. A segment closes when
+it reaches its size (max_mb / 4) or the router stops; its sha256 then goes into the route's
+`manifest.json`, and each closed segment is one workload, `<route>.<time-ordered id>`, immutable
+from then on. Segments beyond `max_mb` in total or older than `retention` seconds are deleted,
+oldest first. Folders are created 0700 and files 0600: captured inputs may be sensitive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import random
+import struct
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from switchyard import ids
+from switchyard.errors import InvalidArgument, NotFound
+from switchyard.gen.inference import grpc_service_pb2 as pb
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+RECORD = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class CaptureSpec:
+    share: float
+    max_mb: int = 64
+    retention_s: float = 7 * 24 * 3600.0
+    max_pending: int = 256  # sampled requests waiting for the writer; beyond that, dropped
+
+
+def parse_capture(raw: Any, where: str) -> CaptureSpec:
+    if not isinstance(raw, dict):
+        raise InvalidArgument(f"{where}.capture must be a table (share, max_mb, retention)")
+    unknown = set(raw) - {"share", "max_mb", "retention", "max_pending"}
+    if unknown:
+        raise InvalidArgument(
+            f"{where}.capture: unknown keys {sorted(unknown)}; allowed: share, max_mb, retention"
+        )
+    try:
+        spec = CaptureSpec(
+            share=float(raw.get("share", 0.0)),
+            max_mb=int(raw.get("max_mb", 64)),
+            retention_s=float(raw.get("retention", 7 * 24 * 3600)),
+            max_pending=int(raw.get("max_pending", 256)),
+        )
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{where}.capture: share, retention are numbers, max_mb an integer") from None
+    if not 0.0 < spec.share <= 1.0:
+        raise InvalidArgument(f"{where}.capture.share must be within (0, 1], got {spec.share}")
+    if not 1 <= spec.max_mb <= 1 << 20:
+        raise InvalidArgument(f"{where}.capture.max_mb must be 1..1048576 (MiB), got {spec.max_mb}")
+    if spec.retention_s <= 0:
+        raise InvalidArgument(f"{where}.capture.retention must be > 0 seconds, got {spec.retention_s}")
+    if spec.max_pending < 1:
+        raise InvalidArgument(f"{where}.capture.max_pending must be >= 1")
+    return spec
+
+
+def inputs_only(raw: bytes) -> bytes:
+    """The request reduced to model, version and input tensors in raw form."""
+    request = pb.ModelInferRequest.FromString(raw)
+    kept = pb.ModelInferRequest(model_name=request.model_name, model_version=request.model_version)
+    raw_contents = list(request.raw_input_contents)
+    for i, tensor in enumerate(request.inputs):
+        kept.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
+        if raw_contents:
+            kept.raw_input_contents.append(raw_contents[i])
+        else:
+            kept.inputs[-1].contents.CopyFrom(tensor.contents)
+    return kept.SerializeToString()
+
+
+@dataclass
+class CaptureStats:
+    sampled: int = 0
+    written: int = 0
+    dropped: int = 0  # sampled while the queue was full: not captured, serving not delayed
+
+
+@dataclass
+class Capturer:
+    route: str
+    spec: CaptureSpec
+    folder: Path
+    rng: random.Random = field(default_factory=random.Random)
+    stats: CaptureStats = field(default_factory=CaptureStats)
+
+    def __post_init__(self) -> None:
+        self.queue: deque[bytes] = deque()
+        self.wake = asyncio.Event()
+        self.segment_bytes = max(64 * 1024, self.spec.max_mb * (1 << 20) // 4)
+        self._file: Any = None
+        self._current: dict[str, Any] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    # ---- hot path -------------------------------------------------------------------------
+    def offer(self, raw: bytes) -> None:
+        if self.rng.random() >= self.spec.share:
+            return
+        self.stats.sampled += 1
+        if len(self.queue) >= self.spec.max_pending:
+            self.stats.dropped += 1
+            return
+        self.queue.append(raw)
+        if len(self.queue) == 1:
+            self.wake.set()
+
+    # ---- writer -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"capture-{self.route}")
+
+    async def _run(self) -> None:
+        while not self._closing:
+            await self.wake.wait()
+            self.wake.clear()
+            await self._drain()
+
+    async def _drain(self) -> None:
+        batch = []
+        while self.queue:
+            batch.append(self.queue.popleft())
+        if batch:
+            try:
+                await asyncio.to_thread(self._write, batch)
+            except Exception as exc:  # a full disk must not take serving down: log, drop
+                self.stats.dropped += len(batch)
+                log.warning(
+                    "capture of route %s: writing failed, %d request(s) dropped: %s",
+                    self.route,
+                    len(batch),
+                    exc,
+                )
+
+    def _write(self, batch: list[bytes]) -> None:
+        for raw in batch:
+            try:
+                record = inputs_only(raw)
+            except Exception:  # not a request the router would have served
+                continue
+            if self._file is None:
+                self._open()
+            self._file.write(RECORD.pack(len(record)) + record)
+            self._current["requests"] += 1
+            self._current["bytes"] += RECORD.size + len(record)
+            self.stats.written += 1
+            if self._current["bytes"] >= self.segment_bytes:
+                self._close_segment()
+        if self._file is not None:
+            self._file.flush()
+
+    def _open(self) -> None:
+        workload = f"{self.route}.{ids.time_ordered_hex()[:16]}"
+        path = self.folder / f"{workload}.rec.partial"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._file = os.fdopen(fd, "wb")
+        self._current = {"id": workload, "requests": 0, "bytes": 0, "started_unix_s": time.time()}
+
+    def _close_segment(self) -> None:
+        if self._file is None:
+            return
+        self._file.close()
+        self._file = None
+        entry = dict(self._current)
+        partial = self.folder / f"{entry['id']}.rec.partial"
+        final = self.folder / f"{entry['id']}.rec"
+        entry["sha256"] = _sha256(partial)
+        entry["closed_unix_s"] = time.time()
+        entry["file"] = final.name
+        partial.rename(final)
+        manifest = read_manifest(self.folder)
+        manifest["workloads"].append(entry)
+        self._retain(manifest)
+        write_manifest(self.folder, manifest)
+
+    def _retain(self, manifest: dict[str, Any]) -> None:
+        now = time.time()
+        kept: list[dict[str, Any]] = []
+        total = 0
+        for entry in reversed(manifest["workloads"]):  # newest first
+            fresh = now - float(entry["closed_unix_s"]) <= self.spec.retention_s
+            if fresh and total + int(entry["bytes"]) <= self.spec.max_mb * (1 << 20):
+                kept.append(entry)
+                total += int(entry["bytes"])
+            else:
+                (self.folder / entry["file"]).unlink(missing_ok=True)
+        manifest["workloads"] = list(reversed(kept))
+
+    async def close(self) -> None:
+        self._closing = True
+        self.wake.set()
+        if self._task is not None:
+            await self._task
+        await self._drain()
+        await asyncio.to_thread(self._close_segment)
+
+
+# ---- reading ------------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = folder / MANIFEST
+    if not path.exists():
+        return {"route": folder.name, "workloads": []}
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    tmp = folder / f".{MANIFEST}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+    tmp.replace(folder / MANIFEST)
+
+
+def list_workloads(root: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if not root.is_dir():
+        return out
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        for entry in read_manifest(folder)["workloads"]:
+            out.append({"route": folder.name, **entry})
+    return out
+
+
+def find_workload(root: Path, workload: str) -> tuple[Path, dict[str, Any]]:
+    route = workload.rsplit(".", 1)[0]
+    if route and route not in (".", "..") and "/" not in workload and (root / route).is_dir():
+        for entry in read_manifest(root / route)["workloads"]:
+            if entry["id"] == workload:
+                return root / route / entry["file"], entry
+    known = [w["id"] for w in list_workloads(root)]
+    raise NotFound(f"unknown workload {workload!r} in {root}; known: {known[-5:] or 'none'}")
+
+
+def read_requests(path: Path, expected_sha256: str = "") -> list[pb.ModelInferRequest]:
+    """The captured requests in order; the file must hash to `expected_sha256` when given."""
+    blob = path.read_bytes()
+    actual = hashlib.sha256(blob).hexdigest()
+    if expected_sha256 and actual != expected_sha256:
+        from switchyard.errors import FailedPrecondition
+
+        raise FailedPrecondition(
+            f"workload {path.name} hashes to {actual}, but {expected_sha256} was expected"
+        )
+    out, at = [], 0
+    while at < len(blob):
+        (size,) = RECORD.unpack_from(blob, at)
+        at += RECORD.size
+        out.append(pb.ModelInferRequest.FromString(blob[at : at + size]))
+        at += size
+    return out
+
+
+def distribution(requests: list[pb.ModelInferRequest]) -> dict[str, Any]:
+    """Request count, and per input the shapes seen (with counts) and the byte sizes."""
+    shapes: dict[str, dict[str, int]] = {}
+    sizes: list[int] = []
+    for r in requests:
+        sizes.append(sum(len(c) for c in r.raw_input_contents))
+        for t in r.inputs:
+            key = "x".join(str(d) for d in t.shape)
+            shapes.setdefault(t.name, {})[key] = shapes.setdefault(t.name, {}).get(key, 0) + 1
+    ordered = sorted(sizes)
+    return {
+        "requests": len(requests),
+        "shapes": shapes,
+        "bytes": {
+            "total": sum(sizes),
+            "min": ordered[0] if ordered else 0,
+            "p50": ordered[len(ordered) // 2] if ordered else 0,
+            "max": ordered[-1] if ordered else 0,
+        },
+    }
