@@ -27,6 +27,13 @@ Request parameters the executor reads:
   streams send them).
 
 Triton's shared-memory keys are refused with UNIMPLEMENTED.
+
+Generation (a model with `[generation]`, answered by the executor's generation engine):
+each response carries `triton_final_response` (bool, Triton's decoupled flag: true on the
+last), `num_input_tokens` and `num_output_tokens` (int64, so far), `finish_reason` (string,
+on the last: stop or length) and, when asked for, `logprobs` (string, JSON). A request that
+carries `switchyard_unary` (bool; the router's one-answer path sets it) is answered once,
+as ModelInfer answers it, even on a stream.
 """
 
 from __future__ import annotations
@@ -43,7 +50,15 @@ COMPILATIONS_AFTER_WARMUP = "compilations_after_warmup"
 IN_FLIGHT = "in_flight"
 QUEUE_DEPTH = "queue_depth"
 
+# generation
+FINAL = "triton_final_response"
+FINISH_REASON = "finish_reason"
+NUM_INPUT_TOKENS = "num_input_tokens"
+NUM_OUTPUT_TOKENS = "num_output_tokens"
+LOGPROBS = "logprobs"
+
 # request parameters
+UNARY = "switchyard_unary"
 TIMEOUT = "timeout"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"

@@ -22,6 +22,8 @@ import torch
 
 from services.executor.backends.base import PRECISIONS, Backend, CompileCounters, PreparedModel
 from services.executor.batching import Batcher, Phases, QueuedRequest
+from services.executor.generation.engine import GenerationEngine, GenerationRuntime
+from services.executor.generation.settings import GenerationSettings
 from switchyard import codec
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument
@@ -76,6 +78,9 @@ class LoadedModel:
         self.findings = Findings()
         self.prepared: PreparedModel | None = None
         self.batcher: Batcher | None = None
+        self.generation: GenerationRuntime | None = None  # a causal LM's device side
+        self.engine: GenerationEngine | None = None  # its scheduler, once READY
+        self.generation_settings = spec.generation  # [generation] of model.toml, read once
         self.sha256 = spec.sha256
         self._warm_counters = CompileCounters()
         self.warm_compute_s: dict[int, float] = {}
@@ -107,6 +112,9 @@ class LoadedModel:
         self.backend.synchronize()
         self.times.to_device_s = time.perf_counter() - start
 
+        if self.generation_settings is not None:
+            self._load_generation(module, self.generation_settings)
+            return
         before = self.backend.counters()
         start = time.perf_counter()
         self.prepared = self.backend.prepare(module, self.options.mode)
@@ -139,7 +147,37 @@ class LoadedModel:
         self.findings.unsupported_dtypes = [p for p in PRECISIONS if p not in self.backend.precisions]
         self._warm_counters = own
 
+    def _load_generation(self, module: torch.nn.Module, settings: GenerationSettings) -> None:
+        """A causal LM: the generation runtime, every prefill bucket and decode width warmed."""
+        before = self.backend.counters()
+        start = time.perf_counter()
+        runtime = GenerationRuntime(module, settings, self.backend, self.options.mode, self.dtype)
+        runtime.warm()
+        self.backend.synchronize()
+        self.times.compile_s = time.perf_counter() - start
+        own = runtime.counters()
+        process = self.backend.counters().since(before)
+        self.findings.during_load = CompileCounters(
+            compilations=own.compilations,
+            compile_time_s=own.compile_time_s,
+            graph_breaks=process.graph_breaks,
+            graph_break_reasons=process.graph_break_reasons,
+            recompiles=own.recompiles,
+            fallback_ops=process.fallback_ops or own.fallback_ops,
+            notes=own.notes + process.notes,
+        )
+        self.findings.adaptations = [
+            f"generation: static KV cache of {settings.decode_slots} slots x "
+            f"{settings.max_context} positions ({runtime.cache.nbytes} bytes); "
+            f"prefill buckets {list(settings.prompt_buckets)}, "
+            f"decode widths {list(settings.decode_buckets)}"
+        ]
+        self.findings.unsupported_dtypes = [p for p in PRECISIONS if p not in self.backend.precisions]
+        self.generation = runtime
+
     def compilations_after_warmup(self) -> int:
+        if self.generation is not None:
+            return self.generation.compilations_after_warmup()
         if self.prepared is None:
             return 0
         return self.prepared.counters().compilations - self._warm_counters.compilations

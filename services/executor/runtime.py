@@ -21,6 +21,9 @@ import torch
 from services.executor.backends.base import PRECISIONS, Backend, DeviceDescription, host_id
 from services.executor.batching import Batcher, BatchPolicy, BatchResult, QueuedRequest
 from services.executor.config import ExecutorConfig
+from services.executor.generation.engine import GenerationEngine, GenerationStream
+from services.executor.generation.settings import SamplingParams
+from services.executor.generation.tokenizer import load_tokenizer
 from services.executor.model_runtime import LoadedModel, LoadOptions
 from switchyard.codec import WireTensor
 from switchyard.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -165,6 +168,9 @@ class Executor:
                 raise
             finally:
                 self.loading.pop(key, None)
+            if model.generation is not None:
+                tokenizer = load_tokenizer(model.generation.settings.tokenizer, spec.folder)
+                model.engine = GenerationEngine(model.generation, tokenizer, self.on_device)
             policy = BatchPolicy(
                 max_batch=model.max_batch,
                 max_queue_delay_us=options.max_queue_delay_us,
@@ -181,6 +187,8 @@ class Executor:
             self.models[(spec.name, spec.version)] = model
         if old is not None and old.batcher is not None:
             await old.batcher.close(grace_s=30.0)  # requests already queued on the old one finish
+        if old is not None and old.engine is not None:
+            await old.engine.close()
         log.info(
             "loaded %s:%s mode=%s precision=%s buckets=%s in %.2fs",
             spec.name, spec.version, options.mode, options.precision, list(options.batch_buckets),
@@ -194,6 +202,8 @@ class Executor:
         model.state = "UNLOADED"
         if model.batcher is not None:
             await model.batcher.close(grace_s=30.0)
+        if model.engine is not None:
+            await model.engine.close()
 
     def find(self, name: str, version: str) -> LoadedModel:
         """The loaded model; "" version = the default version if loaded, else the only one."""
@@ -244,8 +254,24 @@ class Executor:
             self.in_flight -= 1
             self._last_done = time.perf_counter()
 
+    def generate(
+        self,
+        model: LoadedModel,
+        prompt: list[int],
+        params: SamplingParams,
+        with_text: bool,
+        deadline: float | None,
+    ) -> GenerationStream:
+        """Starts a generation on a causal LM (see `generation.engine`); iterate the stream."""
+        if self.draining:
+            raise Draining("executor is draining; retry on another executor")
+        if model.state != "READY" or model.engine is None:
+            raise Unavailable(f"model {model.spec.name!r} is {model.state}; retry when it is READY")
+        return model.engine.submit(prompt, params, with_text, deadline)
+
     def load(self) -> Load:
         depth = sum(m.batcher.depth for m in self.models.values() if m.batcher is not None)
+        depth += sum(m.engine.depth for m in self.models.values() if m.engine is not None)
         return Load(in_flight=self.in_flight, queue_depth=depth, draining=self.draining)
 
     def ready(self) -> bool:
@@ -305,4 +331,6 @@ class Executor:
         for model in list(self.models.values()):
             if model.batcher is not None:
                 await model.batcher.close()
+            if model.engine is not None:
+                await model.engine.close()
         self._device.shutdown(wait=False, cancel_futures=True)

@@ -17,6 +17,7 @@ import grpc
 import numpy as np
 
 from services.executor.batching import BatchCounters
+from services.executor.generation import oip as gen_oip
 from services.executor.model_runtime import LoadedModel
 from services.executor.runtime import Executor
 from switchyard import codec, oip_params, telemetry
@@ -131,19 +132,17 @@ def model_config(model: LoadedModel) -> mc.ModelConfig:
         backend=model.backend.name,
         max_batch_size=model.max_batch,
         input=[
-            mc.ModelInput(
-                name=s.name, data_type=mc.DataType.Value(f"TYPE_{model.wire_datatype(s)}"), dims=list(s.dims)
-            )
+            mc.ModelInput(name=s.name, data_type=_config_type(model.wire_datatype(s)), dims=list(s.dims))
             for s in spec.inputs
         ],
         output=[
-            mc.ModelOutput(
-                name=s.name, data_type=mc.DataType.Value(f"TYPE_{model.wire_datatype(s)}"), dims=list(s.dims)
-            )
+            mc.ModelOutput(name=s.name, data_type=_config_type(model.wire_datatype(s)), dims=list(s.dims))
             for s in spec.outputs
         ],
         instance_group=[mc.ModelInstanceGroup(name=spec.name, count=1, kind=_instance_kind(model))],
     )
+    if model.spec.generation is not None:
+        config.model_transaction_policy.decoupled = True  # many responses per request
     if options.dynamic_batching:
         config.dynamic_batching.preferred_batch_size.extend(options.batch_buckets)
         config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
@@ -155,6 +154,11 @@ def model_config(model: LoadedModel) -> mc.ModelConfig:
     ):
         config.parameters[key].string_value = value
     return config
+
+
+def _config_type(datatype: str) -> mc.DataType.ValueType:
+    """Triton's config names BYTES tensors TYPE_STRING."""
+    return mc.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
 
 
 def _instance_kind(model: LoadedModel) -> mc.ModelInstanceGroup.Kind.ValueType:
@@ -272,9 +276,100 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Each request answered in order; an error goes into error_message and the stream goes on."""
-        async for request in request_iterator:
-            yield await self.answer(request, context.time_remaining())
+        """Each request answered in order; an error goes into error_message and the stream goes on.
+        A generation (a causal LM's request) is decoupled: it runs beside the stream's other
+        requests and sends its responses as its tokens come (`generation.oip`)."""
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        generations: set[asyncio.Task[None]] = set()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    model = self._generative(request)
+                    if model is None:
+                        out.put_nowait(await self.answer(request, context.time_remaining()))
+                        continue
+                    task = asyncio.create_task(self._stream_generation(model, request, out, context))
+                    generations.add(task)
+                    task.add_done_callback(generations.discard)
+                if generations:
+                    await asyncio.wait(set(generations))
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await out.get()) is not None:
+                yield item
+            await reader  # the caller's stream broke: its error ends ours
+        finally:
+            reader.cancel()
+            for task in list(generations):
+                task.cancel()  # a caller that left: each generation's slot is freed
+
+    def _generative(self, request: pb.ModelInferRequest) -> LoadedModel | None:
+        """The causal LM a stream request is for, unless the router asked for one answer."""
+        try:
+            model = self.executor.find(request.model_name, request.model_version)
+        except SwitchyardError:
+            return None  # answered (with the error) by the one-answer path
+        if model.engine is None or gen_oip.UNARY in request.parameters:
+            return None
+        return model
+
+    async def _stream_generation(
+        self,
+        model: LoadedModel,
+        request: pb.ModelInferRequest,
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None],
+        context: Context,
+    ) -> None:
+        try:
+            async for response in self.generate(model, request, context.time_remaining(), decoupled=True):
+                out.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+        except SwitchyardError as exc:
+            out.put_nowait(self._final_error(f"{exc.status.value}: {exc}", request.id))
+        except Exception as exc:  # one bad request must not end the stream the others share
+            message = internal_error(exc, _STREAM_METHOD)
+            out.put_nowait(self._final_error(f"INTERNAL: {message}", request.id))
+
+    @staticmethod
+    def _final_error(message: str, request_id: str) -> pb.ModelStreamInferResponse:
+        response = pb.ModelStreamInferResponse(error_message=message)
+        response.infer_response.id = request_id
+        response.infer_response.parameters[gen_oip.FINAL].bool_param = True
+        return response
+
+    async def generate(
+        self, model: LoadedModel, request: pb.ModelInferRequest, time_remaining: float | None, decoupled: bool
+    ) -> AsyncIterator[pb.ModelInferResponse]:
+        """A generation's responses (all of a stream, or the one of a whole completion)."""
+        call = gen_oip.parse_call(model, decode_inputs(request), [o.name for o in request.outputs])
+        if not decoupled:
+            gen_oip.check_unary(call)
+        deadline = _deadline(request, time_remaining)
+        stream = self.executor.generate(
+            model, call.prompt, call.params, call.prompt_text is not None, deadline
+        )
+        template = pb.ModelInferResponse()
+        template.CopyFrom(self._template(model))
+        load = self.executor.load()
+        template.parameters[
+            oip_params.COMPILATIONS_AFTER_WARMUP
+        ].int64_param = model.compilations_after_warmup()
+        template.parameters[oip_params.IN_FLIGHT].int64_param = load.in_flight
+        template.parameters[oip_params.QUEUE_DEPTH].int64_param = load.queue_depth
+        responder = gen_oip.Responder(template, request.id, call)
+        self.executor.in_flight += 1
+        try:
+            async for response in gen_oip.stream_responses(responder, stream, decoupled):
+                response.parameters[
+                    oip_params.COMPILATIONS_AFTER_WARMUP
+                ].int64_param = model.compilations_after_warmup()
+                yield response
+        finally:
+            stream.cancel()
+            self.executor.in_flight -= 1
 
     async def answer(
         self, request: pb.ModelInferRequest, time_remaining: float | None
@@ -304,6 +399,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, time_remaining: float | None
     ) -> pb.ModelInferResponse:
         started = time.perf_counter_ns()
+        generative = self.executor.find(request.model_name, request.model_version)
+        if generative.engine is not None:  # a causal LM: the whole completion in one response
+            responses = [r async for r in self.generate(generative, request, time_remaining, False)]
+            return responses[-1]
         elements = bytes_elements(request) if self._has_bytes(request) else 0
         if elements > self.executor.config.max_bytes_elements:
             raise ResourceExhausted(

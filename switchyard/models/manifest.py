@@ -20,7 +20,7 @@ from typing import Any
 from switchyard.errors import FailedPrecondition
 
 FORMATS = ("hf", "torch_export", "factory")
-DATATYPES = ("BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64")
+DATATYPES = ("BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")

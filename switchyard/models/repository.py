@@ -5,7 +5,8 @@ folder `<repo>/<model>/<version>/` holding the artifact files whose sha256s mode
 `Repository.get(name, version)` reads model.toml afresh (a model added while an executor runs
 is loadable at once) and `load_module` checks every file's hash before a loader opens it.
 
-The built-ins (`mlp`, `tiny-lm`, `minilm-l6`, each at version "1" and at "perturbed": the same
+The built-ins (`mlp`, `tiny-lm`, `minilm-l6`, and `tiny-lm-gen`: tiny-lm's weights served by
+the generation engine; each at version "1" and at "perturbed": the same
 weights plus seeded noise, for shadow and REJECT tests) are factory-format entries shipped in
 `switchyard/models/builtin/<name>/model.toml`; `seed_builtins(repo)` copies them with their
 weights into a repository (`switchyard up` seeds `var/models`; in-process executors without a
@@ -27,6 +28,7 @@ from torch import nn
 
 from switchyard.errors import FailedPrecondition, NotFound
 from switchyard.models import formats
+from switchyard.models.generation import GenerationSettings
 from switchyard.models.manifest import (
     NAME,
     ManifestError,
@@ -95,6 +97,12 @@ class ModelSpec:
     @property
     def example_inputs(self) -> ExampleInputs:
         return formats.example_maker(self.manifest, self.allowed_factories)
+
+    @property
+    def generation(self) -> GenerationSettings | None:
+        """The `[generation]` table: this model is a causal LM served by the generation engine."""
+        table = self.manifest.generation_table()
+        return GenerationSettings.from_table(table) if table else None
 
     @property
     def train_loss(self) -> TrainLoss | None:
@@ -231,6 +239,7 @@ def builtin_sources() -> dict[str, Path]:
     return {
         "mlp": CHECKPOINTS / "mlp.safetensors",
         "tiny-lm": CHECKPOINTS / "tiny_lm.safetensors",
+        "tiny-lm-gen": CHECKPOINTS / "tiny_lm.safetensors",
         "minilm-l6": minilm.checkpoint_path(),
     }
 

@@ -208,6 +208,27 @@ class ModelParameter(_message.Message):
 Global___ModelParameter: _TypeAlias = ModelParameter  # noqa: Y015
 
 @_typing.final
+class ModelTransactionPolicy(_message.Message):
+    """Triton's: a decoupled model may send any number of responses per request (generation)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DECOUPLED_FIELD_NUMBER: _builtins.int
+    decoupled: _builtins.bool
+    def __init__(
+        self,
+        *,
+        decoupled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decoupled", b"decoupled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelTransactionPolicy: _TypeAlias = ModelTransactionPolicy  # noqa: Y015
+
+@_typing.final
 class ModelConfig(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -241,6 +262,7 @@ class ModelConfig(_message.Message):
     DYNAMIC_BATCHING_FIELD_NUMBER: _builtins.int
     PARAMETERS_FIELD_NUMBER: _builtins.int
     BACKEND_FIELD_NUMBER: _builtins.int
+    MODEL_TRANSACTION_POLICY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     platform: _builtins.str
     max_batch_size: _builtins.int
@@ -255,6 +277,8 @@ class ModelConfig(_message.Message):
     def dynamic_batching(self) -> Global___ModelDynamicBatching: ...
     @_builtins.property
     def parameters(self) -> _containers.MessageMap[_builtins.str, Global___ModelParameter]: ...
+    @_builtins.property
+    def model_transaction_policy(self) -> Global___ModelTransactionPolicy: ...
     def __init__(
         self,
         *,
@@ -267,10 +291,11 @@ class ModelConfig(_message.Message):
         dynamic_batching: Global___ModelDynamicBatching | None = ...,
         parameters: _abc.Mapping[_builtins.str, Global___ModelParameter] | None = ...,
         backend: _builtins.str = ...,
+        model_transaction_policy: Global___ModelTransactionPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["dynamic_batching", b"dynamic_batching", "scheduling_choice", b"scheduling_choice"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dynamic_batching", b"dynamic_batching", "model_transaction_policy", b"model_transaction_policy", "scheduling_choice", b"scheduling_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "dynamic_batching", b"dynamic_batching", "input", b"input", "instance_group", b"instance_group", "max_batch_size", b"max_batch_size", "name", b"name", "output", b"output", "parameters", b"parameters", "platform", b"platform", "scheduling_choice", b"scheduling_choice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "dynamic_batching", b"dynamic_batching", "input", b"input", "instance_group", b"instance_group", "max_batch_size", b"max_batch_size", "model_transaction_policy", b"model_transaction_policy", "name", b"name", "output", b"output", "parameters", b"parameters", "platform", b"platform", "scheduling_choice", b"scheduling_choice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_scheduling_choice: _TypeAlias = _typing.Literal["dynamic_batching"]  # noqa: Y015
     _WhichOneofArgType_scheduling_choice: _TypeAlias = _typing.Literal["scheduling_choice", b"scheduling_choice"]  # noqa: Y015

@@ -1,0 +1,463 @@
+"""The generation engine: iteration-level (continuous) batching over a static KV cache.
+
+`GenerationRuntime` is the device side (run on the executor's device thread): the model's
+prefill and decode steps prepared by the backend (eager, inductor, XLA), the cache, and the
+warm-up that compiles every graph the engine will ever run, one per prompt bucket and one
+per decode width, before the model turns READY.
+
+`GenerationEngine` is the scheduler (on the event loop). Requests wait in a bounded queue
+(beyond `max_queue`, RESOURCE_EXHAUSTED) for a free slot. Each iteration:
+1. requests cancelled or past their deadline leave, and their slots are freed;
+2. one decode step for every running request (one new token each, each at its own position),
+   as wide as the highest slot in use rounded up to a decode bucket;
+3. then up to `max_prefills_per_step` waiting requests take free slots and are prefilled
+   (each gives its first token), joining the running batch at the next decode step.
+Decode runs before prefill within an iteration so that the rows a decode step covers but does
+not use (free slots inside its width) are only ever ones a prefill rewrites whole.
+Tokens are chosen on the device thread too (host sampling, `sampling`), so the event loop
+only moves events to the streams. A request leaves at its stop (EOS, a stop id or string),
+at max_tokens, or when its consumer goes away, and its slot serves the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from services.executor.backends.base import Backend, CompileCounters, PreparedModel
+from services.executor.generation.kv_cache import SlotAllocator, StaticKVCache
+from services.executor.generation.models import DecodeStep, PrefillStep, causal_lm_for
+from services.executor.generation.sampling import Choice, choose, new_generator
+from services.executor.generation.settings import GenerationSettings, SamplingParams
+from services.executor.generation.tokenizer import Detokenizer, Tokenizer
+from switchyard.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+
+log = logging.getLogger(__name__)
+
+
+class EngineFull(ResourceExhausted):
+    """Every slot is busy and the queue is at its bound."""
+
+
+class GenerationRuntime:
+    """The device side: prepared steps, the cache, warm-up and compile counters."""
+
+    def __init__(
+        self, module: nn.Module, settings: GenerationSettings, backend: Backend, mode: str, dtype: torch.dtype
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.lm = causal_lm_for(module)
+        if settings.max_context > self.lm.max_positions:
+            raise InvalidArgument(
+                f"[generation] max_context is {settings.max_context}, but the model has "
+                f"{self.lm.max_positions} positions; lower max_context"
+            )
+        self.device = backend.device()
+        self.cache = StaticKVCache(
+            self.lm.cache_shape, settings.decode_slots, settings.max_context, dtype, self.device
+        )
+        layers = self.lm.cache_shape.layers
+        self.prefill_step: PreparedModel = backend.prepare(PrefillStep(self.lm, layers), mode)
+        self.decode_step: PreparedModel = backend.prepare(DecodeStep(self.lm, layers), mode)
+        self.eos_token_ids = settings.eos_token_ids or self.lm.eos_token_ids
+        self._warm = 0
+        self.warm_prefill_s: dict[int, float] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.lm.vocab_size)
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [*self.cache.keys, *self.cache.values]
+
+    def _run(self, step: PreparedModel, inputs: list[torch.Tensor]) -> torch.Tensor:
+        moved = [t.to(self.device) for t in inputs]
+        with self.backend.inference_context():
+            out = step.run([*moved, *self._tensors()])
+        self.backend.synchronize()
+        return out.detach().to("cpu", torch.float32)  # type: ignore[no-any-return]
+
+    def bucket_for(self, length: int) -> int:
+        buckets = self.settings.prompt_buckets
+        return buckets[bisect.bisect_left(buckets, length)]
+
+    def prefill(self, ids: list[int], slot: int) -> torch.Tensor:
+        """The logits [vocab] after the prompt; the slot's cache row holds the prompt."""
+        bucket = self.bucket_for(len(ids))
+        padded = torch.zeros((1, bucket), dtype=torch.int64)
+        padded[0, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+        length = torch.tensor([len(ids)], dtype=torch.int64)
+        return self._run(self.prefill_step, [padded, length, torch.tensor([slot], dtype=torch.int64)])[0]
+
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """Logits [width, vocab] of one step over the leading `len(tokens)` slots (padded to a bucket)."""
+        buckets = self.settings.decode_buckets
+        width = buckets[bisect.bisect_left(buckets, len(tokens))]
+        t = torch.zeros(width, dtype=torch.int64)
+        p = torch.zeros(width, dtype=torch.int64)
+        t[: len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+        p[: len(positions)] = torch.tensor(positions, dtype=torch.int64)
+        return self._run(self.decode_step, [t, p])
+
+    def warm(self) -> None:
+        """Runs every prefill bucket and decode width once (compiling each on compiling paths),
+        then takes the counters that `compilations_after_warmup` is measured from."""
+        for bucket in self.settings.prompt_buckets:
+            ids = [1] * bucket
+            self.prefill(ids, 0)
+            begin = time.perf_counter()
+            self.prefill(ids, 0)
+            self.warm_prefill_s[bucket] = time.perf_counter() - begin
+        for width in self.settings.decode_buckets:
+            self.decode([0] * width, [0] * width)
+        self._warm = self.compilations()
+
+    def compilations(self) -> int:
+        return self.prefill_step.counters().compilations + self.decode_step.counters().compilations
+
+    def counters(self) -> CompileCounters:
+        a, b = self.prefill_step.counters(), self.decode_step.counters()
+        return CompileCounters(
+            compilations=a.compilations + b.compilations,
+            compile_time_s=a.compile_time_s + b.compile_time_s,
+            graph_breaks=max(a.graph_breaks, b.graph_breaks),
+            graph_break_reasons=tuple(sorted({*a.graph_break_reasons, *b.graph_break_reasons})),
+            recompiles=a.recompiles + b.recompiles,
+            fallback_ops=a.fallback_ops or b.fallback_ops,
+            notes=a.notes + b.notes,
+        )
+
+    def compilations_after_warmup(self) -> int:
+        return self.compilations() - self._warm
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """What one step gave a request: its new token, the text it released, and on the last event
+    the finish reason ("stop" or "length"; "cancelled" is never seen by a consumer)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    choices: tuple[Choice, ...]
+    finish_reason: str | None
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop_ids: frozenset[int]
+    eos_ids: tuple[int, ...]
+    detokenizer: Detokenizer | None
+    deadline: float | None
+    events: asyncio.Queue[TokenEvent | BaseException] = field(default_factory=asyncio.Queue)
+    generator: torch.Generator | None = None
+    slot: int = -1
+    position: int = 0  # where the pending token goes in the cache
+    pending: int = -1  # the last chosen token, fed at the next decode step
+    output: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    done: bool = False
+    enqueued: float = field(default_factory=time.perf_counter)
+    first_token_at: float = 0.0
+    busy_ns: int = 0  # this request's share of the steps it was in (device time)
+
+    def banned(self) -> tuple[int, ...]:
+        early = len(self.output) < self.params.min_tokens and not self.params.ignore_eos
+        return self.eos_ids if early else ()
+
+
+class GenerationStream:
+    """A submitted request: iterate for its events; `cancel()` (or leaving) frees its slot."""
+
+    def __init__(self, engine: GenerationEngine, request: _Request) -> None:
+        self._engine = engine
+        self._request = request
+        self.prompt_tokens = len(request.prompt)
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self._request.output)
+
+    @property
+    def busy_us(self) -> int:
+        """Device time of this request so far: its prefill and its share of each decode step."""
+        return self._request.busy_ns // 1000
+
+    @property
+    def queue_s(self) -> float:
+        r = self._request
+        return (r.first_token_at - r.enqueued) if r.first_token_at else 0.0
+
+    def cancel(self) -> None:
+        if not self._request.done:
+            self._request.cancelled = True
+            self._engine.wake()
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        try:
+            while True:
+                item = await self._request.events.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            self.cancel()
+
+
+RunOnDevice = Callable[..., Awaitable[Any]]
+
+
+@dataclass
+class EngineCounters:
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    rejected_full: int = 0
+    prefills: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0  # rows computed (padded widths), for utilisation
+    tokens: int = 0
+    compute_ns: int = 0
+
+
+class GenerationEngine:
+    def __init__(self, runtime: GenerationRuntime, tokenizer: Tokenizer, run_on_device: RunOnDevice) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.tokenizer = tokenizer
+        self._on_device = run_on_device
+        self._slots = SlotAllocator(self.settings.decode_slots)
+        self._waiting: deque[_Request] = deque()
+        self._running: dict[int, _Request] = {}  # by slot
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self.counters = EngineCounters()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    # ---- admission -----------------------------------------------------------------------
+    @property
+    def depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def check_prompt(self, prompt: list[int], params: SamplingParams) -> int:
+        """The request's max_tokens, or INVALID_ARGUMENT with the lengths that do not fit."""
+        s = self.settings
+        if not prompt:
+            raise InvalidArgument("the prompt is empty; send at least one token of text_input or input_ids")
+        vocab = self.runtime.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidArgument(f"input_ids {bad[:5]} are outside the vocabulary 0..{vocab - 1}")
+        if len(prompt) > s.max_prompt:
+            raise InvalidArgument(
+                f"the prompt has {len(prompt)} tokens, over this model's longest prompt of {s.max_prompt} "
+                f"tokens (context {s.max_context}); shorten it"
+            )
+        if params.max_tokens is not None and params.max_tokens > s.max_new_tokens:
+            raise InvalidArgument(
+                f"max_tokens is {params.max_tokens}, over this model's limit of {s.max_new_tokens}"
+            )
+        room = s.max_context - len(prompt)
+        wanted = params.max_tokens if params.max_tokens is not None else min(16, s.max_new_tokens, room)
+        if len(prompt) + wanted > s.max_context:
+            raise InvalidArgument(
+                f"the prompt has {len(prompt)} tokens and max_tokens is {wanted}: {len(prompt) + wanted} "
+                f"tokens, over this model's context of {s.max_context}; lower max_tokens to {room} or less"
+            )
+        return wanted
+
+    def submit(
+        self, prompt: list[int], params: SamplingParams, with_text: bool, deadline: float | None = None
+    ) -> GenerationStream:
+        if self._closed:
+            raise Unavailable("the model is being unloaded; retry on another executor")
+        max_tokens = self.check_prompt(prompt, params)
+        if self._slots.free == 0 and len(self._waiting) >= self.settings.max_queue:
+            self.counters.rejected_full += 1
+            raise EngineFull(
+                f"all {self.settings.decode_slots} decode slots are busy and {len(self._waiting)} requests "
+                "wait (the queue's bound); retry later"
+            )
+        eos = () if params.ignore_eos else tuple(self.runtime.eos_token_ids)
+        request = _Request(
+            prompt=list(prompt),
+            params=params,
+            max_tokens=max_tokens,
+            stop_ids=frozenset((*params.stop_token_ids, *eos)),
+            eos_ids=tuple(self.runtime.eos_token_ids),
+            detokenizer=Detokenizer(self.tokenizer, params.stop) if with_text or params.stop else None,
+            deadline=deadline,
+            generator=new_generator(params),
+        )
+        self._waiting.append(request)
+        self.counters.requests += 1
+        self.wake()
+        return GenerationStream(self, request)
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    # ---- the loop ------------------------------------------------------------------------
+    def _sweep(self) -> None:
+        """Cancelled and expired requests leave; their slots are free for this iteration."""
+        now = time.perf_counter()
+        for request in list(self._running.values()):
+            if request.cancelled:
+                self._finish(request, None)
+        kept: deque[_Request] = deque()
+        for request in self._waiting:
+            if request.cancelled:
+                self.counters.cancelled += 1
+                request.done = True
+            elif request.deadline is not None and now >= request.deadline:
+                request.done = True
+                request.events.put_nowait(
+                    DeadlineExceeded("the deadline passed while the request waited for a decode slot")
+                )
+            else:
+                kept.append(request)
+        self._waiting = kept
+
+    def _finish(self, request: _Request, reason: str | None) -> None:
+        if request.slot >= 0:
+            self._running.pop(request.slot, None)
+            self._slots.give_back(request.slot)
+            request.slot = -1
+        request.done = True
+        if reason is None:
+            self.counters.cancelled += 1
+        else:
+            self.counters.completed += 1
+
+    async def _loop(self) -> None:
+        while not self._closed:
+            self._sweep()
+            if not self._running and not self._waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            decodes = sorted(self._running.values(), key=lambda r: r.slot)
+            admitted: list[_Request] = []
+            while self._waiting and self._slots.free and len(admitted) < self.settings.max_prefills_per_step:
+                request = self._waiting.popleft()
+                request.slot = self._slots.take()
+                self._running[request.slot] = request
+                admitted.append(request)
+            try:
+                chosen = await self._on_device(self._compute, decodes, admitted)
+            except Exception as exc:  # a failed step fails the requests in it, not the engine
+                log.exception("a generation step failed")
+                for request in (*decodes, *admitted):
+                    self._finish(request, "error")
+                    request.events.put_nowait(exc)
+                continue
+            for request, choice in chosen:
+                self._deliver(request, choice)
+            await asyncio.sleep(0)  # the streams send what they got before the next step
+
+    def _compute(self, decodes: list[_Request], admitted: list[_Request]) -> list[tuple[_Request, Choice]]:
+        """One iteration on the device thread: a decode step, then the prefills."""
+        start = time.perf_counter_ns()
+        out: list[tuple[_Request, Choice]] = []
+        if decodes:
+            width = decodes[-1].slot + 1
+            tokens, positions = [0] * width, [0] * width
+            for r in decodes:
+                tokens[r.slot], positions[r.slot] = r.pending, r.position
+            began = time.perf_counter_ns()
+            logits = self.runtime.decode(tokens, positions)
+            share = (time.perf_counter_ns() - began) // len(decodes)
+            for r in decodes:
+                r.busy_ns += share
+            self.counters.decode_steps += 1
+            self.counters.decode_rows += logits.shape[0]
+            for r in decodes:
+                out.append((r, choose(logits[r.slot], r.params, r.generator, r.banned())))
+        for r in admitted:
+            began = time.perf_counter_ns()
+            logits = self.runtime.prefill(r.prompt, r.slot)
+            r.busy_ns += time.perf_counter_ns() - began
+            self.counters.prefills += 1
+            out.append((r, choose(logits, r.params, r.generator, r.banned())))
+        self.counters.compute_ns += time.perf_counter_ns() - start
+        return out
+
+    def _deliver(self, request: _Request, choice: Choice) -> None:
+        if request.done or request.cancelled:
+            if not request.done:
+                self._finish(request, None)
+            return
+        if not request.output:
+            request.first_token_at = time.perf_counter()
+            request.position = len(request.prompt)
+        else:
+            request.position += 1
+        token = choice.token
+        request.output.append(token)
+        request.pending = token
+        self.counters.tokens += 1
+        reason: str | None = None
+        text = ""
+        if token in request.stop_ids:
+            reason = "stop"
+        detok = request.detokenizer
+        if detok is not None and reason is None:
+            detok.add(token)
+            if detok.stopped:
+                reason = "stop"
+        if reason is None and len(request.output) >= request.max_tokens:
+            reason = "length"
+        if detok is not None:
+            text = detok.release(final=reason is not None)
+        if reason is not None:
+            self._finish(request, reason)
+        request.events.put_nowait(
+            TokenEvent(
+                token_ids=(token,),
+                text=text,
+                choices=(choice,),
+                finish_reason=reason,
+                prompt_tokens=len(request.prompt),
+                output_tokens=len(request.output),
+            )
+        )
+
+    async def close(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        for request in (*self._waiting, *self._running.values()):
+            if not request.done:
+                request.done = True
+                request.events.put_nowait(
+                    Unavailable("the model was unloaded before this generation finished")
+                )
+        self._waiting.clear()
+        self._running.clear()
+
+
+async def collect(stream: GenerationStream) -> list[TokenEvent]:
+    return [event async for event in stream]

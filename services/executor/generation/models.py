@@ -1,0 +1,290 @@
+"""Causal LMs with a static KV cache: prefill and decode as fixed-shape steps over a model's weights.
+
+Each adapter runs its model's own layers (embeddings, norms, projections, MLPs, rotary
+embedding) and does attention itself, against the engine's cache rows:
+
+- `prefill(ids [1, bucket], length [1], slot [1], keys, values) -> logits [1, vocab]`: the
+  prompt padded to its bucket, causal attention within it, the slot's cache row written, and
+  the logits of the last real position (`length - 1`);
+- `decode(tokens [n], positions [n], keys, values) -> logits [n, vocab]`: one token for each
+  of the leading n slots at its own position, written into the cache, attention over the
+  slot's row masked to positions <= its own.
+
+Lengths, slots and positions are tensors, never Python numbers, so a step's graph depends
+only on its bucket: XLA and inductor compile one graph per prompt bucket and one per decode
+width, all at warm-up.
+
+Why not the Hugging Face model's own forward with `StaticCache` and `cache_position`: the
+static cache writes every row of a batch at the same `cache_position`, so the rows of one
+decode step must all be at the same position, which continuous batching never has (each slot
+is at its own length). Its forward also builds masks and checks on the host per call. Our
+attention over the model's own modules keeps per-slot positions in one graph; it is held to
+exact token equality with `model.generate` by the tests.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from services.executor.generation.kv_cache import CacheShape
+from switchyard.errors import FailedPrecondition
+from switchyard.models import tiny_lm
+from switchyard.models.formats import HFModule
+
+
+class CausalLM(Protocol):
+    cache_shape: CacheShape
+    vocab_size: int
+    max_positions: int
+    eos_token_ids: tuple[int, ...]
+
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        length: torch.Tensor,
+        slot: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor: ...
+
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor: ...
+
+
+def _store_prompt(cache: torch.Tensor, slot: torch.Tensor, new: torch.Tensor) -> None:
+    """Writes a prompt's keys or values [1, heads, bucket, dim] as the slot's whole row."""
+    padded = nn.functional.pad(new, (0, 0, 0, cache.shape[2] - new.shape[2]))
+    cache.index_copy_(0, slot, padded)
+
+
+def _store_step(cache: torch.Tensor, positions: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Writes one position per leading slot (new: [n, heads, 1, dim]); returns rows [0, n)."""
+    n = new.shape[0]
+    rows = torch.arange(n, device=new.device)
+    cache[rows, :, positions] = new[:, :, 0]
+    return cache[:n]
+
+
+def _decode_mask(positions: torch.Tensor, context: int) -> torch.Tensor:
+    """[n, 1, 1, context]: True where a slot may attend (positions up to its own)."""
+    at = torch.arange(context, device=positions.device)
+    return (at[None, :] <= positions[:, None])[:, None, None, :]
+
+
+class TinyLMAdapter(nn.Module):
+    def __init__(self, lm: tiny_lm.TinyLM) -> None:
+        super().__init__()
+        self.lm = lm
+        self.cache_shape = CacheShape(tiny_lm.N_LAYERS, tiny_lm.N_HEADS, tiny_lm.D_MODEL // tiny_lm.N_HEADS)
+        self.vocab_size = tiny_lm.VOCAB
+        self.max_positions = tiny_lm.MAX_SEQ
+        self.eos_token_ids: tuple[int, ...] = ()
+
+    def _attend(
+        self,
+        block: Any,
+        x: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        store: Any,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        b, s, d = x.shape
+        heads, dim = self.cache_shape.kv_heads, self.cache_shape.head_dim
+        q, k, v = block.qkv(block.ln1(x)).split(d, dim=-1)
+        q = q.view(b, s, heads, dim).transpose(1, 2)
+        k = k.view(b, s, heads, dim).transpose(1, 2)
+        v = v.view(b, s, heads, dim).transpose(1, 2)
+        k_all, v_all = store(keys, k), store(values, v)
+        scores = (q @ k_all.transpose(-2, -1)) / math.sqrt(dim)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        attn = torch.softmax(scores, dim=-1) @ v_all
+        x = x + block.proj(attn.transpose(1, 2).reshape(b, s, d))
+        return x + block.ff2(nn.functional.gelu(block.ff1(block.ln2(x))))  # type: ignore[no-any-return]
+
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        length: torch.Tensor,
+        slot: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        s = ids.shape[1]
+        x = self.lm.tok(ids) + self.lm.pos(torch.arange(s, device=ids.device))
+        causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
+
+        def store(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            _store_prompt(cache, slot, new)
+            return new
+
+        for layer, block in enumerate(self.lm.blocks):
+            x = self._attend(block, x, keys[layer], values[layer], store, causal)
+        last = x.index_select(1, length - 1)
+        return self.lm.head(self.lm.ln_f(last))[:, 0]  # type: ignore[no-any-return]
+
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        x = (self.lm.tok(tokens) + self.lm.pos(positions))[:, None, :]
+        mask = _decode_mask(positions, keys[0].shape[2])
+
+        def store(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            return _store_step(cache, positions, new)
+
+        for layer, block in enumerate(self.lm.blocks):
+            x = self._attend(block, x, keys[layer], values[layer], store, mask)
+        return self.lm.head(self.lm.ln_f(x))[:, 0]  # type: ignore[no-any-return]
+
+
+LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+
+
+class LlamaAdapter(nn.Module):
+    """Llama-style decoders of Hugging Face transformers (RMSNorm, rotary, GQA, gated MLP)."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        config: Any = lm.config
+        body: Any = lm.model
+        self.lm: Any = lm
+        self.body: Any = body
+        attn = body.layers[0].self_attn
+        self.cache_shape = CacheShape(config.num_hidden_layers, config.num_key_value_heads, attn.head_dim)
+        self.groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = float(attn.scaling)
+        self.vocab_size = int(config.vocab_size)
+        self.max_positions = int(config.max_position_embeddings)
+        eos = getattr(getattr(lm, "generation_config", None), "eos_token_id", None)
+        eos = config.eos_token_id if eos is None else eos
+        self.eos_token_ids = (
+            tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (int(eos),))
+        )
+        from transformers.models.llama import modeling_llama
+
+        self._rotary = modeling_llama.apply_rotary_pos_emb
+        self._repeat = modeling_llama.repeat_kv
+
+    def _layer(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        store: Any,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        b, s, _ = x.shape
+        dim = self.cache_shape.head_dim
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(b, s, -1, dim).transpose(1, 2)
+        k = attn.k_proj(h).view(b, s, -1, dim).transpose(1, 2)
+        v = attn.v_proj(h).view(b, s, -1, dim).transpose(1, 2)
+        q, k = self._rotary(q, k, *cos_sin)
+        k_all = self._repeat(store(keys, k), self.groups)
+        v_all = self._repeat(store(values, v), self.groups)
+        scores = (q @ k_all.transpose(-2, -1)) * self.scaling
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = (weights @ v_all).transpose(1, 2).reshape(b, s, -1)
+        x = x + attn.o_proj(out)
+        return x + layer.mlp(layer.post_attention_layernorm(x))  # type: ignore[no-any-return]
+
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        length: torch.Tensor,
+        slot: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        s = ids.shape[1]
+        x = self.body.embed_tokens(ids)
+        cos_sin = self.body.rotary_emb(x, torch.arange(s, device=ids.device)[None, :])
+        causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
+
+        def store(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            _store_prompt(cache, slot, new)
+            return new
+
+        for i, layer in enumerate(self.body.layers):
+            x = self._layer(layer, x, cos_sin, keys[i], values[i], store, causal)
+        last = x.index_select(1, length - 1)
+        return self.lm.lm_head(self.body.norm(last))[:, 0]  # type: ignore[no-any-return]
+
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        x = self.body.embed_tokens(tokens)[:, None, :]
+        cos_sin = self.body.rotary_emb(x, positions[:, None])
+        mask = _decode_mask(positions, keys[0].shape[2])
+
+        def store(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            return _store_step(cache, positions, new)
+
+        for i, layer in enumerate(self.body.layers):
+            x = self._layer(layer, x, cos_sin, keys[i], values[i], store, mask)
+        return self.lm.lm_head(self.body.norm(x))[:, 0]  # type: ignore[no-any-return]
+
+
+def causal_lm_for(module: nn.Module) -> Any:
+    """The adapter for a loaded module, or FAILED_PRECONDITION naming what is supported."""
+    if isinstance(module, tiny_lm.TinyLM):
+        return TinyLMAdapter(module)
+    inner = getattr(module, "model", None)
+    if isinstance(module, HFModule) and isinstance(inner, nn.Module):
+        module = inner  # the repository's hf wrapper: the transformers model inside
+    model_type = getattr(getattr(module, "config", None), "model_type", "")
+    if model_type in LLAMA_FAMILY and hasattr(module, "lm_head"):
+        return LlamaAdapter(module)
+    raise FailedPrecondition(
+        f"generation supports tiny-lm and Hugging Face causal LMs of type {', '.join(LLAMA_FAMILY)}; "
+        f"this model is {type(module).__name__} (model_type {model_type!r})"
+    )
+
+
+class PrefillStep(nn.Module):
+    """The prefill as a module: inputs (ids, length, slot, *keys, *values) for a backend."""
+
+    def __init__(self, lm: Any, layers: int) -> None:
+        super().__init__()
+        self.adapter = lm
+        self.layers = layers
+
+    def forward(
+        self, ids: torch.Tensor, length: torch.Tensor, slot: torch.Tensor, *cache: torch.Tensor
+    ) -> torch.Tensor:
+        n = self.layers
+        return self.adapter.prefill(ids, length, slot, list(cache[:n]), list(cache[n:]))  # type: ignore[no-any-return]
+
+
+class DecodeStep(nn.Module):
+    """One decode step as a module: inputs (tokens, positions, *keys, *values)."""
+
+    def __init__(self, lm: Any, layers: int) -> None:
+        super().__init__()
+        self.adapter = lm
+        self.layers = layers
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *cache: torch.Tensor) -> torch.Tensor:
+        n = self.layers
+        return self.adapter.decode(tokens, positions, list(cache[:n]), list(cache[n:]))  # type: ignore[no-any-return]

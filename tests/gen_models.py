@@ -1,0 +1,162 @@
+"""A tiny Llama-style causal LM for generation tests: a transformers LlamaConfig with seeded
+weights and a byte-level BPE tokenizer trained here, saved with save_pretrained."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from switchyard.models.registry import ModelRegistry, file_sha256
+from switchyard.models.repository import seed_builtins
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a switchyard routes trains from one track to another",
+    "serving language models one token at a time",
+    "hello world, hello tokens, hello streams",
+] * 8
+
+LLAMA_GENERATION = {
+    "max_context": 64,
+    "max_new_tokens": 40,
+    "prompt_buckets": [8, 16, 32],
+    "decode_slots": 4,
+}
+IO = """
+[[inputs]]
+name = "text_input"
+datatype = "BYTES"
+dims = [1]
+
+[[inputs]]
+name = "stream"
+datatype = "BOOL"
+dims = [1]
+
+[[inputs]]
+name = "sampling_parameters"
+datatype = "BYTES"
+dims = [1]
+
+[[inputs]]
+name = "input_ids"
+datatype = "INT64"
+dims = [-1]
+
+[[outputs]]
+name = "text_output"
+datatype = "BYTES"
+dims = [-1]
+
+[[outputs]]
+name = "output_ids"
+datatype = "INT64"
+dims = [-1]
+"""
+
+
+def build_llama(directory: Path, seed: int = 0) -> Path:
+    """Writes config.json, model.safetensors and tokenizer.json into `directory`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.token_to_id("<eos>"),
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.train(False)
+    model.save_pretrained(directory)
+    return directory
+
+
+def add_generative(root: Path, name: str, directory: Path, generation: dict[str, object], fmt: str) -> None:
+    """`directory`'s files as version 1 of `name` in the repository at `root`, with `[generation]`."""
+    version = root / name / "1"
+    version.mkdir(parents=True)
+    lines = []
+    for file in sorted(p for p in directory.iterdir() if p.is_file()):
+        shutil.copyfile(file, version / file.name)
+        lines.append(f'"{file.name}" = "{file_sha256(file)}"')
+    table = "\n".join(f"{k} = {json.dumps(v)}" for k, v in generation.items())
+    head = 'format = "hf"\n\n[hf]\nclass = "AutoModelForCausalLM"\n' if fmt == "hf" else fmt
+    text = f"{head}\n{IO}\n[generation]\n{table}\n\n[versions.1.files]\n" + "\n".join(lines) + "\n"
+    (root / name / "model.toml").write_text(text)
+
+
+def repository_with_llama(root: Path, directory: Path) -> ModelRegistry:
+    """A repository with the built-ins and `llama-tiny` (hf format, from `directory`)."""
+    seed_builtins(root)
+    add_generative(root, "llama-tiny", directory, LLAMA_GENERATION, "hf")
+    return ModelRegistry(root)
+
+
+def reference_greedy(directory: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """In-process `model.generate` (greedy, cpu eager fp32): the new token ids."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(directory)
+    model.train(False)
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=model.config.eos_token_id,
+        )
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+def tiny_lm_reference(prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy decoding of tiny-lm by full forward passes (no cache): the reference."""
+    from switchyard.models.registry import load_module
+
+    module = load_module(ModelRegistry.with_builtins().get("tiny-lm"))
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            ids.append(int(torch.argmax(module(torch.tensor([ids]))[0, -1])))
+    return ids[len(prompt) :]
+
+
+def add_tiny_lm_variant(root: Path, name: str, **generation: object) -> None:
+    """tiny-lm-gen's model.toml and weights as `name` (version 1), its [generation] changed."""
+    import dataclasses
+
+    from switchyard.models.manifest import read_model_toml, write_model_toml
+    from switchyard.models.repository import BUILTIN, CHECKPOINTS
+
+    m = read_model_toml(BUILTIN / "tiny-lm-gen")
+    table = {**m.generation_table(), **generation}
+    version = m.version("1")
+    assert version is not None
+    m = dataclasses.replace(m, name=name, generation=tuple(sorted(table.items())), versions=(version,))
+    (root / name / "1").mkdir(parents=True)
+    shutil.copyfile(CHECKPOINTS / "tiny_lm.safetensors", root / name / "1" / "model.safetensors")
+    write_model_toml(root / name, m)

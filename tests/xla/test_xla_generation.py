@@ -1,0 +1,78 @@
+"""Generation on the xla executor (a real process in the XLA environment, PJRT CPU): every
+prefill bucket and decode width compiles at warm-up, and a mixed-length streamed workload
+then compiles nothing; greedy tokens equal tiny-lm's full-forward decoding on cpu eager."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+
+from tests.gen_models import tiny_lm_reference
+from tests.xla.conftest import ExecutorProcess, require_xla_env, spawn, wait_serving
+
+pytestmark = [pytest.mark.xla, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def xla_generation(repository: Path) -> Iterator[ExecutorProcess]:
+    process = spawn(require_xla_env(), "xla", "tiny-lm-gen", "--model-repository", str(repository))
+    try:
+        yield wait_serving(process)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _request(prompt: list[int], max_tokens: int) -> list[Any]:
+    ids = triton.InferInput("input_ids", [len(prompt)], "INT64")
+    ids.set_data_from_numpy(np.asarray(prompt, dtype=np.int64))
+    stream = triton.InferInput("stream", [1], "BOOL")
+    stream.set_data_from_numpy(np.array([True]))
+    params = triton.InferInput("sampling_parameters", [1], "BYTES")
+    params.set_data_from_numpy(
+        np.array([json.dumps({"temperature": 0, "max_tokens": max_tokens}).encode()], dtype=np.object_)
+    )
+    return [ids, stream, params]
+
+
+def test_xla_serves_a_mixed_length_stream_with_zero_compilations(xla_generation: ExecutorProcess) -> None:
+    prompts = {f"r{i}": [(13 * i + 5 * j) % 256 for j in range(2 + (i * 9) % 31)] for i in range(10)}
+    lengths = {rid: 3 + (i * 7) % 18 for i, rid in enumerate(prompts)}
+    client = triton.InferenceServerClient(xla_generation.address)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    tokens: dict[str, list[int]] = {rid: [] for rid in prompts}
+    compilations: list[int] = []
+    try:
+        for rid, prompt in prompts.items():
+            client.async_stream_infer("tiny-lm-gen", _request(prompt, lengths[rid]), request_id=rid)
+        open_ids = set(prompts)
+        until = time.monotonic() + 300
+        while open_ids:
+            result, error = answers.get(timeout=max(1.0, until - time.monotonic()))
+            assert error is None, str(error)
+            response = result.get_response()
+            tokens[response.id] += [int(t) for t in result.as_numpy("output_ids")]
+            compilations.append(response.parameters["compilations_after_warmup"].int64_param)
+            if response.parameters["triton_final_response"].bool_param:
+                open_ids.discard(response.id)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert set(compilations) == {0}
+    for rid, prompt in prompts.items():
+        assert tokens[rid] == tiny_lm_reference(prompt, lengths[rid]), rid
