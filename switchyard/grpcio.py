@@ -45,6 +45,9 @@ def internal_error(exc: BaseException, method: str) -> str:
 
 async def _abort_for(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, method: str) -> None:
     if isinstance(exc, SwitchyardError):
+        trailers = getattr(exc, "trailers", None)  # e.g. retry-after-ms on RESOURCE_EXHAUSTED
+        if trailers:
+            context.set_trailing_metadata(trailers)
         await context.abort(grpc_code(exc), str(exc))
     await context.abort(grpc.StatusCode.INTERNAL, internal_error(exc, method))
 

@@ -8,6 +8,7 @@ the fleet (`route_store`), with the old and the new route as detail.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -16,6 +17,7 @@ import grpc
 from services.router.auth import Identity
 from services.router.config import Policy, Route, ShadowSpec, Target, validate_route
 from services.router.forward import Router
+from services.router.limits import Limit
 from switchyard import ids
 from switchyard.errors import InvalidArgument, PermissionDenied
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
@@ -56,6 +58,15 @@ def route_to_proto(route: Route) -> rpb.Route:
         msg.shadow.share = route.shadow.share
         msg.shadow.candidates.extend(_target_to(c) for c in route.shadow.candidates)
     return msg
+
+
+def _limit_msg(principal: str, limit: Limit) -> rpb.PrincipalLimit:
+    return rpb.PrincipalLimit(
+        principal_id=principal,
+        rate_per_s=limit.rate_per_s,
+        burst=limit.burst,
+        max_in_flight=limit.max_in_flight,
+    )
 
 
 class AdminServicer(rgrpc.RouterAdminServicer):
@@ -116,6 +127,43 @@ class AdminServicer(rgrpc.RouterAdminServicer):
                 )
             )
         return rpb.ListDeploymentsResponse(deployments=out)
+
+    async def SetPrincipalLimit(
+        self, request: rpb.SetPrincipalLimitRequest, context: Ctx
+    ) -> rpb.PrincipalLimit:
+        msg = request.limit
+        identity, request_id = await self._caller(context, f"limit:{msg.principal_id[:200]}", need_admin=True)
+        if not msg.principal_id or len(msg.principal_id) > 200:
+            raise InvalidArgument("limit.principal_id must name a principal (1..200 characters)")
+        if msg.rate_per_s < 0 or msg.burst < 0 or msg.max_in_flight < 0:
+            raise InvalidArgument("limits must be >= 0 (0 = unlimited)")
+        limits = self.router.limits
+        limit = None if request.reset else Limit(msg.rate_per_s, msg.burst, msg.max_in_flight)
+        limits.set(msg.principal_id, limit)
+        now = limits.limit_for(msg.principal_id)
+        detail = json.dumps(
+            {
+                "rate_per_s": now.rate_per_s,
+                "burst": now.burst,
+                "max_in_flight": now.max_in_flight,
+                "reset": request.reset,
+            }
+        )
+        self.router.audit(
+            identity, "limit.set", f"principal/{msg.principal_id}", "ok", detail, request_id, context.peer()
+        )
+        return _limit_msg(msg.principal_id, now)
+
+    async def ListPrincipalLimits(
+        self, request: rpb.ListPrincipalLimitsRequest, context: Ctx
+    ) -> rpb.ListPrincipalLimitsResponse:
+        await self._caller(context, "limits", need_admin=False)
+        limits = self.router.limits
+        return rpb.ListPrincipalLimitsResponse(
+            default_limit=_limit_msg("", limits.default),
+            overrides=[_limit_msg(p, lim) for p, lim in sorted(limits.overrides.items())],
+            refused=limits.refused,
+        )
 
     async def ShadowReport(self, request: rpb.ShadowReportRequest, context: Ctx) -> rpb.ShadowReportResponse:
         await self._caller(context, "shadow", need_admin=False)

@@ -6,8 +6,10 @@ Concurrent requests with one key share a single lookup. A key in use is refreshe
 request in the second half of its entry's life is answered from the cache and starts the
 lookup in the background, so steady traffic never waits on metering (a lookup every TTL
 would otherwise stall one request each time). When metering cannot be reached, a
-cached identity keeps working for `auth_stale_s` so serving survives a metering restart; an
-unknown key then gets UNAVAILABLE, never a guess.
+cached identity keeps working for `auth_stale_s` so serving survives a metering restart (a
+lookup that times out counts as unreachable); an unknown key then gets UNAVAILABLE, never a
+guess. The cache holds at most `max_entries` keys; beyond that the least recently used go,
+so a stream of made-up keys cannot grow it.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from switchyard.errors import PermissionDenied, Unauthenticated, Unavailable
+from switchyard.errors import DeadlineExceeded, PermissionDenied, Unauthenticated, Unavailable
 
 INFER_ROLES = frozenset(("infer", "admin"))
 
@@ -69,11 +72,12 @@ class _Entry:
 
 
 class Authenticator:
-    def __init__(self, port: AuthPort, ttl_s: float, stale_s: float) -> None:
+    def __init__(self, port: AuthPort, ttl_s: float, stale_s: float, max_entries: int = 10_000) -> None:
         self._port = port
         self._ttl = ttl_s
         self._stale = stale_s
-        self._cache: dict[str, _Entry] = {}
+        self._max_entries = max(1, max_entries)
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._pending: dict[str, asyncio.Future[_Entry]] = {}
         self._refreshing: set[asyncio.Task[_Entry]] = set()
 
@@ -85,6 +89,8 @@ class Authenticator:
     async def identify(self, key: str) -> Identity:
         slot = self._slot(key)
         entry = self._cache.get(slot)
+        if entry is not None:
+            self._cache.move_to_end(slot)  # recently used: the last to be evicted
         now = time.monotonic()
         if entry is None or now >= entry.expires:
             entry = await self._lookup(slot, key, entry)
@@ -128,19 +134,28 @@ class Authenticator:
         except Unauthenticated as exc:
             refusal = str(exc) or "API key is unknown, revoked or expired"
             entry = _Entry(now + self._ttl / 2, now + self._ttl, None, refusal, now)
-        except Unavailable as exc:
+        except (Unavailable, DeadlineExceeded) as exc:
             if cached is not None and cached.identity is not None and now - cached.verified < self._stale:
                 # Serve on the last answer, no request waiting; ask metering again in the
                 # background after a short pause, not per request.
                 until = min(now + self._ttl, cached.verified + self._stale)
                 retry = _Entry(now + min(self._ttl / 2, 0.5), until, cached.identity, "", cached.verified)
-                self._cache[self._slot(key)] = retry
+                self._keep(self._slot(key), retry)
                 return retry
             raise Unavailable(f"cannot check the API key: metering is unreachable ({exc})") from None
         else:
             entry = _Entry(now + self._ttl / 2, now + self._ttl, identity, "", now)
-        self._cache[self._slot(key)] = entry
+        self._keep(self._slot(key), entry)
         return entry
+
+    def _keep(self, slot: str, entry: _Entry) -> None:
+        self._cache[slot] = entry
+        self._cache.move_to_end(slot)
+        while len(self._cache) > self._max_entries:
+            self._cache.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
     def forget(self) -> None:
         self._cache.clear()

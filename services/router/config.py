@@ -84,6 +84,11 @@ class Route:
 class Settings:
     default_timeout_s: float = 30.0
     max_in_flight: int = 256
+    # Per principal (services/router/limits.py), 0 = no limit; RouterAdmin overrides them.
+    principal_rate_per_s: float = 0.0
+    principal_burst: int = 0
+    principal_max_in_flight: int = 0
+    auth_cache_entries: int = 10_000  # API keys the auth cache holds (least recently used go)
     health_interval_s: float = 0.5
     health_timeout_s: float = 1.0
     eject_base_s: float = 1.0  # first cooldown; doubles per consecutive ejection

@@ -30,12 +30,13 @@ from services.router.capture import Capturer
 from services.router.config import Route, RouterConfig, Target
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
 from services.router.executors import ExecutorPool, UpstreamError
+from services.router.limits import Limit, PrincipalLimits
 from services.router.metrics import RouterStats
 from services.router.policies import DeploymentState, plan
 from services.router.route_store import RouteStore
 from services.router.shadow import Divergence, ShadowStats, divergence
 from services.router.spool import Spool
-from switchyard import ids, oip_params, telemetry
+from switchyard import authz, ids, oip_params, telemetry
 from switchyard.errors import (
     DeadlineExceeded,
     NotFound,
@@ -89,6 +90,13 @@ class Router:
         self.evaluator = evaluator
         self.rng = random.Random()
         self.in_flight: dict[str, int] = {}
+        self.limits = PrincipalLimits(
+            Limit(
+                self.settings.principal_rate_per_s,
+                self.settings.principal_burst,
+                self.settings.principal_max_in_flight,
+            )
+        )
         self.shadow_stats: dict[tuple[str, str], ShadowStats] = {}
         self._shadow_pending = 0
         self.stats = RouterStats()  # read by the Prometheus collector (services/router/metrics.py)
@@ -177,22 +185,27 @@ class Router:
     ) -> None:
         if self.spool is None:
             return
+        # every string capped: a caller's 64 MiB model name must not become a 64 MiB audit row
         actor = mpb.Actor(
-            principal=identity.principal_id if identity else "",
-            source=f"router {peer}".strip(),
+            principal=authz.cap(identity.principal_id if identity else ""),
+            source=authz.cap(f"router {peer}".strip()),
             request_id=request_id,
             trace_id=telemetry.current_trace_id(),
         )
         self.spool.audit(
             mpb.AppendAuditRequest(
-                actor=actor, action=action, resource=resource, outcome=outcome, detail_json=detail_json
+                actor=actor,
+                action=action,
+                resource=authz.cap(resource),
+                outcome=outcome,
+                detail_json=detail_json if len(detail_json) <= authz.MAX_AUDIT_DETAIL else "{}",
             )
         )
 
     def audit_denial(
         self, identity: Identity | None, resource: str, reason: str, status: str, request_id: str, peer: str
     ) -> None:
-        detail = json.dumps({"status": status, "reason": reason})
+        detail = json.dumps({"status": status, "reason": authz.cap(reason, 512)})
         self.audit(identity, "request.denied", resource, "denied", detail, request_id, peer)
 
     # ---- inference ----------------------------------------------------------------------------
@@ -203,6 +216,27 @@ class Router:
         header = wire.read_header(raw)
         route = self.route_for(header.model_name)
         identity = await self.admit(metadata, route.model, request_id, peer)
+        # over the principal's limit: refused here, counted, no ledger line (limits.py)
+        counted = self.limits.acquire(identity.principal_id)
+        try:
+            return await self._infer_admitted(
+                raw, header, route, identity, request_id, time_remaining, t0, started_us
+            )
+        finally:
+            if counted:
+                self.limits.release(identity.principal_id)
+
+    async def _infer_admitted(
+        self,
+        raw: bytes,
+        header: wire.Header,
+        route: Route,
+        identity: Identity,
+        request_id: str,
+        time_remaining: float | None,
+        t0: int,
+        started_us: int,
+    ) -> bytes:
         limit = route.max_in_flight or self.settings.max_in_flight
         count = self.in_flight.get(route.model, 0)
         if count >= limit:

@@ -82,7 +82,7 @@ async def start_router(
         )
     metering = MeteringClient(metering_address, security=security) if metering_address else None
     auth = (
-        Authenticator(metering, settings.auth_cache_ttl_s, settings.auth_stale_s)
+        Authenticator(metering, settings.auth_cache_ttl_s, settings.auth_stale_s, settings.auth_cache_entries)
         if metering is not None and settings.require_auth
         else None
     )

@@ -378,3 +378,102 @@ class ShadowReportResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ShadowReportResponse: _TypeAlias = ShadowReportResponse  # noqa: Y015
+
+@_typing.final
+class PrincipalLimit(_message.Message):
+    """A principal's limits; all zero with `reset` = back to the router's [router] defaults."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    RATE_PER_S_FIELD_NUMBER: _builtins.int
+    BURST_FIELD_NUMBER: _builtins.int
+    MAX_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    principal_id: _builtins.str
+    rate_per_s: _builtins.float
+    """0 = unlimited"""
+    burst: _builtins.int
+    """0 = max(1, rate)"""
+    max_in_flight: _builtins.int
+    """0 = unlimited"""
+    def __init__(
+        self,
+        *,
+        principal_id: _builtins.str = ...,
+        rate_per_s: _builtins.float = ...,
+        burst: _builtins.int = ...,
+        max_in_flight: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["burst", b"burst", "max_in_flight", b"max_in_flight", "principal_id", b"principal_id", "rate_per_s", b"rate_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrincipalLimit: _TypeAlias = PrincipalLimit  # noqa: Y015
+
+@_typing.final
+class SetPrincipalLimitRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    RESET_FIELD_NUMBER: _builtins.int
+    reset: _builtins.bool
+    @_builtins.property
+    def limit(self) -> Global___PrincipalLimit: ...
+    def __init__(
+        self,
+        *,
+        limit: Global___PrincipalLimit | None = ...,
+        reset: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "reset", b"reset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetPrincipalLimitRequest: _TypeAlias = SetPrincipalLimitRequest  # noqa: Y015
+
+@_typing.final
+class ListPrincipalLimitsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPrincipalLimitsRequest: _TypeAlias = ListPrincipalLimitsRequest  # noqa: Y015
+
+@_typing.final
+class ListPrincipalLimitsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEFAULT_LIMIT_FIELD_NUMBER: _builtins.int
+    OVERRIDES_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    refused: _builtins.int
+    """requests refused over a limit since start"""
+    @_builtins.property
+    def default_limit(self) -> Global___PrincipalLimit: ...
+    @_builtins.property
+    def overrides(self) -> _containers.RepeatedCompositeFieldContainer[Global___PrincipalLimit]: ...
+    def __init__(
+        self,
+        *,
+        default_limit: Global___PrincipalLimit | None = ...,
+        overrides: _abc.Iterable[Global___PrincipalLimit] | None = ...,
+        refused: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["default_limit", b"default_limit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_limit", b"default_limit", "overrides", b"overrides", "refused", b"refused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPrincipalLimitsResponse: _TypeAlias = ListPrincipalLimitsResponse  # noqa: Y015

@@ -59,6 +59,16 @@ class RouterAdminStub:
                 request_serializer=switchyard_dot_v1_dot_router__pb2.ShadowReportRequest.SerializeToString,
                 response_deserializer=switchyard_dot_v1_dot_router__pb2.ShadowReportResponse.FromString,
                 _registered_method=True)
+        self.SetPrincipalLimit = channel.unary_unary(
+                '/switchyard.v1.RouterAdmin/SetPrincipalLimit',
+                request_serializer=switchyard_dot_v1_dot_router__pb2.SetPrincipalLimitRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_router__pb2.PrincipalLimit.FromString,
+                _registered_method=True)
+        self.ListPrincipalLimits = channel.unary_unary(
+                '/switchyard.v1.RouterAdmin/ListPrincipalLimits',
+                request_serializer=switchyard_dot_v1_dot_router__pb2.ListPrincipalLimitsRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_router__pb2.ListPrincipalLimitsResponse.FromString,
+                _registered_method=True)
 
 
 class RouterAdminServicer:
@@ -97,6 +107,19 @@ class RouterAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetPrincipalLimit(self, request, context):
+        """A principal's request rate and in-flight limits on this router (role admin; audited).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPrincipalLimits(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +147,16 @@ def add_RouterAdminServicer_to_server(servicer, server):
                     servicer.ShadowReport,
                     request_deserializer=switchyard_dot_v1_dot_router__pb2.ShadowReportRequest.FromString,
                     response_serializer=switchyard_dot_v1_dot_router__pb2.ShadowReportResponse.SerializeToString,
+            ),
+            'SetPrincipalLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPrincipalLimit,
+                    request_deserializer=switchyard_dot_v1_dot_router__pb2.SetPrincipalLimitRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_router__pb2.PrincipalLimit.SerializeToString,
+            ),
+            'ListPrincipalLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPrincipalLimits,
+                    request_deserializer=switchyard_dot_v1_dot_router__pb2.ListPrincipalLimitsRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_router__pb2.ListPrincipalLimitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -261,6 +294,60 @@ class RouterAdmin:
             '/switchyard.v1.RouterAdmin/ShadowReport',
             switchyard_dot_v1_dot_router__pb2.ShadowReportRequest.SerializeToString,
             switchyard_dot_v1_dot_router__pb2.ShadowReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPrincipalLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.RouterAdmin/SetPrincipalLimit',
+            switchyard_dot_v1_dot_router__pb2.SetPrincipalLimitRequest.SerializeToString,
+            switchyard_dot_v1_dot_router__pb2.PrincipalLimit.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPrincipalLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.RouterAdmin/ListPrincipalLimits',
+            switchyard_dot_v1_dot_router__pb2.ListPrincipalLimitsRequest.SerializeToString,
+            switchyard_dot_v1_dot_router__pb2.ListPrincipalLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

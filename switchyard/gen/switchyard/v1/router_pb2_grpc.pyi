@@ -41,6 +41,9 @@ class RouterAdminStub:
     """Health, ejections, reported load and measured service time per deployment."""
     ShadowReport: _grpc.UnaryUnaryMultiCallable[_router_pb2.ShadowReportRequest, _router_pb2.ShadowReportResponse]
     """Shadow pairs compared and their divergence, per route and candidate."""
+    SetPrincipalLimit: _grpc.UnaryUnaryMultiCallable[_router_pb2.SetPrincipalLimitRequest, _router_pb2.PrincipalLimit]
+    """A principal's request rate and in-flight limits on this router (role admin; audited)."""
+    ListPrincipalLimits: _grpc.UnaryUnaryMultiCallable[_router_pb2.ListPrincipalLimitsRequest, _router_pb2.ListPrincipalLimitsResponse]
 
 @_typing.type_check_only
 class RouterAdminAsyncStub(RouterAdminStub):
@@ -53,6 +56,9 @@ class RouterAdminAsyncStub(RouterAdminStub):
     """Health, ejections, reported load and measured service time per deployment."""
     ShadowReport: _aio.UnaryUnaryMultiCallable[_router_pb2.ShadowReportRequest, _router_pb2.ShadowReportResponse]  # type: ignore[assignment]
     """Shadow pairs compared and their divergence, per route and candidate."""
+    SetPrincipalLimit: _aio.UnaryUnaryMultiCallable[_router_pb2.SetPrincipalLimitRequest, _router_pb2.PrincipalLimit]  # type: ignore[assignment]
+    """A principal's request rate and in-flight limits on this router (role admin; audited)."""
+    ListPrincipalLimits: _aio.UnaryUnaryMultiCallable[_router_pb2.ListPrincipalLimitsRequest, _router_pb2.ListPrincipalLimitsResponse]  # type: ignore[assignment]
 
 class RouterAdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -92,5 +98,20 @@ class RouterAdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_router_pb2.ShadowReportResponse, _abc.Awaitable[_router_pb2.ShadowReportResponse]]:
         """Shadow pairs compared and their divergence, per route and candidate."""
+
+    @_abc_1.abstractmethod
+    def SetPrincipalLimit(
+        self,
+        request: _router_pb2.SetPrincipalLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.PrincipalLimit, _abc.Awaitable[_router_pb2.PrincipalLimit]]:
+        """A principal's request rate and in-flight limits on this router (role admin; audited)."""
+
+    @_abc_1.abstractmethod
+    def ListPrincipalLimits(
+        self,
+        request: _router_pb2.ListPrincipalLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.ListPrincipalLimitsResponse, _abc.Awaitable[_router_pb2.ListPrincipalLimitsResponse]]: ...
 
 def add_RouterAdminServicer_to_server(servicer: RouterAdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
