@@ -167,11 +167,12 @@ class PathActivities:
     async def run_inputs(self, request: RunRequest) -> RunResult:
         """The fixed inputs through a path; `golden` loads the model in fp64 (eager) first."""
         target = request.target
-        inputs = payloads.make_inputs(request.inputs)
-        batch = int(inputs[0][2].shape[0])
+        replay = payloads.workload_requests(request.inputs) if request.inputs.workload else []
+        inputs = payloads.make_inputs(request.inputs) if not replay else []
+        rows = sorted({int(r.inputs[0].shape[0]) for r in replay}) or [int(inputs[0][2].shape[0])]
         started = now_us(self.clock)
         if request.golden:
-            load = _load_request(target, "fp64", "eager", [batch])
+            load = _load_request(target, "fp64", "eager", rows)
             with grpc_errors(f"LoadModel {target.model} in fp64 for the golden run on {target.path}"):
                 await heartbeating(
                     self.connections.control(target.executor).LoadModel(load),
@@ -180,6 +181,24 @@ class PathActivities:
         runs: list[list[TensorData]] = []
         busy_us = 0
         stub = self.connections.oip(target.executor)
+        if replay:  # every captured request in order, each with its own shape
+            for i in range(request.repeats):
+                outputs = []
+                for k, captured in enumerate(replay):
+                    req = payloads.retarget(
+                        captured, target.model, target.version, f"{target.trial_id}/{target.path}/{i}/{k}"
+                    )
+                    with grpc_errors(f"ModelInfer {target.model} (workload request {k}) on {target.path}"):
+                        response = await stub.ModelInfer(req, timeout=120)
+                    compute = response.parameters.get("compute_us")
+                    busy_us += compute.int64_param if compute is not None else 0
+                    outputs.append(payloads.outputs_of(response))
+                runs.append(payloads.combine(outputs))
+                activity.heartbeat({"phase": "golden" if request.golden else "correctness", "run": i + 1})
+            from services.router.capture import distribution
+
+            summary = {"workload": request.inputs.workload, "sha256": request.inputs.workload_sha256}
+            return RunResult(runs, busy_us, started, now_us(self.clock), {**summary, **distribution(replay)})
         for i in range(request.repeats):
             req = payloads.infer_request(
                 target.model, target.version, inputs, f"{target.trial_id}/{target.path}/{i}"

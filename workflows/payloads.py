@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -51,9 +52,48 @@ def _load_file(plan: InputsPlan) -> dict[str, npt.NDArray[np.generic]]:
         return {name: archive[name] for name in archive.files}
 
 
+def workloads_dir() -> Path:
+    """Where the worker finds captured workloads: $SWITCHYARD_WORKLOADS_DIR, else var/workloads
+    (the router's default workloads_dir)."""
+    return Path(os.environ.get("SWITCHYARD_WORKLOADS_DIR", "") or "var/workloads")
+
+
+def workload_requests(plan: InputsPlan) -> list[oip.ModelInferRequest]:
+    """The captured requests of `plan.workload` in order, after checking the file's sha256."""
+    from services.router.capture import find_workload, read_requests
+    from switchyard.errors import SwitchyardError
+
+    try:
+        path, _ = find_workload(workloads_dir(), plan.workload)
+        requests = read_requests(path, plan.workload_sha256)
+    except SwitchyardError as exc:
+        raise ApplicationError(f"inputs.workload: {exc}", type="InputsChecksum", non_retryable=True) from None
+    if not requests:
+        raise ApplicationError(f"inputs.workload {plan.workload} holds no requests", non_retryable=True)
+    return requests
+
+
+def retarget(
+    request: oip.ModelInferRequest, model: str, version: str, request_id: str = ""
+) -> oip.ModelInferRequest:
+    out = oip.ModelInferRequest()
+    out.CopyFrom(request)
+    out.model_name, out.model_version, out.id = model, version, request_id
+    return out
+
+
 def make_inputs(plan: InputsPlan, batch: int | None = None) -> list[tuple[str, str, npt.NDArray[np.generic]]]:
-    """(name, datatype, array) per input; `batch` overrides the spec's batch dimension."""
+    """(name, datatype, array) per input; `batch` overrides the spec's batch dimension.
+    For a workload: the first captured request's inputs (shapes as captured)."""
     out: list[tuple[str, str, npt.NDArray[np.generic]]] = []
+    if plan.workload:
+        first = workload_requests(plan)[0]
+        for i, tensor in enumerate(first.inputs):
+            kind = np.uint16 if tensor.datatype == "BF16" else _NUMPY.get(tensor.datatype, np.float32)
+            captured: npt.NDArray[np.generic] = np.frombuffer(first.raw_input_contents[i], dtype=kind)
+            captured = captured.reshape(list(tensor.shape))
+            out.append((tensor.name, tensor.datatype, captured))
+        return out
     if plan.file:
         for name, stored in _load_file(plan).items():
             datatype = {v: k for k, v in _NUMPY.items() if k != "BF16"}.get(stored.dtype.type, "FP32")
@@ -108,6 +148,29 @@ def outputs_of(response: oip.ModelInferResponse) -> list[TensorData]:
             non_retryable=True,
         )
     return tensors
+
+
+def combine(runs: list[list[TensorData]]) -> list[TensorData]:
+    """One result from the outputs of many replayed requests: per output, every request's
+    tensor as rows of its last dimension ([-1, last]), concatenated in request order, so
+    element-wise and last-axis (logits) comparisons still line up across paths."""
+    out: list[TensorData] = []
+    for j, first in enumerate(runs[0]):
+        blobs = [raw(r[j]) for r in runs]
+        last = int(first.shape[-1]) if first.shape else 1
+        rows = sum(int(np.prod(r[j].shape)) // max(last, 1) for r in runs)
+        out.append(
+            TensorData(first.name, first.datatype, [rows, last], base64.b64encode(b"".join(blobs)).decode())
+        )
+    size = sum(len(t.data_b64) for t in out)
+    if size > MAX_OUTPUT_PAYLOAD:
+        raise ApplicationError(
+            f"outputs of the replayed workload are {size} bytes encoded, over the {MAX_OUTPUT_PAYLOAD} a "
+            "Temporal payload carries; export a smaller workload (fewer requests) for correctness",
+            type="OutputsTooLarge",
+            non_retryable=True,
+        )
+    return out
 
 
 def raw(tensor: TensorData) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 from typing import Any
 
@@ -130,13 +131,21 @@ class PerformanceActivities:
         self, request: PerformanceRequest, name: str, batch: int, concurrency: int, state: dict[str, Any]
     ) -> tuple[ScenarioResult, list[_Sample]]:
         t, plan = request.target, request.plan
-        inputs = payloads.make_inputs(request.inputs, batch)
         stub = self.connections.oip(t.executor)
-        message = payloads.infer_request(t.model, t.version, inputs)
+        if request.inputs.workload:  # the captured requests in order, cycling, with their shapes
+            replay = payloads.workload_requests(request.inputs)
+            messages = [payloads.retarget(r, t.model, t.version) for r in replay]
+            inputs = payloads.make_inputs(request.inputs)
+            batch = max(1, round(sum(int(r.inputs[0].shape[0]) for r in replay) / len(replay)))
+        else:
+            inputs = payloads.make_inputs(request.inputs, batch)
+            messages = [payloads.infer_request(t.model, t.version, inputs)]
+        turn = itertools.count()
 
         async def call() -> _Sample:
             start_us = int(self.clock() * 1e6)
             t0 = time.perf_counter()
+            message = messages[next(turn) % len(messages)]
             try:
                 response: oip.ModelInferResponse = await stub.ModelInfer(message, timeout=60)
             except Exception:  # a failed request is a failed job, counted, not a crash

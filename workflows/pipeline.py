@@ -69,7 +69,8 @@ class TrialContext:
 
     def inputs(self) -> InputsPlan:
         i = self.spec.inputs
-        return InputsPlan(i.seed, [dataclasses.asdict(t) for t in i.tensors], i.file, i.file_sha256)
+        tensors = [dataclasses.asdict(t) for t in i.tensors]
+        return InputsPlan(i.seed, tensors, i.file, i.file_sha256, i.workload, i.workload_sha256)
 
 
 @dataclass
@@ -250,6 +251,8 @@ class PathRun:
             self.runs = run.runs
             self.outputs_ready.set()
             self.state.correctness = {"role": "reference", "golden": bool(self.golden), "passed": True}
+            if run.workload:
+                self.state.correctness["workload"] = run.workload
             if self.golden:
                 # the reference's own error against float64 (reference_rmse) and its run-to-run difference
                 own: CorrectnessResult = await self.ctx.activity(
@@ -271,6 +274,8 @@ class PathRun:
             CorrectnessResult,
         )  # fmt: skip
         self.state.correctness = dataclasses.asdict(result)
+        if run.workload:
+            self.state.correctness["workload"] = run.workload
         return result.passed
 
     async def _training(self, reference: PathRun) -> None:

@@ -78,6 +78,12 @@ def build_report(
                 "tensors": [dataclasses.asdict(t) for t in spec.inputs.tensors],
                 "file": spec.inputs.file,
                 "file_sha256": spec.inputs.file_sha256,
+                "workload": spec.inputs.workload,
+                "workload_sha256": spec.inputs.workload_sha256,
+                # request count, shapes and sizes of the replayed workload (from the reference run)
+                "workload_distribution": states[spec.reference].correctness.get("workload", {})
+                if spec.inputs.workload and spec.reference in states
+                else {},
             },
             "configuration": {
                 "paths": [dataclasses.asdict(p) for p in spec.paths],

@@ -46,6 +46,8 @@ class Inputs:
     tensors: tuple[InputTensor, ...] = ()
     file: str = ""  # a .npz of named arrays instead of generated tensors
     file_sha256: str = ""
+    workload: str = ""  # a workload captured at the router, replayed in order
+    workload_sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -161,12 +163,26 @@ def _input_tensor(f: Fields) -> InputTensor:
 
 
 def _inputs(f: Fields) -> Inputs:
-    seed = f.integer("seed", minimum=0)
+    workload = f.text("workload", default="")
+    seed = f.integer("seed", default=0, minimum=0) if workload else f.integer("seed", minimum=0)
     tensors = tuple(_input_tensor(t) for t in f.objects("tensors", default=[]))
     file = f.text("file", default="")
     sha = f.text("file_sha256", default="")
+    if workload:
+        workload_sha = f.text("sha256", default="")
+        if tensors or file:
+            raise SpecError(f.at("workload"), "replays captured requests: give no tensors or file with it")
+        if not _SHA.match(workload_sha):
+            raise SpecError(
+                f.at("sha256"), "a workload needs its sha256 (`switchyard workloads list` shows it)"
+            )
+        f.done()
+        return Inputs(seed, workload=workload, workload_sha256=workload_sha)
+    f.seen.add("sha256")
     if bool(tensors) == bool(file):
-        raise SpecError(f.at("tensors"), "give either tensors (generated from the seed) or a file, not both")
+        raise SpecError(
+            f.at("tensors"), "give tensors (generated from the seed), a file, or a captured workload"
+        )
     if file and not _SHA.match(sha):
         raise SpecError(f.at("file_sha256"), "a file needs its sha256 (64 lowercase hex digits)")
     names = [t.name for t in tensors]

@@ -63,6 +63,8 @@ class InputsPlan:
     tensors: list[dict[str, Any]]
     file: str = ""
     file_sha256: str = ""
+    workload: str = ""  # a captured workload's id (services/router/capture.py), replayed in order
+    workload_sha256: str = ""
 
 
 @dataclass
@@ -93,6 +95,7 @@ class RunResult:
     busy_us: int
     started_unix_us: int
     ended_unix_us: int
+    workload: dict[str, Any] = field(default_factory=dict)  # a replayed workload's distribution
 
 
 @dataclass

@@ -1,0 +1,117 @@
+"""A workload captured from router traffic, replayed in a trial: correctness and performance
+run the captured requests in order with their real shapes, and the report names the workload,
+its sha256 and its request count and shape distribution. A changed file or a wrong sha256
+fails the trial's inputs with both hashes."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+
+from services.router import config as router_config
+from services.router.capture import list_workloads
+from services.router.server import start_router
+from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
+from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
+from switchyard.grpcio import ServerOptions
+from tests.trial.helpers import QUICK_PERF, run_trial
+from tests.trial.stack import Stack
+from workflows.spec import SpecError, parse_spec
+
+ROWS = (1, 3, 2, 1, 4)
+
+
+def _send(address: str) -> list[np.ndarray]:
+    client = triton.InferenceServerClient(address)
+    sent = []
+    try:
+        for i, rows in enumerate(ROWS):
+            x = np.random.default_rng(i).standard_normal((rows, 64)).astype(np.float32)
+            tensor = triton.InferInput("x", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            client.infer("mlp", [tensor])
+            sent.append(x)
+    finally:
+        client.close()
+    return sent
+
+
+async def test_a_captured_workload_is_replayed_in_a_trial(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with grpc.aio.insecure_channel(stack.cpu) as channel:
+        await xgrpc.ExecutorControlStub(channel).LoadModel(
+            xpb.LoadModelRequest(model_name="mlp"), timeout=300
+        )
+    workloads = tmp_path / "workloads"
+    cfg = router_config.parse(
+        {
+            "router": {
+                "require_auth": False,
+                "fleet": f"replay-{uuid.uuid4().hex[:8]}",
+                "workloads_dir": str(workloads),
+            },
+            "deployments": {"cpu": {"address": stack.cpu, "path": "cpu-replay"}},
+            "routes": {"mlp": {"policy": "pinned", "targets": ["cpu"], "capture": {"share": 1.0}}},
+        }
+    )
+    router = await start_router(cfg, "", ServerOptions(), tmp_path / "spool")
+    try:
+        await asyncio.to_thread(_send, router.address)
+    finally:
+        await router.stop(0)  # closes the capture into a workload
+    (workload,) = list_workloads(workloads)
+    monkeypatch.setenv("SWITCHYARD_WORKLOADS_DIR", str(workloads))
+
+    spec = {
+        "model": {"name": "mlp"},
+        "inputs": {"workload": workload["id"], "sha256": workload["sha256"]},
+        "paths": [
+            {"name": "cpu", "executor": "cpu", "mode": "eager"},
+            {"name": "cpu-again", "executor": "cpu", "mode": "eager"},
+        ],
+        "reference": "cpu",
+        "performance": {**QUICK_PERF, "batch_sizes": [1], "batch_buckets": [1, 2, 4]},
+        "timeouts": {"heartbeat_s": 10, "activity_s": 300, "max_attempts": 1},
+        "team": "test",
+    }
+    report = await run_trial(stack, spec, "replay")
+    assert report["status"] == "completed", report
+    inputs = report["inputs"]
+    assert (inputs["workload"], inputs["workload_sha256"]) == (workload["id"], workload["sha256"])
+    distribution = inputs["workload_distribution"]
+    assert distribution["requests"] == len(ROWS)
+    assert distribution["shapes"]["x"] == {"1x64": 2, "3x64": 1, "2x64": 1, "4x64": 1}
+    assert distribution["bytes"]["total"] == sum(ROWS) * 64 * 4
+    verdict = report["verdicts"]["cpu-again"]
+    assert verdict["criteria"]["correctness"]["result"] == "pass", verdict  # the same path: identical
+    scenario = report["paths"]["cpu-again"]["performance"]["scenarios"][0]
+    assert scenario["iterations"] >= 10
+
+    bad = {**spec, "inputs": {"workload": workload["id"], "sha256": "0" * 64}}
+    failed = await run_trial(stack, bad, "replay-bad")
+    text = str(failed)
+    assert workload["sha256"] in text and "0" * 64 in text
+
+
+def test_a_workload_spec_needs_its_sha256_and_nothing_else() -> None:
+    base = {
+        "model": {"name": "mlp"},
+        "paths": [
+            {"name": "a", "executor": "cpu", "mode": "eager"},
+            {"name": "b", "executor": "cpu", "mode": "eager"},
+        ],
+        "reference": "a",
+    }
+    with pytest.raises(SpecError, match=r"inputs\.sha256"):
+        parse_spec({**base, "inputs": {"workload": "mlp.0123"}})
+    with pytest.raises(SpecError, match=r"inputs\.workload"):
+        parse_spec({**base, "inputs": {"workload": "mlp.0123", "sha256": "a" * 64, "file": "x.npz"}})
+    spec = parse_spec({**base, "inputs": {"workload": "mlp.0123", "sha256": "a" * 64}})
+    assert spec.inputs.workload == "mlp.0123" and spec.inputs.workload_sha256 == "a" * 64
