@@ -149,8 +149,13 @@ def test_metering_serve_command_serves_and_drains_on_sigterm(db_url: str) -> Non
     )
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("metering serving on "), proc.stderr.read() if proc.stderr else line
+        # Other announcements (the metrics endpoint) may come first; the address line is the one.
+        line = ""
+        for _ in range(5):
+            line = proc.stdout.readline()
+            if line.startswith("metering serving on ") or not line:
+                break
+        assert line.startswith("metering serving on "), line
         address = line.split()[-1]
         with grpc.insecure_channel(address) as channel:
             stub = pb_grpc.MeteringStub(channel)
