@@ -271,8 +271,12 @@ async def start_server(
     registrations: Sequence[Registration],
     options: ServerOptions,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    serving: bool = True,
 ) -> RunningServer:
     """Start a grpc.aio server with health, reflection, limits and error mapping.
+
+    Health is SERVING from the start unless `serving` is False: then NOT_SERVING until the
+    caller's `set_serving(True)` (an executor, once its models are warm).
 
     When a tracer provider is installed (`switchyard.telemetry.setup`), every unary RPC is
     also a span parented on the caller's trace context (opentelemetry-instrumentation-grpc);
@@ -318,5 +322,5 @@ async def start_server(
         raise OSError(f"could not bind {options.host}:{options.port}")
     await server.start()
     running = RunningServer(server, port, health_servicer, names, options, security)
-    await running.set_serving(True)
+    await running.set_serving(serving)
     return running

@@ -1,8 +1,9 @@
 """Starting an executor: in process (`start_executor`, for tests and the cluster) or as a CLI.
 
 `start_executor(config)` selects the backend, loads the configured models (each warmed for
-every bucket), and starts a grpc.aio server with the OIP and control services, health,
-reflection and explicit message limits. The returned `RunningExecutor` has `.port`,
+every bucket; health stays NOT_SERVING until then, so a readiness probe or a router sends
+nothing to a replica that is still compiling), and starts a grpc.aio server with the OIP and
+control services, health, reflection and explicit message limits. The returned `RunningExecutor` has `.port`,
 `.address`, `.executor` and async `stop()` (drain: NOT_SERVING, refuse new work, finish
 in-flight, stop) and `serve_until_signal()` (SIGTERM/SIGINT -> the same drain).
 """
@@ -140,6 +141,7 @@ async def start_executor(config: ExecutorConfig, security: tls.Security | None =
             ),
         ],
         options,
+        serving=False,  # NOT_SERVING until every configured model is loaded and warm
     )
     if not config.executor_id:
         executor.executor_id = f"{executor.executor_id}:{server.port}"
@@ -161,6 +163,7 @@ async def start_executor(config: ExecutorConfig, security: tls.Security | None =
     except BaseException:
         await running.stop(0)
         raise
+    await server.set_serving(True)
     log.info(
         "executor %s (%s) serving %s on %s (frames on port %s; %s)",
         executor.executor_id,
