@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "services.executor.backends.detect",
     "clients.cli",
     "services.metering.cli",
+    "services.metering.paths_cli",
     "services.evaluator.cli",
     "services.router.cli",
     "workflows.cli",

@@ -123,6 +123,10 @@ class Ledger:
 
         return self.write(run)
 
+    def list_paths(self) -> list[tuple[Any, bool]]:
+        now = int(time.time() * 1_000_000)
+        return self.read(lambda conn: reservations.list_paths(conn, now))
+
     def open_reservation(
         self, actor: Actor, key: str, path: str, start_us: int, trial_id: str
     ) -> ReservationInfo:

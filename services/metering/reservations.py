@@ -72,9 +72,8 @@ def register_path(
 ) -> Any:
     check_key(path, "path")
     check_key(price_key, "price_key")
-    known = conn.execute(select(PRICES.c.id).where(PRICES.c.price_key == price_key).limit(1)).first()
-    if known is None:
-        raise UnknownEntity(f"unknown price key {price_key!r}; set a price first (switchyard prices set)")
+    # A price key with no price yet is accepted: usage on the path is then recorded unpriced
+    # (reported as such) until a price is in force, rather than refused and held back.
     values = dict(path=path, backend=backend, resource_class=resource_class, price_key=price_key, host=host)
     old = conn.execute(select(PATHS).where(PATHS.c.path == path)).first()
     if old is not None:
@@ -83,6 +82,13 @@ def register_path(
         return old
     conn.execute(PATHS.insert().values(created_us=now_us, **values))
     return conn.execute(select(PATHS).where(PATHS.c.path == path)).one()
+
+
+def list_paths(conn: Connection, now_us: int) -> list[tuple[Any, bool]]:
+    """Every registered path, with whether a price is in force for its key at `now_us`."""
+    rows = conn.execute(select(PATHS).order_by(PATHS.c.path)).all()
+    book = load_price_book(conn, (r.price_key for r in rows))
+    return [(r, book.at(r.price_key, now_us) is not None) for r in rows]
 
 
 def _info(r: Any) -> ReservationInfo:

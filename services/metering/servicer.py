@@ -311,6 +311,23 @@ class MeteringServicer(pb_grpc.MeteringServicer):
             host=row.host,
         )
 
+    async def ListPaths(self, request: pb.ListPathsRequest, context: Any) -> pb.ListPathsResponse:
+        rows = await self._r(self.ledger.list_paths)
+        return pb.ListPathsResponse(
+            paths=[
+                pb.PathInfo(
+                    path=r.path,
+                    backend=r.backend,
+                    resource_class=r.resource_class,
+                    price_key=r.price_key,
+                    host=r.host,
+                    priced=priced,
+                    created_unix_us=r.created_us,
+                )
+                for r, priced in rows
+            ]
+        )
+
     async def RecordTrial(self, request: pb.RecordTrialRequest, context: Any) -> pb.RecordTrialResponse:
         r = request
         await self._w(

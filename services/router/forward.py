@@ -32,6 +32,7 @@ from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavail
 from services.router.executors import ExecutorPool, UpstreamError
 from services.router.limits import Limit, PrincipalLimits
 from services.router.metrics import RouterStats
+from services.router.paths import PathRegistrar
 from services.router.policies import DeploymentState, plan
 from services.router.route_store import RouteStore
 from services.router.shadow import Divergence, ShadowStats, divergence
@@ -77,10 +78,12 @@ class Router:
         spool: Spool | None,
         store: RouteStore,
         evaluator: EvaluatorComparer | None = None,
+        registrar: PathRegistrar | None = None,
     ) -> None:
         self.config = config
         self.settings = config.settings
         self.store = store
+        self.registrar = registrar
         self.file_routes = {r.model: r for r in config.routes}
         self.routes: dict[str, Route] = {}
         self._apply_route_changes()
@@ -114,6 +117,8 @@ class Router:
         """The routes in force: the file's, with the run-time changes kept (and shared) since.
         Copy-on-write: requests already running keep the route object they started with."""
         self.routes = self.store.routes(self.file_routes, self.config.deployments)
+        if self.registrar is not None:  # the paths the routes now send to, registered with metering
+            self.registrar.want_routes(self.routes.values())
 
     async def set_route(self, route: Route, principal: str = "", request_id: str = "") -> None:
         """Adds or replaces a (validated) route; kept and shared first, so a change that cannot
@@ -451,6 +456,8 @@ class Router:
             self.audit(None, "workload.capture", f"route/{route.model}", "ok", detail, "", "router")
 
     async def close(self) -> None:
+        if self.registrar is not None:
+            await self.registrar.close()
         for capturer in self.captures.values():
             await capturer.close()
         if self.auth is not None:

@@ -80,6 +80,13 @@ class MeteringClient:
         except grpc.aio.AioRpcError as exc:
             raise as_error(exc) from None
 
+    async def register_path(self, request: mpb.RegisterPathRequest) -> mpb.PathInfo:
+        try:
+            reply: mpb.PathInfo = await self._stub.RegisterPath(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise as_error(exc) from None
+        return reply
+
     async def save_route_change(
         self,
         fleet: str,

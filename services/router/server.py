@@ -21,6 +21,7 @@ from services.router.evaluator_client import EvaluatorComparer
 from services.router.executors import ExecutorPool
 from services.router.forward import Router
 from services.router.metering_client import MeteringClient
+from services.router.paths import PathRegistrar
 from services.router.route_store import RouteStore
 from services.router.spool import Spool
 from switchyard import tls
@@ -106,7 +107,12 @@ async def start_router(
     evaluator = EvaluatorComparer(settings.evaluator, security=security) if settings.evaluator else None
     # admin changes: kept across restarts, and shared by the fleet through metering
     store = RouteStore(spool_dir or Path(settings.spool_dir), metering, settings.fleet)
-    router = Router(config, pool, auth, spool, store, evaluator)
+    # every deployment's ledger path, registered from what its executor describes (`paths`)
+    registrar = PathRegistrar(metering, config.deployments, pool.channels) if metering is not None else None
+    router = Router(config, pool, auth, spool, store, evaluator, registrar)
+    if registrar is not None:
+        registrar.want(d.name for d in config.deployments)
+        registrar.start()
     router.start_captures(Path(settings.workloads_dir))
     if metering is not None:
         try:

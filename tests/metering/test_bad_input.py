@@ -66,12 +66,6 @@ CASES: list[tuple[str, Callable[[Stub], Awaitable[object]], grpc.StatusCode, str
         "no reservation",
     ),
     (
-        "unknown price key",
-        lambda s: s.RegisterPath(pb.RegisterPathRequest(path="x@h", backend="cpu", price_key="nope")),
-        NOT_FOUND,
-        "unknown price key",
-    ),
-    (
         "path re-registered differently",
         lambda s: s.RegisterPath(
             pb.RegisterPathRequest(path="cpu-eager@h1", backend="xla", price_key="cpu-std")

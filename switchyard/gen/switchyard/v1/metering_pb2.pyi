@@ -840,11 +840,16 @@ class PathInfo(_message.Message):
     RESOURCE_CLASS_FIELD_NUMBER: _builtins.int
     PRICE_KEY_FIELD_NUMBER: _builtins.int
     HOST_FIELD_NUMBER: _builtins.int
+    PRICED_FIELD_NUMBER: _builtins.int
+    CREATED_UNIX_US_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     backend: _builtins.str
     resource_class: _builtins.str
     price_key: _builtins.str
     host: _builtins.str
+    priced: _builtins.bool
+    """ListPaths: a price is in force for price_key now"""
+    created_unix_us: _builtins.int
     def __init__(
         self,
         *,
@@ -853,14 +858,51 @@ class PathInfo(_message.Message):
         resource_class: _builtins.str = ...,
         price_key: _builtins.str = ...,
         host: _builtins.str = ...,
+        priced: _builtins.bool = ...,
+        created_unix_us: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "host", b"host", "path", b"path", "price_key", b"price_key", "resource_class", b"resource_class"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "created_unix_us", b"created_unix_us", "host", b"host", "path", b"path", "price_key", b"price_key", "priced", b"priced", "resource_class", b"resource_class"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PathInfo: _TypeAlias = PathInfo  # noqa: Y015
+
+@_typing.final
+class ListPathsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPathsRequest: _TypeAlias = ListPathsRequest  # noqa: Y015
+
+@_typing.final
+class ListPathsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATHS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def paths(self) -> _containers.RepeatedCompositeFieldContainer[Global___PathInfo]: ...
+    def __init__(
+        self,
+        *,
+        paths: _abc.Iterable[Global___PathInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["paths", b"paths"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPathsResponse: _TypeAlias = ListPathsResponse  # noqa: Y015
 
 @_typing.final
 class RecordTrialRequest(_message.Message):

@@ -84,6 +84,11 @@ class MeteringStub:
                 request_serializer=switchyard_dot_v1_dot_metering__pb2.RegisterPathRequest.SerializeToString,
                 response_deserializer=switchyard_dot_v1_dot_metering__pb2.PathInfo.FromString,
                 _registered_method=True)
+        self.ListPaths = channel.unary_unary(
+                '/switchyard.v1.Metering/ListPaths',
+                request_serializer=switchyard_dot_v1_dot_metering__pb2.ListPathsRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_metering__pb2.ListPathsResponse.FromString,
+                _registered_method=True)
         self.RecordTrial = channel.unary_unary(
                 '/switchyard.v1.Metering/RecordTrial',
                 request_serializer=switchyard_dot_v1_dot_metering__pb2.RecordTrialRequest.SerializeToString,
@@ -213,6 +218,13 @@ class MeteringServicer:
 
     def RegisterPath(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPaths(self, request, context):
+        """The registered paths, each with whether a price is in force for its key now.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -353,6 +365,11 @@ def add_MeteringServicer_to_server(servicer, server):
                     servicer.RegisterPath,
                     request_deserializer=switchyard_dot_v1_dot_metering__pb2.RegisterPathRequest.FromString,
                     response_serializer=switchyard_dot_v1_dot_metering__pb2.PathInfo.SerializeToString,
+            ),
+            'ListPaths': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPaths,
+                    request_deserializer=switchyard_dot_v1_dot_metering__pb2.ListPathsRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_metering__pb2.ListPathsResponse.SerializeToString,
             ),
             'RecordTrial': grpc.unary_unary_rpc_method_handler(
                     servicer.RecordTrial,
@@ -690,6 +707,33 @@ class Metering:
             '/switchyard.v1.Metering/RegisterPath',
             switchyard_dot_v1_dot_metering__pb2.RegisterPathRequest.SerializeToString,
             switchyard_dot_v1_dot_metering__pb2.PathInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPaths(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.Metering/ListPaths',
+            switchyard_dot_v1_dot_metering__pb2.ListPathsRequest.SerializeToString,
+            switchyard_dot_v1_dot_metering__pb2.ListPathsResponse.FromString,
             options,
             channel_credentials,
             insecure,

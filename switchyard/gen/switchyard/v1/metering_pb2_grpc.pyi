@@ -48,6 +48,8 @@ class MeteringStub:
     Export: _grpc.UnaryStreamMultiCallable[_metering_pb2.ExportRequest, _metering_pb2.ExportChunk]
     SetPrice: _grpc.UnaryUnaryMultiCallable[_metering_pb2.SetPriceRequest, _metering_pb2.Price]
     RegisterPath: _grpc.UnaryUnaryMultiCallable[_metering_pb2.RegisterPathRequest, _metering_pb2.PathInfo]
+    ListPaths: _grpc.UnaryUnaryMultiCallable[_metering_pb2.ListPathsRequest, _metering_pb2.ListPathsResponse]
+    """The registered paths, each with whether a price is in force for its key now."""
     RecordTrial: _grpc.UnaryUnaryMultiCallable[_metering_pb2.RecordTrialRequest, _metering_pb2.RecordTrialResponse]
     """Trials (written by the trial worker through metering, the ledger's only writer)."""
     GetTrialReport: _grpc.UnaryUnaryMultiCallable[_metering_pb2.GetTrialReportRequest, _metering_pb2.TrialReport]
@@ -86,6 +88,8 @@ class MeteringAsyncStub(MeteringStub):
     Export: _aio.UnaryStreamMultiCallable[_metering_pb2.ExportRequest, _metering_pb2.ExportChunk]  # type: ignore[assignment]
     SetPrice: _aio.UnaryUnaryMultiCallable[_metering_pb2.SetPriceRequest, _metering_pb2.Price]  # type: ignore[assignment]
     RegisterPath: _aio.UnaryUnaryMultiCallable[_metering_pb2.RegisterPathRequest, _metering_pb2.PathInfo]  # type: ignore[assignment]
+    ListPaths: _aio.UnaryUnaryMultiCallable[_metering_pb2.ListPathsRequest, _metering_pb2.ListPathsResponse]  # type: ignore[assignment]
+    """The registered paths, each with whether a price is in force for its key now."""
     RecordTrial: _aio.UnaryUnaryMultiCallable[_metering_pb2.RecordTrialRequest, _metering_pb2.RecordTrialResponse]  # type: ignore[assignment]
     """Trials (written by the trial worker through metering, the ledger's only writer)."""
     GetTrialReport: _aio.UnaryUnaryMultiCallable[_metering_pb2.GetTrialReportRequest, _metering_pb2.TrialReport]  # type: ignore[assignment]
@@ -181,6 +185,14 @@ class MeteringServicer(metaclass=_abc_1.ABCMeta):
         request: _metering_pb2.RegisterPathRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_metering_pb2.PathInfo, _abc.Awaitable[_metering_pb2.PathInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ListPaths(
+        self,
+        request: _metering_pb2.ListPathsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metering_pb2.ListPathsResponse, _abc.Awaitable[_metering_pb2.ListPathsResponse]]:
+        """The registered paths, each with whether a price is in force for its key now."""
 
     @_abc_1.abstractmethod
     def RecordTrial(
