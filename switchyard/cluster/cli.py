@@ -60,6 +60,15 @@ def _up(args: argparse.Namespace) -> int:
 
 
 @_reported
+def _up_status(args: argparse.Namespace) -> int:
+    from switchyard.cluster.up import format_table, status_rows
+
+    rows = asyncio.run(status_rows(_load(args).state_dir.resolve()))
+    print(format_table(rows))
+    return 0 if all(r.health in ("SERVING", "-") for r in rows) else 1
+
+
+@_reported
 def _demo(args: argparse.Namespace) -> int:
     from switchyard.cluster.demo import DemoOptions, demo
 
@@ -74,9 +83,24 @@ def _health(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    up = sub.add_parser("up", help="start the whole cluster on this machine; Ctrl-C stops it")
+    up = sub.add_parser(
+        "up",
+        help="start the whole cluster on this machine; Ctrl-C stops it",
+        description="Starts every service, restarts one that crashes (with back-off, up to a "
+        "crash-loop limit), and stops them all on Ctrl-C or SIGTERM.",
+        epilog="examples:\n  switchyard up\n  switchyard up --config cluster.toml\n"
+        "  switchyard up status            # from another shell: health, restarts, last exit",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _config_args(up)
     up.set_defaults(func=_up)
+    up_sub = up.add_subparsers(dest="up_command", metavar="COMMAND")
+    status = up_sub.add_parser(
+        "status",
+        help="the running cluster's services: health, restarts, last exit (exit 1 unless all SERVING)",
+    )
+    _config_args(status)
+    status.set_defaults(func=_up_status)
 
     demo = sub.add_parser("demo", help="bring the cluster up and run the main job end to end (make run)")
     _config_args(demo)

@@ -115,6 +115,17 @@ def enabled_executors(config: Config) -> list[tuple[ExecutorConfig, str]]:
     return chosen
 
 
+def child_pythonpath(root: Path | None, inherited: str | None = None) -> str:
+    """The checkout at `root` first, then the caller's PYTHONPATH (`inherited`, default this
+    process's) kept whole, once each: children of any interpreter import this checkout and
+    whatever the caller added. `root` None (an installed package): the caller's, unchanged."""
+    current = os.environ.get("PYTHONPATH", "") if inherited is None else inherited
+    parts = [p for p in current.split(os.pathsep) if p]
+    if root is not None:
+        parts = [str(root), *(p for p in parts if p != str(root))]
+    return os.pathsep.join(parts)
+
+
 def _switchyard(python: str, *args: str) -> tuple[str, ...]:
     return (python, "-m", "switchyard", *args)
 
@@ -133,7 +144,7 @@ def build_plan(
     # in [executors] allowed_factories) stays importable by the executors.
     caller_path = os.environ.get("PYTHONPATH", "")
     base_env = {
-        "PYTHONPATH": os.pathsep.join(p for p in (str(root), caller_path) if p),
+        "PYTHONPATH": child_pythonpath(root, caller_path),
         "SWITCHYARD_MODELS_REPOSITORY": str(config.model_repository.resolve()),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

@@ -45,15 +45,20 @@ class StatusRow:
     address: str
     health: str
     models: str
+    restarts: int = 0
+    last_exit: str = ""
+
+
+HEADINGS = ("service", "address", "health", "restarts", "last exit", "models")
 
 
 def format_table(rows: list[StatusRow]) -> str:
-    head = StatusRow("service", "address", "health", "models")
-    cols = list(zip(*[(r.service, r.address, r.health, r.models) for r in [head, *rows]], strict=True))
-    widths = [max(len(v) for v in col) for col in cols]
+    table = [HEADINGS] + [
+        (r.service, r.address, r.health, str(r.restarts), r.last_exit or "-", r.models) for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(HEADINGS))]
     lines = []
-    for i, r in enumerate([head, *rows]):
-        vals = (r.service, r.address, r.health, r.models)
+    for i, vals in enumerate(table):
         lines.append("  ".join(v.ljust(w) for v, w in zip(vals, widths, strict=True)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
@@ -143,10 +148,12 @@ class LocalCluster:
             self.config.temporal.namespace,
             self.config.temporal.task_queue,
             say=self._say,
+            on_change=self._write_state,
         )
         self._say(f"starting {len(self.specs)} services (logs in {self.state_dir / 'logs'})")
         await self.supervisor.start(self.stop_event, between=self._write_routes)
         self._write_state()
+        self.supervisor.start_healing(self.stop_event)
 
     def _write_state(self) -> None:
         assert self.supervisor is not None
@@ -159,6 +166,7 @@ class LocalCluster:
                     "info": s.info,
                     "path": self.paths.get(s.name.removeprefix("executor-"), ""),
                     "models": list(s.models),
+                    **self._process_state(s.name),
                 }
                 for s in self.specs
             },
@@ -175,17 +183,37 @@ class LocalCluster:
         tmp.write_text(json.dumps(state, indent=2), encoding="utf-8")
         tmp.replace(path)
 
+    def _process_state(self, name: str) -> dict[str, object]:
+        assert self.supervisor is not None
+        child = self.supervisor.children.get(name)
+        if child is None:
+            return {"state": "not started", "restarts": 0, "last_exit": ""}
+        return {"state": child.state, "restarts": child.restarts, "last_exit": child.last_exit}
+
     async def status(self) -> list[StatusRow]:
         assert self.supervisor is not None
         rows = []
         for spec in self.specs:
-            status = await self.supervisor.probe(spec)
+            process = self._process_state(spec.name)
+            if process["state"] in ("running", "restarting"):
+                status = await self.supervisor.probe(spec)
+            else:
+                status = str(process["state"]).upper()
             models = "-"
             if spec.models:
                 models = health.readiness_summary(await health.executor_models(spec.address))
             elif spec.info:
                 models = spec.info
-            rows.append(StatusRow(spec.name, spec.address or "(task queue)", status, models))
+            rows.append(
+                StatusRow(
+                    spec.name,
+                    spec.address or "(task queue)",
+                    status,
+                    models,
+                    int(str(process["restarts"])),
+                    str(process["last_exit"]),
+                )
+            )
         return rows
 
     async def stop(self) -> None:
@@ -216,19 +244,50 @@ def install_stop_signals(event: asyncio.Event) -> None:
 
 
 async def serve_until_stopped(cluster: LocalCluster) -> int:
-    """Prints the status table, then waits for Ctrl-C/SIGTERM or a service dying."""
+    """Prints the status table, then serves, healing crashed services, until Ctrl-C/SIGTERM."""
     assert cluster.supervisor is not None
     print(format_table(await cluster.status()), flush=True)
-    print("cluster is up; Ctrl-C stops it", flush=True)
-    died = await cluster.supervisor.watch(cluster.stop_event)
-    if died is not None:
-        child = cluster.supervisor.children[died]
-        print(
-            f"{died} exited unexpectedly (code {child.proc.returncode}); stopping the cluster",
-            file=sys.stderr,
-        )
-        return 1
+    print("cluster is up; Ctrl-C stops it (`switchyard up status` shows it meanwhile)", flush=True)
+    await cluster.stop_event.wait()
     return 0
+
+
+async def status_rows(state_dir: Path) -> list[StatusRow]:
+    """The table of a running cluster, from its cluster.json and live probes."""
+    path = state_dir / "cluster.json"
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FailedPrecondition(
+            f"no cluster is running with state directory {state_dir} ({path} is missing); "
+            "start one with `switchyard up`, or pass its --config / --state-dir"
+        ) from None
+    rows = []
+    for name, s in state["services"].items():
+        address = s.get("address") or ""
+        process = str(s.get("state", "running"))
+        if process not in ("running", "restarting"):
+            status = process.upper()
+        elif not address:
+            status = "-"
+        elif name == "temporal":
+            status = await health.temporal_health(address)
+        else:
+            status = await health.grpc_health(address)
+        models = s.get("info") or "-"
+        if s.get("models"):
+            models = health.readiness_summary(await health.executor_models(address))
+        rows.append(
+            StatusRow(
+                name,
+                address or "(task queue)",
+                status,
+                models,
+                int(s.get("restarts", 0)),
+                str(s.get("last_exit", "")),
+            )
+        )
+    return rows
 
 
 async def up(config: Config) -> int:

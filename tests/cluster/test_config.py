@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from switchyard.cluster.plan import build_plan, enabled_executors
+from switchyard.cluster.plan import build_plan, child_pythonpath, enabled_executors
 from switchyard.cluster.routes import render_routes
 from switchyard.config import ConfigError, env_names, load_config
 from tests.conftest import ROOT
@@ -170,3 +171,15 @@ def test_demo_inputs_use_the_sequence_length_executors_warm_up_with() -> None:
 
     assert traffic.DEFAULT_SEQ == tiny_lm.DEFAULT_SEQ
     assert demo_spec("t")["inputs"]["tensors"][0]["shape"][1] == tiny_lm.DEFAULT_SEQ
+
+
+def test_children_get_the_checkout_and_the_callers_whole_pythonpath(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/opt/plugins", "/srv/models"]))
+    specs, _ = build_plan(load_config(env={"SWITCHYARD_EXECUTORS_XLA_ENABLED": "false"}), ROOT)
+    for spec in specs:
+        if "PYTHONPATH" in spec.env:
+            assert spec.env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/opt/plugins", "/srv/models"]
+    assert child_pythonpath(ROOT, str(ROOT)) == str(ROOT)  # not twice
+    assert child_pythonpath(None, "/a") == "/a"  # an installed package adds nothing

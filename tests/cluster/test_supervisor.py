@@ -12,7 +12,7 @@ import pytest
 
 from switchyard.cluster import health
 from switchyard.cluster.plan import ServiceSpec, free_port
-from switchyard.cluster.supervisor import StartupFailed, Supervisor
+from switchyard.cluster.supervisor import RestartPolicy, StartupFailed, Supervisor
 from tests.conftest import ROOT
 
 ENV = {"PYTHONPATH": str(ROOT), "SWITCHYARD_SECURITY_INSECURE": "true"}
@@ -87,3 +87,99 @@ async def test_watch_reports_a_child_that_dies_after_start(tmp_path: Path) -> No
         assert died == "evaluator"
     finally:
         await sup.stop(grace_s=1)
+
+
+CRASHER = """
+import asyncio, os, sys
+from switchyard.grpcio import ServerOptions, start_server
+
+async def main() -> None:
+    server = await start_server([], ServerOptions(port=int(sys.argv[1])))  # kept: serving
+    while not os.path.exists(sys.argv[2]):  # armed by the test once the supervisor started it
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)
+    os._exit(3 if server else 4)  # a crash: no clean-up
+
+asyncio.run(main())
+"""
+
+
+async def test_a_crashing_service_is_restarted_with_backoff_until_the_crash_loop_limit(
+    tmp_path: Path,
+) -> None:
+    port = free_port("127.0.0.1")
+    armed = tmp_path / "armed"
+    argv = (sys.executable, "-c", CRASHER, str(port), str(armed))
+    spec = ServiceSpec("crasher", argv, f"127.0.0.1:{port}", "grpc", env=ENV, startup_timeout_s=30)
+    lines: list[str] = []
+    changes: list[str] = []
+    policy = RestartPolicy(base_s=0.2, max_s=1.0, limit=3, stable_s=60)
+    sup = Supervisor([spec], tmp_path / "logs", "default", "q", say=lines.append, policy=policy,
+                     on_change=lambda: changes.append(sup.children["crasher"].state))  # fmt: skip
+    stop = asyncio.Event()
+    await sup.start(stop)
+    first = sup.pids()["crasher"]
+    sup.start_healing(stop)
+    armed.touch()
+    try:
+        for _ in range(300):
+            if sup.children["crasher"].state == "crash-loop":
+                break
+            await asyncio.sleep(0.1)
+        child = sup.children["crasher"]
+        assert child.state == "crash-loop", lines
+        assert child.restarts == 3 and child.last_exit == "exit code 3"
+        assert child.pid != first
+        waits = [
+            float(line.split("restarting in ")[1].split("s")[0]) for line in lines if "restarting in" in line
+        ]
+        assert waits == [0.2, 0.4, 0.8]  # doubling back-off
+        assert any("crash loop" in line for line in lines)
+        assert changes[-1] == "crash-loop" and "running" in changes  # each restart was recorded
+        assert not stop.is_set()  # giving up on one service does not stop the supervisor
+    finally:
+        await sup.stop(grace_s=1)
+
+
+async def test_children_die_with_the_supervisor(tmp_path: Path) -> None:
+    """PR_SET_PDEATHSIG: a supervisor process killed with SIGKILL takes its children along."""
+    port = free_port("127.0.0.1")
+    pid_file = tmp_path / "pid"
+    script = f"""
+import asyncio, sys
+from pathlib import Path
+from switchyard.cluster.plan import ServiceSpec
+from switchyard.cluster.supervisor import Supervisor
+
+async def main() -> None:
+    spec = ServiceSpec("evaluator", {_evaluator(port).argv!r}, "127.0.0.1:{port}", "grpc",
+                       env={ENV!r}, startup_timeout_s=60)
+    sup = Supervisor([spec], Path({str(tmp_path / "logs")!r}), "default", "q", say=lambda _: None)
+    await sup.start(asyncio.Event())
+    Path({str(pid_file)!r}).write_text(str(sup.pids()["evaluator"]))
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", script, env={**os.environ, **ENV})
+    try:
+        for _ in range(600):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            assert proc.returncode is None
+            await asyncio.sleep(0.1)
+        child = int(pid_file.read_text())
+        assert alive(child)
+        proc.kill()
+        await proc.wait()
+        for _ in range(50):
+            if not alive(child):
+                break
+            await asyncio.sleep(0.1)
+        assert not alive(child), "the service outlived its SIGKILLed supervisor"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if pid_file.exists() and pid_file.read_text() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), 9)  # left behind only when the test fails
