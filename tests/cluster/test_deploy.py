@@ -3,7 +3,7 @@
 
 No container engine runs here, so images are linted and checked against the tree (every COPY
 source exists), not built. `SWITCHYARD_KUBECTL=/path/a:/path/b` renders with further kubectl
-binaries too (e.g. Debian's 1.20 with its kustomize v2.0.3, to keep the manifests portable).
+binaries too (each must bundle kustomize v5: kubectl 1.27 or later).
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ def _render(overlay: str, binary: str) -> list[dict[str, Any]]:
         [binary, "kustomize", str(DEPLOY / "k8s" / overlay)], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
+    # no deprecated kustomize fields (bases, patchesStrategicMerge, commonLabels, ...)
+    assert "deprecated" not in proc.stderr + proc.stdout, proc.stderr + proc.stdout
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
 
@@ -239,3 +241,30 @@ def test_routes_are_accepted_by_the_router(overlay: str) -> None:
     config_map = next(d for d in docs if d["metadata"]["name"].startswith("switchyard-routes"))
     parsed = router_config.parse(tomllib.loads(config_map["data"]["routes.toml"]))
     assert {r.model for r in parsed.routes} == {"mlp", "tiny-lm", "minilm-l6"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_executor_replica_is_routed_and_every_route_has_a_replica(overlay: str) -> None:
+    """Each replica of an executor StatefulSet is a deployment of the routes (so none is paid for
+    and never sent work), and each deployment the routes name is a replica that exists."""
+    import tomllib
+
+    docs = render(overlay)
+    (routes_map,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("switchyard-routes")
+    ]
+    routes = tomllib.loads(routes_map["data"]["routes.toml"])
+    routed = set()
+    for route in routes["routes"].values():
+        routed |= {t if isinstance(t, str) else t["deployment"] for t in route["targets"]}
+        for c in route.get("shadow", {}).get("candidates", []):
+            routed.add(c if isinstance(c, str) else c["deployment"])
+    routed_addresses = {routes["deployments"][name]["address"] for name in routed}
+    replicas = set()
+    for doc in workloads(docs):
+        name = doc["metadata"]["name"]
+        if doc["kind"] != "StatefulSet" or not name.startswith("executor-"):
+            continue
+        port = containers(doc)[0]["ports"][0]["containerPort"]
+        replicas |= {f"{name}-{i}.{name}:{port}" for i in range(doc["spec"]["replicas"])}
+    assert replicas == routed_addresses, replicas ^ routed_addresses
