@@ -41,7 +41,16 @@ ADMIN_RPCS = frozenset(
     ("CreatePrincipal", "CreateKey", "RevokeKey", "GrantRole", "RevokeRole", "SetPrice", "ReverseUsage")
 )
 READ_RPCS = frozenset(
-    ("GetJobCost", "CostReport", "Export", "GetTrialReport", "ListRouteChanges", "QueryAudit", "VerifyAudit")
+    (
+        "GetJobCost",
+        "CostReport",
+        "Export",
+        "GetTrialReport",
+        "ListRouteChanges",
+        "QueryAudit",
+        "VerifyAudit",
+        "ListPaths",
+    )
 )
 # service -> the RPCs its certificate alone allows (without a key)
 SERVICE_RPCS: dict[str, frozenset[str]] = {

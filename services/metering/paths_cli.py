@@ -30,13 +30,18 @@ def _client(p: argparse.ArgumentParser) -> None:
     )
 
 
-async def _list(args: argparse.Namespace) -> int:
-    import grpc
+def _channel(address: str) -> Any:
+    """The operator's certificate (or explicit plaintext), and SWITCHYARD_API_KEY if set."""
+    from switchyard import tls
 
+    return tls.aio_channel(address, api_key=os.environ.get("SWITCHYARD_API_KEY", ""))
+
+
+async def _list(args: argparse.Namespace) -> int:
     from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
     from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 
-    async with grpc.aio.insecure_channel(args.metering) as channel:
+    async with _channel(args.metering) as channel:
         reply = await mgrpc.MeteringStub(channel).ListPaths(mpb.ListPathsRequest(), timeout=args.timeout)
     rows = [("path", "backend", "resource class", "price key", "host", "priced")]
     rows += [
@@ -54,15 +59,13 @@ async def _list(args: argparse.Namespace) -> int:
 
 
 async def _register(args: argparse.Namespace) -> int:
-    import grpc
-
     from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
     from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
     from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 
     backend, resource_class, price_key, host = args.backend, args.resource_class, args.price_key, args.host
     if args.executor:
-        async with grpc.aio.insecure_channel(args.executor) as channel:
+        async with _channel(args.executor) as channel:
             d = await executor_pb2_grpc.ExecutorControlStub(channel).Describe(
                 executor_pb2.DescribeRequest(), timeout=args.timeout
             )
@@ -83,7 +86,7 @@ async def _register(args: argparse.Namespace) -> int:
         host=host,
         actor=mpb.Actor(principal=args.actor, source="cli"),
     )
-    async with grpc.aio.insecure_channel(args.metering) as channel:
+    async with _channel(args.metering) as channel:
         info = await mgrpc.MeteringStub(channel).RegisterPath(request, timeout=args.timeout)
     print(
         f"path {info.path}: backend {info.backend}, resource class {info.resource_class}, "

@@ -83,6 +83,7 @@ class Deployment:
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SWITCHYARD_", "OTEL_"))}
     env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env["SWITCHYARD_SECURITY_INSECURE"] = "true"  # plaintext, named (the manifests mount certificates)
     env["SWITCHYARD_DATABASE_URL"] = f"sqlite:///{tmp_path / 'ledger.db'}"
     d = Deployment(tmp_path, env=env)
     try:
