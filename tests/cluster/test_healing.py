@@ -6,7 +6,7 @@ worker) started by `switchyard up` in its own process. The router's routes send 
 supervised executor and fail over to a spare executor the test runs itself. A client with a
 team key keeps requests in flight while the supervised executor is SIGKILLed: every request
 is answered, the executor serves again within 10 s (or, on a machine loaded so heavily that
-its first start took longer, within that start plus 3 s), and `switchyard up status` shows the
+its own start takes longer, within that start plus 3 s), and `switchyard up status` shows the
 restart and why. Then `switchyard up` itself is SIGKILLed: within 5 s no process it started
 is left.
 """
@@ -38,6 +38,7 @@ HOST = "127.0.0.1"
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
     env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env["SWITCHYARD_SECURITY_INSECURE"] = "true"  # plaintext, named: the test's client is plaintext
     return env
 
 
@@ -50,13 +51,15 @@ def _wait(predicate: object, timeout_s: float, what: str, log: Path | None = Non
         time.sleep(0.1)
 
 
-def _ready_after(log: Path, service: str) -> float:
-    """Seconds the first start of `service` took, from the supervisor's "ready after" line."""
-    for line in log.read_text(errors="replace").splitlines():
-        words = line.split()
-        if words[:3] == [service, "ready", "after"]:
-            return float(words[3].rstrip("s"))
-    raise AssertionError(f"no 'ready after' line for {service} in {log}")
+def _ready_after(log: Path, service: str) -> tuple[float, ...]:
+    """Seconds each start of `service` took, from the supervisor's "ready after" lines."""
+    found = tuple(
+        float(words[3].rstrip("s"))
+        for words in (line.split() for line in log.read_text(errors="replace").splitlines())
+        if words[:3] == [service, "ready", "after"]
+    )
+    assert found, f"no 'ready after' line for {service} in {log}"
+    return found
 
 
 async def _load(
@@ -163,15 +166,18 @@ def test_executor_killed_under_load_is_restarted_and_a_killed_supervisor_leaves_
 
         back_after = asyncio.run(scenario())
         assert errors == [], errors[:5]
-        # Back within 10 s, or, on a machine so loaded that the executor's own first start (in
-        # this run) took longer than that, within that start plus 3 s: the restart itself must
-        # add no more than its back-off and a re-admission.
-        cold_start = _ready_after(up_log, "executor-cpu")
-        bound = max(10.0, cold_start + 3.0)
+        # Back within 10 s; on a machine so loaded that the executor's own start (the restarted
+        # process's, from its "ready after" line) takes longer than that, the supervisor may add
+        # at most 3 s to it (detection, back-off, spawn, health probe).
+        cold_start, restart_start = _ready_after(up_log, "executor-cpu")
+        bound = max(10.0, restart_start + 3.0)
         assert back_after < bound, (
-            f"executor back after {back_after:.1f}s (its first start: {cold_start:.1f}s)"
+            f"executor back after {back_after:.1f}s (its own start: {restart_start:.1f}s)"
         )
-        print(f"executor back after {back_after:.1f}s; its first start took {cold_start:.1f}s")
+        print(
+            f"executor back after {back_after:.1f}s; the restarted process took {restart_start:.1f}s "
+            f"to start (its first start {cold_start:.1f}s)"
+        )
         assert answered.get("cpu-spare", 0) > 0, answered  # the router failed over meanwhile
         assert answered.get("cpu-supervised", 0) > 25, answered  # and came back to it
 
