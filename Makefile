@@ -15,6 +15,8 @@ FOCUS_HASH := $(shell sha256sum requirements/focus.txt | cut -c1-12)
 FOCUS_ENV := $(CACHE)/focus-$(FOCUS_HASH)
 TOOLS_HASH := $(shell sha256sum requirements/tools.txt | cut -c1-12)
 TOOLS_ENV := $(CACHE)/tools-$(TOOLS_HASH)
+PERF_HASH := $(shell sha256sum requirements/perf.txt | cut -c1-12)
+PERF_ENV := $(CACHE)/perf-$(PERF_HASH)
 VENV := .venv
 PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)
@@ -25,7 +27,7 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(PATH):$(TOOLS_ENV)/bin
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test setup setup-main setup-xla setup-tpu setup-focus focus-python setup-tools lint proto proto-check bench clean
+.PHONY: run test setup setup-main setup-xla setup-tpu setup-focus focus-python setup-tools setup-perf perf-analyzer-path lint proto proto-check bench clean
 
 run: setup
 	$(PY) -m switchyard demo $(ARGS)
@@ -95,6 +97,24 @@ $(FOCUS_ENV)/.ready:
 	$(FOCUS_ENV)/bin/python -m pip install -q --upgrade pip
 	$(FOCUS_ENV)/bin/python -m pip install -q -r requirements/focus.txt
 	touch $@
+
+# Triton's perf_analyzer (tritonclient[all]==2.41.0, which pins numpy<2: its own env) with the
+# CUDA runtime library it links and Debian's libb64-0d. tests/test_perf_analyzer.py runs this
+# when the env is missing; `make perf-analyzer-path` prints the binary for scripts.
+setup-perf: $(PERF_ENV)/.ready
+	@ldconfig -p | grep -q libb64.so.0d || { echo "== installing Debian's libb64-0d"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d >/dev/null; }
+
+$(PERF_ENV)/.ready:
+	@echo "== building perf_analyzer environment in $(PERF_ENV) (tritonclient 2.41; cached)"
+	rm -rf $(PERF_ENV)
+	$(PYTHON) -m venv $(PERF_ENV)
+	$(PERF_ENV)/bin/python -m pip install -q --upgrade pip
+	$(PERF_ENV)/bin/python -m pip install -q -r requirements/perf.txt
+	touch $@
+
+perf-analyzer-path:
+	@echo $(PERF_ENV)/bin/perf_analyzer
 
 lint: setup-main proto-check
 	$(VENV)/bin/ruff check .

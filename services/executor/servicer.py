@@ -248,7 +248,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ServerMetadataRequest, context: Context
     ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
-            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration"]
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration", "statistics"]
         )
 
     async def ModelMetadata(

@@ -108,7 +108,9 @@ class OipServicer:
     async def server_metadata(
         self, request: pb.ServerMetadataRequest, context: Ctx
     ) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name="switchyard-router", version=VERSION, extensions=[])
+        return pb.ServerMetadataResponse(
+            name="switchyard-router", version=VERSION, extensions=["model_configuration", "statistics"]
+        )
 
     async def model_statistics(
         self, request: pb.ModelStatisticsRequest, context: Ctx
