@@ -62,7 +62,11 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _trial(args: argparse.Namespace) -> int:
+    from switchyard import telemetry
     from workflows import trialctl
+
+    # a started trial's trace begins here when tracing is configured (OTEL_* variables)
+    telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-trial"))
 
     return trialctl.main(args)
 

@@ -33,6 +33,12 @@ def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     return found
 
 
+def series_names(url: str) -> set[str]:
+    """Series names as the text format carries them (what Prometheus stores)."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines() if line and line[0] != "#"}
+
+
 def value(found: dict[str, Any], family: str, **labels: str) -> float:
     """The sum of a family's samples whose labels include `labels` (no bucket samples)."""
     return sum(

@@ -9,6 +9,9 @@ as complete as the executor's.
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as triton
@@ -18,7 +21,8 @@ from services.executor.server import RunningExecutor
 from services.metering import metrics as metering_metrics
 from services.router import metrics as router_metrics
 from switchyard import metrics as prometheus
-from tests.executor.test_metrics import scrape, value
+from tests.conftest import ROOT
+from tests.executor.test_metrics import scrape, series_names, value
 from tests.router.conftest import Metering, RouterFactory, routes_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -55,6 +59,7 @@ async def test_router_executor_and_metering_metrics_count_the_same_requests(
         assert router.router.spool is not None
         assert await router.router.spool.drain(30)  # usage delivered to metering
         after = [scrape(url) for url in urls]
+        exposed = {name for url in urls for name in series_names(url)}
     finally:
         await client.close()
         for endpoint in endpoints:
@@ -93,3 +98,9 @@ async def test_router_executor_and_metering_metrics_count_the_same_requests(
     s = stats.inference_stats
     assert s.success.ns > 0 and s.compute_input.ns > 0 and s.compute_infer.ns > 0 and s.compute_output.ns > 0
     assert stats.last_inference > 0 and stats.batch_stats
+
+    # every series the Grafana dashboard queries is one these services expose
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "switchyard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    queried = {m for e in exprs for m in re.findall(r"\b((?:nv_inference|switchyard|process)_[a-z_]+)\b", e)}
+    assert queried and queried - exposed == set()
