@@ -97,8 +97,11 @@ def _run(binary: Path, address: str) -> str:
     libs = binary.parent.parent / "lib" / "python3.11" / "site-packages" / "nvidia" / "cuda_runtime" / "lib"
     env = {**os.environ, "LD_LIBRARY_PATH": f"{libs}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
     proc = subprocess.run(
+        # count windows with a loose stability bound: a shared, noisy host must not make it
+        # fail to settle; what is checked is the server-side section, not the speed
         [str(binary), "-m", "mlp", "-i", "grpc", "-u", address, "--concurrency-range", "2",
-         "--measurement-interval", "1500", "--stability-percentage", "60", "--max-trials", "6"],
+         "--measurement-mode", "count_windows", "--measurement-request-count", "60",
+         "--stability-percentage", "1000", "--max-trials", "10"],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
