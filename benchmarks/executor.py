@@ -1,9 +1,18 @@
-"""Executor benchmark: in-process model time, batch-1 latency against a minimal grpc.aio OIP
-server (the floor for Python gRPC), and throughput at N concurrent clients with dynamic
-batching on versus off. Prints ratios against baselines measured in the same run and writes
-out/bench/executor.json.
+"""Executor benchmark, as an outside client sees it (issue 19), and with in-process clients.
 
-    .venv/bin/python benchmarks/executor.py [--model mlp] [--requests 1000] [--seconds 5]
+The outside case (default): the issue's 3-layer model (256-1024-1024-16, seed 0, registered
+in a model repository as a torch.export program), then `mlp` and `tiny-lm`, each served by a
+hand-written grpc.aio OIP server, KServe 0.21 (its own venv, `make setup-kserve`; the small
+model only), the switchyard executor as a user starts it (batching on, buckets 1-32), the
+executor at the documented production tracing setting (OTLP batches to a local collector,
+parent-based 1% sampling), and the router in front of the executor; one torch thread
+everywhere. Load: tritonclient sync clients in their own processes, closed loop, at 1 and 16
+clients, servers loaded one at a time, rounds interleaved. Every server's output for a fixed
+probe input must be identical. Ratios against the minimal server and KServe of the same run
+and the issue's targets are printed and written to out/bench/executor.json.
+
+    .venv/bin/python benchmarks/executor.py [--cases small-mlp mlp tiny-lm] [--seconds 8] [--rounds 2]
+    .venv/bin/python benchmarks/executor.py --async-clients   # the in-process client comparison below
 
 Servers run as subprocesses (the executor via `switchyard executor serve`, the baseline via
 this file's `--serve-baseline`), the clients in this process; all share this host's cores, so
@@ -348,12 +357,215 @@ def report(result: dict[str, Any]) -> None:
         )
 
 
+def outside(args: argparse.Namespace) -> dict[str, Any]:
+    """The issue-19 comparison; see the module docstring."""
+    import tempfile
+
+    from benchmarks import outside as o
+
+    repo = Path(tempfile.mkdtemp(prefix="bench-repo-"))
+    from switchyard.models.repository import seed_builtins
+
+    seed_builtins(repo)
+    o.build_small(repo)
+    sink = o.OtlpSink()
+    sink.start()
+    production = {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.port}",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.01",
+    }
+    kserve = o.kserve_python()
+    result: dict[str, Any] = {
+        "config": {
+            "torch_threads": 1,
+            "client": "tritonclient.grpc sync (2.41), closed loop, own processes (4 clients each)",
+            "loads": args.loads,
+            "seconds_per_window": args.seconds,
+            "warmup_s": args.warmup,
+            "rounds": args.rounds,
+            "executor_buckets": args.outside_buckets,
+            "production_tracing": production | {"OTEL_EXPORTER_OTLP_ENDPOINT": "a local OTLP collector"},
+            "host_cores": os.cpu_count(),
+            "kserve": "0.21 (own venv)" if kserve else "not built (make setup-kserve)",
+        },
+        "cases": {},
+    }
+    for model in args.cases:
+        name, data = o.example_input(repo, model)
+        data_file = repo / f"{model}-probe.npy"
+        np.save(data_file, data)
+        servers = [
+            o.Server(
+                "minimal",
+                [
+                    __file__.replace("executor.py", "outside.py"),
+                    "serve-minimal",
+                    "--repo",
+                    str(repo),
+                    "--model",
+                    model,
+                ],
+            ),
+            o.executor_server("executor", repo, model, args.outside_buckets),
+            o.executor_server("executor_production_tracing", repo, model, args.outside_buckets, production),
+        ]
+        if kserve and model == o.SMALL:
+            pt2 = repo / model / "1" / "model.pt2"
+            servers.insert(
+                1,
+                o.Server(
+                    "kserve",
+                    [str(ROOT / "benchmarks" / "kserve_server.py"), "--pt2", str(pt2), "--name", model],
+                    python=kserve,
+                ),
+            )
+        case: dict[str, Any] = {"input": {name: {"shape": list(data.shape), "dtype": str(data.dtype)}}}
+        try:
+            for server in servers:
+                server.start()
+            executor = next(s for s in servers if s.name == "executor")
+            routes = repo / f"{model}-routes.toml"
+            routes.write_text(
+                "[router]\nrequire_auth = false\n\n"
+                f'[deployments.cpu]\naddress = "{executor.address}"\npath = "cpu"\n\n'
+                f'[routes.{model}]\npolicy = "pinned"\ntargets = ["cpu"]\n'
+            )
+            router = o.Server(
+                "router_to_executor",
+                [
+                    "-m",
+                    "switchyard",
+                    "--log-level",
+                    "WARNING",
+                    "router",
+                    "serve",
+                    "--port",
+                    "0",
+                    "--config",
+                    str(routes),
+                    "--metrics-port",
+                    "-1",
+                ],
+                announce="router serving OIP on ",
+            )
+            router.start()
+            servers.append(router)
+            outputs: dict[str, str] = {}
+            for server in servers:  # ready, and the probe's answer
+                deadline = time.time() + 90
+                while True:
+                    try:
+                        outputs[server.name] = o.probe(server.address, model, name, data).hex()
+                        break
+                    except Exception:
+                        if time.time() > deadline:
+                            raise
+                        time.sleep(1)
+            case["outputs_identical"] = len(set(outputs.values())) == 1
+            case["outputs_differ"] = sorted(k for k, v in outputs.items() if v != outputs["minimal"])
+            rounds: dict[tuple[str, int], list[dict[str, Any]]] = {}
+            for _ in range(args.rounds):
+                for server in servers:
+                    for clients in args.loads:
+                        r = o.run_load(
+                            server.address, model, name, data_file, clients, args.seconds, args.warmup
+                        )
+                        rounds.setdefault((server.name, clients), []).append(r)
+            case["servers"] = {
+                s.name: {f"c{c}": o.summarize(rounds[(s.name, c)]) for c in args.loads} for s in servers
+            }
+        finally:
+            for server in servers:
+                server.stop()
+        case["ratios"] = outside_ratios(case["servers"], args.loads)
+        result["cases"][model] = case
+    sink.stop()
+    result["otlp_spans_received"] = sink.spans
+    return result
+
+
+def outside_ratios(servers: dict[str, Any], loads: list[int]) -> dict[str, Any]:
+    lo, hi = f"c{min(loads)}", f"c{max(loads)}"
+
+    def get(server: str, load: str, key: str) -> float | None:
+        value = servers.get(server, {}).get(load, {}).get(key)
+        return float(value) if value is not None else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    ex, mn, ks, rt = "executor", "minimal", "kserve", "router_to_executor"
+    out: dict[str, Any] = {
+        "executor_c1_p50_over_minimal": ratio(get(ex, lo, "p50_ms"), get(mn, lo, "p50_ms")),
+        "executor_c16_rps_over_minimal": ratio(get(ex, hi, "requests_per_s"), get(mn, hi, "requests_per_s")),
+        "executor_c16_rps_over_kserve": ratio(get(ex, hi, "requests_per_s"), get(ks, hi, "requests_per_s")),
+        "executor_c16_p99_over_minimal": ratio(get(ex, hi, "p99_ms"), get(mn, hi, "p99_ms")),
+        "router_c1_p50_added_ms_over_minimal": (
+            get(rt, lo, "p50_ms") - get(mn, lo, "p50_ms")  # type: ignore[operator]
+            if get(rt, lo, "p50_ms") is not None and get(mn, lo, "p50_ms") is not None
+            else None
+        ),
+        "router_c16_rps_over_executor": ratio(get(rt, hi, "requests_per_s"), get(ex, hi, "requests_per_s")),
+        "production_tracing_c16_rps_over_default": ratio(
+            get("executor_production_tracing", hi, "requests_per_s"), get(ex, hi, "requests_per_s")
+        ),
+    }
+    targets = {
+        "executor_c1_p50_over_minimal": ("<=", 1.05),
+        "executor_c16_rps_over_minimal": (">=", 1.2),
+        "executor_c16_rps_over_kserve": (">=", 1.3),
+        "executor_c16_p99_over_minimal": ("<=", 1.2),
+        "router_c1_p50_added_ms_over_minimal": ("<=", 0.35),
+        "router_c16_rps_over_executor": (">=", 0.8),
+        "production_tracing_c16_rps_over_default": (">=", 0.97),
+    }
+    out["targets"] = {
+        k: {
+            "target": f"{op} {bound}",
+            "met": (None if out[k] is None else (out[k] <= bound if op == "<=" else out[k] >= bound)),
+        }
+        for k, (op, bound) in targets.items()
+    }
+    return out
+
+
+def report_outside(result: dict[str, Any]) -> None:
+    print(f"config {result['config']}")
+    for model, case in result["cases"].items():
+        print(
+            f"\n{model} {case['input']}: outputs identical for the probe: {case['outputs_identical']}"
+            f"{' (differ: ' + str(case['outputs_differ']) + ')' if case['outputs_differ'] else ''}"
+        )
+        print(
+            f"  {'server':30s} {'c1 p50 ms':>10s} {'c1 req/s':>9s} {'c16 req/s':>10s} "
+            f"{'c16 p99 ms':>11s} {'batch':>6s}"
+        )
+        for name, loads in case["servers"].items():
+            lo, hi = loads.get("c1", {}), loads.get("c16", {})
+            batch = hi.get("mean_batch_size")
+            print(
+                f"  {name:30s} {lo.get('p50_ms', float('nan')):10.2f} "
+                f"{lo.get('requests_per_s', float('nan')):9.0f} "
+                f"{hi.get('requests_per_s', float('nan')):10.0f} {hi.get('p99_ms', float('nan')):11.2f} "
+                f"{batch if batch is None else round(batch, 2)!s:>6s}"
+            )
+        for key, value in case["ratios"].items():
+            if key == "targets":
+                continue
+            target = case["ratios"]["targets"].get(key, {})
+            shown = "n/a" if value is None else f"{value:.3f}"
+            print(f"  {key:42s} {shown:>8s}  target {target.get('target')}: met={target.get('met')}")
+    print(f"OTLP spans received from the production-tracing executor: {result['otlp_spans_received']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--requests", type=int, default=400, help="batch-1 requests per server per round")
-    parser.add_argument("--rounds", type=int, default=4, help="alternating latency rounds")
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
+    parser.add_argument("--seconds", type=float, default=8.0, help="seconds per measured window")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--buckets", default="1,2,4,8,16")
     parser.add_argument("--also", nargs="*", default=["minilm-l6"], help="models for on/off throughput only")
@@ -366,12 +578,24 @@ def main() -> None:
     parser.add_argument("--executor-args", default="", help="extra `executor serve` arguments")
     parser.add_argument("--processes", type=int, default=4, help="client processes sharing the clients")
     parser.add_argument("--serve-baseline", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--cases", nargs="*", default=["small-mlp", "mlp", "tiny-lm"], help="outside-client cases"
+    )
+    parser.add_argument("--loads", nargs="*", type=int, default=[1, 16], help="concurrent outside clients")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up before each window")
+    parser.add_argument("--outside-buckets", default="1,2,4,8,16,32")
+    parser.add_argument(
+        "--async-clients", action="store_true", help="run the in-process client comparison too"
+    )
     args = parser.parse_args()
     if args.serve_baseline:
         asyncio.run(serve_baseline(args.model))
         return
-    result = asyncio.run(run(args))
-    report(result)
+    result: dict[str, Any] = {"outside": outside(args)}
+    report_outside(result["outside"])
+    if args.async_clients:
+        result["async_clients"] = asyncio.run(run(args))
+        report(result["async_clients"])
     write_report("executor", result)
 
 
