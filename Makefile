@@ -17,6 +17,8 @@ TOOLS_HASH := $(shell sha256sum requirements/tools.txt | cut -c1-12)
 TOOLS_ENV := $(CACHE)/tools-$(TOOLS_HASH)
 PERF_HASH := $(shell sha256sum requirements/perf.txt | cut -c1-12)
 PERF_ENV := $(CACHE)/perf-$(PERF_HASH)
+KSERVE_HASH := $(shell sha256sum requirements/kserve.txt | cut -c1-12)
+KSERVE_ENV := $(CACHE)/kserve-$(KSERVE_HASH)
 VENV := .venv
 PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)
@@ -27,7 +29,7 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(PATH):$(TOOLS_ENV)/bin
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test setup setup-main setup-xla setup-tpu setup-focus focus-python setup-tools setup-perf perf-analyzer-path lint proto proto-check bench clean
+.PHONY: run test setup setup-main setup-xla setup-tpu setup-focus focus-python setup-tools setup-perf perf-analyzer-path setup-kserve kserve-python lint proto proto-check bench clean
 
 run: setup
 	$(PY) -m switchyard demo $(ARGS)
@@ -115,6 +117,20 @@ $(PERF_ENV)/.ready:
 
 perf-analyzer-path:
 	@echo $(PERF_ENV)/bin/perf_analyzer
+
+# KServe 0.21 (with the same torch) for benchmarks/executor.py; not needed by any test.
+setup-kserve: $(KSERVE_ENV)/.ready
+
+$(KSERVE_ENV)/.ready:
+	@echo "== building KServe environment in $(KSERVE_ENV) (kserve 0.21 + torch; cached)"
+	rm -rf $(KSERVE_ENV)
+	$(PYTHON) -m venv $(KSERVE_ENV)
+	$(KSERVE_ENV)/bin/python -m pip install -q --upgrade pip
+	$(KSERVE_ENV)/bin/python -m pip install -q -r requirements/kserve.txt
+	touch $@
+
+kserve-python:
+	@echo $(KSERVE_ENV)/bin/python
 
 lint: setup-main proto-check
 	$(VENV)/bin/ruff check .

@@ -325,7 +325,7 @@ def kserve_python() -> str | None:
     """The KServe venv's interpreter when `make setup-kserve` built it."""
     found = subprocess.run(["make", "-s", "-C", str(ROOT), "kserve-python"], capture_output=True, text=True)
     path = found.stdout.strip()
-    return path if path and Path(path).exists() and Path(path).with_name(".ready").exists() else None
+    return path if path and Path(path).exists() and (Path(path).parent.parent / ".ready").exists() else None
 
 
 def probe(address: str, model: str, name: str, data: np.ndarray) -> bytes:
