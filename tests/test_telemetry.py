@@ -157,8 +157,8 @@ def test_a_service_started_with_otlp_tracing_runs_and_serves_its_metrics() -> No
         assert {"process_cpu_seconds", "process_resident_memory_bytes"} <= names
         assert proc.poll() is None
     finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0
+        proc.terminate()  # may land before the server installs its handler: either exit is fine
+        assert proc.wait(timeout=30) in (0, -15)
 
 
 def test_the_images_install_what_the_manifests_configure() -> None:
