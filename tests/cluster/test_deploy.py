@@ -268,3 +268,77 @@ def test_every_executor_replica_is_routed_and_every_route_has_a_replica(overlay:
         port = containers(doc)[0]["ports"][0]["containerPort"]
         replicas |= {f"{name}-{i}.{name}:{port}" for i in range(doc["spec"]["replicas"])}
     assert replicas == routed_addresses, replicas ^ routed_addresses
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Kubernetes label-selector semantics for matchLabels and matchExpressions (In/NotIn/Exists)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        value, op = labels.get(expr["key"]), expr["operator"]
+        if op == "In" and value not in expr["values"]:
+            return False
+        if op == "NotIn" and value in expr["values"]:
+            return False
+        if op == "Exists" and value is None:
+            return False
+        if op == "DoesNotExist" and value is not None:
+            return False
+    return True
+
+
+def _admitted_names(selector: dict[str, Any]) -> set[str]:
+    """The app.kubernetes.io/name values a pod selector can admit (it must pin that label)."""
+    key = "app.kubernetes.io/name"
+    if key in selector.get("matchLabels", {}):
+        return {selector["matchLabels"][key]}
+    exprs = [e for e in selector.get("matchExpressions", []) if e["key"] == key and e["operator"] == "In"]
+    assert exprs, f"a selector that does not pin {key}: {selector}"
+    return set(exprs[0]["values"])
+
+
+def _pod_labels(doc: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = doc["spec"]["template"]["metadata"].get("labels", {})
+    return labels
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_internal_services_accept_only_router_and_worker_pods(overlay: str) -> None:
+    """Every executor, metering and evaluator pod is selected by a NetworkPolicy whose ingress
+    admits, from other pods, only the router and the trial worker (metering also an admin
+    toolbox), apart from the metrics port; and the router and worker pods do carry those labels."""
+    docs = render(overlay)
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    pods = {d["metadata"]["name"]: _pod_labels(d) for d in workloads(docs) if "template" in d["spec"]}
+    protected = {
+        n: lab for n, lab in pods.items() if n.startswith("executor-") or n in ("metering", "evaluator")
+    }
+    assert {"metering", "evaluator", "executor-cpu", "executor-xla"} <= set(protected)
+    callers = {pods["router"]["app.kubernetes.io/name"], pods["trial-worker"]["app.kubernetes.io/name"]}
+    for name, labels in protected.items():
+        selecting = [p for p in policies if _selects(p["spec"]["podSelector"], labels)]
+        assert selecting, f"{overlay}: no NetworkPolicy selects {name}"
+        for policy in selecting:
+            assert "Ingress" in policy["spec"]["policyTypes"]
+            for rule in policy["spec"].get("ingress", []):
+                if "from" not in rule:  # any source: only the metrics port
+                    assert [p["port"] for p in rule["ports"]] == [9090], (name, rule)
+                    continue
+                for peer in rule["from"]:
+                    assert set(peer) == {"podSelector"}, (name, peer)  # no namespace or IP blocks
+                    names = _admitted_names(peer["podSelector"])
+                    allowed = {"router", "trial-worker"} | (
+                        {"switchyard-admin"} if name == "metering" else set()
+                    )
+                    assert names <= allowed, (name, names)
+                    assert callers <= names, name
+    # a pod that is neither router nor worker (here: the evaluator calling an executor) is refused
+    evaluator = pods["evaluator"]
+    for name in ("executor-cpu", "metering"):
+        rules = [
+            r
+            for p in policies
+            if _selects(p["spec"]["podSelector"], protected[name])
+            for r in p["spec"]["ingress"]
+        ]
+        assert not any(_selects(peer["podSelector"], evaluator) for r in rules for peer in r.get("from", []))
