@@ -88,7 +88,13 @@ async def serve_baseline(model_name: str) -> None:
 
 def _spawn(args: list[str]) -> tuple[subprocess.Popen[str], str]:
     # no tracing in either server: the comparison is of serving paths, not of exporters
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none"}
+    # plaintext by name: this measures the executor, not TLS (benchmarks/router.py measures mTLS)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "SWITCHYARD_TRACES": "none",
+        "SWITCHYARD_SECURITY_INSECURE": "true",
+    }
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     assert proc.stdout is not None
     for line in proc.stdout:

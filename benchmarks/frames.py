@@ -29,7 +29,7 @@ import grpc
 
 from benchmarks.common import ROOT, write_report
 from services.executor.frames import FrameServer
-from switchyard import frames
+from switchyard import frames, tls
 from switchyard.cluster.plan import free_port
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.grpcio import run_service
@@ -72,7 +72,7 @@ async def serve(grpc_port: int, frame_port: int) -> None:
     )
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
     await server.start()
-    framed = FrameServer(echo, LIMIT)
+    framed = FrameServer(echo, LIMIT, tls.Security.plaintext())  # plaintext: frames cost, not TLS
     await framed.start("127.0.0.1", frame_port)
     print("READY", flush=True)
     await server.wait_for_termination()

@@ -151,7 +151,10 @@ async def send_all(stub: Any, batches: list[pb.RecordUsageRequest], inflight: in
 
 def start_server(url: str) -> tuple[subprocess.Popen[str], str]:
     # No span export: the console exporter would print one span per batch into an unread pipe.
-    env = dict(os.environ, PYTHONPATH=str(ROOT), SWITCHYARD_TRACES="none")
+    # plaintext by name: this measures the ledger, not TLS
+    env = dict(
+        os.environ, PYTHONPATH=str(ROOT), SWITCHYARD_TRACES="none", SWITCHYARD_SECURITY_INSECURE="true"
+    )
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -15,6 +15,14 @@ each alike, with a 1 KB input (1 x 256 FP32, `small`) and a 1 MiB input (1 x 262
 `wide`), at 1 and 16 concurrent clients. Prints p50/p99, throughput at 16 and the ratios,
 and writes out/bench/router.json.
 
+Service identity: the plaintext targets run with SWITCHYARD_SECURITY_INSECURE=true, by name.
+`router_mtls` is the deployed router with every internal hop on mutual TLS: its own
+certificate to a second executor and a second metering that require one (frames over TLS,
+Authenticate and RecordUsage over mTLS gRPC), certificates issued as `switchyard up` issues
+them. `direct_mtls` calls that executor straight, with a router certificate. The mTLS cost is
+router_mtls's p50 minus router's at 1 KB, c=1 (target <= 0.15 ms), and router_mtls's
+throughput at 16 clients against direct's (>= 0.6).
+
     PYTHONPATH=$PWD .venv/bin/python benchmarks/router.py [--scale 0.5]
 
 Targets (issue 5): <= 0.5 ms added at p50 and <= 1.5 ms at p99 for 1 KB at concurrency 1;
@@ -42,6 +50,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.router import wire
+from switchyard import tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
@@ -177,9 +186,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def wait_serving(address: str, timeout_s: float = 180.0) -> None:
+def _channel(address: str, security: tls.Security | None) -> grpc.aio.Channel:
+    return (
+        grpc.aio.insecure_channel(address)
+        if security is None
+        else tls.aio_channel(address, security=security)
+    )
+
+
+async def wait_serving(address: str, security: tls.Security | None = None, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with _channel(address, security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             try:
@@ -207,10 +224,12 @@ async def wait_answering(address: str, body: bytes, timeout_s: float = 60.0) -> 
                 await asyncio.sleep(0.2)
 
 
-async def wait_models_ready(address: str, models: tuple[str, ...], timeout_s: float = 300.0) -> None:
+async def wait_models_ready(
+    address: str, models: tuple[str, ...], timeout_s: float = 300.0, security: tls.Security | None = None
+) -> None:
     """The executor serves health before its models finish warming up; wait for ModelReady."""
     deadline = time.monotonic() + timeout_s
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with _channel(address, security) as channel:
         stub = pbgrpc.GRPCInferenceServiceStub(channel)
         for model in models:
             while True:
@@ -240,7 +259,7 @@ class Result:
 
 
 async def measure_cell(
-    targets: list[tuple[str, str, Any]],
+    targets: list[tuple[str, str, Any, tls.Security | None]],
     body: bytes,
     concurrency: int,
     count: int,
@@ -252,11 +271,16 @@ async def measure_cell(
     targets (their order rotating), so drift in the machine's load hits every target alike.
     Latencies are pooled over the rounds; throughput is requests over the summed round walls."""
     options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
-    channels = [grpc.aio.insecure_channel(address, options=options) for _, address, _ in targets]
+    channels = [
+        grpc.aio.insecure_channel(address, options=options)
+        if security is None
+        else tls.aio_channel(address, options, security)
+        for _, address, _, security in targets
+    ]
     try:
         # bytes in, bytes out: the client costs the same whichever target it calls
         calls: list[Any] = [channel.unary_unary(INFER) for channel in channels]
-        for call, (_, _, metadata) in zip(calls, targets, strict=True):
+        for call, (_, _, metadata, _) in zip(calls, targets, strict=True):
             for _ in range(max(10, count // 10)):  # warm-up: connections, executor buckets, auth cache
                 await call(body, metadata=metadata, timeout=30)
         latencies: list[list[float]] = [[] for _ in targets]
@@ -283,7 +307,7 @@ async def measure_cell(
         for channel in channels:
             await channel.close()
     results = []
-    for i, (target, _, _) in enumerate(targets):
+    for i, (target, _, _, _) in enumerate(targets):
         q = statistics.quantiles(latencies[i], n=100, method="inclusive")
         n = len(latencies[i])
         result = Result(target, size, input_bytes, concurrency, n, q[49] * 1e3, q[98] * 1e3, n / walls[i])
@@ -295,8 +319,8 @@ async def measure_cell(
     return results
 
 
-async def setup_key(metering: str) -> str:
-    async with grpc.aio.insecure_channel(metering) as channel:
+async def setup_key(metering: str, security: tls.Security) -> str:
+    async with tls.aio_channel(metering, security=security) as channel:
         stub = mgrpc.MeteringStub(channel)
         await stub.SetPrice(
             mpb.SetPriceRequest(price_key="bench-cpu", micros_per_hour=1_000_000, currency="USD")
@@ -321,8 +345,16 @@ async def spawn(*args: str, env: dict[str, str], log: Path) -> asyncio.subproces
 
 async def run(scale: float) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none"}
-    ports = {name: free_port() for name in ("executor", "metering", "passthrough", *ROUTERS)}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
+    env = {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.INSECURE_ENV: "true"}
+    pki = tls.ensure_local_pki(tmp / "tls", ["executor-cpu", "metering", "router", "operator"])
+    ids = {name: tls.Security.from_dir(folder) for name, folder in pki.items()}
+
+    def mtls_env(name: str) -> dict[str, str]:
+        return {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.TLS_DIR_ENV: str(pki[name])}
+
+    names = ("executor", "metering", "executor_mtls", "metering_mtls", "passthrough", *ROUTERS, "router_mtls")
+    ports = {name: free_port() for name in names}
     addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     for transport in ("frames", "grpc"):
         (tmp / f"routes-{transport}.toml").write_text(
@@ -330,6 +362,9 @@ async def run(scale: float) -> dict[str, Any]:
             f'[deployments.cpu]\naddress = "{addr["executor"]}"\npath = "cpu-bench"\n\n'
             + "".join(f'[routes.{m}]\npolicy = "pinned"\ntargets = ["cpu"]\n\n' for m in MODELS)
         )
+    (tmp / "routes-mtls.toml").write_text(
+        (tmp / "routes-frames.toml").read_text().replace(addr["executor"], addr["executor_mtls"])
+    )
     write_block_means_repository(tmp / "models")
     procs = [
         await spawn(
@@ -348,10 +383,33 @@ async def run(scale: float) -> dict[str, Any]:
             env=env,
             log=tmp / "metering.log",
         ),
+        await spawn(
+            "-c",
+            EXECUTOR,
+            str(ports["executor_mtls"]),
+            str(tmp / "models"),
+            env=mtls_env("executor-cpu"),
+            log=tmp / "executor_mtls.log",
+        ),
+        await spawn(
+            "-c",
+            METERING,
+            str(ports["metering_mtls"]),
+            f"sqlite:///{tmp / 'ledger-mtls.db'}",
+            env=mtls_env("metering"),
+            log=tmp / "metering_mtls.log",
+        ),
     ]
+    operator = ids["operator"]
     try:
-        await asyncio.gather(wait_serving(addr["executor"]), wait_serving(addr["metering"]))
+        await asyncio.gather(
+            wait_serving(addr["executor"]),
+            wait_serving(addr["metering"]),
+            wait_serving(addr["executor_mtls"], operator),
+            wait_serving(addr["metering_mtls"], operator),
+        )
         await wait_models_ready(addr["executor"], MODELS)
+        await wait_models_ready(addr["executor_mtls"], MODELS, security=ids["router"])
         procs.append(
             await spawn(
                 "-c",
@@ -362,7 +420,27 @@ async def run(scale: float) -> dict[str, Any]:
                 log=tmp / "passthrough.log",
             )
         )
-        key = await setup_key(addr["metering"])
+        key = await setup_key(addr["metering"], tls.Security.plaintext())
+        key_mtls = await setup_key(addr["metering_mtls"], operator)
+        procs.append(
+            await spawn(
+                "-m",
+                "switchyard",
+                "router",
+                "serve",
+                "--port",
+                str(ports["router_mtls"]),
+                "--config",
+                str(tmp / "routes-mtls.toml"),
+                "--metering",
+                addr["metering_mtls"],
+                "--spool-dir",
+                str(tmp / "spool-router_mtls"),
+                env=mtls_env("router"),
+                log=tmp / "router_mtls.log",
+            )
+        )
+        await wait_serving(addr["router_mtls"])
         for name, (settings, transport) in ROUTERS.items():
             procs.append(
                 await spawn(
@@ -398,10 +476,12 @@ async def run(scale: float) -> dict[str, Any]:
             body = req.SerializeToString()
             await wait_answering(addr["passthrough"], body)
             n = max(20 * rounds, int(count * scale))
-            targets = [
-                ("direct", addr["executor"], None),
-                ("passthrough", addr["passthrough"], None),
-                *((name, addr[name], auth) for name in ROUTERS),
+            targets: list[tuple[str, str, Any, tls.Security | None]] = [
+                ("direct", addr["executor"], None, None),
+                ("direct_mtls", addr["executor_mtls"], None, ids["router"]),
+                ("passthrough", addr["passthrough"], None, None),
+                *((name, addr[name], auth, None) for name in ROUTERS),
+                ("router_mtls", addr["router_mtls"], [("authorization", f"Bearer {key_mtls}")], None),
             ]
             for r in await measure_cell(targets, body, concurrency, n, rounds, size, x.nbytes):
                 results.append(r)
@@ -445,9 +525,14 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
                     "added_p50_vs_passthrough": (r.p50_ms - d.p50_ms) / max(1e-9, floor.p50_ms - d.p50_ms),
                     "others": {
                         name: _added(by[(name, size, concurrency)], d)
-                        for name in ("passthrough", *ROUTERS)
+                        for name in ("passthrough", *ROUTERS, "direct_mtls", "router_mtls")
                         if name != "router"
                     },
+                    # what mutual TLS on the router's hops adds: router_mtls against router
+                    "mtls_added_p50_ms": by[("router_mtls", size, concurrency)].p50_ms - r.p50_ms,
+                    "mtls_added_p99_ms": by[("router_mtls", size, concurrency)].p99_ms - r.p99_ms,
+                    "mtls_throughput_vs_router": by[("router_mtls", size, concurrency)].throughput_rps
+                    / r.throughput_rps,
                 }
             )
     key = {(c["size"], c["concurrency"]): c for c in comparisons}
@@ -455,6 +540,9 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
         "added_p50_ms_1KB_c1<=0.5": key[("1KB", 1)]["added_p50_ms"] <= 0.5,
         "added_p99_ms_1KB_c1<=1.5": key[("1KB", 1)]["added_p99_ms"] <= 1.5,
         "throughput_ratio_1KB_c16>=0.6": key[("1KB", 16)]["throughput_ratio"] >= 0.6,
+        "mtls_added_p50_ms_1KB_c1<=0.15": key[("1KB", 1)]["mtls_added_p50_ms"] <= 0.15,
+        "mtls_throughput_ratio_1KB_c16>=0.6": key[("1KB", 16)]["others"]["router_mtls"]["throughput_ratio"]
+        >= 0.6,
     }
     return {
         "benchmark": "router",
@@ -493,6 +581,11 @@ def main() -> int:
     args = parser.parse_args()
     report = asyncio.run(run(args.scale))
     for c in report["comparisons"]:
+        print(
+            f"{c['size']} c={c['concurrency']:2d}: mTLS on the router's hops adds p50 "
+            f"{c['mtls_added_p50_ms']:+.3f} ms, p99 {c['mtls_added_p99_ms']:+.3f} ms; throughput "
+            f"{c['mtls_throughput_vs_router']:.2f} of the plaintext router's"
+        )
         print(f"{c['size']} c={c['concurrency']:2d}, added to direct:")
         for name, x in {"router": c, **c["others"]}.items():
             print(

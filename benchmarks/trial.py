@@ -32,6 +32,7 @@ from services.evaluator.server import start_evaluator
 from services.executor.config import ExecutorConfig
 from services.executor.server import start_executor
 from services.metering.server import start_metering
+from switchyard import tls
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
@@ -98,6 +99,7 @@ async def main(runs: int, min_seconds: float) -> dict[str, Any]:
     )
     evaluator = await start_evaluator(ServerOptions(port=0))
     tmp = tempfile.mkdtemp(prefix="trial-bench-")
+    tls.set_default(tls.Security.plaintext())  # by name: this measures trials, not TLS
     metering = await start_metering(f"sqlite:///{tmp}/ledger.db", ServerOptions(port=0))
     executor = await start_executor(ExecutorConfig(backend="cpu", port=0))
     async with grpc.aio.insecure_channel(executor.address) as ch:

@@ -28,6 +28,7 @@ from switchyard.gen import _pool
 
 log = logging.getLogger(__name__)
 
+HEALTH_PORT_ENV = "SWITCHYARD_HEALTH_PORT"
 GRPC_CODE: dict[Status, grpc.StatusCode] = {s: getattr(grpc.StatusCode, s.value) for s in Status}
 
 
@@ -171,6 +172,9 @@ class ServerOptions:
     public_tls: tuple[bytes, bytes] | None = None
     # Asked before every RPC of the registered services (not health or reflection).
     guard: authz.Guard | None = None
+    # A second, plaintext port with grpc.health.v1 only, for probes that cannot show a client
+    # certificate (the kubelet's gRPC probes); None = SWITCHYARD_HEALTH_PORT, unset = none.
+    health_port: int | None = None
 
     def channel_options(self) -> list[tuple[str, int]]:
         return [
@@ -228,6 +232,8 @@ class RunningServer:
     services: Sequence[str]
     options: ServerOptions
     security: tls.Security = field(default_factory=tls.Security.plaintext)
+    health_server: grpc.aio.Server | None = None
+    health_port: int = 0
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -252,7 +258,13 @@ class RunningServer:
         """Report NOT_SERVING, let in-flight calls finish within the grace period, stop."""
         await self.set_serving(False)
         await self.server.stop(self.options.drain_grace_s if grace_s is None else grace_s)
+        await self.stop_health()
         self._stopped.set()
+
+    async def stop_health(self) -> None:
+        if self.health_server is not None:
+            await self.health_server.stop(0)
+            self.health_server = None
 
     async def wait_for_signal(self, stop: asyncio.Event | None = None) -> None:
         """Serve until SIGTERM or SIGINT (or `stop` from `stop_signal()`), then drain."""
@@ -322,5 +334,22 @@ async def start_server(
         raise OSError(f"could not bind {options.host}:{options.port}")
     await server.start()
     running = RunningServer(server, port, health_servicer, names, options, security)
+    health_port = options.health_port
+    if health_port is None and os.environ.get(HEALTH_PORT_ENV, "").strip():
+        try:
+            health_port = int(os.environ[HEALTH_PORT_ENV])
+        except ValueError:
+            raise InvalidArgument(
+                f"{HEALTH_PORT_ENV}={os.environ[HEALTH_PORT_ENV]!r}: give a port number"
+            ) from None
+    if health_port is not None and health_port >= 0:
+        probe = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probe)
+        running.health_port = probe.add_insecure_port(f"{options.host}:{health_port}")
+        if running.health_port == 0:
+            await server.stop(0)
+            raise OSError(f"could not bind the health port {options.host}:{health_port}")
+        await probe.start()
+        running.health_server = probe
     await running.set_serving(serving)
     return running

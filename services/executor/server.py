@@ -91,6 +91,7 @@ class RunningExecutor:
         if self.frames is not None:
             await self.frames.close()
         await self.server.server.stop(max(0.0, until - loop.time()))
+        await self.server.stop_health()
         await self.executor.close()
         if self.audit is not None:
             await self.audit.close()

@@ -130,9 +130,11 @@ def test_every_service_has_a_workload_with_grpc_probes() -> None:
     for doc in workloads(docs):
         for c in containers(doc):
             assert {"name": "switchyard-config"} in [e.get("configMapRef") for e in c.get("envFrom", [])]
-            grpc_ports = [p["containerPort"] for p in c.get("ports", []) if p["name"] == "grpc"]
+            # probes go to the plaintext health-only port: the kubelet's gRPC probes show no
+            # client certificate, and the service port requires one (docs/security.md)
+            health_ports = [p["containerPort"] for p in c.get("ports", []) if p["name"] == "health"]
             for probe in ("startupProbe", "readinessProbe", "livenessProbe") if c.get("ports") else ():
-                assert [c[probe]["grpc"]["port"]] == grpc_ports, (doc["metadata"]["name"], probe)
+                assert [c[probe]["grpc"]["port"]] == health_ports, (doc["metadata"]["name"], probe)
     # PostgreSQL and Temporal are external: nothing here runs them.
     images = [c["image"] for d in workloads(docs) for c in containers(d)]
     assert not [i for i in images if "postgres" in i or "temporal" in i]
@@ -268,6 +270,25 @@ def test_every_executor_replica_is_routed_and_every_route_has_a_replica(overlay:
         port = containers(doc)[0]["ports"][0]["containerPort"]
         replicas |= {f"{name}-{i}.{name}:{port}" for i in range(doc["spec"]["replicas"])}
     assert replicas == routed_addresses, replicas ^ routed_addresses
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_service_mounts_its_certificate(overlay: str) -> None:
+    docs = render(overlay)
+    config = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("switchyard-config")
+    )
+    tls_dir = config["data"]["SWITCHYARD_SECURITY_TLS_DIR"]
+    assert "SWITCHYARD_SECURITY_INSECURE" not in config["data"]
+    for doc in workloads(docs):
+        if doc["kind"] == "Job":
+            continue  # the migration talks to the database only
+        spec = doc["spec"]["template"]["spec"]
+        secrets = {v["name"]: v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
+        for c in containers(doc):
+            mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+            assert mounts.get("tls") == tls_dir, doc["metadata"]["name"]
+            assert secrets["tls"].startswith("switchyard-tls-"), doc["metadata"]["name"]
 
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:

@@ -494,3 +494,41 @@ def test_local_pki_is_private_and_kept(tmp_path: Path) -> None:
         assert path.stat().st_mode & 0o777 == (0o700 if path.is_dir() else 0o600), path
     with pytest.raises(Exception, match="SWITCHYARD_SECURITY_INSECURE"):
         tls.current({})
+
+
+async def test_probe_port_answers_health_in_plaintext_and_nothing_else(pki: Pki) -> None:
+    """The kubelet's gRPC probes show no certificate: a plaintext port with health only."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from services.evaluator.server import start_evaluator
+    from switchyard.gen.switchyard.v1 import evaluator_pb2 as evpb
+
+    server = await start_evaluator(ServerOptions(port=0, security=pki.ids["evaluator"], health_port=0))
+    try:
+        assert server.health_port > 0
+        probe = f"127.0.0.1:{server.health_port}"
+        async with grpc.aio.insecure_channel(probe) as channel:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5
+            )
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            compare = next(
+                m for m in _methods(evpb.DESCRIPTOR, "switchyard.v1.Evaluator") if m.name == "Compare"
+            )
+            request = message_factory.GetMessageClass(compare.input_type)()
+            assert (
+                await call(channel, "switchyard.v1.Evaluator", compare, request)
+                == grpc.StatusCode.UNIMPLEMENTED
+            )
+        async with grpc.aio.insecure_channel(server.address) as channel:  # the service port: mTLS only
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        async with _channel(server.address, pki.ids["executor"]) as channel:  # wrong identity
+            assert (
+                await call(channel, "switchyard.v1.Evaluator", compare, request)
+                == grpc.StatusCode.PERMISSION_DENIED
+            )
+    finally:
+        await server.drain(0)
+    assert server.health_server is None
