@@ -122,7 +122,7 @@ async def test_rate_and_in_flight_limits_per_principal(
     assert len(counts) - lines_before == len(admitted)
 
 
-def test_token_bucket_and_in_flight_units() -> None:
+async def test_token_bucket_and_in_flight_units() -> None:
     limits = PrincipalLimits(Limit(rate_per_s=10, burst=2, max_in_flight=0))
     limits.acquire("p")
     limits.acquire("p")

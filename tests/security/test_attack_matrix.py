@@ -292,6 +292,7 @@ async def test_metering_admits_each_rpc_for_the_identities_allowed(cluster: Clus
         "ListRouteChanges",
         "QueryAudit",
         "VerifyAudit",
+        "ListPaths",
     }
     admin = {
         "CreatePrincipal",
@@ -484,7 +485,7 @@ async def test_router_serves_over_mtls_hops_and_meters(cluster: Cluster, pki: Pk
     assert request_id and any(request_id.encode() in chunk for chunk in lines)
 
 
-def test_local_pki_is_private_and_kept(tmp_path: Path) -> None:
+async def test_local_pki_is_private_and_kept(tmp_path: Path) -> None:
     first = tls.ensure_local_pki(tmp_path / "tls", ["router", "executor-cpu"])
     cert = (first["router"] / tls.CERT_FILE).read_bytes()
     again = tls.ensure_local_pki(tmp_path / "tls", ["router", "executor-cpu", "worker"])
