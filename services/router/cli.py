@@ -22,6 +22,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     serve.add_argument("--metering", default="", help="metering HOST:PORT (auth and usage)")
     serve.add_argument(
+        "--openai-port",
+        type=int,
+        default=None,
+        help="serve the OpenAI-compatible HTTP API on this port, e.g. 8000 ([router] openai_port; -1 off)",
+    )
+    serve.add_argument(
         "--evaluator", default="", help="evaluator HOST:PORT for shadow pairs (default: local)"
     )
     serve.add_argument("--spool-dir", default="", help="durable usage spool (default: [router] spool_dir)")
@@ -94,6 +100,9 @@ def _serve(args: argparse.Namespace) -> int:
             (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes()) if args.tls_cert else None
         )
         cfg = config.load(Path(args.config))
+        if args.openai_port is not None:
+            openai = dataclasses.replace(cfg.settings, openai_port=args.openai_port)
+            cfg = dataclasses.replace(cfg, settings=openai)
         if args.evaluator:
             cfg = dataclasses.replace(
                 cfg, settings=dataclasses.replace(cfg.settings, evaluator=args.evaluator)
@@ -117,6 +126,8 @@ def _serve(args: argparse.Namespace) -> int:
         )
         endpoint = prometheus.serve([metrics.collector(running.router)], args.host, metrics_port, "router")
         print(f"router serving OIP on {running.address}", flush=True)
+        if running.openai is not None:
+            print(f"router serving the OpenAI API on http://{args.host}:{running.openai.port}/v1", flush=True)
         await running.serve_until_signal(stop)
         if endpoint is not None:
             endpoint.close()

@@ -116,6 +116,9 @@ class Settings:
     executor_transport: str = "frames"
     # Routers with the same fleet name share RouterAdmin route changes through metering; each
     # polls for the others' changes this often (0: never, only its own changes apply).
+    # The OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models) on this
+    # port of the router's host (OpenAI's clients expect 8000): -1 = off, 0 = any free port.
+    openai_port: int = -1
     fleet: str = "default"
     route_sync_s: float = 2.0
     workloads_dir: str = "var/workloads"  # captured workloads, one folder per route

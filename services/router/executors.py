@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -45,6 +45,7 @@ from services.router import wire
 from services.router.config import Deployment, Settings
 from services.router.policies import DeploymentState
 from switchyard import frames, oip_params, telemetry, tls
+from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,10 @@ class ExecutorPool:
         """One ModelInferRequest (the concatenated `parts`) to the deployment, over its frame
         connection or one of its streams; returns the serialized ModelInferResponse or raises
         UpstreamError."""
-        params: dict[str, wire.Param] = {oip_params.TIMEOUT: max(1, int(timeout_s * 1e6))}
+        params: dict[str, wire.Param] = {
+            oip_params.TIMEOUT: max(1, int(timeout_s * 1e6)),
+            oip_params.UNARY: True,  # one answer, even from a decoupled (generative) model
+        }
         if self._tracing:
             params.update(telemetry.trace_parameters())
         message = (*parts, wire.parameters_field(params))  # later map entries win
@@ -217,6 +221,63 @@ class ExecutorPool:
             await call.done_writing()
         reply: bytes = answer
         return reply
+
+    async def stream(
+        self, deployment: str, parts: Sequence[bytes], timeout_s: float
+    ) -> AsyncIterator[pb.ModelInferResponse]:
+        """One request on a ModelStreamInfer call of its own: each response until the one flagged
+        `triton_final_response` (a decoupled model's many), or the only one of another model.
+        Leaving early cancels the call, and with it the executor's work (its slot is freed)."""
+        params: dict[str, wire.Param] = {oip_params.TIMEOUT: max(1, int(timeout_s * 1e6))}
+        if self._tracing:
+            params.update(telemetry.trace_parameters())
+        call = self._open_stream[deployment]()
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            call.cancel()
+
+        timer = asyncio.get_running_loop().call_later(timeout_s, expire)
+        answered = False
+        try:
+            try:
+                await call.write(b"".join((*parts, wire.parameters_field(params))))
+                await call.done_writing()
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "the executor closed the stream") from None
+            while True:
+                try:
+                    answer = await call.read()
+                except grpc.aio.AioRpcError as exc:
+                    if expired:
+                        raise UpstreamError(
+                            grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded waiting for the executor"
+                        ) from None
+                    code, details = exc.code(), exc.details() or exc.code().name
+                    if code in _BROKEN:
+                        code, details = (
+                            grpc.StatusCode.UNAVAILABLE,
+                            f"the stream to the executor broke: {details}",
+                        )
+                    raise UpstreamError(code, details) from None
+                if answer is grpc.aio.EOF:
+                    if not answered:
+                        raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "the executor closed the stream")
+                    return
+                message = pb.ModelStreamInferResponse.FromString(answer)
+                if message.error_message:
+                    raise _status_of(message.error_message)
+                answered = True
+                response = message.infer_response
+                yield response
+                final = response.parameters.get(oip_params.FINAL)
+                if final is None or final.bool_param:
+                    return
+        finally:
+            timer.cancel()
+            call.cancel()  # done (a no-op) or given up on: nothing more is owed to anyone
 
     def eject(self, deployment: str, reason: str) -> None:
         state = self.states[deployment]

@@ -17,7 +17,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,10 @@ class Outcome:
     status: str = "failed"
     path: str = ""
     busy_us: int = 0
+
+
+def _int(params: Any, key: str) -> int:
+    return int(params[key].int64_param) if key in params else 0
 
 
 def tags_key(tags: dict[str, str] | None) -> str:
@@ -105,6 +109,7 @@ class Router:
         self.stats = RouterStats()  # read by the Prometheus collector (services/router/metrics.py)
         self._background: set[asyncio.Task[None]] = set()
         self.captures: dict[str, Capturer] = {}  # route -> its workload capture (opt-in)
+        self._decoupled: dict[str, bool] = {}  # route model -> decoupled (generative)
 
     # ---- admission ----------------------------------------------------------------------------
     def route_for(self, model: str) -> Route:
@@ -276,6 +281,95 @@ class Router:
         self.stats.record_overhead(route.model, outcome.path, overhead_us / 1e6)
         return b"".join((reply, suffix, wire.parameters_field(extra)))
 
+    async def generate(
+        self, raw: bytes, metadata: Metadata, time_remaining: float | None, peer: str
+    ) -> AsyncGenerator[pb.ModelInferResponse]:
+        """A request to a decoupled (generative) model: its responses as the executor sends them,
+        each with the router's `path` and `request_id` and the model name the caller used.
+        Admitted, limited and routed as `infer` is; an UNAVAILABLE deployment is left for the
+        next one only before the first response (after it, tokens were already sent). Metered
+        once at the end, with the prompt and output tokens so far (a caller that leaves early is
+        charged what was generated until then, status cancelled)."""
+        started_us = time.time_ns() // 1000
+        request_id = ids.time_ordered_hex()
+        header = wire.read_header(raw)
+        route = self.route_for(header.model_name)
+        identity = await self.admit(metadata, route.model, request_id, peer)
+        limit = route.max_in_flight or self.settings.max_in_flight
+        count = self.in_flight.get(route.model, 0)
+        if count >= limit:
+            self._usage(route, identity, request_id, header, Outcome(), started_us, "primary")
+            raise ResourceExhausted(
+                f"model {route.model!r} has {count} requests in flight (limit {limit}); retry with back-off"
+            )
+        self.in_flight[route.model] = count + 1
+        outcome = Outcome()
+        tokens = [0, 0]
+        budget = self.settings.default_timeout_s if time_remaining is None else time_remaining
+        deadline = time.monotonic() + budget
+        try:
+            choices = plan(route, self.pool.states, self.rng)
+            for attempt, (target, state) in enumerate(choices):
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    raise DeadlineExceeded(f"deadline expired in the router before model {route.model!r} ran")
+                outcome.path = state.deployment.path
+                answered = False
+                try:
+                    body = self._body(raw, header, target)
+                    async for response in self.pool.stream(target.deployment, body, timeout):
+                        answered = True
+                        params = response.parameters
+                        tokens[:] = [
+                            _int(params, oip_params.NUM_INPUT_TOKENS),
+                            _int(params, oip_params.NUM_OUTPUT_TOKENS),
+                        ]
+                        outcome.busy_us = _int(params, oip_params.COMPUTE_US)
+                        state.report_load(
+                            _int(params, oip_params.IN_FLIGHT), _int(params, oip_params.QUEUE_DEPTH)
+                        )
+                        response.model_name = route.model
+                        params["path"].string_param = outcome.path
+                        params["request_id"].string_param = request_id
+                        yield response
+                except UpstreamError as exc:
+                    if exc.code == grpc.StatusCode.UNAVAILABLE and not answered:
+                        self.pool.eject(target.deployment, f"UNAVAILABLE: {exc.details}")
+                        if attempt + 1 < len(choices):
+                            continue
+                    raise UpstreamError(exc.code, f"{exc.details} (path {state.deployment.path})") from None
+                outcome.status = "completed"
+                return
+        except BaseException:
+            if outcome.status != "completed":
+                outcome.status = "cancelled" if tokens[1] else "failed"
+            raise
+        finally:
+            self.in_flight[route.model] -= 1
+            self._usage(route, identity, request_id, header, outcome, started_us, "primary", None, tokens)
+
+    async def is_decoupled(self, model: str) -> bool:
+        """Whether a route's model sends many responses per request (ModelConfig's
+        model_transaction_policy, asked once of a serving deployment and remembered)."""
+        known = self._decoupled.get(model)
+        if known is not None:
+            return known
+        route = self.route_for(model)
+        target, _ = plan(route, self.pool.states, self.rng)[0]
+        stub: Any = self.pool.channels[target.deployment].unary_unary(
+            "/inference.GRPCInferenceService/ModelConfig",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.ModelConfigResponse.FromString,
+        )
+        request = pb.ModelConfigRequest(name=target.model or route.model, version=target.version)
+        try:
+            reply = await stub(request, timeout=self.settings.health_timeout_s)
+        except grpc.aio.AioRpcError:
+            return False  # asked again next time
+        decoupled = bool(reply.config.model_transaction_policy.decoupled)
+        self._decoupled[model] = decoupled
+        return decoupled
+
     def _body(self, raw: bytes, header: wire.Header, target: Target) -> list[bytes]:
         """The request as sent to `target`: the caller's bytes and appended overrides."""
         parts = [raw]
@@ -335,6 +429,7 @@ class Router:
         started_us: int,
         arm: str,
         tags: dict[str, str] | None = None,
+        tokens: list[int] | None = None,
     ) -> None:
         if self.spool is None:
             return
@@ -356,6 +451,8 @@ class Router:
             ended_unix_us=ended_us,
             arm=arm,
         )
+        if tokens:
+            event.prompt_tokens, event.output_tokens = tokens
         if tags:
             event.tags.update(tags)
         self.spool.usage(event)

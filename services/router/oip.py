@@ -21,7 +21,7 @@ from services.router import wire
 from services.router.executors import UpstreamError
 from services.router.forward import Router
 from services.router.policies import plan
-from switchyard import ids, telemetry
+from switchyard import ids, oip_params, telemetry
 from switchyard.errors import SwitchyardError, Unavailable, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.grpcio import internal_error, map_errors
@@ -127,41 +127,87 @@ class OipServicer:
         return reply
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Ctx) -> AsyncIterator[bytes]:
-        """Each request routed as ModelInfer routes it, up to STREAM_WINDOW of a stream at once,
-        answered in request order; an error is answered in-band as "STATUS: why" (with the
-        request's id) and the stream goes on, as the executors answer. A caller without a valid
-        key is refused the stream itself; each request is still admitted on its own, so a key
-        revoked mid-stream stops working within the auth cache's TTL."""
+        """Each request routed as ModelInfer routes it, up to STREAM_WINDOW of a stream at once;
+        an error is answered in-band as "STATUS: why" (with the request's id) and the stream goes
+        on, as the executors answer. Requests to ordinary models are answered in request order;
+        a request to a decoupled (generative) model streams its responses as they come, each
+        flagged `triton_final_response`, beside the others (Triton's decoupled semantics). A
+        caller without a valid key is refused the stream itself; each request is still admitted
+        on its own, so a key revoked mid-stream stops working within the auth cache's TTL."""
         metadata = context.invocation_metadata() or ()
         peer = context.peer()
         await self.router.identify(metadata, "stream:ModelStreamInfer", ids.time_ordered_hex(), peer)
-        # Answers in arrival order; the queue's bound holds the reader back when it is full.
-        answers: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue(STREAM_WINDOW)
+        out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        tasks: set[asyncio.Task[None]] = set()
+        last: asyncio.Task[None] | None = None  # the previous ordered answer
+
+        async def ordered(raw: bytes, before: asyncio.Task[None] | None) -> None:
+            try:
+                answer = await self._stream_answer(raw, metadata, context.time_remaining(), peer)
+                if before is not None:
+                    await asyncio.wait({before})  # answers keep the order of their requests
+                out.put_nowait(answer)
+            finally:
+                window.release()
+
+        async def decoupled(raw: bytes) -> None:
+            try:
+                async for answer in self._stream_generation(raw, metadata, context.time_remaining(), peer):
+                    out.put_nowait(answer)
+            finally:
+                window.release()
 
         async def read() -> None:
+            nonlocal last
             try:
                 async for raw in requests:
-                    task = asyncio.create_task(
-                        self._stream_answer(raw, metadata, context.time_remaining(), peer)
-                    )
-                    try:
-                        await answers.put(task)
-                    except asyncio.CancelledError:
-                        task.cancel()
-                        raise
+                    await window.acquire()
+                    if await self._is_decoupled(raw):
+                        task = asyncio.create_task(decoupled(raw))
+                    else:
+                        task = last = asyncio.create_task(ordered(raw, last))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.wait(set(tasks))
             finally:
-                await answers.put(None)
+                out.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
-            while (task := await answers.get()) is not None:
-                yield await task
+            while (item := await out.get()) is not None:
+                yield item
             await reader  # the caller's stream broke: its error ends ours
         finally:
             reader.cancel()
-            while not answers.empty():
-                if (left := answers.get_nowait()) is not None:
-                    left.cancel()  # a caller that left: queued work is dropped at the executors
+            for task in list(tasks):
+                task.cancel()  # a caller that left: its work is dropped at the executors
+
+    async def _is_decoupled(self, raw: bytes) -> bool:
+        try:
+            return await self.router.is_decoupled(wire.read_header(raw).model_name)
+        except SwitchyardError:
+            return False  # the one-answer path answers with the error
+
+    async def _stream_generation(
+        self, raw: bytes, metadata: Any, time_remaining: float | None, peer: str
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for response in self.router.generate(raw, metadata, time_remaining, peer):
+                yield wire.stream_answer(response.SerializeToString())
+            return
+        except UpstreamError as exc:
+            message = f"{exc.code.name}: {exc.details}"
+        except SwitchyardError as exc:
+            message = f"{exc.status.value}: {exc}"
+        except Exception as exc:  # one bad request must not end the stream the others share
+            message = f"INTERNAL: {internal_error(exc, f'/{SERVICE}/ModelStreamInfer')}"
+        error = pb.ModelStreamInferResponse(error_message=message)
+        with contextlib.suppress(SwitchyardError):
+            error.infer_response.id = wire.read_header(raw).request_id
+        error.infer_response.parameters[oip_params.FINAL].bool_param = True
+        yield error.SerializeToString()
 
     async def _stream_answer(
         self, raw: bytes, metadata: Any, time_remaining: float | None, peer: str

@@ -21,6 +21,7 @@ from services.router.evaluator_client import EvaluatorComparer
 from services.router.executors import ExecutorPool
 from services.router.forward import Router
 from services.router.metering_client import MeteringClient
+from services.router.openai_api import OpenAIServer
 from services.router.paths import PathRegistrar
 from services.router.route_store import RouteStore
 from services.router.spool import Spool
@@ -37,6 +38,7 @@ class RunningRouter:
     server: RunningServer
     router: Router
     metering: MeteringClient | None
+    openai: OpenAIServer | None = None  # the OpenAI-compatible HTTP API, when [router] openai_port >= 0
 
     @property
     def address(self) -> str:
@@ -49,6 +51,8 @@ class RunningRouter:
     async def stop(self, grace_s: float = 5.0) -> None:
         if self.router.spool is not None:
             self.router.spool.set_ready = None  # draining: the spool no longer decides readiness
+        if self.openai is not None:
+            await self.openai.close()
         await self.server.drain(grace_s)
         await self.router.close()
         if self.router.spool is not None:
@@ -145,4 +149,12 @@ async def start_router(
         len(pool.states),
         server.describe_security(),
     )
-    return RunningRouter(server, router, metering)
+    running = RunningRouter(server, router, metering)
+    if settings.openai_port >= 0:
+        running.openai = OpenAIServer(router)
+        try:
+            await running.openai.start(options.host, settings.openai_port)
+        except OSError:
+            await running.stop(0)
+            raise
+    return running

@@ -93,6 +93,8 @@ class UsageEvent(_message.Message):
     ARM_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
     RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     idempotency_key: _builtins.str
     """request id, or workflow run id + activity id"""
     path: _builtins.str
@@ -119,6 +121,9 @@ class UsageEvent(_message.Message):
     """Optional: the reservation this usage falls in. Empty = the path's reservation covering
     started_unix_us, if any (usage outside any reservation is charged busy time only).
     """
+    prompt_tokens: _builtins.int
+    """Generation (a causal LM's request): tokens of the prompt and tokens generated (0 otherwise)."""
+    output_tokens: _builtins.int
     @_builtins.property
     def tags(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -141,10 +146,12 @@ class UsageEvent(_message.Message):
         arm: _builtins.str = ...,
         tags: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         reservation_id: _builtins.str = ...,
+        prompt_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arm", b"arm", "busy_us", b"busy_us", "ended_unix_us", b"ended_unix_us", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "kind", b"kind", "met_quality", b"met_quality", "model", b"model", "model_version", b"model_version", "path", b"path", "principal", b"principal", "reservation_id", b"reservation_id", "started_unix_us", b"started_unix_us", "status", b"status", "tags", b"tags", "team", b"team", "trial_id", b"trial_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arm", b"arm", "busy_us", b"busy_us", "ended_unix_us", b"ended_unix_us", "idempotency_key", b"idempotency_key", "job_id", b"job_id", "kind", b"kind", "met_quality", b"met_quality", "model", b"model", "model_version", b"model_version", "output_tokens", b"output_tokens", "path", b"path", "principal", b"principal", "prompt_tokens", b"prompt_tokens", "reservation_id", b"reservation_id", "started_unix_us", b"started_unix_us", "status", b"status", "tags", b"tags", "team", b"team", "trial_id", b"trial_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

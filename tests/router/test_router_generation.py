@@ -1,0 +1,230 @@
+"""Generation through the router: tritonclient streams (Triton's decoupled semantics) and the
+official `openai` client (streaming and not) against real metering (SQLite), a real CPU
+executor serving a Llama-style HF model and tiny-lm-gen, and a real router, all on port 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+import pytest_asyncio
+import tritonclient.grpc as triton
+
+from services.executor.config import ExecutorConfig
+from services.executor.server import RunningExecutor, start_executor
+from services.router.server import RunningRouter
+from tests.gen_models import build_llama, reference_greedy, repository_with_llama
+from tests.router.conftest import Metering, RouterFactory, free_port, routes_config
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+MODEL = "llama-tiny"
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_llama(tmp_path_factory.mktemp("router-gen") / "llama-tiny")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def gen_executor(
+    llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[RunningExecutor]:
+    root = tmp_path_factory.mktemp("router-gen-repo")
+    repository_with_llama(root, llama_dir)
+    running = await start_executor(ExecutorConfig(models=(MODEL,), model_repository=str(root)))
+    yield running
+    await running.stop(0)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def routed(
+    gen_executor: RunningExecutor, metering: Metering, make_router: RouterFactory
+) -> tuple[RunningRouter, str]:
+    """A router with the OpenAI API on a free port; the route fails over from a dead executor."""
+    dead = f"127.0.0.1:{free_port()}"
+    routes = {MODEL: {"policy": "failover", "targets": [{"deployment": "dead"}, {"deployment": "gen"}]}}
+    cfg = routes_config(
+        {"dead": dead, "gen": gen_executor.address}, routes, openai_port=0, usage_flush_s=0.05
+    )
+    router = await make_router(cfg, metering.running.address)
+    key, _ = await metering.key(f"gen-{time.monotonic_ns()}", "team-gen")
+    return router, key
+
+
+def _inputs(prompt: str, stream: bool, sampling: dict[str, Any]) -> list[Any]:
+    text = triton.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+    flag = triton.InferInput("stream", [1], "BOOL")
+    flag.set_data_from_numpy(np.array([stream]))
+    params = triton.InferInput("sampling_parameters", [1], "BYTES")
+    params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
+    return [text, flag, params]
+
+
+def _stream(
+    address: str, key: str, prompts: dict[str, str], sampling: dict[str, Any]
+) -> dict[str, list[Any]]:
+    client = triton.InferenceServerClient(address)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(
+        callback=lambda result, error: answers.put((result, error)),
+        headers={"authorization": f"Bearer {key}"},
+    )
+    out: dict[str, list[Any]] = {rid: [] for rid in prompts}
+    try:
+        for rid, prompt in prompts.items():
+            client.async_stream_infer(MODEL, _inputs(prompt, True, sampling), request_id=rid)
+        open_ids = set(prompts)
+        while open_ids:
+            result, error = answers.get(timeout=60)
+            assert error is None, str(error)
+            response = result.get_response()
+            out[response.id].append(result)
+            if response.parameters["triton_final_response"].bool_param:
+                open_ids.discard(response.id)
+    finally:
+        client.stop_stream()
+        client.close()
+    return out
+
+
+async def test_tritonclient_streams_through_the_router_token_by_token(
+    routed: tuple[RunningRouter, str], gen_executor: RunningExecutor, llama_dir: Path
+) -> None:
+    router, key = routed
+    prompts = {"a": "the quick brown", "b": "hello world", "c": "a switchyard routes"}
+    out = await asyncio.to_thread(_stream, router.address, key, prompts, {"temperature": 0, "max_tokens": 12})
+    model = gen_executor.executor.find(MODEL, "")
+    assert model.engine is not None
+    for rid, prompt in prompts.items():
+        results = out[rid]
+        assert len(results) > 1
+        flags = [r.get_response().parameters["triton_final_response"].bool_param for r in results]
+        assert flags == [False] * (len(results) - 1) + [True]
+        ids = [int(t) for r in results for t in r.as_numpy("output_ids")]
+        assert ids == reference_greedy(llama_dir, model.engine.tokenizer.encode(prompt), 12)
+        params = results[-1].get_response().parameters
+        assert params["path"].string_param == "cpu-b"  # the dead first target was skipped
+        assert params["request_id"].string_param
+
+
+def _client(router: RunningRouter, key: str) -> openai.AsyncOpenAI:
+    assert router.openai is not None
+    return openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{router.openai.port}/v1", api_key=key, max_retries=0
+    )
+
+
+async def test_openai_completions_streaming_and_not_agree_with_usage(
+    routed: tuple[RunningRouter, str],
+) -> None:
+    router, key = routed
+    client = _client(router, key)
+    try:
+        whole = await client.completions.create(
+            model=MODEL, prompt="hello world", max_tokens=10, temperature=0
+        )
+        assert whole.object == "text_completion" and whole.choices[0].finish_reason in ("stop", "length")
+        assert (whole.usage is not None and whole.usage.completion_tokens == 10) or whole.choices[
+            0
+        ].finish_reason == "stop"
+        pieces, usage = [], None
+        stream = await client.completions.create(
+            model=MODEL,
+            prompt="hello world",
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        async for chunk in stream:
+            if chunk.choices:
+                pieces.append(chunk.choices[0].text)
+            if chunk.usage is not None:
+                usage = chunk.usage
+        assert "".join(pieces) == whole.choices[0].text
+        assert usage is not None and whole.usage is not None
+        assert (usage.prompt_tokens, usage.completion_tokens) == (
+            whole.usage.prompt_tokens,
+            whole.usage.completion_tokens,
+        )
+        models = await client.models.list()
+        assert [m.id for m in models.data] == [MODEL]
+    finally:
+        await client.close()
+
+
+async def test_openai_chat_streaming_equals_the_whole_answer(routed: tuple[RunningRouter, str]) -> None:
+    router, key = routed
+    client = _client(router, key)
+    messages: Any = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    try:
+        whole = await client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=8, temperature=0
+        )
+        content = whole.choices[0].message.content
+        assert whole.choices[0].message.role == "assistant" and content
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=8, temperature=0, stream=True
+        )
+        deltas = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+        assert "".join(deltas) == content
+    finally:
+        await client.close()
+
+
+async def test_openai_errors_carry_the_status_and_what_to_fix(routed: tuple[RunningRouter, str]) -> None:
+    router, key = routed
+    bad = _client(router, "sk-not-a-key")
+    good = _client(router, key)
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            await bad.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+        with pytest.raises(openai.NotFoundError, match="unknown model 'nope'"):
+            await good.completions.create(model="nope", prompt="hi", max_tokens=2)
+        with pytest.raises(openai.BadRequestError, match=r"'top_p' is 5\.0"):
+            await good.completions.create(model=MODEL, prompt="hi", max_tokens=2, top_p=5)
+        with pytest.raises(openai.BadRequestError, match="max_tokens is 500, over this model's limit of 40"):
+            await good.completions.create(model=MODEL, prompt="hi", max_tokens=500)
+        with pytest.raises(openai.BadRequestError, match="prompt is empty"):
+            await good.completions.create(model=MODEL, prompt="", max_tokens=2)
+    finally:
+        await bad.close()
+        await good.close()
+
+
+async def test_a_caller_that_leaves_mid_stream_frees_the_slot(
+    routed: tuple[RunningRouter, str], gen_executor: RunningExecutor
+) -> None:
+    router, key = routed
+    model = gen_executor.executor.find(MODEL, "")
+    assert model.engine is not None
+    cancelled = model.engine.counters.cancelled
+    client = _client(router, key)
+    try:
+        stream = await client.completions.create(
+            model=MODEL,
+            prompt="the quick",
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        async for _ in stream:
+            break  # the first token came: leave
+        await stream.close()
+    finally:
+        await client.close()
+    for _ in range(200):
+        if model.engine.running == 0 and model.engine.counters.cancelled > cancelled:
+            break
+        await asyncio.sleep(0.05)
+    assert model.engine.running == 0 and model.engine.counters.cancelled == cancelled + 1
