@@ -15,6 +15,7 @@ oldest first. Folders are created 0700 and files 0600: captured inputs may be se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ from switchyard.gen.inference import grpc_service_pb2 as pb
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 RECORD = struct.Struct("<I")
+FLUSH_S = 0.25  # how often the writer takes what was sampled
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class Capturer:
         self._current: dict[str, Any] = {}
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self.paused = False  # tests: a writer that has fallen behind
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     # ---- hot path -------------------------------------------------------------------------
@@ -120,20 +123,22 @@ class Capturer:
             self.stats.dropped += 1
             return
         self.queue.append(raw)
-        if len(self.queue) == 1:
-            self.wake.set()
 
     # ---- writer -----------------------------------------------------------------------------
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"capture-{self.route}")
 
     async def _run(self) -> None:
+        """Drains every FLUSH_S: one thread hand-off per interval, not one per request."""
         while not self._closing:
-            await self.wake.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), FLUSH_S)
             self.wake.clear()
             await self._drain()
 
     async def _drain(self) -> None:
+        if self.paused and not self._closing:
+            return
         batch = []
         while self.queue:
             batch.append(self.queue.popleft())
