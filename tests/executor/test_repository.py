@@ -183,3 +183,27 @@ def test_add_refuses_an_existing_version_and_io_that_disagrees(tmp_path: Path) -
     assert len(audit) == 2 and all('"action": "model.add"' in line for line in audit)
     with torch.inference_mode():
         assert load_module(Repository(root, ("tests",)).get("scaler"))(torch.zeros(1, 4)).shape == (1, 2)
+
+
+async def test_model_toml_is_what_tritonclient_sees(executor: RunningExecutor) -> None:
+    import tritonclient.grpc.aio as triton
+
+    root = executor.executor.registry.root
+    sha = add_user_model(root, "declared", "tests.executor.user_model:build", Scaler())
+    async with grpc.aio.insecure_channel(executor.address) as channel:
+        await ctl_grpc.ExecutorControlStub(channel).LoadModel(
+            ctl.LoadModelRequest(model_name="declared", batch_buckets=[1, 4])
+        )
+    client = triton.InferenceServerClient(executor.address)
+    try:
+        meta = await client.get_model_metadata("declared", as_json=True)
+        config = (await client.get_model_config("declared", as_json=True))["config"]
+    finally:
+        await client.close()
+    manifest = Repository(root).manifest("declared")
+    assert meta["platform"] == manifest.platform == "pytorch_factory"
+    assert [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in meta["inputs"]] == [
+        (s.name, s.datatype, [-1, *s.dims]) for s in manifest.inputs
+    ]
+    assert [o["name"] for o in config["output"]] == [s.name for s in manifest.outputs]
+    assert config["parameters"]["checkpoint_sha256"]["string_value"] == sha
