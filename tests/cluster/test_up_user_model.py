@@ -1,0 +1,103 @@
+"""`switchyard up` with a user's model repository: a model built with transformers and
+`switchyard models add`-ed is served by the cluster's executor and trialled from the Temporal
+CLI (`temporal workflow execute`), as an operator would without any switchyard client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from switchyard.cli import main as switchyard
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+STARTUP_S = 300
+
+
+def _bert(folder: Path) -> None:
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    config.num_labels = 2
+    BertForSequenceClassification(config).save_pretrained(folder)
+
+
+def test_a_user_model_is_served_by_up_and_trialled_from_the_temporal_cli(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    _bert(tmp_path / "bert")
+    assert (
+        switchyard(["models", "add", "team-bert", str(tmp_path / "bert"), "--repository", str(models)]) == 0
+    )
+    config = tmp_path / "switchyard.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[models]\nrepository = "{models}"\n'
+        "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n[router]\nport = 0\n"
+        '[executors.cpu]\nport = 0\nmodels = ["team-bert"]\n[executors.xla]\nenabled = false\n'
+        "[executors.cuda]\nenabled = false\n[executors.tpu]\nenabled = false\n"
+    )
+    log = tmp_path / "up.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "switchyard", "up", "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+        )  # fmt: skip
+    try:
+        state_file = tmp_path / "state" / "cluster.json"
+        deadline = time.monotonic() + STARTUP_S
+        while not state_file.exists():
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.5)
+        state = json.loads(state_file.read_text())
+        assert state["services"]["executor-cpu"]["models"] == ["team-bert"]
+        spec = {
+            "model": {"name": "team-bert"},
+            "inputs": {
+                "seed": 3,
+                "tensors": [
+                    {"name": "input_ids", "datatype": "INT64", "shape": [2, 8], "low": 1, "high": 100},
+                    {"name": "attention_mask", "datatype": "INT64", "shape": [2, 8], "low": 1, "high": 2},
+                ],
+            },
+            "paths": [
+                {"name": "cpu", "executor": "cpu", "mode": "eager"},
+                {"name": "cpu-bf16", "executor": "cpu", "mode": "eager", "precision": "bf16"},
+            ],
+            "reference": "cpu",
+            "criteria": {"logits": True},
+            "performance": {"warmup": 2, "min_iterations": 10, "min_seconds": 0.3, "batch_sizes": [1]},
+        }
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        temporal = Path(sys.executable).with_name("temporal")
+        result = subprocess.run(
+            [str(temporal), "workflow", "execute", "--address", state["temporal_address"],
+             "--task-queue", "switchyard-trials", "--type", "TrialWorkflow", "--workflow-id", "team-bert",
+             "--input-file", str(tmp_path / "spec.json"), "-o", "json"],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        report = json.loads(result.stdout)["result"]
+        assert report["status"] == "completed"
+        assert report["verdicts"]["cpu-bf16"]["verdict"] in ("ADOPT", "REJECT", "INCONCLUSIVE")
+        sha = report["paths"]["cpu"]["prepare"]["checkpoint_sha256"]
+        assert sha and sha == report["paths"]["cpu-bf16"]["prepare"]["checkpoint_sha256"]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
