@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.router import wire
 from switchyard import ids
 from switchyard.errors import InvalidArgument, NotFound
 from switchyard.gen.inference import grpc_service_pb2 as pb
@@ -74,18 +75,19 @@ def parse_capture(raw: Any, where: str) -> CaptureSpec:
     return spec
 
 
+_KEPT = (1, 2, 5, 7)  # ModelInferRequest: model_name, model_version, inputs, raw_input_contents
+
+
 def inputs_only(raw: bytes) -> bytes:
-    """The request reduced to model, version and input tensors in raw form."""
-    request = pb.ModelInferRequest.FromString(raw)
-    kept = pb.ModelInferRequest(model_name=request.model_name, model_version=request.model_version)
-    raw_contents = list(request.raw_input_contents)
-    for i, tensor in enumerate(request.inputs):
-        kept.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
-        if raw_contents:
-            kept.raw_input_contents.append(raw_contents[i])
-        else:
-            kept.inputs[-1].contents.CopyFrom(tensor.contents)
-    return kept.SerializeToString()
+    """The request reduced to model, version and input tensors, by walking the wire format
+    (no decode of the tensor bytes): id (3), parameters (4) and requested outputs (6) go."""
+    found = wire.scan_fields(raw, frozenset(_KEPT))
+    view = memoryview(raw)
+    parts: list[bytes | memoryview] = []
+    for number in _KEPT:
+        for start, end in found.get(number, ()):
+            parts += [wire.encode_varint(number << 3 | 2), wire.encode_varint(end - start), view[start:end]]
+    return b"".join(parts)
 
 
 @dataclass
