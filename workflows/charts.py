@@ -51,7 +51,8 @@ def bar_chart(title: str, unit: str, groups: list[str], series: dict[str, list[f
             h = plot_h * v / top
             parts.append(
                 f'<rect x="{x:.1f}" y="{TOP + plot_h - h:.1f}" width="{bar_w * 0.92:.1f}" height="{h:.1f}" '
-                f'fill="{COLORS[si % len(COLORS)]}"><title>{escape(name)} {escape(label)}: {_fmt(v)} '
+                f'fill="{COLORS[si % len(COLORS)]}" data-value="{v:.6g}"><title>{escape(name)} '
+                f"{escape(label)}: {_fmt(v)} "
                 f"{escape(unit)}</title></rect>"
                 f'<text x="{x + bar_w / 2:.1f}" y="{TOP + plot_h - h - 3:.1f}" font-size="9" '
                 f'text-anchor="middle">{_fmt(v)}</text>'
@@ -98,7 +99,8 @@ def line_chart(title: str, x_label: str, y_label: str, series: dict[str, list[fl
         )
         dash = ' stroke-dasharray="5,3"' if si else ""
         parts.append(
-            f'<polyline points="{points}" fill="none" stroke="{COLORS[si % len(COLORS)]}" '
+            f'<polyline points="{points}" data-value="{len(vals)} points" fill="none" '
+            f'stroke="{COLORS[si % len(COLORS)]}" '
             f'stroke-width="2"{dash}>'
             f"<title>{escape(name)}</title></polyline>"
         )
@@ -119,7 +121,7 @@ def histogram(title: str, edges: list[float], counts: list[int], color_index: in
         h = plot_h * c / top
         parts.append(
             f'<rect x="{LEFT + i * bw:.1f}" y="{30 + plot_h - h:.1f}" width="{bw * 0.95:.1f}" '
-            f'height="{h:.1f}" '
+            f'height="{h:.1f}" data-value="{c}" '
             f'fill="{COLORS[color_index % len(COLORS)]}"><title>{_fmt(edges[i])}-{_fmt(edges[i + 1])} ms: '
             f"{c}</title></rect>"
         )

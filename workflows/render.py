@@ -11,6 +11,9 @@ import json
 from html import escape
 from typing import Any
 
+from markdown_it import MarkdownIt
+
+from switchyard import money
 from workflows import charts
 
 CRITERIA_ORDER = ("trial", "correctness", "latency", "training", "cost")
@@ -24,7 +27,7 @@ def criteria_in_order(verdict: dict[str, Any]) -> list[tuple[str, dict[str, str]
 def _money(micros: int | None, currency: str = "") -> str:
     if micros is None:
         return "n/a"
-    return f"{micros / 1e6:,.6f} {currency}".strip()
+    return f"{money.decimal(micros)} {currency}".strip()  # exact, never through a float
 
 
 def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -143,7 +146,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f"idle {_money(e['idle_micros'])}, preparation {_money(e['prepare_micros'])}); "
                 f"{e['jobs_completed']} jobs completed, {e['jobs_failed']} failed; cost per completed job "
                 + (
-                    _money(e["cost_per_completed_job_micros"], e["currency"])
+                    # exact: per 1,000 or 1,000,000 jobs when one costs under a micro-unit
+                    money.per_job_text(e["total_micros"], e["jobs_completed"], e["currency"])
                     if e["jobs_completed"]
                     else "n/a"
                 )
@@ -196,15 +200,27 @@ def _charts(report: dict[str, Any]) -> list[str]:
     losses = {name: s["training"]["loss"] for name, s in rows if (s.get("training") or {}).get("loss")}
     if losses:
         svgs.append(charts.line_chart("Training loss per step", "step", "loss", losses))
-    cost: dict[str, list[float | None]] = {}
+    # From the exact total / jobs (not the per-job figure rounded to a micro-unit, which is 0
+    # for a job that costs less), per 1, 1,000 or 1,000,000 jobs so that every bar shows.
+    exact: dict[str, Any] = {}
     currency = ""
     for name, s in rows:
         e = s.get("economics") or {}
-        cpj = e.get("cost_per_completed_job_micros")
         currency = currency or e.get("currency", "")
-        cost[name] = [cpj / 1e6 if cpj else None]
+        if e.get("jobs_completed") and e.get("total_micros") is not None:
+            exact[name] = money.per_job(e["total_micros"], e["jobs_completed"])
+    scale = money.scale_for(exact.values())
+    cost: dict[str, list[float | None]] = {
+        name: [float(exact[name] * scale) / 1e6 if name in exact else None] for name, _ in rows
+    }
+    label = money.per_label(scale)
     svgs.append(
-        charts.bar_chart("Cost per completed job", currency or "unpriced", ["cost per completed job"], cost)
+        charts.bar_chart(
+            f"Cost per completed job ({label})",
+            f"{currency} {label}" if currency else "unpriced",
+            [f"cost {label}"],
+            cost,
+        )
     )
     prep = {
         name: [(s.get("prepare") or {}).get(k) for k in ("checkpoint_load_s", "to_device_s", "compile_s")]
@@ -222,7 +238,13 @@ CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;c
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px;
 text-align:left;vertical-align:top}.ADOPT{color:#1a7f37;font-weight:bold}.REJECT{color:#cf222e;font-weight:bold}
 .INCONCLUSIVE{color:#9a6700;font-weight:bold}svg{display:block;margin:1em 0}pre{white-space:pre-wrap;
-font-size:12px;background:#f6f8fa;padding:8px}"""
+font-size:12px;background:#f6f8fa;padding:8px}.details li{margin:2px 0;font-size:14px}
+.details code{background:#f6f8fa;padding:0 3px}"""
+
+
+def _details_html(text: str) -> str:
+    """The Markdown details as HTML (raw HTML in the text is escaped, never passed through)."""
+    return str(MarkdownIt("commonmark", {"html": False}).enable("table").render(text))
 
 
 def html(report: dict[str, Any]) -> str:
@@ -242,7 +264,7 @@ def html(report: dict[str, Any]) -> str:
         "<h2>Charts</h2>",
         *_charts(report),
         "<h2>Details</h2>",
-        f"<pre>{escape(markdown(report))}</pre>",
+        f"<div class='details'>{_details_html(markdown(report))}</div>",
         "<h2>Spec</h2>",
         f"<pre>{escape(json.dumps(report['spec'], indent=2))}</pre>",
     ]

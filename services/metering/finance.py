@@ -71,6 +71,13 @@ def parse_money(text: str) -> int:
     return int(micros)
 
 
+def per_job_text(total_micros: int, jobs: int) -> str:
+    """Per job, or per 1,000 / 1,000,000 jobs where one job costs under a micro-unit."""
+    from switchyard.money import per_job_text as text
+
+    return text(total_micros, jobs)
+
+
 def money(micros: int) -> str:
     sign = "-" if micros < 0 else ""
     whole, frac = divmod(abs(micros), 1_000_000)
@@ -187,7 +194,7 @@ def report(args: argparse.Namespace) -> int:
             money(r["prepare_micros"]),
             str(r["jobs_completed"]),
             str(r["jobs_failed"]),
-            money(r["cost_per_completed_job_micros"]) if r["jobs_completed"] else "n/a",
+            per_job_text(r["total_micros"], r["jobs_completed"]) if r["jobs_completed"] else "n/a",
             str(r["unpriced_events"]),
         ]
         for r in rows

@@ -2,14 +2,20 @@
 
 Charts: cost per completed job per path over time (one line per path, by day), the idle
 share of each path's cost, and unpriced usage. Figures are exact micro-units rendered as
-decimals; a path-day with no completed job has no point rather than a zero.
+decimals; a path-day with no completed job has no point rather than a zero. Costs per job
+come from the exact total / jobs, shown per job or, where one job costs under a micro-unit,
+per 1,000 or 1,000,000 jobs (switchyard.money), in the chart and in the table alike.
+Every mark that carries a figure has a `data-value` attribute (the tests count them).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from fractions import Fraction
 from html import escape
 from typing import Any
+
+from switchyard import money
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f")
 W, H, PAD = 720, 280, 50
@@ -24,22 +30,30 @@ def _money(micros: int) -> str:
 def _line_chart(by_day: list[dict[str, Any]]) -> str:
     days = sorted({r["day"] for r in by_day})
     paths = sorted({r["path"] for r in by_day})
-    points = {
-        (r["path"], r["day"]): r["cost_per_completed_job_micros"] for r in by_day if r["jobs_completed"]
+    exact = {
+        (r["path"], r["day"]): money.per_job(r["total_micros"], r["jobs_completed"])
+        for r in by_day
+        if r["jobs_completed"]
     }
-    if not points:
+    if not exact:
         return "<p>No completed jobs in the window: cost per completed job is undefined.</p>"
-    top = max(points.values()) or 1
+    scale = money.scale_for(exact.values())
+    label = money.per_label(scale)
+    points = {k: v * scale for k, v in exact.items()}  # micro-units per `scale` jobs, exact
+    top = max(max(points.values()), Fraction(1))
 
-    def xy(day: str, value: int) -> tuple[float, float]:
+    def xy(day: str, value: Fraction) -> tuple[float, float]:
         x = PAD + (days.index(day) + 0.5) * (W - 2 * PAD) / len(days)
-        return x, H - PAD - value / top * (H - 2 * PAD)
+        return x, H - PAD - float(value / top) * (H - 2 * PAD)
 
     parts = [f'<svg width="{W}" height="{H}" role="img" aria-label="cost per completed job by day">']
     parts.append(f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#444"/>')
-    parts.append(f'<text x="4" y="{PAD - 8}" font-size="11">max {escape(_money(top))}</text>')
+    parts.append(f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="#444"/>')
+    top_text = f"{_money(money.round_half_up(top))} {label}"
+    parts.append(f'<text x="4" y="{PAD - 8}" font-size="11">max {escape(top_text)}</text>')
+    parts.append(f'<text x="4" y="{H - PAD + 4}" font-size="11">0</text>')
     for i, day in enumerate(days):
-        x, _ = xy(day, 0)
+        x, _ = xy(day, Fraction(0))
         if len(days) <= 12 or i % max(1, len(days) // 12) == 0:
             parts.append(
                 f'<text x="{x:.0f}" y="{H - PAD + 16}" font-size="10" text-anchor="middle">'
@@ -51,8 +65,15 @@ def _line_chart(by_day: list[dict[str, Any]]) -> str:
         if len(pts) > 1:
             coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
             parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>')
-        for x, y in pts:
-            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>')
+        for d in days:
+            if (path, d) not in points:
+                continue
+            x, y = xy(d, points[(path, d)])
+            shown = f"{_money(money.round_half_up(points[(path, d)]))} {label}"
+            parts.append(
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{color}" data-value="{escape(shown)}">'
+                f"<title>{escape(path)} {escape(d)}: {escape(shown)}</title></circle>"
+            )
         parts.append(
             f'<text x="{W - PAD + 4}" y="{PAD + 14 * n}" font-size="11" fill="{color}">{escape(path)}</text>'
         )
@@ -70,7 +91,10 @@ def _idle_bars(by_path: list[dict[str, Any]]) -> str:
         share = max(0.0, min(1.0, r["idle_micros"] / r["total_micros"]))
         y = 10 + 28 * i
         parts.append(f'<text x="4" y="{y + 14}" font-size="11">{escape(r["path"])}</text>')
-        parts.append(f'<rect x="200" y="{y}" width="{(W - 300) * share:.1f}" height="18" fill="#d62728"/>')
+        parts.append(
+            f'<rect x="200" y="{y}" width="{(W - 300) * share:.1f}" height="18" fill="#d62728" '
+            f'data-value="{share:.4f}"/>'
+        )
         parts.append(
             f'<rect x="{200 + (W - 300) * share:.1f}" y="{y}" width="{(W - 300) * (1 - share):.1f}" '
             'height="18" fill="#1f77b4"/>'
@@ -95,7 +119,11 @@ def _table(by_path: list[dict[str, Any]]) -> str:
     )
     out = ["<table><tr>", *(f"<th>{h}</th>" for h in head), "</tr>"]
     for r in by_path:
-        per = _money(r["cost_per_completed_job_micros"]) if r["jobs_completed"] else "n/a (none completed)"
+        per = (
+            money.per_job_text(r["total_micros"], r["jobs_completed"], r["currency"])
+            if r["jobs_completed"]
+            else "n/a (none completed)"
+        )
         cells = (
             r["path"],
             r["currency"],

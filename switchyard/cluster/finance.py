@@ -20,6 +20,7 @@ from switchyard import tls
 from switchyard.cluster.routes import PATH_IDS
 from switchyard.errors import FailedPrecondition
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc, metering_pb2, metering_pb2_grpc
+from switchyard.money import per_job_text
 
 ACTOR = metering_pb2.Actor(principal="admin", source="switchyard demo")
 # Illustrative list prices for this machine's paths (micro-units per hour): both run on the
@@ -163,7 +164,6 @@ def format_table(rows: list[PathCost]) -> str:
         "idle",
         "prepare",
         "per completed job",
-        "per 1,000 jobs",
         "idle share",
         "",
     )
@@ -176,9 +176,9 @@ def format_table(rows: list[PathCost]) -> str:
             money(r.busy_micros),
             money(r.idle_micros),
             money(r.prepare_micros),
-            money(r.cost_per_completed_job_micros) if r.jobs_completed else "n/a (none completed)",
-            # Exact: total x 1000 / jobs, from the same integers (a readable scale, not a new price).
-            money(r.total_micros * 1000 // r.jobs_completed) if r.jobs_completed else "n/a",
+            # Exact, from the same integers: per job, or per 1,000 / 1,000,000 jobs where one job
+            # costs under a micro-unit (0.000000 per job would say nothing).
+            per_job_text(r.total_micros, r.jobs_completed, r.currency) if r.jobs_completed else "n/a",
             f"{r.idle_share:.1%}",
             # Usage with no price in force is reported as such, never folded in as zero.
             f"{r.unpriced_events} unpriced events" if r.unpriced_events else "",
