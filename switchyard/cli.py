@@ -31,7 +31,12 @@ COMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchyard", description=__doc__.splitlines()[0])
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    from switchyard import __version__
+
+    parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
+    parser.add_argument(
+        "--log-level", default="INFO", help="logging level: DEBUG, INFO, WARNING or ERROR (default INFO)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)

@@ -32,6 +32,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from services.metering.errors import BadInput
+from switchyard import layout
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ ENV_KEY = "SWITCHYARD_AUDIT_KEY"
 ENV_KEY_FILE = "SWITCHYARD_AUDIT_KEY_FILE"
 ENV_ANCHOR = "SWITCHYARD_AUDIT_ANCHOR"
 MIN_KEY = 32
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = layout.data_root()  # the checkout, or the working directory of an installed wheel
 
 
 def _state_dir(url: str) -> Path:

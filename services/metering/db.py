@@ -22,7 +22,9 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from switchyard import layout
+
+ROOT = layout.data_root()  # the checkout, or the working directory of an installed wheel
 DEFAULT_SQLITE = ROOT / "var" / "metering.db"
 ENV_URL = "SWITCHYARD_DATABASE_URL"
 ENV_RUNTIME_ROLE = "SWITCHYARD_DATABASE_RUNTIME_ROLE"
@@ -123,8 +125,8 @@ def alembic_config(url: str) -> Any:
     """An Alembic Config for the repository's migrations, aimed at `url`."""
     from alembic.config import Config
 
-    cfg = Config(str(ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    cfg = Config(str(layout.alembic_ini()))
+    cfg.set_main_option("script_location", str(layout.migrations_dir()))
     cfg.attributes["database_url"] = resolve_url(url)
     return cfg
 

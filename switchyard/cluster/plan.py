@@ -8,6 +8,7 @@ the list is the start order; the supervisor stops in reverse.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Iterable, Mapping
@@ -131,7 +132,7 @@ def _switchyard(python: str, *args: str) -> tuple[str, ...]:
 
 
 def build_plan(
-    config: Config, root: Path, temporal_bin: Path | None = None
+    config: Config, root: Path | None, temporal_bin: Path | None = None
 ) -> tuple[list[ServiceSpec], Ports]:
     """The processes of a one-machine cluster, in start order."""
     state = config.state_dir.resolve()
@@ -166,7 +167,10 @@ def build_plan(
     specs: list[ServiceSpec] = []
 
     if config.temporal.local:
+        # temporal-bin installs it beside the interpreter; else whichever is on PATH
         binary = temporal_bin or Path(sys.executable).with_name("temporal")
+        if temporal_bin is None and not binary.exists() and shutil.which("temporal"):
+            binary = Path(str(shutil.which("temporal")))
         if not binary.exists():
             raise ConfigError(f"Temporal dev server binary not found at {binary} (package temporal-bin)")
         argv = [

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from switchyard import tls
+from switchyard import layout, tls
 from switchyard.cluster import health, routes
 from switchyard.cluster.plan import Ports, ServiceSpec, build_plan, identities
 from switchyard.cluster.supervisor import StartupFailed, Supervisor
@@ -26,7 +26,7 @@ from switchyard.config import Config
 from switchyard.errors import FailedPrecondition
 from switchyard.models.repository import seed_builtins
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = layout.checkout_root()  # None when installed: children import the installed package
 
 
 def _port_taken(host: str, port: int) -> bool:

@@ -279,10 +279,12 @@ def _reexec(args: argparse.Namespace) -> int:
         *(["--precision", args.precision] if args.precision else []),
     ]
     argv += ["--json"] if args.json else []
-    root_dir = Path(__file__).resolve().parents[2]
+    from switchyard.layout import checkout_root
+
+    checkout = str(checkout_root() or "")  # an installed wheel needs no path
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(root_dir), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH", "")) if p),
     }
     env.setdefault("PJRT_DEVICE", "CPU")
     return subprocess.run(argv, env=env, check=False, stdout=sys.stdout, stderr=sys.stderr).returncode
