@@ -1,9 +1,9 @@
 """The wheel: a working `switchyard` from any directory, no generic top-level names, a client
 install without torch.
 
-The wheel is built from this checkout (pip wheel, no build isolation: setuptools is in the
-main environment). Two fresh virtual environments, used from a directory outside the checkout
-with no PYTHONPATH:
+The wheel is built from a copy of this checkout's tracked files (pip wheel, no build
+isolation: setuptools is in the main environment). Two fresh virtual environments, used from
+a directory outside the checkout with no PYTHONPATH:
 - the server install: the wheel without dependencies into a venv that sees the main
   environment's packages (a .pth file: the main environment is itself a venv, so this stands
   in for --system-site-packages and keeps the test offline and fast). `switchyard --version`,
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,11 +41,21 @@ GENERIC = ("services", "workflows", "clients", "migrations", "tests", "benchmark
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    build = tmp_path_factory.mktemp("build")
+    # from a copy of the tracked files: an in-tree build would leave build/ in the checkout
+    source = tmp_path_factory.mktemp("source") / "switchyard"
+    files = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True, timeout=60)
+        .stdout.decode()
+        .split("\0")
+    )
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-         str(ROOT)],
-        check=True, capture_output=True, timeout=300, cwd=build,
+         str(source)],
+        check=True, capture_output=True, timeout=300, cwd=out,
     )  # fmt: skip
     (found,) = out.glob("switchyard-*.whl")
     return found
