@@ -6,7 +6,7 @@ cpu-eager, so the work is identical and short) RUNS times. From each workflow's 
 takes every activity's [started, completed] interval; their union is the critical path (the
 activities of one host run one after another; the describe calls that run in parallel
 count once). Overhead = wall - critical path: scheduling, workflow tasks, payload transfer.
-Target (DESIGN §4 benchmark): overhead <= 10% of the critical path + 2 s.
+Target (docs/architecture.md#trials benchmark): overhead <= 10% of the critical path + 2 s.
 
 Usage: python benchmarks/trial.py [--runs 2] [--min-seconds 0.5]
 Writes out/bench/trial.json.

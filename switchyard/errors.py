@@ -11,7 +11,7 @@ from typing import ClassVar
 
 
 class Status(enum.Enum):
-    """Status names as in DESIGN §7 (the gRPC code of the same name)."""
+    """Status names as in docs/architecture.md#errors (the gRPC code of the same name)."""
 
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     NOT_FOUND = "NOT_FOUND"

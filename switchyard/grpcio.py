@@ -1,6 +1,7 @@
 """gRPC edge shared by every service: error mapping, server start-up, health and drain.
 
-This is the one place where `switchyard.errors` become gRPC status codes (DESIGN §7, §9).
+This is the one place where `switchyard.errors` become gRPC status codes (docs/architecture.md#errors,
+#code-style).
 An unexpected exception becomes INTERNAL with a reference id; the traceback goes to the
 log, never to the caller.
 """

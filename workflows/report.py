@@ -1,7 +1,8 @@
 """The trial report as data: built in the workflow (pure, deterministic), stored in the ledger
 as JSON, rendered to Markdown and HTML by workflows/render.py.
 
-It carries what DESIGN §4 asks of every figure: the system each path ran on (device, versions,
+It carries what docs/architecture.md#trials asks of every figure: the system each path ran on
+(device, versions,
 host and which paths shared it), input sizes and seeds, configuration, and the comparison
 basis, next to the verdict per path with the reason per criterion.
 """

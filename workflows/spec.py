@@ -1,4 +1,5 @@
-"""The trial specification: one JSON object, parsed once into frozen dataclasses (DESIGN §4).
+"""The trial specification: one JSON object, parsed once into frozen dataclasses
+(docs/architecture.md#trials).
 
 `parse_spec` checks every field and raises `SpecError` naming the field by its JSON path
 (e.g. `paths[1].precision`) and what to send instead, so an operator who pastes a spec into

@@ -1,4 +1,4 @@
-"""TrialWorkflow: one JSON spec in, a report with a verdict per path out (DESIGN §4).
+"""TrialWorkflow: one JSON spec in, a report with a verdict per path out (docs/architecture.md#trials).
 
 Per path: prepare -> correctness -> performance -> training -> economics. Paths on different
 hosts run in parallel; paths sharing a host (as Describe reports it) hold that host's lock for

@@ -1,4 +1,4 @@
-"""Activity inputs and outputs: one dataclass in, one out (DESIGN §9), JSON-friendly.
+"""Activity inputs and outputs: one dataclass in, one out (docs/architecture.md#code-style), JSON-friendly.
 
 Tensors travel as base64 text (Temporal's JSON converter has no bytes inside objects) and
 money as integer micro-units (it has no Decimal). The workflow keeps these in its state, so

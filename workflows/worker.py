@@ -46,8 +46,9 @@ async def ensure_search_attributes(client: Client, namespace: str = "default") -
 
 
 async def connect(address: str, namespace: str) -> Client:
-    """A client whose workflows and activities carry OpenTelemetry spans (DESIGN §8); the
-    spans go wherever the process's tracer provider sends them (none configured = no-op)."""
+    """A client whose workflows and activities carry OpenTelemetry spans
+    (docs/architecture.md#observability); the spans go wherever the process's tracer provider
+    sends them (none configured = no-op)."""
     from temporalio.contrib.opentelemetry import TracingInterceptor
 
     return await Client.connect(

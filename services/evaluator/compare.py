@@ -1,4 +1,5 @@
-"""Output comparison against a justified tolerance (DESIGN §4), as `torch._dynamo.utils.same` does.
+"""Output comparison against a justified tolerance, as `torch._dynamo.utils.same` does
+(docs/architecture.md#trials).
 
 The tolerance is not picked, it is derived from the reference path itself: both the reference
 and the candidate are measured against a float64 run of the reference model (the "golden"

@@ -1,4 +1,5 @@
-"""gRPC adapter of the evaluator: converts messages, calls the domain, converts back (DESIGN §9)."""
+"""gRPC adapter of the evaluator: converts messages, calls the domain, converts back
+(docs/architecture.md#code-style)."""
 
 from __future__ import annotations
 

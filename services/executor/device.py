@@ -1,4 +1,4 @@
-"""Device selection: the one place that maps a path name to its backend (DESIGN §2).
+"""Device selection: the one place that maps a path name to its backend (docs/architecture.md#processes).
 
 Backends are registered by import path and imported only when selected, because torch_xla
 and torch_tpu exist only in their own environments. Every other executor module works with

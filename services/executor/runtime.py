@@ -1,6 +1,6 @@
 """The executor's domain: loaded models, inference, training, load and description.
 
-No grpc here (DESIGN §9): the servicers in `servicer.py` convert messages and call this.
+No grpc here (docs/architecture.md#code-style): the servicers in `servicer.py` convert messages and call this.
 All device work (loading, warm-up, batches, training) runs on one device thread, so the event
 loop stays free to accept, validate and queue requests while the device computes, and two
 computations never overlap on the device (timings stay honest).

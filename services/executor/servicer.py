@@ -1,6 +1,6 @@
 """inference.GRPCInferenceService on an executor: an adapter from OIP messages to `Executor`.
 
-Convert the message, call the domain, convert back (DESIGN §9). Statuses come from the
+Convert the message, call the domain, convert back (docs/architecture.md#code-style). Statuses come from the
 exception tree via switchyard.grpcio. Every ModelInfer response carries the parameters named
 in `switchyard.oip_params` (path, timings, load).
 """

@@ -1,4 +1,5 @@
-"""Metering's exception tree; `switchyard.grpcio` maps each to its gRPC status (DESIGN §7)."""
+"""Metering's exception tree; `switchyard.grpcio` maps each to its gRPC status
+(docs/architecture.md#errors)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Shadow pairs sent to the evaluator service (Compare, one call per output tensor).
 
-The evaluator is the project's judge of "same answer" (DESIGN §4: justified tolerance); the
+The evaluator is the project's judge of "same answer" (docs/architecture.md#trials: justified tolerance); the
 router asks it about each mirrored pair and records its metrics and verdict. With no
 golden float64 run on live traffic the evaluator falls back to allclose at the precision's
 default tolerance, and says so in its justification. If the evaluator cannot be reached the

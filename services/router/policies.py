@@ -1,8 +1,8 @@
 """Deployment state (health, reported load, measured service time) and the routing policies.
 
 Pure domain code: no grpc. Load is what executors report in their responses (`in_flight`,
-`queue_depth`) and through GetLoad, never a counter the router keeps (DESIGN §2), so
-several router replicas see the same picture. Ties are broken at random.
+`queue_depth`) and through GetLoad, never a counter the router keeps, so several router
+replicas see the same picture (docs/architecture.md#routing-and-load). Ties are broken at random.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from pathlib import Path
 from switchyard import tls
 from switchyard.config import Config, ConfigError, ExecutorConfig
 
-# Search attributes operators filter trials by in the Temporal UI (DESIGN §4); the names the
+# Search attributes operators filter trials by in the Temporal UI (docs/architecture.md#trials); the names the
 # TrialWorkflow upserts.
 SEARCH_ATTRIBUTES: tuple[tuple[str, str], ...] = (
     ("model", "Keyword"),

@@ -1,4 +1,4 @@
-"""Every bad input gets its DESIGN §7 status and a message that says what to fix; the server
+"""Every bad input gets its docs/architecture.md#errors status and a message that says what to fix; the server
 keeps serving (each test ends with a good request on the same server)."""
 
 from __future__ import annotations

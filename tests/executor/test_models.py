@@ -1,5 +1,6 @@
 """Reference models: committed checkpoints match their sha256, minilm-l6 matches
-sentence-transformers, the perturbed variants fail the DESIGN §4 tolerance, user models load."""
+sentence-transformers, the perturbed variants fail the tolerance of docs/architecture.md#trials,
+user models load."""
 
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def test_perturbed_variant_fails_the_design_tolerance(name: str) -> None:
     assert torch.equal(perturbed, again)  # seeded: the same in every process
     reference_error = (fp32 - golden).abs().max()
     perturbed_error = (perturbed - golden).abs().max()
-    # DESIGN §4: a candidate may be at most 2x the reference path's own error (fp32)
+    # docs/architecture.md#trials: a candidate may be at most 2x the reference path's own error (fp32)
     assert perturbed_error > 1000 * max(float(reference_error), 1e-12)
     cosine = torch.nn.functional.cosine_similarity(perturbed.flatten(), golden.flatten(), dim=0)
     assert cosine < 0.9999

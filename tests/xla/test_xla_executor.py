@@ -1,7 +1,7 @@
 """The xla executor, a real process in the XLA environment, against the cpu executor.
 
 Both are called through `tritonclient.grpc`. Outputs are judged by the project's evaluator
-rule (DESIGN §4): against a float64 in-process run of the same checkpoint, the xla output's
+rule (docs/architecture.md#trials): against a float64 in-process run of the same checkpoint, the xla output's
 RMSE may be at most 2x the cpu path's own RMSE (fp32; 3x under 1000 elements), as in
 `torch._dynamo.utils.same`. The control API must report compile time, compilations and the
 fallback ops, and serving must not compile after warm-up; a request with a new shape does

@@ -128,7 +128,7 @@ class Backend(Protocol):
 
 
 def host_id() -> str:
-    """The host identity: paths on one host never measure at the same time (DESIGN §4)."""
+    """The host identity: paths on one host never measure at the same time (docs/architecture.md#trials)."""
     return socket.gethostname()
 
 

@@ -3,7 +3,7 @@
 It runs in its own environment (torch >= 2.11 + torch_tpu + libtpu, requirements/tpu.txt) and
 only on a TPU host. Everything that decides whether it can run lives in `tpu_env`, which never
 imports torch_tpu in-process before it is known to be safe (a host without libtpu aborts on
-import). Modes (DESIGN §3):
+import). Modes (docs/architecture.md#backends):
 - `strict`  -> torch.tpu.EagerMode.DEFER_NEVER: every op dispatched eagerly;
 - `debug`   -> DEFER_NEVER_AND_LAUNCH_BLOCKING: eager and blocking, errors at their op;
 - `defer_and_fuse` -> DEFER_AND_FUSE: ops are deferred and fused into larger executables;

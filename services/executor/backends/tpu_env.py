@@ -198,7 +198,8 @@ def eager_mode_for(mode: str, eager_mode_enum: Any) -> Any | None:
 def synchronizer(torch_mod: Any, notes: list[str]) -> Callable[[], None]:
     """How to wait for the TPU: torch.accelerator.synchronize wherever torch has it.
 
-    DESIGN §3 names torch.tpu.synchronize(), but from torch 2.11 torch_tpu makes it internal
+    Timers stop after a device sync (docs/architecture.md#backends): torch.tpu.synchronize() once,
+    but from torch 2.11 torch_tpu makes it internal
     and it raises RuntimeError when user code calls it; torch.accelerator routes to the same
     function as "the framework". Older torch (no torch.accelerator.synchronize) uses torch.tpu.
     """

@@ -62,7 +62,7 @@ class Criteria(_message.Message):
     precision: _builtins.str
     """fp32 | bf16 | fp16: picks the error multiplier (2x or 3x)"""
     error_multiplier: _builtins.float
-    """0 = DESIGN default for the precision"""
+    """0 = the default for the precision (docs/architecture.md#trials)"""
     min_cosine: _builtins.float
     """0 = default 0.999 (fp32) / 0.99 (bf16, fp16)"""
     min_top1_agreement: _builtins.float
