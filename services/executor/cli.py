@@ -18,7 +18,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--backend", default="cpu", help="cpu | cuda | xla | tpu (default cpu)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument(
-        "--port", type=int, default=-1, help="default: 8101 cpu, 8102 xla, 8103 cuda, 8104 tpu"
+        "--port",
+        type=int,
+        default=-1,
+        help="TCP port to serve on (default: 8101 cpu, 8102 xla, 8103 cuda, 8104 tpu)",
     )
     serve.add_argument(
         "--frames-port",

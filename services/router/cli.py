@@ -71,7 +71,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     set_route.add_argument(
         "--shadow-candidate", action="append", default=[], metavar="DEPLOYMENT", help="repeatable"
     )
-    set_route.add_argument("--max-in-flight", type=int, default=0, help="0: [router] max_in_flight")
+    set_route.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=0,
+        help="requests in flight at once on the route; 0: [router] max_in_flight",
+    )
     delete_route = admin("delete-route", help="remove a model's route (role admin; audited)")
     delete_route.add_argument("model")
     admin("deployments", help="each deployment's health, load, transport and price")
