@@ -63,8 +63,19 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "free port, logged; -1 = none)",
     )
     serve.set_defaults(func=_run("serve"))
-    mig = msub.add_parser("migrate", help="bring the database to the newest schema")
-    mig.add_argument("--db", default=None)
+    mig = msub.add_parser(
+        "migrate",
+        help="bring the database to the newest schema (run as the schema's owner)",
+        epilog="example: switchyard metering migrate --db postgresql://migrator@db/ledger "
+        "--runtime-role switchyard_runtime",
+    )
+    mig.add_argument("--db", default=None, help="database URL (default $SWITCHYARD_DATABASE_URL)")
+    mig.add_argument(
+        "--runtime-role",
+        default=None,
+        help="PostgreSQL role the service runs as; its grants are reset to exactly what it needs "
+        "(INSERT/SELECT only on the journal and audit trail; default $SWITCHYARD_DATABASE_RUNTIME_ROLE)",
+    )
     mig.set_defaults(func=_run("migrate"))
 
     ledger = sub.add_parser("ledger", help="finance reports and exports")

@@ -144,7 +144,7 @@ def serve(args: argparse.Namespace) -> int:
 def migrate(args: argparse.Namespace) -> int:
     from services.metering.db import migrate as run_migrations
 
-    run_migrations(args.db)
+    run_migrations(args.db, runtime_role=args.runtime_role)
     return 0
 
 

@@ -113,6 +113,7 @@ class Spool:
         self.stats = SpoolStats()
         self._task: asyncio.Task[None] | None = None
         self._busy = False
+        self._taken = 0  # events a running flush took out of memory and still holds
 
     # ---- producer side (hot path: no I/O) -------------------------------------------------
     def usage(self, event: mpb.UsageEvent) -> None:
@@ -135,7 +136,8 @@ class Spool:
 
     @property
     def pending_in_memory(self) -> int:
-        return len(self._usage) + len(self._audit)
+        """Events only in memory: queued, or taken by a flush not yet sent nor on disk."""
+        return len(self._usage) + len(self._audit) + self._taken
 
     @property
     def under_pressure(self) -> bool:
@@ -192,11 +194,19 @@ class Spool:
             await self._flush_taken()
         finally:
             self._busy = False
+        self._taken = 0  # events a running flush took out of memory and still holds
 
     async def _flush_taken(self) -> None:
         self._write_dead_pending()
         usage, self._usage = self._usage, []
         audits, self._audit = self._audit, []
+        self._taken = len(usage) + len(audits)
+        try:
+            await self._flush_chunks(usage, audits)
+        finally:
+            self._taken = 0
+
+    async def _flush_chunks(self, usage: list[mpb.UsageEvent], audits: list[mpb.AppendAuditRequest]) -> None:
         done = 0
         try:
             while done < len(usage):
@@ -207,8 +217,10 @@ class Spool:
                 else:
                     await self._send_or_spool(chunk)
                 done += len(chunk.events)
+                self._taken -= len(chunk.events)
         except SpoolWriteFailed:
             self._usage[:0] = usage[done:]  # back in memory, ahead of newer events: nothing lost
+            self._taken -= len(usage) - done
         for n, audit in enumerate(audits):
             try:
                 try:
@@ -218,8 +230,10 @@ class Spool:
                     await self._write_segment("audit", audit.SerializeToString())
                 except SwitchyardError as exc:
                     self._dead_letter(audit, str(exc))
+                self._taken -= 1
             except SpoolWriteFailed:
                 self._audit[:0] = audits[n:]
+                self._taken -= len(audits) - n
                 break
 
     async def _send_or_spool(self, request: mpb.RecordUsageRequest) -> None:

@@ -202,3 +202,36 @@ def test_the_runtime_role_can_run_the_ledger_but_not_rewrite_it(
             assert conn.execute(select(AUDIT.c.seq)).all()  # reads are allowed
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_the_migrate_command_applies_the_runtime_grants(pg_unavailable: str | None) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    from tests.metering.conftest import (
+        MIGRATOR,
+        RUNTIME,
+        drop_pg_database,
+        ensure_pg_roles,
+        make_pg_database,
+        pg_url,
+    )
+
+    if pg_unavailable is None:
+        ensure_pg_roles()
+    name = make_pg_database(pg_unavailable, owner=MIGRATOR)
+    try:
+        args = ["metering", "migrate", "--db", pg_url(name, MIGRATOR), "--runtime-role", RUNTIME]
+        done = subprocess.run(
+            [sys.executable, "-m", "switchyard", *args], cwd=ROOT, capture_output=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        plain_sql(
+            pg_url(name, RUNTIME), "SELECT COUNT(*) FROM ledger_lines", "SELECT COUNT(*) FROM audit_log"
+        )
+        with pytest.raises(Exception, match="permission denied"):
+            plain_sql(pg_url(name, RUNTIME), "DELETE FROM audit_log")
+    finally:
+        drop_pg_database(name)
