@@ -119,11 +119,49 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
         return pb.UnloadResponse()
 
     async def Train(self, request: pb.TrainRequest, context: Context) -> pb.TrainResponse:
+        if request.HasField("distributed"):
+            return await self._train_distributed(request)
         result = await self.executor.train(
             request.model_name, request.version, request.steps or 10, request.lr or 0.01, request.seed,
             request.batch_size or 8,
         )  # fmt: skip
         return pb.TrainResponse(loss=result.loss, step_seconds=result.step_seconds, total_s=result.total_s)
+
+    async def _train_distributed(self, request: pb.TrainRequest) -> pb.TrainResponse:
+        d = request.distributed
+        run = await self.executor.train_distributed(
+            request.model_name, request.version, request.steps or 10, request.lr or 0.01, request.seed,
+            d.world_size or 1, d.strategy or "ddp", d.per_rank_batch or 4, d.timeout_s or 60.0,
+            request.label,
+        )  # fmt: skip
+        report = pb.DistributedReport(
+            process_group_backend=run.config.backend,
+            launch=run.config.launch,
+            world_size=run.config.world_size,
+            strategy=run.config.strategy,
+            per_rank_batch=run.per_rank_batch,
+            global_batch=run.global_batch,
+            tokens_per_sample=run.tokens_per_sample,
+            ranks=[
+                pb.RankReport(
+                    rank=r.rank,
+                    step_seconds=r.step_seconds,
+                    comm_seconds=r.comm_seconds,
+                    peak_memory_bytes=r.peak_memory_bytes,
+                    memory_source=r.memory_source,
+                    device=r.device,
+                    error=r.error,
+                )
+                for r in run.ranks
+            ],
+            ok=run.ok,
+            failed_rank=run.failed_rank,
+            error=run.error,
+            comm_measured=run.comm_measured,
+        )
+        return pb.TrainResponse(
+            loss=run.loss, step_seconds=run.step_seconds(), total_s=run.total_s, distributed=report
+        )
 
     async def ModelStatus(self, request: pb.ModelStatusRequest, context: Context) -> pb.ModelStatusResponse:
         if request.model_name:

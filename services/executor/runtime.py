@@ -18,12 +18,14 @@ from typing import Any, TypeVar
 
 import torch
 
+from services.executor import distributed
 from services.executor.backends.base import PRECISIONS, Backend, DeviceDescription, host_id
 from services.executor.batching import Batcher, BatchPolicy, BatchResult, QueuedRequest
 from services.executor.config import ExecutorConfig
 from services.executor.generation.engine import GenerationEngine, GenerationStream
 from services.executor.generation.settings import SamplingParams
 from services.executor.generation.tokenizer import load_tokenizer
+from services.executor.dist_launch import DistributedRun, run_distributed, split_objective
 from services.executor.model_runtime import LoadedModel, LoadOptions
 from switchyard.codec import WireTensor
 from switchyard.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -318,6 +320,38 @@ class Executor:
             losses.append(float(loss.detach().to("cpu", torch.float64)))
             seconds.append(time.perf_counter() - start)
         return TrainResult(losses, seconds, time.perf_counter() - begin)
+
+    async def train_distributed(
+        self, name: str, version: str, steps: int, lr: float, seed: int, world_size: int,
+        strategy: str, per_rank_batch: int, timeout_s: float, label: str = "",
+    ) -> DistributedRun:  # fmt: skip
+        """Trains a copy of the loaded weights across `world_size` ranks this executor starts.
+
+        Runs on the device thread, so nothing else computes on this executor meanwhile. A rank's
+        failure comes back in the result (ok false, the rank and its error), not as an error.
+        """
+        model = self.find(name, version)
+        spec = model.spec
+        objective = split_objective(spec.train_loss)
+        if objective is None:
+            raise FailedPrecondition(
+                f"model {spec.name!r} has no distributed training objective (train_batch and "
+                "batch_loss beside its train_loss); train mlp or tiny-lm"
+            )
+        train_batch, batch_loss = objective
+        if not 1 <= steps <= 10_000 or not 1 <= per_rank_batch <= 1024 or not lr > 0:
+            raise InvalidArgument("steps must be 1..10000, per_rank_batch 1..1024 and lr > 0")
+        config = distributed.plan(self.backend.name, world_size, strategy, timeout_s)
+        assert model.prepared is not None
+        module = model.prepared.module
+
+        def run() -> DistributedRun:
+            return run_distributed(
+                module, train_batch, batch_loss, model.dtype, config, steps, lr, seed,
+                per_rank_batch, label,
+            )  # fmt: skip
+
+        return await self.on_device(run)  # type: ignore[no-any-return]
 
     # ---- description -------------------------------------------------------------------
     def describe(self) -> Description:

@@ -53,12 +53,23 @@ def example_inputs(batch: int, generator: torch.Generator) -> list[torch.Tensor]
     return [torch.randn(batch, IN_FEATURES, generator=generator)]
 
 
+def train_batch(batch: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Inputs and targets of a fixed random linear map (rows drawn in order)."""
+    x = torch.randn(batch, IN_FEATURES, generator=generator)
+    target_map = torch.randn(IN_FEATURES, OUT_FEATURES, generator=torch.Generator().manual_seed(7))
+    return [x, (x @ target_map) / IN_FEATURES**0.5]
+
+
+def batch_loss(
+    module: nn.Module, data: list[torch.Tensor], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Regression onto the map: a loss that really decreases."""
+    x, y = data
+    out = module(x.to(device=device, dtype=dtype))
+    return nn.functional.mse_loss(out, y.to(device=device, dtype=dtype))
+
+
 def train_loss(
     module: nn.Module, batch: int, generator: torch.Generator, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """Regression onto a fixed random linear map of the input: a loss that really decreases."""
-    x = torch.randn(batch, IN_FEATURES, generator=generator)
-    target_map = torch.randn(IN_FEATURES, OUT_FEATURES, generator=torch.Generator().manual_seed(7))
-    y = (x @ target_map) / IN_FEATURES**0.5
-    out = module(x.to(device=device, dtype=dtype))
-    return nn.functional.mse_loss(out, y.to(device=device, dtype=dtype))
+    return batch_loss(module, train_batch(batch, generator), dtype, device)

@@ -72,14 +72,26 @@ def example_inputs(batch: int, generator: torch.Generator) -> list[torch.Tensor]
     return [torch.randint(0, VOCAB, (batch, DEFAULT_SEQ), generator=generator)]
 
 
+def train_batch(batch: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Seeded sequences that repeat a short random motif, one more token than the model sees.
+
+    The motif makes the data learnable, so the loss curve falls within a few steps. Rows are
+    drawn in order, so rows [a, b) of a batch are the same whichever rank takes them.
+    """
+    motif = torch.randint(0, VOCAB, (batch, 8), generator=generator)
+    return [motif.repeat(1, DEFAULT_SEQ // 8 + 1)[:, : DEFAULT_SEQ + 1]]
+
+
+def batch_loss(
+    module: nn.Module, data: list[torch.Tensor], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Next-token prediction (mean cross-entropy over the batch's tokens)."""
+    ids = data[0].to(device)
+    logits = module(ids[:, :-1])
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB).float(), ids[:, 1:].reshape(-1))
+
+
 def train_loss(
     module: nn.Module, batch: int, generator: torch.Generator, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """Next-token prediction on seeded sequences that repeat a short random motif.
-
-    The motif makes the data learnable, so the loss curve falls within a few steps.
-    """
-    motif = torch.randint(0, VOCAB, (batch, 8), generator=generator)
-    ids = motif.repeat(1, DEFAULT_SEQ // 8 + 1)[:, : DEFAULT_SEQ + 1].to(device)
-    logits = module(ids[:, :-1])
-    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB).float(), ids[:, 1:].reshape(-1))
+    return batch_loss(module, train_batch(batch, generator), dtype, device)

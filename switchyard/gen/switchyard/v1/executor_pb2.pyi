@@ -500,12 +500,20 @@ class TrainRequest(_message.Message):
     LR_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    DISTRIBUTED_FIELD_NUMBER: _builtins.int
+    LABEL_FIELD_NUMBER: _builtins.int
     model_name: _builtins.str
     version: _builtins.str
     steps: _builtins.int
     lr: _builtins.float
     seed: _builtins.int
     batch_size: _builtins.int
+    label: _builtins.str
+    """shown on the ranks' command lines (e.g. trial/path)"""
+    @_builtins.property
+    def distributed(self) -> Global___DistributedTraining:
+        """Set: train across ranks the executor starts (batch_size is then ignored)."""
+
     def __init__(
         self,
         *,
@@ -515,14 +523,143 @@ class TrainRequest(_message.Message):
         lr: _builtins.float = ...,
         seed: _builtins.int = ...,
         batch_size: _builtins.int = ...,
+        distributed: Global___DistributedTraining | None = ...,
+        label: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["distributed", b"distributed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "lr", b"lr", "model_name", b"model_name", "seed", b"seed", "steps", b"steps", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "distributed", b"distributed", "label", b"label", "lr", b"lr", "model_name", b"model_name", "seed", b"seed", "steps", b"steps", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TrainRequest: _TypeAlias = TrainRequest  # noqa: Y015
+
+@_typing.final
+class DistributedTraining(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    PER_RANK_BATCH_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    world_size: _builtins.int
+    """1 = the single-process reference, in a process of its own"""
+    strategy: _builtins.str
+    """ddp | fsdp"""
+    per_rank_batch: _builtins.int
+    """rows each rank takes of the seeded global batch"""
+    timeout_s: _builtins.float
+    """every collective and the rendezvous (default 60)"""
+    def __init__(
+        self,
+        *,
+        world_size: _builtins.int = ...,
+        strategy: _builtins.str = ...,
+        per_rank_batch: _builtins.int = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["per_rank_batch", b"per_rank_batch", "strategy", b"strategy", "timeout_s", b"timeout_s", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DistributedTraining: _TypeAlias = DistributedTraining  # noqa: Y015
+
+@_typing.final
+class RankReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANK_FIELD_NUMBER: _builtins.int
+    STEP_SECONDS_FIELD_NUMBER: _builtins.int
+    COMM_SECONDS_FIELD_NUMBER: _builtins.int
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_SOURCE_FIELD_NUMBER: _builtins.int
+    DEVICE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    rank: _builtins.int
+    peak_memory_bytes: _builtins.int
+    memory_source: _builtins.str
+    device: _builtins.str
+    error: _builtins.str
+    @_builtins.property
+    def step_seconds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def comm_seconds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """time in timed collectives per step"""
+
+    def __init__(
+        self,
+        *,
+        rank: _builtins.int = ...,
+        step_seconds: _abc.Iterable[_builtins.float] | None = ...,
+        comm_seconds: _abc.Iterable[_builtins.float] | None = ...,
+        peak_memory_bytes: _builtins.int = ...,
+        memory_source: _builtins.str = ...,
+        device: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["comm_seconds", b"comm_seconds", "device", b"device", "error", b"error", "memory_source", b"memory_source", "peak_memory_bytes", b"peak_memory_bytes", "rank", b"rank", "step_seconds", b"step_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RankReport: _TypeAlias = RankReport  # noqa: Y015
+
+@_typing.final
+class DistributedReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESS_GROUP_BACKEND_FIELD_NUMBER: _builtins.int
+    LAUNCH_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    PER_RANK_BATCH_FIELD_NUMBER: _builtins.int
+    GLOBAL_BATCH_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_SAMPLE_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    FAILED_RANK_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    COMM_MEASURED_FIELD_NUMBER: _builtins.int
+    process_group_backend: _builtins.str
+    launch: _builtins.str
+    world_size: _builtins.int
+    strategy: _builtins.str
+    per_rank_batch: _builtins.int
+    global_batch: _builtins.int
+    tokens_per_sample: _builtins.int
+    ok: _builtins.bool
+    failed_rank: _builtins.int
+    """-1: none, or not attributable to one rank"""
+    error: _builtins.str
+    comm_measured: _builtins.bool
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedCompositeFieldContainer[Global___RankReport]: ...
+    def __init__(
+        self,
+        *,
+        process_group_backend: _builtins.str = ...,
+        launch: _builtins.str = ...,
+        world_size: _builtins.int = ...,
+        strategy: _builtins.str = ...,
+        per_rank_batch: _builtins.int = ...,
+        global_batch: _builtins.int = ...,
+        tokens_per_sample: _builtins.int = ...,
+        ranks: _abc.Iterable[Global___RankReport] | None = ...,
+        ok: _builtins.bool = ...,
+        failed_rank: _builtins.int = ...,
+        error: _builtins.str = ...,
+        comm_measured: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["comm_measured", b"comm_measured", "error", b"error", "failed_rank", b"failed_rank", "global_batch", b"global_batch", "launch", b"launch", "ok", b"ok", "per_rank_batch", b"per_rank_batch", "process_group_backend", b"process_group_backend", "ranks", b"ranks", "strategy", b"strategy", "tokens_per_sample", b"tokens_per_sample", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DistributedReport: _TypeAlias = DistributedReport  # noqa: Y015
 
 @_typing.final
 class TrainResponse(_message.Message):
@@ -531,21 +668,27 @@ class TrainResponse(_message.Message):
     LOSS_FIELD_NUMBER: _builtins.int
     STEP_SECONDS_FIELD_NUMBER: _builtins.int
     TOTAL_S_FIELD_NUMBER: _builtins.int
+    DISTRIBUTED_FIELD_NUMBER: _builtins.int
     total_s: _builtins.float
     @_builtins.property
     def loss(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
     @_builtins.property
     def step_seconds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def distributed(self) -> Global___DistributedReport:
+        """set for a distributed request"""
+
     def __init__(
         self,
         *,
         loss: _abc.Iterable[_builtins.float] | None = ...,
         step_seconds: _abc.Iterable[_builtins.float] | None = ...,
         total_s: _builtins.float = ...,
+        distributed: Global___DistributedReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["distributed", b"distributed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["loss", b"loss", "step_seconds", b"step_seconds", "total_s", b"total_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["distributed", b"distributed", "loss", b"loss", "step_seconds", b"step_seconds", "total_s", b"total_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
