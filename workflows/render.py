@@ -138,6 +138,7 @@ def markdown(report: dict[str, Any]) -> str:
             out.append(
                 f"- training: {len(tr['loss'])} steps, final loss {tr['loss'][-1]:.5f}, {tr['total_s']:.2f} s"
             )
+        out += _distributed_lines(tr.get("distributed") or {})
         e = s.get("economics") or {}
         if "total_micros" in e:
             out.append(
@@ -281,3 +282,34 @@ def render(report: dict[str, Any], fmt: str) -> str:
     if fmt == "md":
         return markdown(report)
     return html(report)
+
+
+def _distributed_lines(d: dict[str, Any]) -> list[str]:
+    """training.distributed: both runs with their sizes, the curve check and the scaling."""
+    if not d:
+        return []
+    lines = []
+    for key in ("single_process", "distributed"):
+        r = d[key]
+        comm = f"{r['comm_share']:.1%} of step time" if r["comm_share"] is not None else "not separated"
+        memory = ", ".join(f"rank {k['rank']} {k['peak_memory_bytes'] / 2**20:.0f} MiB" for k in r["ranks"])
+        lines.append(
+            f"  - {r['strategy']} on {r['process_group_backend']} ({r['launch']}), world size "
+            f"{r['world_size']}, {r['per_rank_batch']} per rank = global batch {r['global_batch']} "
+            f"x {r['tokens_per_sample']} tokens: {r['samples_per_s']:.1f} samples/s, "
+            f"{r['tokens_per_s']:.0f} tokens/s (median step {r['median_step_s'] * 1e3:.1f} ms after the "
+            f"first); communication {comm}; final loss {r['loss'][-1]:.5f}; peak memory "
+            f"{memory} ({r['ranks'][0]['memory_source']})"
+        )
+    c = d["against_single_process"]
+    lines.append(
+        f"  - against the single-process curve: {'PASS' if c['passed'] else 'FAIL'}, max relative "
+        f"deviation {c['max_relative_deviation']:.2e} ({c['justification']})"
+    )
+    sc = d["scaling"]
+    lines.append(
+        f"  - scaling world size {sc['world_sizes'][0]} -> {sc['world_sizes'][1]} at global batch "
+        f"{sc['global_batch']}: speed-up {sc['speedup']:.2f}x, efficiency {sc['efficiency']:.0%} "
+        f"({sc['basis']})"
+    )
+    return lines

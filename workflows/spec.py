@@ -18,6 +18,7 @@ from workflows.specfields import Fields, SpecError
 PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("eager", "compile", "lazy", "strict", "debug", "defer_and_fuse")
 SCENARIOS = ("single-stream", "offline")
+STRATEGIES = ("ddp", "fsdp")
 DATATYPES = ("FP64", "FP32", "FP16", "BF16", "INT64", "INT32", "INT16", "INT8", "UINT8", "BOOL")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
@@ -85,6 +86,15 @@ class PerformancePlan:
 
 
 @dataclass(frozen=True)
+class DistributedPlan:
+    world_size: int = 2
+    strategy: str = "ddp"
+    per_rank_batch: int = 4
+    seed: int = 0
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class TrainingPlan:
     steps: int = 10
     lr: float = 0.01
@@ -92,6 +102,7 @@ class TrainingPlan:
     batch_size: int = 4
     target_loss: float = 0.0
     max_relative_deviation: float = 0.0
+    distributed: DistributedPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -250,14 +261,34 @@ def _performance(f: Fields) -> PerformancePlan:
     return plan
 
 
+def _distributed(f: Fields, seed: int) -> DistributedPlan:
+    plan = DistributedPlan(
+        world_size=f.integer("world_size", 2, minimum=1),
+        strategy=f.choice("strategy", STRATEGIES, default="ddp"),
+        per_rank_batch=f.integer("per_rank_batch", 4, minimum=1),
+        seed=f.integer("seed", seed, minimum=0),
+        timeout_s=f.number("timeout_s", 60.0, minimum=1.0),
+    )
+    if plan.world_size > 64:
+        raise SpecError(f.at("world_size"), "must be at most 64")
+    if plan.timeout_s > 3600:
+        raise SpecError(f.at("timeout_s"), "must be at most 3600 seconds")
+    f.done()
+    return plan
+
+
 def _training(f: Fields) -> TrainingPlan:
+    seed = f.integer("seed", 0, minimum=0)
+    distributed = _distributed(f.obj("distributed"), seed) if f.has("distributed") else None
+    f.seen.add("distributed")
     plan = TrainingPlan(
         steps=f.integer("steps", 10, minimum=1),
         lr=f.number("lr", 0.01, minimum=0.0),
-        seed=f.integer("seed", 0, minimum=0),
+        seed=seed,
         batch_size=f.integer("batch_size", 4, minimum=1),
         target_loss=f.number("target_loss", 0.0, minimum=0.0),
         max_relative_deviation=f.number("max_relative_deviation", 0.0, minimum=0.0),
+        distributed=distributed,
     )
     if plan.lr <= 0:
         raise SpecError(f.at("lr"), "must be > 0")

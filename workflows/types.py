@@ -192,6 +192,7 @@ class TrainResult:
     step_seconds: list[float]
     total_s: float
     comparison: dict[str, Any] = field(default_factory=dict)
+    distributed: dict[str, Any] = field(default_factory=dict)  # training.distributed: both runs
 
 
 @dataclass

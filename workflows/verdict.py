@@ -83,8 +83,11 @@ def judge(
         comparison = tr.get("comparison") or {}
         if criteria["correctness"]["result"] != PASS:
             put("training", SKIPPED, "not run without correctness")
+        elif candidate["errors"].get("training"):
+            # training ran and failed (e.g. a rank died): not judged, so not adoptable either
+            put("training", UNKNOWN, f"training failed: {candidate['errors']['training']}")
         elif "passed" not in comparison:
-            why = candidate["errors"].get("training") or tr.get("skipped") or "no loss comparison"
+            why = tr.get("skipped") or "no loss comparison"
             put("training", UNKNOWN if policy.require_training else SKIPPED, why)
         else:
             put("training", PASS if comparison["passed"] else FAIL, "; ".join(comparison["reasons"]))
