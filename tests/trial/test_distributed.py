@@ -94,8 +94,9 @@ def test_nccl_and_tpu_dist_run_where_the_hardware_is() -> None:
     assert spec.train_batch is not None and spec.batch_loss is not None
     for path in found:
         config = distributed.plan(path, 2)
-        run = run_distributed(load_module(spec), spec.train_batch, spec.batch_loss, torch_float32(), config, 3,
-                              0.05, 3, 4)  # fmt: skip
+        module = load_module(spec)
+        objective = (spec.train_batch, spec.batch_loss)
+        run = run_distributed(module, *objective, torch_float32(), config, 3, 0.05, 3, 4)
         assert run.ok, run.error
 
 
