@@ -22,10 +22,10 @@ from services.executor import distributed
 from services.executor.backends.base import PRECISIONS, Backend, DeviceDescription, host_id
 from services.executor.batching import Batcher, BatchPolicy, BatchResult, QueuedRequest
 from services.executor.config import ExecutorConfig
+from services.executor.dist_launch import DistributedRun, run_distributed, split_objective
 from services.executor.generation.engine import GenerationEngine, GenerationStream
 from services.executor.generation.settings import SamplingParams
 from services.executor.generation.tokenizer import load_tokenizer
-from services.executor.dist_launch import DistributedRun, run_distributed, split_objective
 from services.executor.model_runtime import LoadedModel, LoadOptions
 from switchyard.codec import WireTensor
 from switchyard.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable

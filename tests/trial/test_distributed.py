@@ -88,15 +88,12 @@ def test_nccl_and_tpu_dist_run_where_the_hardware_is() -> None:
     if missing:
         pytest.skip(f"NOTICE: no hardware for {', '.join(missing)} here: {missing}")
     from services.executor.dist_launch import run_distributed
-    from switchyard.models.registry import ModelRegistry, load_module
+    from switchyard.models import tiny_lm
 
-    spec = ModelRegistry.with_builtins().get("tiny-lm")
-    assert spec.train_batch is not None and spec.batch_loss is not None
     for path in found:
         config = distributed.plan(path, 2)
-        module = load_module(spec)
-        objective = (spec.train_batch, spec.batch_loss)
-        run = run_distributed(module, *objective, torch_float32(), config, 3, 0.05, 3, 4)
+        objective = (tiny_lm.train_batch, tiny_lm.batch_loss)
+        run = run_distributed(tiny_lm.build(), *objective, torch_float32(), config, 3, 0.05, 3, 4)
         assert run.ok, run.error
 
 
@@ -157,3 +154,22 @@ async def test_xla_ddp_trial_on_two_pjrt_cpu_devices(stack: Stack) -> None:
     comparison = report["paths"]["xla"]["training"]["comparison"]
     assert comparison["passed"], comparison  # the xla curve against the gloo reference curve
     assert not rank_processes("/xla"), "a rank process was left behind"
+
+
+def test_a_failed_training_phase_is_inconclusive_not_skipped() -> None:
+    from workflows.spec import Policy
+    from workflows.verdict import judge
+
+    def state(errors: dict[str, str]) -> dict[str, Any]:
+        return {
+            "errors": errors,
+            "correctness": {"passed": True, "outputs": []},
+            "performance": {"scenarios": [{"scenario": "single-stream", "batch_size": 1, "p95_ms": 1.0}]},
+            "training": {},
+            "economics": {"unpriced": True},
+        }
+
+    failed = state({"training": "the distributed run on cpu-b (gloo, world size 2): rank 1 failed"})
+    verdict = judge(state({}), failed, Policy(), training=True)
+    assert verdict["criteria"]["training"]["result"] == "inconclusive"
+    assert "rank 1 failed" in verdict["criteria"]["training"]["reason"]
