@@ -12,7 +12,9 @@ inference to the executor in frames: switchyard/frames.py), the same over gRPC s
 executor (`router_grpc`), and over streams on stock settings (`router_stock`: asyncio's loop,
 gRPC's default transport). The five alternate in rounds so the machine's drifting load hits
 each alike, with a 1 KB input (1 x 256 FP32, `small`) and a 1 MiB input (1 x 262144 FP32,
-`wide`), at 1 and 16 concurrent clients. Prints p50/p99, throughput at 16 and the ratios,
+`wide`), at 1 and 16 concurrent clients. `router_capture` is `router` with workload capture on
+(share 0.1, `--capture-share`): its throughput over `router's` is the cost of capture. Prints
+p50/p99, throughput at 16 and the ratios,
 and writes out/bench/router.json.
 
 Service identity: the plaintext targets run with SWITCHYARD_SECURITY_INSECURE=true, by name.
@@ -70,7 +72,10 @@ ROUTERS: dict[str, tuple[dict[str, str], str]] = {
     "router": ({}, "frames"),
     "router_grpc": ({}, "grpc"),
     "router_stock": (STOCK, "grpc"),
+    # as deployed, with workload capture on every route (share CAPTURE_SHARE, --capture-share)
+    "router_capture": ({}, "frames-capture"),
 }
+CAPTURE_SHARE = 0.1
 
 # The executor and metering run as their CLIs run them: on uvloop (run_service), the executor
 # with its start-up objects frozen out of the collector.
@@ -343,7 +348,7 @@ async def spawn(*args: str, env: dict[str, str], log: Path) -> asyncio.subproces
         )
 
 
-async def run(scale: float) -> dict[str, Any]:
+async def run(scale: float, capture_share: float = CAPTURE_SHARE) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     base = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
     env = {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.INSECURE_ENV: "true"}
@@ -356,11 +361,17 @@ async def run(scale: float) -> dict[str, Any]:
     names = ("executor", "metering", "executor_mtls", "metering_mtls", "passthrough", *ROUTERS, "router_mtls")
     ports = {name: free_port() for name in names}
     addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
-    for transport in ("frames", "grpc"):
+    for transport in ("frames", "grpc", "frames-capture"):
+        capture = f"[routes.{{m}}.capture]\nshare = {capture_share}\nmax_mb = 256\n\n"
         (tmp / f"routes-{transport}.toml").write_text(
-            f'[router]\nmax_in_flight = 1024\nexecutor_transport = "{transport}"\n\n'
+            f'[router]\nmax_in_flight = 1024\nexecutor_transport = "{transport.split("-")[0]}"\n'
+            f'workloads_dir = "{tmp / "workloads"}"\n\n'
             f'[deployments.cpu]\naddress = "{addr["executor"]}"\npath = "cpu-bench"\n\n'
-            + "".join(f'[routes.{m}]\npolicy = "pinned"\ntargets = ["cpu"]\n\n' for m in MODELS)
+            + "".join(
+                f'[routes.{m}]\npolicy = "pinned"\ntargets = ["cpu"]\n\n'
+                + (capture.format(m=m) if transport.endswith("capture") else "")
+                for m in MODELS
+            )
         )
     (tmp / "routes-mtls.toml").write_text(
         (tmp / "routes-frames.toml").read_text().replace(addr["executor"], addr["executor_mtls"])
@@ -497,7 +508,29 @@ async def run(scale: float) -> dict[str, Any]:
                 proc.terminate()
         for proc in procs:
             await proc.wait()
-    return summarise(results, scale)
+    report = summarise(results, scale)
+    from services.router.capture import list_workloads
+
+    captured = sum(int(w["requests"]) for w in list_workloads(tmp / "workloads"))
+    report["capture"] = _capture_summary(results, capture_share, captured)
+    return report
+
+
+def _capture_summary(results: list[Result], share: float, captured: int) -> dict[str, Any]:
+    """Capture on (router_capture) against off (router), same run, same rounds."""
+    by = {(r.target, r.size, r.concurrency): r for r in results}
+    ratios = {
+        f"{size}_c{c}": by[("router_capture", size, c)].throughput_rps
+        / by[("router", size, c)].throughput_rps
+        for size in SIZES
+        for c in (1, 16)
+    }
+    return {
+        "share": share,
+        "throughput_ratio_on_vs_off": ratios,
+        "requests_captured": captured,
+        "target_1KB_c16_cost<5%": ratios["1KB_c16"] >= 0.95,
+    }
 
 
 def _added(x: Result, direct: Result) -> dict[str, float]:
@@ -578,8 +611,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts (default 1.0)")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "router.json"))
+    parser.add_argument("--capture-share", type=float, default=CAPTURE_SHARE, help="router_capture's share")
     args = parser.parse_args()
-    report = asyncio.run(run(args.scale))
+    report = asyncio.run(run(args.scale, args.capture_share))
     for c in report["comparisons"]:
         print(
             f"{c['size']} c={c['concurrency']:2d}: mTLS on the router's hops adds p50 "
@@ -594,6 +628,12 @@ def main() -> int:
             )
     for name, ok in report["targets_met"].items():
         print(f"target {name}: {'met' if ok else 'NOT met'}")
+    capture = report["capture"]
+    ratios = ", ".join(f"{k} {v:.3f}" for k, v in capture["throughput_ratio_on_vs_off"].items())
+    print(f"capture share {capture['share']}: throughput on/off {ratios}")
+    print(
+        f"target capture costs < 5% at 1KB c=16: {'met' if capture['target_1KB_c16_cost<5%'] else 'NOT met'}"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
