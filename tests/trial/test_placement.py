@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from services.executor.config import ExecutorConfig
 from services.executor.server import RunningExecutor, start_executor
+from tests.report_pages import check_charts
 from tests.trial.helpers import QUICK_PERF, tiny_spec
 from tests.trial.stack import Stack, set_prices
 from workflows.connections import Connections, WorkerConfig
@@ -25,7 +28,7 @@ async def second_executor(stack: Stack) -> AsyncIterator[RunningExecutor]:
 
 
 async def test_hosts_run_in_parallel_and_a_shared_host_is_serialised(
-    stack: Stack, second_executor: RunningExecutor
+    stack: Stack, second_executor: RunningExecutor, tmp_path: Path
 ) -> None:
     await set_prices(stack)
     spec = tiny_spec(
@@ -73,3 +76,7 @@ async def test_hosts_run_in_parallel_and_a_shared_host_is_serialised(
         assert report["verdicts"][name]["criteria"]["training"]["result"] == "pass"
     page = render(report, "html")
     assert "Training loss per step" in page
+    # The whole page as a person sees it: every chart has data points and shows them.
+    assert "<div class='details'><h1>" in page and "<li>" in page  # details as HTML, not <pre>
+    charts = await asyncio.to_thread(check_charts, page, tmp_path / "trial-page", 5)
+    assert any(label.startswith("Cost per completed job") for label in charts)
