@@ -22,9 +22,12 @@ NOT_SERVING = "NOT_SERVING"
 UNREACHABLE = "UNREACHABLE"
 
 
-async def grpc_health(address: str, service: str = "", timeout_s: float = 2.0) -> str:
-    """The grpc.health.v1 status of `service` at `address` (SERVING, NOT_SERVING, ...)."""
-    async with tls.aio_channel(address) as channel:
+async def grpc_health(
+    address: str, service: str = "", timeout_s: float = 2.0, security: tls.Security | None = None
+) -> str:
+    """The grpc.health.v1 status of `service` at `address` (SERVING, NOT_SERVING, ...), over
+    this process's mTLS (or `security`: plaintext for the router's public port)."""
+    async with tls.aio_channel(address, security=security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from switchyard import tls
 from switchyard.cluster import health
 from switchyard.cluster.plan import ServiceSpec
 from switchyard.errors import FailedPrecondition, Unavailable
@@ -154,7 +155,9 @@ class Supervisor:
             temporal = self._temporal_address()
             pollers = await health.temporal_pollers(temporal, self.namespace, self.task_queue)
             return health.SERVING if pollers > 0 else "NO_POLLER"
-        return await health.grpc_health(spec.address)
+        # the router's port is its public one: API keys, no client certificates
+        public = tls.Security.plaintext() if spec.name == "router" else None
+        return await health.grpc_health(spec.address, security=public)
 
     def _temporal_address(self) -> str:
         for spec in self.specs:

@@ -262,6 +262,8 @@ async def status_rows(state_dir: Path) -> list[StatusRow]:
             f"no cluster is running with state directory {state_dir} ({path} is missing); "
             "start one with `switchyard up`, or pass its --config / --state-dir"
         ) from None
+    if state.get("tls_dir") and not os.environ.get(tls.TLS_DIR_ENV):
+        tls.set_default(tls.Security.from_dir(state["tls_dir"]))  # the operator's certificate
     rows = []
     for name, s in state["services"].items():
         address = s.get("address") or ""
@@ -272,8 +274,9 @@ async def status_rows(state_dir: Path) -> list[StatusRow]:
             status = "-"
         elif name == "temporal":
             status = await health.temporal_health(address)
-        else:
-            status = await health.grpc_health(address)
+        else:  # the router's port is public: plaintext unless it serves TLS itself
+            public = tls.Security.plaintext() if name == "router" else None
+            status = await health.grpc_health(address, security=public)
         models = s.get("info") or "-"
         if s.get("models"):
             models = health.readiness_summary(await health.executor_models(address))
