@@ -9,13 +9,15 @@ a directory outside the checkout with no PYTHONPATH:
   in for --system-site-packages and keeps the test offline and fast). `switchyard --version`,
   `switchyard models list` and `switchyard up` (until every service is SERVING) work, and the
   code that runs is the installed one.
-- the client install: the wheel with its core dependencies from the package index (pip's
-  cache), no extras: `switchyard --version` and `switchyard infer --help` work and torch is
+- the client install: the wheel with its core dependencies from the package index, no extras
+  (a venv cached by the hash of pyproject.toml; later runs reinstall only the wheel):
+  `switchyard --version` and `switchyard infer --help` work and torch is
   not installed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -165,16 +167,28 @@ def test_server_install_version_models_and_up_from_tmp(server_venv: Path, tmp_pa
     assert code == 0, log.read_text()[-3000:]
 
 
-def test_client_install_has_no_torch(wheel: Path, tmp_path: Path) -> None:
-    home = tmp_path / "client-venv"
-    venv.EnvBuilder(with_pip=False).create(home)
-    install = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(home / "bin" / "python"), "install", "-q", str(wheel)],
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+def _client_venv(wheel: Path) -> Path:
+    """A venv with the wheel and its core dependencies, cached by the hash of pyproject.toml
+    (which declares them): the first run installs them from the index, later runs reinstall
+    only the freshly built wheel."""
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("SWITCHYARD_CACHE", Path.home() / ".cache" / "switchyard"))
+    home = cache / f"client-{digest}"
+    pip = [sys.executable, "-m", "pip", "--python", str(home / "bin" / "python"), "install", "-q"]
+    if (home / ".ready").exists():
+        extra = ["--no-deps", "--force-reinstall"]
+    else:
+        shutil.rmtree(home, ignore_errors=True)
+        venv.EnvBuilder(with_pip=False).create(home)
+        extra = []
+    install = subprocess.run([*pip, *extra, str(wheel)], capture_output=True, text=True, timeout=540)
     assert install.returncode == 0, install.stdout + install.stderr
+    (home / ".ready").touch()
+    return home
+
+
+def test_client_install_has_no_torch(wheel: Path, tmp_path: Path) -> None:
+    home = _client_venv(wheel)
     env = _clean_env(home)
     torch = subprocess.run(
         [str(home / "bin" / "python"), "-c", "import torch"],
