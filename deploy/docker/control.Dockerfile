@@ -17,7 +17,7 @@ COPY switchyard/ switchyard/
 COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
-RUN pip install --no-cache-dir -c requirements/main.txt ".[control]" \
+RUN pip install --no-cache-dir -c requirements/main.txt ".[server,control]" \
     && pip uninstall --yes switchyard
 
 FROM ${PYTHON_IMAGE}

@@ -17,7 +17,7 @@ COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
 # requirements/main.txt is the constraint file: the same exact pins as CI, only what runs here.
-RUN pip install --no-cache-dir -c requirements/main.txt ".[executor]" \
+RUN pip install --no-cache-dir -c requirements/main.txt ".[server,executor]" \
     && pip uninstall --yes switchyard
 
 FROM ${PYTHON_IMAGE}

@@ -16,7 +16,7 @@ COPY switchyard/ switchyard/
 COPY services/ services/
 COPY clients/ clients/
 COPY workflows/ workflows/
-RUN pip install --no-cache-dir -c requirements/main.txt ".[executor]" \
+RUN pip install --no-cache-dir -c requirements/main.txt ".[server,executor]" \
     && pip uninstall --yes switchyard
 
 FROM ${PYTHON_IMAGE}
