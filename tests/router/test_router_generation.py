@@ -116,6 +116,21 @@ async def test_tritonclient_streams_through_the_router_token_by_token(
         assert params["request_id"].string_param
 
 
+def _record_usage(router: RunningRouter) -> list[Any]:
+    """The usage events the router hands its spool from now on (still delivered to metering)."""
+    spool = router.router.spool
+    assert spool is not None
+    seen: list[Any] = []
+    deliver = spool.usage
+
+    def usage(event: Any) -> None:
+        seen.append(event)
+        deliver(event)
+
+    spool.usage = usage  # type: ignore[method-assign]
+    return seen
+
+
 def _client(router: RunningRouter, key: str) -> openai.AsyncOpenAI:
     assert router.openai is not None
     return openai.AsyncOpenAI(
@@ -208,6 +223,7 @@ async def test_a_caller_that_leaves_mid_stream_frees_the_slot(
     model = gen_executor.executor.find(MODEL, "")
     assert model.engine is not None
     cancelled = model.engine.counters.cancelled
+    events = _record_usage(router)
     client = _client(router, key)
     try:
         stream = await client.completions.create(
@@ -228,3 +244,9 @@ async def test_a_caller_that_leaves_mid_stream_frees_the_slot(
             break
         await asyncio.sleep(0.05)
     assert model.engine.running == 0 and model.engine.counters.cancelled == cancelled + 1
+    for _ in range(100):
+        if events:
+            break
+        await asyncio.sleep(0.05)
+    (event,) = events  # metered once, with the tokens made until the caller left
+    assert event.status == "cancelled" and 1 <= event.output_tokens < 40 and event.prompt_tokens > 0

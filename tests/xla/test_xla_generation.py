@@ -76,3 +76,42 @@ def test_xla_serves_a_mixed_length_stream_with_zero_compilations(xla_generation:
     assert set(compilations) == {0}
     for rid, prompt in prompts.items():
         assert tokens[rid] == tiny_lm_reference(prompt, lengths[rid]), rid
+
+
+async def test_the_openai_client_through_a_router_to_the_xla_executor(
+    xla_generation: ExecutorProcess, tmp_path: Path
+) -> None:
+    """Streaming and not, the completion equals tiny-lm's greedy decoding on cpu eager."""
+    import openai
+
+    from services.router import config as router_config
+    from services.router.server import start_router
+    from switchyard.grpcio import ServerOptions
+
+    cfg = router_config.parse(
+        {
+            "router": {"require_auth": False, "openai_port": 0},
+            "deployments": {"xla": {"address": xla_generation.address, "path": "xla-pjrt-cpu"}},
+            "routes": {"tiny-lm-gen": {"policy": "pinned", "targets": [{"deployment": "xla"}]}},
+        }
+    )
+    router = await start_router(cfg, "", ServerOptions(), tmp_path / "spool")
+    assert router.openai is not None
+    client = openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{router.openai.port}/v1", api_key="-", max_retries=0
+    )
+    prompt = list(b"switchyard on xla")
+    expected = bytes(t for t in tiny_lm_reference(prompt, 12) if t < 256).decode(errors="replace")
+    try:
+        whole = await client.completions.create(
+            model="tiny-lm-gen", prompt=prompt, max_tokens=12, temperature=0
+        )
+        assert whole.choices[0].text == expected
+        assert whole.usage is not None and whole.usage.completion_tokens == 12
+        stream = await client.completions.create(
+            model="tiny-lm-gen", prompt=prompt, max_tokens=12, temperature=0, stream=True
+        )
+        assert "".join([c.choices[0].text async for c in stream if c.choices]) == expected
+    finally:
+        await client.close()
+        await router.stop(0)

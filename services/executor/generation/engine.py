@@ -392,8 +392,13 @@ class GenerationEngine:
                 r.busy_ns += share
             self.counters.decode_steps += 1
             self.counters.decode_rows += logits.shape[0]
+            best = torch.argmax(logits, dim=-1).tolist()  # greedy rows: one op for the step
             for r in decodes:
-                out.append((r, choose(logits[r.slot], r.params, r.generator, r.banned())))
+                banned = r.banned()
+                if r.params.greedy and r.params.logprobs is None and not banned:
+                    out.append((r, Choice(int(best[r.slot]))))
+                else:
+                    out.append((r, choose(logits[r.slot], r.params, r.generator, banned)))
         for r in admitted:
             began = time.perf_counter_ns()
             logits = self.runtime.prefill(r.prompt, r.slot)

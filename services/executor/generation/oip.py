@@ -59,7 +59,7 @@ INPUTS = (
 @dataclass(frozen=True)
 class GenerationCall:
     prompt: list[int]
-    prompt_text: str | None  # None: the prompt came as input_ids
+    prompt_text: str | None  # the prompt's text (decoded, when it came as input_ids)
     stream: bool
     exclude_input: bool
     params: SamplingParams
@@ -105,7 +105,8 @@ def parse_call(model: LoadedModel, tensors: list[WireTensor], wanted: list[str])
         if t.datatype not in ("INT64", "INT32"):
             raise InvalidArgument(f"input 'input_ids' has datatype {t.datatype}; send INT64")
         prompt = [int(v) for v in t.array.reshape(-1)]
-        text = None
+        vocab = engine.runtime.vocab_size  # out-of-range ids are refused by the engine, with the fix
+        text = tokenizer.decode([i for i in prompt if 0 <= i < vocab])  # text_output for token prompts too
     else:
         t = by_name[prompts[0]]
         if t.datatype != "BYTES":
