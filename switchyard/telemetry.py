@@ -58,8 +58,11 @@ SAMPLERS = (
     "parentbased_always_off",
     "parentbased_traceidratio",
 )
-# Methods whose messages are spans of their own (server_span), not one span per stream.
+# Methods traced by hand (server_span), not by the instrumentation's interceptor: a stream's
+# messages are spans of their own, and inference calls skip the interceptor's per-call
+# wrapping (a servicer-context proxy and attributes built even for the unsampled 99%).
 STREAM_METHODS = ("ModelStreamInfer",)
+HAND_TRACED_METHODS = (*STREAM_METHODS, "ModelInfer")
 
 
 @dataclass(frozen=True)
@@ -156,23 +159,23 @@ def enabled() -> bool:
     return isinstance(trace.get_tracer_provider(), TracerProvider)
 
 
-def _not_stream_or_health() -> Any:
+def _not_health_nor(methods: Sequence[str]) -> Any:
     from opentelemetry.instrumentation.grpc import filters
 
-    streams = [filters.method_name(m) for m in STREAM_METHODS]
-    return filters.negate(filters.any_of(filters.health_check(), *streams))
+    return filters.negate(filters.any_of(filters.health_check(), *(filters.method_name(m) for m in methods)))
 
 
 def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
     """opentelemetry-instrumentation-grpc's server interceptor (one SERVER span per RPC,
     parented on the caller's `traceparent`) when tracing is on; none otherwise. Health
-    checks and inference streams are left out: streams trace per message (`server_span`)."""
+    checks and inference are left out: streams trace per message and ModelInfer per call by
+    hand (`server_span`), without the interceptor's per-call wrapping."""
     if not enabled():
         return []
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
     interceptor: grpc.aio.ServerInterceptor = aio_server_interceptor(  # type: ignore[no-untyped-call]
-        filter_=_not_stream_or_health()
+        filter_=_not_health_nor(HAND_TRACED_METHODS)
     )
     return [interceptor]
 
@@ -185,7 +188,7 @@ def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
     interceptors: list[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]
-        filter_=_not_stream_or_health()
+        filter_=_not_health_nor(STREAM_METHODS)
     )
     return interceptors
 

@@ -393,7 +393,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelStreamInferResponse(infer_response=response)
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
-        return await self.infer(request, context.time_remaining())
+        if not self._tracing:
+            return await self.infer(request, context.time_remaining())
+        with telemetry.server_span(_INFER_METHOD, telemetry.extract_context(context.invocation_metadata())):
+            return await self.infer(request, context.time_remaining())
 
     async def infer(
         self, request: pb.ModelInferRequest, time_remaining: float | None

@@ -40,10 +40,15 @@ class OipServicer:
         self._tracing = telemetry.enabled()  # set up before the router starts, as the CLI does
 
     async def model_infer(self, raw: bytes, context: Ctx) -> bytes:
+        metadata = context.invocation_metadata() or ()
+        span = (
+            telemetry.server_span(f"/{SERVICE}/ModelInfer", telemetry.extract_context(metadata))
+            if self._tracing
+            else contextlib.nullcontext()
+        )
         try:
-            return await self.router.infer(
-                raw, context.invocation_metadata() or (), context.time_remaining(), context.peer()
-            )
+            with span:
+                return await self.router.infer(raw, metadata, context.time_remaining(), context.peer())
         except UpstreamError as exc:
             await context.abort(exc.code, exc.details)
             raise
