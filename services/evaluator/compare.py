@@ -11,6 +11,12 @@ passes that check outright, as in `same`. If the reference is not deterministic 
 differ), its run-to-run RMSE is the larger error and widens the tolerance accordingly; the
 response says so. For logits, cosine similarity, top-1/top-k agreement and the KL divergence
 between the softmax distributions are checked as well.
+
+Determinism is judged on both sides. Given a second candidate run on the same inputs, a
+candidate whose two runs differ beyond its precision's tolerance (not allclose at tol, and more
+than `multiplier` x the reference's own run-to-run noise) is "non-deterministic", with the
+repeat error; that fails apart from, and is named before, any error against the reference. A
+candidate whose runs agree but whose values are wrong is "wrong but stable".
 """
 
 from __future__ import annotations
@@ -92,6 +98,10 @@ class Metrics:
     repeat_rmse: float = 0.0
     elements: int = 0
     allclose: bool = False
+    candidate_deterministic: bool = True
+    candidate_repeat_max_abs: float = 0.0
+    candidate_repeat_rmse: float = 0.0
+    candidate_repeated: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,7 @@ class Comparison:
     passed: bool
     reasons: list[str] = field(default_factory=list)
     justification: str = ""
+    finding: str = ""  # "non-deterministic" | "wrong but stable" | "wrong" | "" (passed)
 
     @property
     def verdict(self) -> str:
@@ -151,8 +162,10 @@ def compare(
     golden: DecodedTensor | None,
     reference_repeat: DecodedTensor | None,
     criteria: Criteria,
+    candidate_repeat: DecodedTensor | None = None,
 ) -> Comparison:
-    """Judge `candidate` against `reference`, with the tolerance derived from `golden`."""
+    """Judge `candidate` against `reference`, with the tolerance derived from `golden`, and
+    the candidate's determinism from `candidate_repeat` (a second run on the same inputs)."""
     c = criteria.resolved()
     _check_float("reference", reference)
     _check_float("candidate", candidate)
@@ -167,13 +180,30 @@ def compare(
             f"reference_repeat: shape {list(reference_repeat.shape)} differs from reference "
             f"{list(reference.shape)}"
         )
+    if candidate_repeat is not None:
+        _check_float("candidate_repeat", candidate_repeat)
     if c.logits and not reference.shape:
         raise BadCriteria("criteria.logits needs outputs with a last (vocabulary) dimension")
     if candidate.shape != reference.shape:
         reason = (
             f"shape: candidate {list(candidate.shape)} differs from reference {list(reference.shape)}: fail"
         )
-        return Comparison(Metrics(elements=reference.values.size), False, [reason], "shapes must agree")
+        shape_reasons = [reason]
+        stable = candidate_repeat is None or candidate_repeat.shape == candidate.shape
+        if not stable:
+            assert candidate_repeat is not None
+            shape_reasons.insert(
+                0,
+                f"non-deterministic: the candidate's shape changed between two runs on the same inputs "
+                f"({list(candidate.shape)}, then {list(candidate_repeat.shape)}): fail",
+            )
+        metrics = Metrics(
+            elements=reference.values.size,
+            candidate_deterministic=stable,
+            candidate_repeated=candidate_repeat is not None,
+        )
+        finding = "non-deterministic" if not stable else _wrong(candidate_repeat)
+        return Comparison(metrics, False, shape_reasons, "shapes must agree", finding)
 
     ref, cand = reference.values, candidate.values
     tol = c.atol_floor
@@ -256,6 +286,14 @@ def compare(
             passed = passed and ok
     if not deterministic:
         reasons.append(f"reference not deterministic: two runs differ by up to {repeat_max:.3g} (noted)")
+    cand_stable, cand_repeat_max, cand_repeat_rmse = True, 0.0, 0.0
+    if candidate_repeat is not None:
+        cand_stable, cand_repeat_max, cand_repeat_rmse, text = _repeatable(
+            cand, candidate_repeat, tol, multiplier * repeat_rmse + tol / 10.0, c.precision
+        )
+        # named first: a candidate that differs from itself is not "wrong by an amount"
+        reasons.insert(0, text)
+        passed = passed and cand_stable
     denom = np.maximum(np.abs(ref), tol)
     metrics = Metrics(
         max_abs_error=float(diff.max()) if diff.size else 0.0,
@@ -273,5 +311,52 @@ def compare(
         repeat_rmse=repeat_rmse,
         elements=int(ref.size),
         allclose=allclose,
+        candidate_deterministic=cand_stable,
+        candidate_repeat_max_abs=cand_repeat_max,
+        candidate_repeat_rmse=cand_repeat_rmse,
+        candidate_repeated=candidate_repeat is not None,
     )
-    return Comparison(metrics, passed, reasons, justification)
+    finding = "" if passed else "non-deterministic" if not cand_stable else _wrong(candidate_repeat)
+    return Comparison(metrics, passed, reasons, justification, finding)
+
+
+def _wrong(candidate_repeat: DecodedTensor | None) -> str:
+    """A failure whose runs agree: "wrong but stable" once a repeat showed it is stable."""
+    return "wrong" if candidate_repeat is None else "wrong but stable"
+
+
+def _repeatable(
+    first: Array, repeat: DecodedTensor, tol: float, noise_allowance: float, precision: str
+) -> tuple[bool, float, float, str]:
+    """Whether two candidate runs on the same inputs agree within the precision's tolerance
+    (allclose at tol, or within `noise_allowance`: the reference's own run-to-run noise scaled
+    as the rmse rule scales errors). Returns (stable, max abs, rmse, reason)."""
+    if repeat.shape != first.shape:
+        text = (
+            f"non-deterministic: the candidate's shape changed between two runs on the same inputs "
+            f"({list(first.shape)}, then {list(repeat.shape)}): fail"
+        )
+        return False, math.inf, math.inf, text
+    second = repeat.values
+    both_finite = bool(np.isfinite(first).all() and np.isfinite(second).all())
+    same_nan = bool(np.array_equal(np.isnan(first), np.isnan(second)))
+    if not both_finite:
+        # NaN in the same places twice is stable (the finiteness check fails it anyway)
+        finite = np.isfinite(first) & np.isfinite(second)
+        first, second = first[finite], second[finite]
+    max_abs = float(np.max(np.abs(second - first))) if first.size else 0.0
+    rmse = _rmse(first, second)
+    close = bool(np.isclose(first, second, rtol=tol, atol=tol).all())
+    stable = same_nan and (close or rmse <= noise_allowance)
+    if stable:
+        text = (
+            f"deterministic: two candidate runs on the same inputs differ by up to {max_abs:.3g}, "
+            f"within the {precision} tolerance: pass"
+        )
+    else:
+        text = (
+            f"non-deterministic: two candidate runs on the same inputs differ by up to {max_abs:.3g} "
+            f"(rmse {rmse:.3g}), beyond the {precision} tolerance (allclose atol=rtol={tol:g}, "
+            f"or {noise_allowance:.3g} rmse of the reference's own noise): fail"
+        )
+    return stable, max_abs, rmse, text

@@ -53,6 +53,7 @@ class EvaluatorServicer(pb_grpc.EvaluatorServicer):
             _tensor("golden", request.golden, required=False),
             _tensor("reference_repeat", request.reference_repeat, required=False),
             _criteria(request.criteria),
+            _tensor("candidate_repeat", request.candidate_repeat, required=False),
         )
         m = result.metrics
         return pb.CompareResponse(
@@ -72,11 +73,16 @@ class EvaluatorServicer(pb_grpc.EvaluatorServicer):
                 repeat_rmse=m.repeat_rmse,
                 elements=m.elements,
                 allclose=m.allclose,
+                candidate_deterministic=m.candidate_deterministic,
+                candidate_repeat_max_abs=m.candidate_repeat_max_abs,
+                candidate_repeat_rmse=m.candidate_repeat_rmse,
+                candidate_repeated=m.candidate_repeated,
             ),
             passed=result.passed,
             verdict=result.verdict,
             reasons=result.reasons,
             justification=result.justification,
+            finding=result.finding,
         )
 
     async def CompareLoss(self, request: pb.CompareLossRequest, context: Context) -> pb.CompareLossResponse:

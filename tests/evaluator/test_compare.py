@@ -137,3 +137,51 @@ def test_loss_curves() -> None:
     assert any("step 5" in r and r.endswith("fail") for r in diverged.reasons)
     with pytest.raises(BadCriteria, match="candidate: 2 steps"):
         compare_loss(ref, [1.0, 2.0], LossCriteria())
+
+
+def test_candidate_that_differs_from_itself_is_non_deterministic_with_its_repeat_error() -> None:
+    ref, golden = _model_outputs()
+    g = torch.Generator().manual_seed(7)
+    first = ref + 1e-2 * torch.randn(ref.shape, generator=g)
+    second = ref + 1e-2 * torch.randn(ref.shape, generator=g)
+    result = compare(_t(ref), _t(first), _t(golden), _t(ref), Criteria(), candidate_repeat=_t(second))
+    assert not result.passed and result.finding == "non-deterministic"
+    assert result.reasons[0].startswith("non-deterministic: two candidate runs on the same inputs differ")
+    assert result.reasons[0].endswith(": fail")
+    m = result.metrics
+    assert not m.candidate_deterministic and m.candidate_repeated
+    assert m.candidate_repeat_max_abs == pytest.approx(float((first - second).abs().max()), rel=1e-6)
+    assert m.candidate_repeat_rmse > 1e-2
+
+
+def test_wrong_but_stable_is_named_apart_from_non_deterministic() -> None:
+    ref, golden = _model_outputs()
+    biased = ref + 1e-3  # the same wrong answer every run
+    result = compare(
+        _t(ref), _t(biased), _t(golden), _t(ref), Criteria(), candidate_repeat=_t(biased.clone())
+    )
+    assert not result.passed and result.finding == "wrong but stable"
+    assert result.metrics.candidate_deterministic and result.metrics.candidate_repeat_max_abs == 0.0
+    assert result.reasons[0].startswith("deterministic: ") and result.reasons[0].endswith("pass")
+    assert any(r.startswith("rmse vs float64") and r.endswith("fail") for r in result.reasons)
+    # without a repeat the failure is only "wrong": nothing says whether it is stable
+    assert compare(_t(ref), _t(biased), _t(golden), None, Criteria()).finding == "wrong"
+
+
+def test_repeat_noise_within_the_precision_tolerance_is_deterministic_enough() -> None:
+    ref, golden = _model_outputs()
+    wobble = ref + 1e-6 * torch.sign(ref)  # well inside allclose(atol=rtol=1e-4)
+    result = compare(_t(ref), _t(ref), _t(golden), _t(ref), Criteria(), candidate_repeat=_t(wobble))
+    assert result.passed and result.finding == ""
+    assert result.metrics.candidate_deterministic and result.metrics.candidate_repeat_max_abs > 0
+
+
+def test_a_shape_that_changes_between_runs_is_non_deterministic() -> None:
+    ref, golden = _model_outputs()
+    result = compare(_t(ref), _t(ref[:-1]), _t(golden), None, Criteria(), candidate_repeat=_t(ref[:-2]))
+    assert not result.passed and result.finding == "non-deterministic"
+    assert "shape changed between two runs" in result.reasons[0]
+    same_wrong_shape = compare(
+        _t(ref), _t(ref[:-1]), _t(golden), None, Criteria(), candidate_repeat=_t(ref[:-1])
+    )
+    assert same_wrong_shape.finding == "wrong but stable" and same_wrong_shape.reasons[0].startswith("shape")

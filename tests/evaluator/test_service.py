@@ -74,3 +74,27 @@ async def test_compare_loss(stub: pb_grpc.EvaluatorAsyncStub) -> None:
     assert not response.passed
     assert response.reference_steps_to_target == 3 and response.candidate_steps_to_target == -1
     assert response.deviation[0] == 0.0
+
+
+async def test_candidate_repeat_travels_and_names_non_determinism(stub: pb_grpc.EvaluatorAsyncStub) -> None:
+    rng = np.random.default_rng(1)
+    golden = rng.standard_normal((4, 8))
+    ref = golden.astype(np.float32)
+    noisy = [(ref + rng.standard_normal(ref.shape) * 1e-2).astype(np.float32) for _ in range(2)]
+    response = await stub.Compare(
+        pb.CompareRequest(
+            output_name="y",
+            reference=_tensor(ref),
+            candidate=_tensor(noisy[0]),
+            candidate_repeat=_tensor(noisy[1]),
+            golden=_tensor(golden, "FP64"),
+            reference_repeat=_tensor(ref),
+            criteria=pb.Criteria(precision="fp32"),
+        )
+    )
+    assert not response.passed and response.finding == "non-deterministic"
+    assert response.metrics.candidate_repeated and not response.metrics.candidate_deterministic
+    assert response.metrics.candidate_repeat_max_abs == pytest.approx(
+        float(np.abs(noisy[0] - noisy[1]).max())
+    )
+    assert response.reasons[0].startswith("non-deterministic")

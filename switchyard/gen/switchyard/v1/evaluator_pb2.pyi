@@ -108,6 +108,7 @@ class CompareRequest(_message.Message):
     GOLDEN_FIELD_NUMBER: _builtins.int
     REFERENCE_REPEAT_FIELD_NUMBER: _builtins.int
     CRITERIA_FIELD_NUMBER: _builtins.int
+    CANDIDATE_REPEAT_FIELD_NUMBER: _builtins.int
     output_name: _builtins.str
     @_builtins.property
     def reference(self) -> Global___Tensor:
@@ -127,6 +128,10 @@ class CompareRequest(_message.Message):
 
     @_builtins.property
     def criteria(self) -> Global___Criteria: ...
+    @_builtins.property
+    def candidate_repeat(self) -> Global___Tensor:
+        """second candidate run on the same inputs (its determinism)"""
+
     def __init__(
         self,
         *,
@@ -136,10 +141,11 @@ class CompareRequest(_message.Message):
         golden: Global___Tensor | None = ...,
         reference_repeat: Global___Tensor | None = ...,
         criteria: Global___Criteria | None = ...,
+        candidate_repeat: Global___Tensor | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["candidate", b"candidate", "criteria", b"criteria", "golden", b"golden", "reference", b"reference", "reference_repeat", b"reference_repeat"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["candidate", b"candidate", "candidate_repeat", b"candidate_repeat", "criteria", b"criteria", "golden", b"golden", "reference", b"reference", "reference_repeat", b"reference_repeat"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate", b"candidate", "criteria", b"criteria", "golden", b"golden", "output_name", b"output_name", "reference", b"reference", "reference_repeat", b"reference_repeat"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate", b"candidate", "candidate_repeat", b"candidate_repeat", "criteria", b"criteria", "golden", b"golden", "output_name", b"output_name", "reference", b"reference", "reference_repeat", b"reference_repeat"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -164,6 +170,10 @@ class Metrics(_message.Message):
     REPEAT_RMSE_FIELD_NUMBER: _builtins.int
     ELEMENTS_FIELD_NUMBER: _builtins.int
     ALLCLOSE_FIELD_NUMBER: _builtins.int
+    CANDIDATE_DETERMINISTIC_FIELD_NUMBER: _builtins.int
+    CANDIDATE_REPEAT_MAX_ABS_FIELD_NUMBER: _builtins.int
+    CANDIDATE_REPEAT_RMSE_FIELD_NUMBER: _builtins.int
+    CANDIDATE_REPEATED_FIELD_NUMBER: _builtins.int
     max_abs_error: _builtins.float
     max_rel_error: _builtins.float
     mismatch_share: _builtins.float
@@ -184,6 +194,13 @@ class Metrics(_message.Message):
     elements: _builtins.int
     allclose: _builtins.bool
     """candidate within atol=rtol=tol of the reference"""
+    candidate_deterministic: _builtins.bool
+    """its two runs agree within the precision's tolerance"""
+    candidate_repeat_max_abs: _builtins.float
+    """candidate vs its repeat"""
+    candidate_repeat_rmse: _builtins.float
+    candidate_repeated: _builtins.bool
+    """a candidate repeat was supplied"""
     def __init__(
         self,
         *,
@@ -202,10 +219,14 @@ class Metrics(_message.Message):
         repeat_rmse: _builtins.float = ...,
         elements: _builtins.int = ...,
         allclose: _builtins.bool = ...,
+        candidate_deterministic: _builtins.bool = ...,
+        candidate_repeat_max_abs: _builtins.float = ...,
+        candidate_repeat_rmse: _builtins.float = ...,
+        candidate_repeated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allclose", b"allclose", "allowed_rmse", b"allowed_rmse", "cosine", b"cosine", "elements", b"elements", "kl_divergence", b"kl_divergence", "max_abs_error", b"max_abs_error", "max_rel_error", b"max_rel_error", "mismatch_share", b"mismatch_share", "reference_deterministic", b"reference_deterministic", "reference_repeat_max_abs", b"reference_repeat_max_abs", "reference_rmse", b"reference_rmse", "repeat_rmse", b"repeat_rmse", "rmse", b"rmse", "top1_agreement", b"top1_agreement", "topk_agreement", b"topk_agreement"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allclose", b"allclose", "allowed_rmse", b"allowed_rmse", "candidate_deterministic", b"candidate_deterministic", "candidate_repeat_max_abs", b"candidate_repeat_max_abs", "candidate_repeat_rmse", b"candidate_repeat_rmse", "candidate_repeated", b"candidate_repeated", "cosine", b"cosine", "elements", b"elements", "kl_divergence", b"kl_divergence", "max_abs_error", b"max_abs_error", "max_rel_error", b"max_rel_error", "mismatch_share", b"mismatch_share", "reference_deterministic", b"reference_deterministic", "reference_repeat_max_abs", b"reference_repeat_max_abs", "reference_rmse", b"reference_rmse", "repeat_rmse", b"repeat_rmse", "rmse", b"rmse", "top1_agreement", b"top1_agreement", "topk_agreement", b"topk_agreement"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -220,11 +241,16 @@ class CompareResponse(_message.Message):
     VERDICT_FIELD_NUMBER: _builtins.int
     REASONS_FIELD_NUMBER: _builtins.int
     JUSTIFICATION_FIELD_NUMBER: _builtins.int
+    FINDING_FIELD_NUMBER: _builtins.int
     passed: _builtins.bool
     verdict: _builtins.str
     """PASS | FAIL"""
     justification: _builtins.str
     """why the tolerance is what it is"""
+    finding: _builtins.str
+    """The kind of failure, judged apart: "non-deterministic" (the candidate's own runs differ),
+    "wrong but stable" (runs agree, the values are wrong), "wrong" (no repeat to tell), "".
+    """
     @_builtins.property
     def metrics(self) -> Global___Metrics: ...
     @_builtins.property
@@ -239,10 +265,11 @@ class CompareResponse(_message.Message):
         verdict: _builtins.str = ...,
         reasons: _abc.Iterable[_builtins.str] | None = ...,
         justification: _builtins.str = ...,
+        finding: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["justification", b"justification", "metrics", b"metrics", "passed", b"passed", "reasons", b"reasons", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finding", b"finding", "justification", b"justification", "metrics", b"metrics", "passed", b"passed", "reasons", b"reasons", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
