@@ -79,6 +79,27 @@ def compatibility_dict(report: xpb.CompatibilityReport) -> dict[str, Any]:
     }
 
 
+def serving_compatibility(
+    before: xpb.CompatibilityReport | None, after: xpb.CompatibilityReport | None, requests: int
+) -> dict[str, Any]:
+    """What `requests` requests did to a model's counters: host-fallback calls (in all and
+    per request) and compilations after warm-up (a new shape on the trial's own inputs)."""
+    if before is None or after is None or requests < 1:
+        return {"unknown": "the executor did not report its counters around the requests"}
+    old = {op.op: op.count for op in before.fallback_ops_after_warmup}
+    calls = {
+        op.op: op.count - old.get(op.op, 0)
+        for op in after.fallback_ops_after_warmup
+        if op.count - old.get(op.op, 0) > 0
+    }
+    return {
+        "requests": requests,
+        "fallback_ops": dict(sorted(calls.items())),
+        "fallback_ops_per_request": {op: n / requests for op, n in sorted(calls.items())},
+        "compilations": int(after.compilations_after_warmup - before.compilations_after_warmup),
+    }
+
+
 class PathActivities:
     """Activities that act on an executor or the evaluator for one path."""
 
@@ -181,6 +202,9 @@ class PathActivities:
         runs: list[list[TensorData]] = []
         busy_us = 0
         stub = self.connections.oip(target.executor)
+        before = None if request.golden else await self._serving_counters(target)
+        requests = request.repeats * (len(replay) or 1)
+        workload: dict[str, Any] = {}
         if replay:  # every captured request in order, each with its own shape
             for i in range(request.repeats):
                 outputs = []
@@ -198,8 +222,8 @@ class PathActivities:
             from services.router.capture import distribution
 
             summary = {"workload": request.inputs.workload, "sha256": request.inputs.workload_sha256}
-            return RunResult(runs, busy_us, started, now_us(self.clock), {**summary, **distribution(replay)})
-        for i in range(request.repeats):
+            workload = {**summary, **distribution(replay)}
+        for i in range(0 if replay else request.repeats):
             req = payloads.infer_request(
                 target.model, target.version, inputs, f"{target.trial_id}/{target.path}/{i}"
             )
@@ -209,13 +233,28 @@ class PathActivities:
             busy_us += compute.int64_param if compute is not None else 0
             runs.append(payloads.outputs_of(response))
             activity.heartbeat({"phase": "golden" if request.golden else "correctness", "run": i + 1})
-        return RunResult(runs, busy_us, started, now_us(self.clock))
+        compat: dict[str, Any] = {}
+        if before is not None:
+            after = await self._serving_counters(target)
+            compat = serving_compatibility(before, after, requests)
+        return RunResult(runs, busy_us, started, now_us(self.clock), workload, compat)
+
+    async def _serving_counters(self, target: Target) -> xpb.CompatibilityReport | None:
+        """The model's counters now (None where the executor cannot say: then the findings
+        per request are unknown, which the verdict says, rather than a failed phase)."""
+        request = xpb.ModelStatusRequest(model_name=target.model, version=target.version)
+        try:
+            status = await self.connections.control(target.executor).ModelStatus(request, timeout=30)
+        except grpc.aio.AioRpcError:
+            return None
+        return status.models[0].compatibility if status.models else None
 
     @activity.defn(name="compare_outputs")
     async def compare_outputs(self, request: CompareRequest) -> CorrectnessResult:
         golden = {t.name: t for t in request.golden}
         repeat = {t.name: t for t in request.reference_repeat}
         candidate = {t.name: t for t in request.candidate}
+        candidate_repeat = {t.name: t for t in request.candidate_repeat}
         wanted = list(request.criteria.get("outputs") or [t.name for t in request.reference])
         c = request.criteria
         criteria = epb.Criteria(
@@ -254,11 +293,14 @@ class PathActivities:
                         golden=tensor(golden.get(ref.name)),
                         reference_repeat=tensor(repeat.get(ref.name)),
                         criteria=criteria,
+                        candidate_repeat=tensor(candidate_repeat.get(ref.name)),
                     ),
                     timeout=120,
                 )
             metrics = {f.name: getattr(r.metrics, f.name) for f in r.metrics.DESCRIPTOR.fields}
-            verdicts.append(OutputVerdict(ref.name, r.passed, metrics, list(r.reasons), r.justification))
+            verdicts.append(
+                OutputVerdict(ref.name, r.passed, metrics, list(r.reasons), r.justification, r.finding)
+            )
         return CorrectnessResult(bool(verdicts) and all(v.passed for v in verdicts), verdicts)
 
     async def _train_call(self, target: Target, request: xpb.TrainRequest, what: str) -> xpb.TrainResponse:

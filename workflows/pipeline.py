@@ -86,6 +86,8 @@ class PathState:
     info: dict[str, Any] = field(default_factory=dict)
     prepare: dict[str, Any] = field(default_factory=dict)
     correctness: dict[str, Any] = field(default_factory=dict)
+    # the counters around the fixed inputs' requests: fallback calls per request, compilations
+    compatibility_on_inputs: dict[str, Any] = field(default_factory=dict)
     performance: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
     economics: dict[str, Any] = field(default_factory=dict)
@@ -242,10 +244,9 @@ class PathRun:
 
     async def _correctness(self, reference: PathRun) -> bool:
         t = self.target
-        repeats = 2 if self.is_reference else 1
-        run: RunResult = await self.ctx.activity(
-            "run_inputs", RunRequest(t, self.ctx.inputs(), repeats), RunResult
-        )
+        # both sides run twice: a candidate that differs from itself is named non-deterministic
+        run: RunResult = await self.ctx.activity("run_inputs", RunRequest(t, self.ctx.inputs(), 2), RunResult)
+        self.state.compatibility_on_inputs = run.compatibility
         await self._usage("correctness", run.busy_us, run.started_unix_us, run.ended_unix_us)
         if self.is_reference:
             self.runs = run.runs
@@ -270,7 +271,7 @@ class PathRun:
         result: CorrectnessResult = await self.ctx.activity(
             "compare_outputs",
             CompareRequest(t, dataclasses.asdict(self.ctx.spec.criteria), reference.runs[0], run.runs[0],
-                           reference.golden, reference.runs[1]),
+                           reference.golden, reference.runs[1], run.runs[1]),
             CorrectnessResult,
         )  # fmt: skip
         self.state.correctness = dataclasses.asdict(result)

@@ -16,7 +16,7 @@ from markdown_it import MarkdownIt
 from switchyard import money
 from workflows import charts
 
-CRITERIA_ORDER = ("trial", "correctness", "latency", "training", "cost")
+CRITERIA_ORDER = ("trial", "correctness", "compatibility", "latency", "training", "cost")
 
 
 def criteria_in_order(verdict: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
@@ -33,6 +33,44 @@ def _money(micros: int | None, currency: str = "") -> str:
 def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     ref = report["reference"]
     return sorted(report["paths"].items(), key=lambda kv: (kv[0] != ref, kv[0]))
+
+
+def compat_anchor(path: str) -> str:
+    """The id of a path's compatibility details (path names are [A-Za-z0-9._-])."""
+    return f"compatibility-{path.lower().replace('.', '')}"
+
+
+def _compat_rows(state: dict[str, Any]) -> list[tuple[str, str]]:
+    """(finding, value) rows of a path's compatibility details."""
+    c = state.get("compatibility") or {}
+    if not c.get("known"):
+        return [("findings", "none: the path did not finish its prepare phase")]
+    rows = []
+    for op in c["fallback_ops"]:
+        rows.append(
+            (
+                f"host fallback {op['op']}",
+                f"{op['calls_per_request']:g} calls per request (over {c['requests']} requests of the "
+                f"fixed inputs); {op['calls_at_load']} during load and warm-up",
+            )
+        )
+    if not c["fallback_ops"]:
+        rows.append(("host fallback", "none"))
+    if c.get("per_request_unknown"):
+        rows.append(("calls per request", f"unknown: {c['per_request_unknown']}"))
+    reasons = "; ".join(c["graph_break_reasons"])
+    rows.append(("graph breaks", f"{c['graph_breaks']}" + (f" ({reasons})" if reasons else "")))
+    rows.append(
+        (
+            "recompiles",
+            f"{c['recompiles_at_load']} at load; {c['compilations_on_inputs']} on the trial's fixed inputs "
+            "after warm-up",
+        )
+    )
+    rows.append(("unsupported dtypes", ", ".join(c["unsupported_dtypes"]) or "none"))
+    rows.append(("adaptations", "; ".join(c["adaptations"]) or "none"))
+    rows += [("note", n) for n in c["notes"]]
+    return rows
 
 
 def _perf_lines(state: dict[str, Any]) -> list[str]:
@@ -69,17 +107,20 @@ def markdown(report: dict[str, Any]) -> str:
                f"({report['duration_s']:.1f} s). Reference path: **{report['reference']}**.")  # fmt: skip
     if report.get("cancel_reason"):
         out.append(f"Cancelled: {report['cancel_reason']}.")
+    out += ["", "## Verdicts", ""]
+    out += [f"- **{path}**: {line_of(v)}" for path, v in report["verdicts"].items()]
     out += [
         "",
-        "## Verdicts",
-        "",
-        "| path | verdict | criterion | result | reason |",
-        "|---|---|---|---|---|",
+        "| path | verdict | criterion | result | figure | reason |",
+        "|---|---|---|---|---|---|",
     ]
     for path, v in report["verdicts"].items():
         for name, c in criteria_in_order(v):
+            reason = c["reason"].replace("|", "/")
+            if name == "compatibility":
+                reason = f"[details](#{compat_anchor(path)}): {reason}"
             out.append(
-                f"| {path} | **{v['verdict']}** | {name} | {c['result']} | {c['reason'].replace('|', '/')} |"
+                f"| {path} | **{v['verdict']}** | {name} | {c['result']} | {c.get('figure', '')} | {reason} |"
             )
     inputs = report["inputs"]
     tensors = (
@@ -110,12 +151,9 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{p['to_device_s']:.3f} s, "
                 f"compile/warm-up {p['compile_s']:.3f} s, total {p['total_s']:.3f} s"
             )
-            c = p["compatibility"]
-            out.append(
-                f"- compatibility: fallback ops {c['fallback_ops'] or 'none'}, graph breaks "
-                f"{c['graph_breaks']}, "
-                f"recompiles {c['recompiles']}, adaptations {c['adaptations'] or 'none'}"
-            )
+        out += ["", f"### Compatibility: {name}", "", "| finding | value |", "|---|---|"]
+        out += [f"| {k} | {v.replace('|', '/')} |" for k, v in _compat_rows(s)]
+        out.append("")
         corr = s.get("correctness") or {}
         for o in (corr.get("against_float64") or {}).get("outputs", []):
             m = o["metrics"]
@@ -173,6 +211,14 @@ def markdown(report: dict[str, Any]) -> str:
             out.append(f"- error in {phase}: {err}")
         out += [f"- note: {n}" for n in s.get("notes", [])]
     return "\n".join(out) + "\n"
+
+
+def line_of(verdict: dict[str, Any]) -> str:
+    """The verdict line (reports stored before it existed get one built from the criteria)."""
+    if verdict.get("line"):
+        return str(verdict["line"])
+    parts = [f"{n} {c['result']}" for n, c in criteria_in_order(verdict)]
+    return f"{verdict['verdict']}: " + "; ".join(parts)
 
 
 def _charts(report: dict[str, Any]) -> list[str]:
@@ -238,7 +284,8 @@ def _charts(report: dict[str, Any]) -> list[str]:
 CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px;
 text-align:left;vertical-align:top}.ADOPT{color:#1a7f37;font-weight:bold}.REJECT{color:#cf222e;font-weight:bold}
-.INCONCLUSIVE{color:#9a6700;font-weight:bold}svg{display:block;margin:1em 0}pre{white-space:pre-wrap;
+.INCONCLUSIVE{color:#9a6700;font-weight:bold}
+.r-fail{color:#cf222e}.r-warn{color:#9a6700}svg{display:block;margin:1em 0}pre{white-space:pre-wrap;
 font-size:12px;background:#f6f8fa;padding:8px}.details li{margin:2px 0;font-size:14px}
 .details code{background:#f6f8fa;padding:0 3px}"""
 
@@ -250,18 +297,39 @@ def _details_html(text: str) -> str:
 
 def html(report: dict[str, Any]) -> str:
     """One self-contained page: verdicts, charts (inline SVG), the Markdown details, the spec."""
+
+    def reason(path: str, name: str, c: dict[str, str]) -> str:
+        if name != "compatibility":
+            return escape(c["reason"])
+        return f"<a href='#{compat_anchor(path)}'>details</a>: {escape(c['reason'])}"
+
     verdict_rows = "".join(
         f"<tr><td>{escape(path)}</td><td class='{v['verdict']}'>{v['verdict']}</td><td>{escape(name)}</td>"
-        f"<td>{escape(c['result'])}</td><td>{escape(c['reason'])}</td></tr>"
+        f"<td class='r-{escape(c['result'])}'>{escape(c['result'])}</td>"
+        f"<td>{escape(c.get('figure', ''))}</td>"
+        f"<td>{reason(path, name, c)}</td></tr>"
         for path, v in report["verdicts"].items()
         for name, c in criteria_in_order(v)
+    )
+    lines = "".join(
+        f"<li><b>{escape(path)}</b>: <span class='{v['verdict']}'>{escape(line_of(v))}</span></li>"
+        for path, v in report["verdicts"].items()
+    )
+    compat = "".join(
+        f"<h3 id='{compat_anchor(name)}'>Compatibility: {escape(name)} ({escape(s['role'])})</h3>"
+        "<table><tr><th>finding</th><th>value</th></tr>"
+        + "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in _compat_rows(s))
+        + "</table>"
+        for name, s in _rows(report)
     )
     body = [
         f"<h1>Trial {escape(report['trial_id'])}: {escape(report['model']['name'])}</h1>",
         f"<p>Status <b>{escape(report['status'])}</b>; reference path <b>{escape(report['reference'])}</b>; "
         f"{escape(report['started'])} to {escape(report['ended'])} ({report['duration_s']:.1f} s).</p>",
-        "<h2>Verdicts</h2><table><tr><th>path</th><th>verdict</th><th>criterion</th><th>result</th>"
+        f"<h2>Verdicts</h2><ul>{lines}</ul>",
+        "<table><tr><th>path</th><th>verdict</th><th>criterion</th><th>result</th><th>figure</th>"
         f"<th>reason</th></tr>{verdict_rows}</table>",
+        f"<h2>Compatibility</h2>{compat}",
         "<h2>Charts</h2>",
         *_charts(report),
         "<h2>Details</h2>",

@@ -14,9 +14,10 @@ import math
 from datetime import datetime
 from typing import Any
 
+from workflows.compatibility import findings
 from workflows.pipeline import PathState
 from workflows.spec import TrialSpec
-from workflows.verdict import judge
+from workflows.verdict import judge, verdict_line
 
 REPORT_VERSION = 1
 
@@ -54,13 +55,23 @@ def build_report(
     for p in spec.candidates:
         candidate = dataclasses.asdict(states[p.name])
         if cancel_reason and candidate["status"] != "done":
+            criteria = {
+                "trial": {
+                    "result": "inconclusive",
+                    "reason": f"cancelled: {cancel_reason}",
+                    "figure": "cancelled",
+                }
+            }
             verdicts[p.name] = {
                 "verdict": "INCONCLUSIVE",
-                "criteria": {"trial": {"result": "inconclusive", "reason": f"cancelled: {cancel_reason}"}},
+                "criteria": criteria,
+                "line": verdict_line("INCONCLUSIVE", criteria),
             }
             continue
         verdicts[p.name] = judge(reference, candidate, spec.policy, spec.training is not None)
     paths = {name: dataclasses.asdict(state) for name, state in states.items()}
+    for state in paths.values():
+        state["compatibility"] = findings(state)  # what the report's compatibility section shows
     report: dict[str, Any] = finite(
         {
             "report_version": REPORT_VERSION,

@@ -19,6 +19,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("eager", "compile", "lazy", "strict", "debug", "defer_and_fuse")
 SCENARIOS = ("single-stream", "offline")
 STRATEGIES = ("ddp", "fsdp")
+COMPATIBILITY_ACTIONS = ("reject", "warn")
 DATATYPES = ("FP64", "FP32", "FP16", "BF16", "INT64", "INT32", "INT16", "INT8", "UINT8", "BOOL")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
@@ -111,6 +112,9 @@ class Policy:
     max_p95_regression: float = 0.1  # share of the reference's single-stream p95 latency
     require_training: bool = False
     amortize_over_jobs: int = 0  # 0 = the trial's own jobs carry the preparation cost
+    max_fallback_ops: int = 0  # distinct ops a candidate may run on the host instead of its device
+    max_graph_breaks: int = 0
+    compatibility_action: str = "reject"  # beyond a maximum: "reject" or "warn"
 
 
 @dataclass(frozen=True)
@@ -302,6 +306,9 @@ def _policy(f: Fields) -> Policy:
         max_p95_regression=f.number("max_p95_regression", 0.1, minimum=0.0),
         require_training=f.flag("require_training", False),
         amortize_over_jobs=f.integer("amortize_over_jobs", 0, minimum=0),
+        max_fallback_ops=f.integer("max_fallback_ops", 0, minimum=0),
+        max_graph_breaks=f.integer("max_graph_breaks", 0, minimum=0),
+        compatibility_action=f.choice("compatibility_action", COMPATIBILITY_ACTIONS, default="reject"),
     )
     if not -1.0 < policy.min_cost_saving < 1.0:
         raise SpecError(f.at("min_cost_saving"), "is a share of the reference's cost, between -1 and 1")

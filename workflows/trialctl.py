@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
-from workflows.render import criteria_in_order, render
+from workflows.render import criteria_in_order, line_of, render
 from workflows.spec import SpecError, parse_spec
 from workflows.trial import TrialWorkflow
 from workflows.worker import connect
@@ -87,7 +87,7 @@ async def _watch(client: Client, handle: WorkflowHandle[Any, Any], out: Any = sy
 def _summary(report: dict[str, Any]) -> str:
     lines = [f"trial {report['trial_id']}: {report['status']}"]
     for path, v in report["verdicts"].items():
-        lines.append(f"  {path}: {v['verdict']}")
+        lines.append(f"  {path}: {line_of(v)}")
         lines += [f"    {name}: {c['result']}: {c['reason']}" for name, c in criteria_in_order(v)]
     return "\n".join(lines)
 

@@ -96,6 +96,9 @@ class RunResult:
     started_unix_us: int
     ended_unix_us: int
     workload: dict[str, Any] = field(default_factory=dict)  # a replayed workload's distribution
+    # what the path's counters showed around these requests (ModelStatus before and after):
+    # requests, fallback_ops (calls in all), fallback_ops_per_request, compilations
+    compatibility: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -119,6 +122,7 @@ class CompareRequest:
     candidate: list[TensorData]
     golden: list[TensorData] = field(default_factory=list)
     reference_repeat: list[TensorData] = field(default_factory=list)
+    candidate_repeat: list[TensorData] = field(default_factory=list)
 
 
 @dataclass
@@ -128,6 +132,7 @@ class OutputVerdict:
     metrics: dict[str, Any]
     reasons: list[str]
     justification: str
+    finding: str = ""  # "non-deterministic" | "wrong but stable" | "wrong" | ""
 
 
 @dataclass

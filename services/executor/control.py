@@ -48,6 +48,9 @@ def model_status(model: LoadedModel) -> pb.ModelStatus:
             compile_time_s=during.compile_time_s,
             compilations_after_warmup=model.compilations_after_warmup(),
             notes=list(during.notes),
+            fallback_ops_after_warmup=[
+                pb.FallbackOp(op=op, count=n) for op, n in model.fallback_ops_after_warmup()
+            ],
         ),
         error=model.error,
         max_batch_size=model.max_batch,

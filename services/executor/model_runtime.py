@@ -182,6 +182,12 @@ class LoadedModel:
             return 0
         return self.prepared.counters().compilations - self._warm_counters.compilations
 
+    def fallback_ops_after_warmup(self) -> tuple[tuple[str, int], ...]:
+        """Host-fallback op calls since READY (cumulative), where the backend counts them."""
+        if self.prepared is None or self.state != "READY":
+            return ()
+        return self.prepared.counters().since(self._warm_counters).fallback_ops
+
     # ---- requests ---------------------------------------------------------------------
     def validate(self, inputs: list[WireTensor]) -> tuple[list[np.ndarray], int]:
         """Checks names, datatypes, ranks and dims; returns arrays in declared order and rows.

@@ -72,6 +72,9 @@ _DELETE = object()
         ("model.checkpoint_sha256", "abc", "model.checkpoint_sha256", "sha256"),
         ("model", _DELETE, "model.name", "required"),
         ("policy.min_cost_saving", 2, "policy.min_cost_saving", "between -1 and 1"),
+        ("policy.max_fallback_ops", -1, "policy.max_fallback_ops", ">= 0"),
+        ("policy.max_graph_breaks", 1.5, "policy.max_graph_breaks", "integer"),
+        ("policy.compatibility_action", "ignore", "policy.compatibility_action", "not one of reject, warn"),
         ("training", {"steps": 0}, "training.steps", ">= 1"),
         ("timeouts.heartbeat_s", 1000, "timeouts.heartbeat_s", "shorter than activity_s"),
         ("criteria.min_cosine", 1.5, "criteria.min_cosine", "between 0 and 1"),
@@ -107,3 +110,16 @@ def test_readme_start_workflow_json_is_a_valid_spec() -> None:
     assert block is not None
     spec = parse_spec(json.loads(block.group(1)))
     assert [p.name for p in spec.paths] == ["cpu-eager", "cpu-compile", "xla"]
+
+
+def test_compatibility_policy_defaults_and_settings() -> None:
+    default = parse_spec(copy.deepcopy(BASE)).policy
+    assert (default.max_fallback_ops, default.max_graph_breaks, default.compatibility_action) == (
+        0,
+        0,
+        "reject",
+    )
+    data = copy.deepcopy(BASE)
+    data["policy"] = {"max_fallback_ops": 2, "max_graph_breaks": 1, "compatibility_action": "warn"}
+    policy = parse_spec(data).policy
+    assert (policy.max_fallback_ops, policy.max_graph_breaks, policy.compatibility_action) == (2, 1, "warn")

@@ -12,7 +12,20 @@ from workflows.verdict import cost_per_job, judge, overall_verdict
 def _state(p95: float, cpj: int, passed: bool = True, **econ: Any) -> dict[str, Any]:
     return {
         "errors": {},
-        "correctness": {"passed": passed, "outputs": [{"output": "y", "reasons": ["rmse ...: pass"]}]},
+        "prepare": {"compatibility": {"fallback_ops": {}, "graph_breaks": 0, "recompiles": 0}},
+        "compatibility_on_inputs": {"requests": 2, "fallback_ops_per_request": {}, "compilations": 0},
+        "correctness": {
+            "passed": passed,
+            "outputs": [
+                {
+                    "output": "y",
+                    "passed": passed,
+                    "reasons": ["rmse ...: pass" if passed else "rmse vs float64: ...: fail"],
+                    "metrics": {"rmse": 2e-6 if passed else 1e-3, "allowed_rmse": 1e-5},
+                    "finding": "" if passed else "wrong but stable",
+                }
+            ],
+        },
         "performance": {"scenarios": [{"scenario": "single-stream", "batch_size": 1, "p95_ms": p95}]},
         "economics": {
             "cost_per_completed_job_micros": cpj,
@@ -30,7 +43,11 @@ def _state(p95: float, cpj: int, passed: bool = True, **econ: Any) -> dict[str, 
 def test_adopt_when_every_criterion_passes() -> None:
     v = judge(_state(10.0, 100), _state(9.0, 80), Policy(), training=False)
     assert v["verdict"] == "ADOPT"
-    assert set(v["criteria"]) == {"correctness", "latency", "cost"}
+    assert list(v["criteria"]) == ["correctness", "compatibility", "latency", "cost"]
+    assert v["line"] == (
+        "ADOPT: correctness pass (rmse 2e-06 <= allowed 1e-05); compatibility pass (0 host-fallback ops, "
+        "0 graph breaks); latency pass (p95 -10.0% (allowed +10%)); cost pass (saving +20.0% (needs +0%))"
+    )
 
 
 def test_latency_regression_beyond_policy_rejects() -> None:
@@ -90,3 +107,99 @@ def test_overall_verdict_for_the_ui_filter() -> None:
     assert overall_verdict({"a": "REJECT", "b": "ADOPT"}) == "ADOPT"
     assert overall_verdict({"a": "REJECT", "b": "INCONCLUSIVE"}) == "INCONCLUSIVE"
     assert overall_verdict({"a": "REJECT"}) == "REJECT"
+
+
+def _with_fallback(
+    state: dict[str, Any], op: str = "aten::median.dim_values", per_request: float = 1.0
+) -> None:
+    state["prepare"]["compatibility"]["fallback_ops"] = {op: 16}
+    state["compatibility_on_inputs"]["fallback_ops_per_request"] = {op: per_request}
+
+
+def test_host_fallback_rejects_by_default_and_names_the_op_with_calls_per_request() -> None:
+    candidate = _state(9.0, 80)
+    _with_fallback(candidate)
+    v = judge(_state(10.0, 100), candidate, Policy(), training=False)
+    compat = v["criteria"]["compatibility"]
+    assert v["verdict"] == "REJECT" and compat["result"] == "fail"
+    assert "aten::median.dim_values 1 call per request" in compat["reason"]
+    assert "1 host-fallback op(s), policy allows 0: reject" in compat["reason"]
+    assert compat["figure"] == "1 host-fallback op: aten::median.dim_values 1/request, 0 graph breaks"
+    assert "compatibility fail (1 host-fallback op: aten::median.dim_values 1/request" in v["line"]
+
+
+def test_policy_can_allow_fallbacks_or_only_warn() -> None:
+    candidate = _state(9.0, 80)
+    _with_fallback(candidate)
+    allowed = judge(_state(10.0, 100), candidate, Policy(max_fallback_ops=1), training=False)
+    assert allowed["verdict"] == "ADOPT" and allowed["criteria"]["compatibility"]["result"] == "pass"
+    warned = judge(_state(10.0, 100), candidate, Policy(compatibility_action="warn"), training=False)
+    assert warned["verdict"] == "ADOPT" and warned["criteria"]["compatibility"]["result"] == "warn"
+    assert warned["line"].startswith("ADOPT: ") and "compatibility warn (" in warned["line"]
+
+
+def test_graph_breaks_beyond_the_maximum_reject() -> None:
+    candidate = _state(9.0, 80)
+    compat = candidate["prepare"]["compatibility"]
+    compat.update(graph_breaks=2, graph_break_reasons=["Call to `torch._dynamo.graph_break()`"])
+    v = judge(_state(10.0, 100), candidate, Policy(max_graph_breaks=1), training=False)
+    assert v["verdict"] == "REJECT"
+    assert "2 graph break(s), policy allows 1" in v["criteria"]["compatibility"]["reason"]
+    assert "graph_break()" in v["criteria"]["compatibility"]["reason"]
+    assert (
+        judge(_state(10.0, 100), candidate, Policy(max_graph_breaks=2), training=False)["verdict"] == "ADOPT"
+    )
+
+
+def test_latency_regression_names_the_coinciding_fallback_op() -> None:
+    candidate = _state(24.7, 80)
+    _with_fallback(candidate, per_request=2.0)
+    v = judge(_state(10.0, 100), candidate, Policy(compatibility_action="warn"), training=False)
+    latency = v["criteria"]["latency"]
+    assert latency["result"] == "fail" and "+147.0%" in latency["reason"]
+    assert "coincides with host fallback: aten::median.dim_values 2 calls per request" in latency["reason"]
+    assert latency["figure"] == "p95 +147.0% (allowed +10%), with host fallback"
+    # a regression without a fallback says nothing of one, and a faster path names none
+    plain = judge(_state(10.0, 100), _state(24.7, 80), Policy(), training=False)["criteria"]["latency"]
+    assert plain["result"] == "fail" and "fallback" not in plain["reason"]
+    faster = _state(9.0, 80)
+    _with_fallback(faster)
+    quick = judge(_state(10.0, 100), faster, Policy(compatibility_action="warn"), training=False)
+    assert "fallback" not in quick["criteria"]["latency"]["reason"]
+
+
+def test_recompiles_on_the_trial_inputs_warn_and_are_named() -> None:
+    candidate = _state(9.0, 80)
+    candidate["compatibility_on_inputs"]["compilations"] = 2
+    v = judge(_state(10.0, 100), candidate, Policy(), training=False)
+    compat = v["criteria"]["compatibility"]
+    assert compat["result"] == "warn" and v["verdict"] == "ADOPT"
+    assert "2 on the trial's inputs after warm-up (a shape that depends on the data" in compat["reason"]
+    assert compat["figure"].endswith("2 recompiles on the inputs")
+
+
+def test_correctness_names_non_determinism_apart_from_wrong_but_stable() -> None:
+    stable = judge(_state(10.0, 100), _state(9.0, 80, passed=False), Policy(), training=False)
+    assert stable["criteria"]["correctness"]["reason"].startswith("wrong but stable: y: rmse vs float64")
+    assert stable["criteria"]["correctness"]["figure"] == "wrong but stable: rmse 0.001 > allowed 1e-05"
+    noisy = _state(9.0, 80, passed=False)
+    out = noisy["correctness"]["outputs"][0]
+    out["finding"] = "non-deterministic"
+    out["metrics"]["candidate_repeat_max_abs"] = 0.0312
+    out["reasons"].insert(0, "non-deterministic: two candidate runs ... differ by up to 0.0312 ...: fail")
+    v = judge(_state(10.0, 100), noisy, Policy(), training=False)
+    assert v["verdict"] == "REJECT"
+    assert v["criteria"]["correctness"]["reason"].startswith("non-deterministic: y: non-deterministic")
+    assert v["criteria"]["correctness"]["figure"] == "non-deterministic: repeats differ by up to 0.0312"
+    assert v["line"].startswith(
+        "REJECT: correctness fail (non-deterministic: repeats differ by up to 0.0312)"
+    )
+
+
+def test_compatibility_without_findings_is_inconclusive() -> None:
+    candidate = _state(9.0, 80)
+    candidate["prepare"] = {}
+    candidate["errors"]["prepare"] = "LoadModel failed: UNAVAILABLE"
+    v = judge(_state(10.0, 100), candidate, Policy(), training=False)
+    assert v["criteria"]["compatibility"]["result"] == "inconclusive"
+    assert "UNAVAILABLE" in v["criteria"]["compatibility"]["reason"]

@@ -161,8 +161,18 @@ def test_fallback_op_is_captured_and_still_correct(xla: str, repository: Path, t
     fallbacks = {f.op: f.count for f in loaded.compatibility.fallback_ops}
     assert fallbacks.get("aten::median.dim_values", 0) >= 2  # once per warmed bucket
 
+    assert list(loaded.compatibility.fallback_ops_after_warmup) == []  # warm-up is not serving
+
     array = torch.randn(3, fallback_model.FEATURES, generator=torch.Generator().manual_seed(2)).numpy()
     out = infer(xla, "median-head", "x", "FP32", "y", array)
+    infer(xla, "median-head", "x", "FP32", "y", array)
+    # two requests served: the calls on the host since READY, which a trial divides per request
+    with grpc.insecure_channel(xla) as channel:
+        reply = ctl_grpc.ExecutorControlStub(channel).ModelStatus(
+            ctl.ModelStatusRequest(model_name="median-head")
+        )
+    served = {f.op: f.count for f in reply.models[0].compatibility.fallback_ops_after_warmup}
+    assert served == {"aten::median.dim_values": 2}
     module = fallback_model.build().module
     module.load_state_dict(fallback_model.seeded_state())
     with torch.no_grad():

@@ -283,6 +283,7 @@ class CompatibilityReport(_message.Message):
     COMPILE_TIME_S_FIELD_NUMBER: _builtins.int
     COMPILATIONS_AFTER_WARMUP_FIELD_NUMBER: _builtins.int
     NOTES_FIELD_NUMBER: _builtins.int
+    FALLBACK_OPS_AFTER_WARMUP_FIELD_NUMBER: _builtins.int
     graph_breaks: _builtins.int
     recompiles: _builtins.int
     compilations: _builtins.int
@@ -303,6 +304,12 @@ class CompatibilityReport(_message.Message):
     def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """e.g. "private API unavailable: recorded unknown" """
 
+    @_builtins.property
+    def fallback_ops_after_warmup(self) -> _containers.RepeatedCompositeFieldContainer[Global___FallbackOp]:
+        """Host fallbacks of this model since it became READY (cumulative); a caller takes the
+        difference around its own requests for the calls per request.
+        """
+
     def __init__(
         self,
         *,
@@ -316,10 +323,11 @@ class CompatibilityReport(_message.Message):
         compile_time_s: _builtins.float = ...,
         compilations_after_warmup: _builtins.int = ...,
         notes: _abc.Iterable[_builtins.str] | None = ...,
+        fallback_ops_after_warmup: _abc.Iterable[Global___FallbackOp] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adaptations", b"adaptations", "compilations", b"compilations", "compilations_after_warmup", b"compilations_after_warmup", "compile_time_s", b"compile_time_s", "fallback_ops", b"fallback_ops", "graph_break_reasons", b"graph_break_reasons", "graph_breaks", b"graph_breaks", "notes", b"notes", "recompiles", b"recompiles", "unsupported_dtypes", b"unsupported_dtypes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adaptations", b"adaptations", "compilations", b"compilations", "compilations_after_warmup", b"compilations_after_warmup", "compile_time_s", b"compile_time_s", "fallback_ops", b"fallback_ops", "fallback_ops_after_warmup", b"fallback_ops_after_warmup", "graph_break_reasons", b"graph_break_reasons", "graph_breaks", b"graph_breaks", "notes", b"notes", "recompiles", b"recompiles", "unsupported_dtypes", b"unsupported_dtypes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
