@@ -77,6 +77,9 @@ async def wait_serving(address: str, timeout_s: float = 180.0) -> None:
 def start_xla_executor(port: int, repository: Path | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
     command = [xla_python(), "-m", "switchyard", "executor", "serve", "--backend", "xla", "--port", str(port)]
+    # no model at start-up: trials load their own, and the CLI's default (mlp, 96 blocks, four
+    # buckets) kept the device thread compiling for ~80 s on a busy 2-core host
+    command += ["--models", ""]
     if repository is not None:
         command += ["--model-repository", str(repository), "--allow-factory", "tests"]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
