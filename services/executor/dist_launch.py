@@ -15,6 +15,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,7 +118,9 @@ def _describe_exit(code: int, log: Path | None = None) -> str:
     tail = ""
     if log is not None and log.exists():
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-        tail = lines[-1][:500] if lines else ""
+        # an XLA runtime abort ("<date> <time>: F <file>] <why>") says more than the traceback
+        fatal = [ln for ln in lines if re.match(r"^\S+ \S+: F ", ln)]
+        tail = (fatal or lines or [""])[-1][:500]
     return f"exited with status {code}" + (f": {tail}" if tail else "")
 
 
