@@ -84,7 +84,11 @@ SERVICE_RPCS: dict[str, frozenset[str]] = {
     # refusals they audit (the servicer checks that it is one)
     tls.EXECUTOR: frozenset(("AppendAudit",)),
     tls.EVALUATOR: frozenset(("AppendAudit",)),
-    tls.OPERATOR: ADMIN_RPCS | READ_RPCS | {"RegisterPath", "SaveRouteChange", "RecordTrial"},
+    # The operator reserves capacity for a window (the demo's idle-time window, say); usage and
+    # jobs on it still come only from the router and the worker.
+    tls.OPERATOR: ADMIN_RPCS
+    | READ_RPCS
+    | {"RegisterPath", "SaveRouteChange", "RecordTrial", "OpenReservation", "CloseReservation"},
 }
 # Only these services' certificates carry the data plane, whatever a key says.
 DATA_PLANE = frozenset(

@@ -8,6 +8,7 @@ job and the idle share, in integer micro-units as the ledger keeps them.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -199,8 +200,15 @@ async def write_html(metering: str, path: Path, since_us: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "switchyard", "ledger", "html", "-o", str(path)]
     argv += ["--since", str(since_us), "--metering", metering, "--as", "switchyard-demo"]
+    # The tool dials metering as this process does: with its certificate, or in plaintext.
+    security = tls.current()
+    env = dict(os.environ)
+    if security.insecure:
+        env[tls.INSECURE_ENV] = "true"
+    else:
+        env[tls.TLS_DIR_ENV] = security.directory
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
     )
     out, _ = await proc.communicate()
     if proc.returncode != 0:
