@@ -118,7 +118,7 @@ $(PERF_ENV)/.ready:
 perf-analyzer-path:
 	@echo $(PERF_ENV)/bin/perf_analyzer
 
-# KServe 0.21 (with the same torch) for benchmarks/executor.py; not needed by any test.
+# KServe 0.21 (with the same torch) for benchmarks/bench_executor.py; not needed by any test.
 setup-kserve: $(KSERVE_ENV)/.ready
 
 $(KSERVE_ENV)/.ready:

@@ -5,7 +5,7 @@ protobuf, the response, its encoding. With glibc's defaults each buffer that siz
 mapped fresh and unmapped again when freed (or the heap trimmed back), and a fresh mapping
 costs a page fault for every 4 KiB page on first touch, which on these VMs is about a
 millisecond per megabyte. A 1 MB echo between two uvloop processes measured 2.4 ms at p50
-with the defaults and 0.86 ms with these settings; `benchmarks/frames.py` shows the effect on
+with the defaults and 0.86 ms with these settings; `benchmarks/bench_frames.py` shows the effect on
 both transports.
 
 The settings: allocations up to 32 MiB (glibc's largest mmap threshold) come from the heap, and

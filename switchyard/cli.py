@@ -15,16 +15,16 @@ import sys
 from collections.abc import Sequence
 
 COMMAND_MODULES = (
-    "services.executor.cli",
+    "clients.executor_cli",
     "services.executor.backends.detect",
-    "clients.cli",
-    "services.metering.cli",
-    "services.metering.paths_cli",
-    "services.evaluator.cli",
+    "clients.infer_cli",
+    "clients.metering_cli",
+    "clients.paths_cli",
+    "clients.evaluator_cli",
     "services.router.cli",
-    "workflows.cli",
-    "switchyard.cluster.cli",
-    "switchyard.models.cli",
+    "clients.trial_cli",
+    "clients.local_cluster.cluster_cli",
+    "clients.models_cli",
     "services.router.workloads_cli",
 )
 

@@ -2,7 +2,7 @@
 
 The router's hop to an executor is the one place a request crosses a process boundary twice
 more than it would calling the executor directly, and in Python a gRPC message costs far more
-than the bytes it moves: `benchmarks/frames.py` measured a 1 KB request and its echo at
+than the bytes it moves: `benchmarks/bench_frames.py` measured a 1 KB request and its echo at
 342 µs round trip on an open grpc.aio stream and 127 µs in frames, with the same protobuf
 work on both sides (1 MiB: 3.9 ms and 2.5 ms), on this project's 2-core machines. So
 inference between the two goes over frames when both offer them; everything else (health,

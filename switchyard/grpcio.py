@@ -196,7 +196,7 @@ def run_service(main: Coroutine[Any, Any, T]) -> T:
 
     grpc.aio hands every completed operation to the event loop, so a request costs several
     loop wake-ups and callbacks, and uvloop's are cheaper than asyncio's own loop: about 0.1 to
-    0.2 ms less added latency through the router at p50 here. benchmarks/router.py compares
+    0.2 ms less added latency through the router at p50 here. benchmarks/bench_router.py compares
     the router as deployed (this loop, the transport of switchyard/transport.py) with
     one on stock settings in the same run. SWITCHYARD_LOOP=asyncio runs the standard loop.
     Tests run the same services in-process on pytest's asyncio loop.

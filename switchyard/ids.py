@@ -4,7 +4,7 @@ A request id becomes the ledger's idempotency key and job id, both unique B-tree
 Random (version 4) ids land on a random index page each, so every stored event dirties a
 page per index, and a commit writes all of them; time-ordered ids append to the rightmost
 pages instead. A router-sized batch of 25 events then costs the ledger about 0.57x the time
-on SQLite and 0.9x on PostgreSQL (benchmarks/usage_keys.py), and that work runs beside the
+on SQLite and 0.9x on PostgreSQL (benchmarks/bench_usage_keys.py), and that work runs beside the
 requests being served.
 """
 

@@ -5,7 +5,7 @@ With gRPC's posix EventEngine endpoints (the default) every socket read hops to 
 EventEngine thread and back through the completion queue to Python's poller thread; with them
 off, the polling thread reads the socket itself. In development runs on this 2-core machine,
 at one request at a time, the router and the executor each used about 15% less CPU per request
-(from /proc) and the router added about 0.2 ms less at p50; benchmarks/router.py compares the
+(from /proc) and the router added about 0.2 ms less at p50; benchmarks/bench_router.py compares the
 router as deployed (this and uvloop) with one on stock settings in every run. Under 16
 concurrent clients an executor served about 10% fewer requests/s this way, so executors keep
 gRPC's default; the router's throughput did not drop.

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from services.evaluator.errors import BadCriteria, BadTensor
+from services.evaluator.evaluator_errors import BadCriteria, BadTensor
 from services.evaluator.tensors import FLOAT_TYPES, DecodedTensor
 
 Array = npt.NDArray[np.float64]

@@ -12,8 +12,8 @@ from typing import Any
 
 import grpc
 
-from services.executor.model_runtime import LoadedModel, LoadOptions
-from services.executor.runtime import Executor
+from services.executor.executor_runtime import Executor
+from services.executor.loaded_model import LoadedModel, LoadOptions
 from switchyard.gen.switchyard.v1 import executor_pb2 as pb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as pb_grpc
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, delete, select, update
 
-from services.metering.errors import AuthFailed, BadInput, Conflict, UnknownEntity
+from services.metering.metering_errors import AuthFailed, BadInput, Conflict, UnknownEntity
 from services.metering.records import check_key, check_time
 from services.metering.schema import BINDINGS, KEYS, PRINCIPALS
 

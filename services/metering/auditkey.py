@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from services.metering.errors import BadInput
+from services.metering.metering_errors import BadInput
 from switchyard import layout
 
 log = logging.getLogger(__name__)

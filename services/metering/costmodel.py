@@ -14,7 +14,7 @@ import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from services.metering.errors import MoneyOverflow
+from services.metering.metering_errors import MoneyOverflow
 
 US_PER_HOUR = 3_600_000_000
 INT64_MAX = 2**63 - 1

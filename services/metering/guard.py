@@ -29,8 +29,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from services.metering.errors import AuthFailed
 from services.metering.ledger import Ledger
+from services.metering.metering_errors import AuthFailed
 from services.metering.records import Actor
 from switchyard import authz, tls
 from switchyard.errors import PermissionDenied, Unauthenticated

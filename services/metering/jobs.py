@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, select, update
 
 from services.metering import audit, costmodel
-from services.metering.errors import BadInput, Conflict, UnknownEntity, WrongState
+from services.metering.metering_errors import BadInput, Conflict, UnknownEntity, WrongState
 from services.metering.records import (
     JOB_STATUSES,
     Actor,

@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from services.metering import access, audit, auditkey, jobs, reports, reservations, routes, usage
+from services.metering import access, audit, auditkey, jobs, reports, reservations, route_changes, usage
 from services.metering.db import Engines, make_engines, migrate
-from services.metering.errors import AuthFailed
+from services.metering.metering_errors import AuthFailed
 from services.metering.records import Actor, JobCostInfo, JobInfo, ReservationInfo, UsageEvent, UsageResult
 
 T = TypeVar("T")
@@ -192,11 +192,11 @@ class Ledger:
         self, actor: Actor, fleet: str, model: str, route_json: str | None, previous_json: str = ""
     ) -> Any:
         return self.write(
-            lambda conn, now: routes.save(conn, actor, fleet, model, route_json, previous_json, now)
+            lambda conn, now: route_changes.save(conn, actor, fleet, model, route_json, previous_json, now)
         )
 
     def route_changes(self, fleet: str) -> list[Any]:
-        return self.read(lambda conn: routes.latest(conn, fleet))
+        return self.read(lambda conn: route_changes.latest(conn, fleet))
 
     # -- access -------------------------------------------------------------------------
     def create_principal(self, actor: Actor, name: str, kind: str, team: str) -> access.PrincipalInfo:

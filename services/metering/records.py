@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from services.metering.errors import BadInput
+from services.metering.metering_errors import BadInput
 
 KINDS = ("request", "trial", "train", "prepare")
 JOB_STATUSES = ("completed", "failed", "cancelled")

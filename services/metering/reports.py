@@ -21,7 +21,7 @@ from sqlalchemy import Engine, case, func, literal, literal_column, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from services.metering.costmodel import round_div
-from services.metering.errors import BadInput
+from services.metering.metering_errors import BadInput
 from services.metering.schema import JOBS, LINES, PATHS, PRICES
 
 GROUPS = ("path", "model", "team", "day")

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, func, select, update
 
 from services.metering import costmodel
 from services.metering.costmodel import IDLE_METHOD, UNALLOCATED_METHOD
-from services.metering.errors import BadInput, Conflict, UnknownEntity, WrongState
+from services.metering.metering_errors import BadInput, Conflict, UnknownEntity, WrongState
 from services.metering.records import ReservationInfo, check_key, check_time
 from services.metering.schema import JOBS, LINES, PATHS, PRICES, RESERVATIONS
 from services.metering.usage import load_paths, load_price_book

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Table, and_, or_, select, update
 
 from services.metering import costmodel
 from services.metering.costmodel import Price, PriceBook
-from services.metering.errors import BadInput, Conflict, MeteringError, UnknownEntity, WrongState
+from services.metering.metering_errors import BadInput, Conflict, MeteringError, UnknownEntity, WrongState
 from services.metering.records import UsageEvent, UsageResult, validate_event
 from services.metering.schema import JOBS, LINES, PATHS, PRICES, RESERVATIONS
 
@@ -48,7 +48,7 @@ def bulk_insert(
     skip_existing: bool = False,
 ) -> int:
     """executemany straight to the driver: the hot path skips Core's per-row parameter
-    processing, which costs more than the insert itself (see benchmarks/ledger.py).
+    processing, which costs more than the insert itself (see benchmarks/bench_ledger.py).
     With `skip_existing`, rows whose key exists are skipped (ON CONFLICT DO NOTHING, on both
     SQLite and PostgreSQL); returns how many rows were inserted."""
     if not rows:

@@ -93,7 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from services.router import config, metrics
     from services.router.server import start_router
-    from switchyard import metrics as prometheus
+    from switchyard import metrics_endpoint as prometheus
     from switchyard import telemetry
     from switchyard.errors import InvalidArgument, SwitchyardError
     from switchyard.grpcio import ServerOptions, run_service, stop_signal

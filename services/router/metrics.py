@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from switchyard.metrics import CallbackCollector, Histogram, counter, gauge
+from switchyard.metrics_endpoint import CallbackCollector, Histogram, counter, gauge
 
 if TYPE_CHECKING:
     from services.router.forward import Router

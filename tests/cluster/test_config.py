@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.cluster.plan import build_plan, child_pythonpath, enabled_executors
-from switchyard.cluster.routes import render_routes
-from switchyard.config import ConfigError, env_names, load_config
+from clients.local_cluster.cluster_config import ConfigError, env_names, load_config
+from clients.local_cluster.local_routes import render_routes
+from clients.local_cluster.plan import build_plan, child_pythonpath, enabled_executors
 from tests.conftest import ROOT
 
 
@@ -150,7 +150,7 @@ def test_derived_routes_pin_cpu_and_shadow_to_xla() -> None:
 def test_dev_server_registers_the_search_attributes_the_workflow_upserts() -> None:
     from temporalio.common import SearchAttributeIndexedValueType
 
-    from switchyard.cluster.plan import SEARCH_ATTRIBUTES
+    from clients.local_cluster.plan import SEARCH_ATTRIBUTES
     from workflows.trial import MODEL, PATHS, VERDICT
 
     kinds = {
@@ -165,8 +165,8 @@ def test_dev_server_registers_the_search_attributes_the_workflow_upserts() -> No
 def test_demo_inputs_use_the_sequence_length_executors_warm_up_with() -> None:
     """XLA compiles per shape: demo traffic and the demo trial must send tiny-lm sequences of
     the length the executor warms every bucket with, or they compile while measured."""
-    from switchyard.cluster import traffic
-    from switchyard.cluster.trial import demo_spec
+    from clients.local_cluster import traffic
+    from clients.local_cluster.demo_trial import demo_spec
     from switchyard.models import tiny_lm
 
     assert traffic.DEFAULT_SEQ == tiny_lm.DEFAULT_SEQ

@@ -24,7 +24,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from switchyard.config import env_names
+from clients.local_cluster.cluster_config import env_names
 from tests.conftest import IN_CI, ROOT
 
 DEPLOY = ROOT / "deploy"

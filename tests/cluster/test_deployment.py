@@ -25,9 +25,9 @@ import grpc
 import numpy as np
 import pytest
 
-from switchyard.cluster import health
-from switchyard.cluster.plan import free_port
-from switchyard.cluster.traffic import create_team_key
+from clients.local_cluster import health
+from clients.local_cluster.plan import free_port
+from clients.local_cluster.traffic import create_team_key
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from tests.conftest import ROOT

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.cluster import health
-from switchyard.cluster.plan import free_port
-from switchyard.cluster.traffic import create_team_key
+from clients.local_cluster import health
+from clients.local_cluster.plan import free_port
+from clients.local_cluster.traffic import create_team_key
 from tests.cluster.test_main_job import alive, descendants
 from tests.conftest import IN_CI, ROOT
 

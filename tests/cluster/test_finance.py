@@ -9,9 +9,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.metering.server import RunningMetering, start_metering
-from switchyard.cluster import finance
-from switchyard.cluster.traffic import create_team_key
+from clients.local_cluster import demo_finance as finance
+from clients.local_cluster.traffic import create_team_key
+from services.metering.metering_server import RunningMetering, start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2, metering_pb2_grpc
 from switchyard.grpcio import ServerOptions
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.cluster.demo import Endpoints, run_main_job
+from clients.local_cluster.demo import Endpoints, run_main_job
 from tests.conftest import IN_CI, ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.xla]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.cluster import health
-from switchyard.cluster.plan import ServiceSpec, free_port
-from switchyard.cluster.supervisor import RestartPolicy, StartupFailed, Supervisor
+from clients.local_cluster import health
+from clients.local_cluster.plan import ServiceSpec, free_port
+from clients.local_cluster.supervisor import RestartPolicy, StartupFailed, Supervisor
 from tests.conftest import ROOT
 
 ENV = {"PYTHONPATH": str(ROOT), "SWITCHYARD_SECURITY_INSECURE": "true"}
@@ -148,8 +148,8 @@ async def test_children_die_with_the_supervisor(tmp_path: Path) -> None:
     script = f"""
 import asyncio, sys
 from pathlib import Path
-from switchyard.cluster.plan import ServiceSpec
-from switchyard.cluster.supervisor import Supervisor
+from clients.local_cluster.plan import ServiceSpec
+from clients.local_cluster.supervisor import Supervisor
 
 async def main() -> None:
     spec = ServiceSpec("evaluator", {_evaluator(port).argv!r}, "127.0.0.1:{port}", "grpc",

@@ -10,7 +10,7 @@ import torch
 from torch._dynamo.utils import same
 
 from services.evaluator.compare import Criteria, compare
-from services.evaluator.errors import BadCriteria, BadTensor
+from services.evaluator.evaluator_errors import BadCriteria, BadTensor
 from services.evaluator.loss import LossCriteria, compare_loss
 from services.evaluator.tensors import DecodedTensor, decode, encode
 

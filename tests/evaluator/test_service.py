@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 import pytest
 
-from services.evaluator.server import start_evaluator
+from services.evaluator.evaluator_server import start_evaluator
 from services.evaluator.tensors import encode
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as pb
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as pb_grpc

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from services.executor.config import ExecutorConfig
-from services.executor.server import RunningExecutor, start_executor
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import RunningExecutor, start_executor
 from switchyard.models.repository import seed_builtins
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from clients.executor import build_infer_request, parse_infer_response
-from services.executor.server import RunningExecutor
+from clients.executor_client import build_infer_request, parse_infer_response
+from services.executor.executor_server import RunningExecutor
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc

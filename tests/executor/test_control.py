@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 import torch
 
-from services.executor.server import RunningExecutor
+from services.executor.executor_server import RunningExecutor
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
 from switchyard.models.registry import ModelRegistry

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients.executor import build_infer_request
-from services.executor.config import ExecutorConfig
-from services.executor.server import start_executor
+from clients.executor_client import build_infer_request
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import start_executor
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl

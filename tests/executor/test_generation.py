@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from services.executor.config import ExecutorConfig
 from services.executor.device import select_backend
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_runtime import Executor
 from services.executor.generation.engine import EngineFull, GenerationStream, TokenEvent
 from services.executor.generation.settings import SamplingParams, parse_sampling
-from services.executor.model_runtime import LoadedModel, LoadOptions
-from services.executor.runtime import Executor
+from services.executor.loaded_model import LoadedModel, LoadOptions
 from switchyard.errors import InvalidArgument
 from switchyard.models.generation import GenerationSettings
 from switchyard.models.registry import ModelRegistry

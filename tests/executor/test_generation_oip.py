@@ -18,8 +18,8 @@ import pytest_asyncio
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
-from services.executor.config import ExecutorConfig
-from services.executor.server import RunningExecutor, start_executor
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import RunningExecutor, start_executor
 from tests.gen_models import build_llama, reference_greedy, repository_with_llama
 
 MODEL = "llama-tiny"

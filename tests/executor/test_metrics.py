@@ -16,9 +16,9 @@ import numpy as np
 import tritonclient.grpc.aio as triton
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.executor import metrics
-from services.executor.server import RunningExecutor
-from switchyard import metrics as prometheus
+from services.executor import executor_metrics as metrics
+from services.executor.executor_server import RunningExecutor
+from switchyard import metrics_endpoint as prometheus
 
 
 def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

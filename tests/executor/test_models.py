@@ -13,14 +13,14 @@ import torch
 import tritonclient.grpc.aio as triton
 from safetensors.torch import save_file
 
-from clients.executor import build_infer_request, parse_infer_response
-from services.executor.server import RunningExecutor
+from clients.executor_client import build_infer_request, parse_infer_response
+from clients.model_admin import add_model
+from services.executor.executor_server import RunningExecutor
 from switchyard.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
 from switchyard.models import minilm
-from switchyard.models.manage import add_model
 from switchyard.models.registry import ModelRegistry, file_sha256, load_module
 from tests.executor.user_model import Scaler, add_user_model
 

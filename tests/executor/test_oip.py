@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import tritonclient.grpc.aio as triton
 
-from services.executor.server import RunningExecutor
+from services.executor.executor_server import RunningExecutor
 from switchyard import oip_params
 from switchyard.models.registry import ModelRegistry, load_module
 
@@ -69,7 +69,7 @@ async def test_mlp_and_tiny_lm_outputs_equal_in_process_call(executor: RunningEx
 async def test_typed_contents_equal_raw_contents(executor: RunningExecutor) -> None:
     import grpc
 
-    from clients.executor import build_infer_request, parse_infer_response
+    from clients.executor_client import build_infer_request, parse_infer_response
     from switchyard.gen.inference import grpc_service_pb2 as oip
     from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 

@@ -10,8 +10,8 @@ import pytest
 import pytest_asyncio
 import torch
 
-from clients.executor import build_infer_request, parse_infer_response
-from services.executor.server import RunningExecutor
+from clients.executor_client import build_infer_request, parse_infer_response
+from services.executor.executor_server import RunningExecutor
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl

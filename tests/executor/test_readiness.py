@@ -10,8 +10,8 @@ import socket
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.executor.config import ExecutorConfig
-from services.executor.server import start_executor
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import start_executor
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
 

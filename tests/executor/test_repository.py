@@ -11,11 +11,11 @@ import grpc
 import pytest
 import torch
 
-from services.executor.server import RunningExecutor
+from clients.model_admin import add_model
+from services.executor.executor_server import RunningExecutor
 from switchyard.errors import AlreadyExists, InvalidArgument, PermissionDenied
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
-from switchyard.models.manage import add_model
 from switchyard.models.manifest import file_sha256
 from switchyard.models.repository import Repository, load_module
 from tests.executor.user_model import Scaler, add_user_model

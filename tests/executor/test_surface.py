@@ -12,9 +12,9 @@ import torch
 import tritonclient.grpc.aio as triton
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from services.executor.config import ExecutorConfig
 from services.executor.device import BACKENDS, BackendUnavailable, probe, select_backend
-from services.executor.server import RunningExecutor, start_executor
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import RunningExecutor, start_executor
 
 
 async def test_reflection_lists_the_services(executor: RunningExecutor) -> None:
@@ -60,7 +60,7 @@ async def test_cuda_backend_refuses_with_its_reason_without_a_gpu() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine: cuda path unverified here")
 async def test_cuda_executor_matches_cpu_reference() -> None:
-    from clients.executor import build_infer_request, parse_infer_response
+    from clients.executor_client import build_infer_request, parse_infer_response
     from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
     from switchyard.models.registry import ModelRegistry, load_module
 

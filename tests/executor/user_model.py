@@ -64,7 +64,7 @@ def add_user_model(
     weights; returns the artifact sha256."""
     from safetensors.torch import save_file
 
-    from switchyard.models.manage import add_model
+    from clients.model_admin import add_model
 
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp)

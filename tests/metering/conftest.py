@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from services.metering.db import migrate
-from services.metering.server import RunningMetering, start_metering
+from services.metering.metering_server import RunningMetering, start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
 from tests.conftest import IN_CI

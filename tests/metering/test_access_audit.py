@@ -8,11 +8,11 @@ from sqlalchemy import create_engine, text
 
 from services.metering.audit import row_hash
 from services.metering.db import resolve_url
+from services.metering.metering_server import RunningMetering
 from services.metering.records import Actor
-from services.metering.server import RunningMetering
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
-from tests.metering.helpers import expect_status, setup_path
+from tests.metering.metering_helpers import expect_status, setup_path
 
 
 def plain_sql(db_url: str, *statements: str) -> None:
@@ -140,8 +140,8 @@ async def test_admin_changes_are_audited_with_actor_and_chain(stub: pb_grpc.Mete
 def test_an_expired_key_stops_authenticating(db_url: str) -> None:
     """With a controllable clock (a fake, not a patch): valid until its expiry, then refused."""
     from services.metering.db import make_engines
-    from services.metering.errors import AuthFailed
     from services.metering.ledger import Ledger
+    from services.metering.metering_errors import AuthFailed
 
     now = [T_KEY]
     ledger = Ledger(make_engines(db_url), clock=lambda: now[0])

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from services.metering.ledger import Ledger
 from services.metering.records import Actor, UsageEvent
 from services.metering.schema import LINES
-from tests.metering.helpers import T0
+from tests.metering.metering_helpers import T0
 
 HOUR = 3_600_000_000
 ACTOR = Actor("prop", "test")

@@ -19,12 +19,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.metering.server import RunningMetering, start_metering
+from services.metering.metering_server import RunningMetering, start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
 from tests.conftest import IN_CI, ROOT
-from tests.metering.helpers import HOUR, T0, event, setup_path
+from tests.metering.metering_helpers import HOUR, T0, event, setup_path
 
 OVERRIDES = ROOT / "tools" / "focus-validator-overrides.yaml"
 MANDATORY = [

@@ -18,7 +18,7 @@ from services.metering.db import make_engines, resolve_url
 from services.metering.ledger import Ledger
 from services.metering.records import Actor, UsageEvent
 from services.metering.schema import AUDIT
-from tests.metering.helpers import HOUR, T0
+from tests.metering.metering_helpers import HOUR, T0
 
 KEY = b"k" * 40
 ACTOR = Actor("root", "test")

@@ -20,12 +20,12 @@ import grpc
 import pytest
 from sqlalchemy import func, select
 
+from services.metering.metering_server import RunningMetering, start_metering
 from services.metering.schema import AUDIT, LINES, RESERVATIONS
-from services.metering.server import RunningMetering, start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
-from tests.metering.helpers import HOUR, T0, event
+from tests.metering.metering_helpers import HOUR, T0, event
 
 pytestmark = pytest.mark.postgres
 

@@ -18,12 +18,12 @@ from typing import Any
 import grpc
 import pytest
 
-from services.metering.server import RunningMetering, start_metering
+from services.metering.metering_server import RunningMetering, start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
 from tests.conftest import ROOT
-from tests.metering.helpers import T0, event
+from tests.metering.metering_helpers import T0, event
 from tests.report_pages import check_charts, chromium
 from workflows import render
 

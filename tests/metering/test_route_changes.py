@@ -8,7 +8,7 @@ import grpc
 
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
-from tests.metering.helpers import expect_status
+from tests.metering.metering_helpers import expect_status
 
 WHO = pb.Actor(principal="ops-admin", source="router", request_id="req-1")
 

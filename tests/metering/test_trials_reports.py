@@ -8,11 +8,11 @@ import json
 import grpc
 from sqlalchemy import text
 
-from services.metering.server import RunningMetering, start_metering
+from services.metering.metering_server import RunningMetering, start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
-from tests.metering.helpers import HOUR, T0, event, expect_status, setup_path
+from tests.metering.metering_helpers import HOUR, T0, event, expect_status, setup_path
 
 DAY = 24 * HOUR
 

@@ -7,11 +7,11 @@ import csv
 
 import grpc
 
-from services.metering.server import RunningMetering, start_metering
+from services.metering.metering_server import RunningMetering, start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
-from tests.metering.helpers import HOUR, T0, event, expect_status, setup_path
+from tests.metering.metering_helpers import HOUR, T0, event, expect_status, setup_path
 
 
 def count_lines(metering: RunningMetering) -> int:

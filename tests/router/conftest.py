@@ -22,10 +22,10 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import func, select
 
-from services.executor.config import ExecutorConfig
-from services.executor.server import RunningExecutor, start_executor
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import RunningExecutor, start_executor
+from services.metering.metering_server import RunningMetering, start_metering
 from services.metering.schema import LINES
-from services.metering.server import RunningMetering, start_metering
 from services.router import config as router_config
 from services.router.server import RunningRouter, start_router
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
@@ -137,8 +137,8 @@ def free_port() -> int:
 
 CHILD = """
 import asyncio, sys
-from services.executor.config import ExecutorConfig
-from services.executor.server import start_executor
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import start_executor
 
 async def main() -> None:
     running = await start_executor(ExecutorConfig(port=int(sys.argv[1]), models=("mlp",), max_queue_size=256))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from services.executor.server import RunningExecutor
+from services.executor.executor_server import RunningExecutor
 from services.router.capture import find_workload, list_workloads, read_requests
 from switchyard.cli import main as switchyard
 from switchyard.errors import InvalidArgument

@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 import pytest
 
-from services.executor.server import RunningExecutor
+from services.executor.executor_server import RunningExecutor
 from services.router.auth import Authenticator, Identity
 from services.router.limits import Limit, PrincipalLimits, RateLimited
 from switchyard.errors import DeadlineExceeded, Unauthenticated, Unavailable

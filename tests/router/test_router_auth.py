@@ -23,7 +23,7 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
-from services.executor.server import RunningExecutor
+from services.executor.executor_server import RunningExecutor
 from services.router.server import start_router
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc

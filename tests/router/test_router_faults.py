@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from services.executor.server import RunningExecutor
+from services.executor.executor_server import RunningExecutor
 from services.metering.schema import LINES
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
@@ -211,8 +211,8 @@ async def test_deadline_and_cancellation_reach_the_executor_queue(
     caller who goes away cancels the upstream request (a CANCEL frame, or the stream), and
     that work is dropped too. The router then goes on serving. Frames are used when the router
     wants them and the executor offers them; otherwise streams."""
-    from services.executor.config import ExecutorConfig
-    from services.executor.server import start_executor
+    from services.executor.executor_config import ExecutorConfig
+    from services.executor.executor_server import start_executor
 
     slow = await start_executor(
         ExecutorConfig(models=("mlp",), max_queue_delay_us=400_000, frames_port=0 if executor_offers else -1)

@@ -18,8 +18,8 @@ import pytest
 import pytest_asyncio
 import tritonclient.grpc as triton
 
-from services.executor.config import ExecutorConfig
-from services.executor.server import RunningExecutor, start_executor
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import RunningExecutor, start_executor
 from services.router.server import RunningRouter
 from tests.gen_models import build_llama, reference_greedy, repository_with_llama
 from tests.router.conftest import Metering, RouterFactory, free_port, routes_config

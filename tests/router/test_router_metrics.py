@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as triton
 
-from services.executor import metrics as executor_metrics
-from services.executor.server import RunningExecutor
-from services.metering import metrics as metering_metrics
+from services.executor import executor_metrics
+from services.executor.executor_server import RunningExecutor
+from services.metering import metering_metrics
 from services.router import metrics as router_metrics
-from switchyard import metrics as prometheus
+from switchyard import metrics_endpoint as prometheus
 from tests.conftest import ROOT
 from tests.executor.test_metrics import scrape, series_names, value
 from tests.router.conftest import Metering, RouterFactory, routes_config

@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from services.executor.config import ExecutorConfig
-from services.executor.server import RunningExecutor, start_executor
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import RunningExecutor, start_executor
 from services.router.config import Policy, Route, Target
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from tests.router.conftest import Metering, RouterFactory, free_port

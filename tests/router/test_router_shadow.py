@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from services.evaluator.server import start_evaluator
-from services.executor.server import RunningExecutor
+from services.evaluator.evaluator_server import start_evaluator
+from services.executor.executor_server import RunningExecutor
 from services.metering.schema import LINES
 from services.router.shadow import divergence
 from switchyard.gen.inference import grpc_service_pb2 as pb

@@ -27,9 +27,9 @@ from switchyard import telemetry
 exporter = InMemorySpanExporter()
 provider = telemetry.setup(telemetry.TelemetryConfig("test", "none"), exporter=exporter)
 
-from services.executor.config import ExecutorConfig
-from services.executor.server import start_executor
-from services.metering.server import start_metering
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import start_executor
+from services.metering.metering_server import start_metering
 from services.router.server import start_router
 from switchyard.gen.inference import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb, metering_pb2_grpc as mgrpc

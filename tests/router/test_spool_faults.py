@@ -19,14 +19,14 @@ import pytest
 from sqlalchemy import select
 
 from services.metering.db import migrate
+from services.metering.metering_server import RunningMetering, start_metering
 from services.metering.schema import AUDIT, LINES
-from services.metering.server import RunningMetering, start_metering
 from services.router.metering_client import MeteringClient
 from services.router.spool import Spool
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
-from tests.metering.helpers import T0, event, setup_path
+from tests.metering.metering_helpers import T0, event, setup_path
 
 SPOOL_CHILD = r"""
 import asyncio, json, resource, signal, sys
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from services.router.metering_client import MeteringClient
 from services.router.spool import Spool
-from tests.metering.helpers import T0, event
+from tests.metering.metering_helpers import T0, event
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
 

@@ -25,11 +25,11 @@ import pytest_asyncio
 from google.protobuf import message_factory
 from sqlalchemy import func, select
 
-from services.executor.config import ExecutorConfig
-from services.executor.server import RunningExecutor, start_executor
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import RunningExecutor, start_executor
 from services.metering.guard import SERVICE_RPCS
+from services.metering.metering_server import RunningMetering, start_metering
 from services.metering.schema import AUDIT
-from services.metering.server import RunningMetering, start_metering
 from services.router import config as router_config
 from services.router.server import start_router
 from switchyard import frames, tls
@@ -501,7 +501,7 @@ async def test_probe_port_answers_health_in_plaintext_and_nothing_else(pki: Pki)
     """The kubelet's gRPC probes show no certificate: a plaintext port with health only."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from services.evaluator.server import start_evaluator
+    from services.evaluator.evaluator_server import start_evaluator
     from switchyard.gen.switchyard.v1 import evaluator_pb2 as evpb
 
     server = await start_evaluator(ServerOptions(port=0, security=pki.ids["evaluator"], health_port=0))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from services.evaluator.server import start_evaluator
+from services.evaluator.evaluator_server import start_evaluator
 from switchyard.grpcio import RunningServer, ServerOptions
 from switchyard.models.repository import seed_builtins
 from tests.trial.stack import Stack, free_port, set_prices, start_xla_executor, wait_serving, xla_python
@@ -47,9 +47,9 @@ def temporal_address(env: WorkflowEnvironment) -> str:
 async def stack(
     temporal_env: WorkflowEnvironment, evaluator: RunningServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Stack]:
-    from services.executor.config import ExecutorConfig
-    from services.executor.server import start_executor
-    from services.metering.server import start_metering
+    from services.executor.executor_config import ExecutorConfig
+    from services.executor.executor_server import start_executor
+    from services.metering.metering_server import start_metering
 
     url = f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.db'}"
     metering = await start_metering(url, ServerOptions(port=0))

@@ -20,8 +20,8 @@ import pytest
 
 from services.executor import distributed
 from tests.conftest import IN_CI
-from tests.trial.helpers import run_trial
 from tests.trial.stack import Stack
+from tests.trial.trial_helpers import run_trial
 
 SPEC = Path(__file__).resolve().parents[2] / "deploy" / "local" / "trials" / "tiny-lm-distributed.json"
 RANK_MODULE = "services.executor.dist_rank"

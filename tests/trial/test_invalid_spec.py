@@ -11,8 +11,8 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from clients import trial_commands
 from switchyard.grpcio import RunningServer
-from workflows import trialctl
 from workflows.connections import Connections, WorkerConfig
 from workflows.trial import TrialWorkflow
 from workflows.worker import build_worker
@@ -53,5 +53,5 @@ async def test_invalid_spec_fails_the_workflow_at_once_naming_the_field(
     # what `switchyard trial status ID` prints for it
     address = str(temporal_env.client.service_client.config.target_host)
     status = argparse.Namespace(trial_id=workflow_id, temporal=address, namespace="default")
-    assert await trialctl._status(status) == 1
+    assert await trial_commands._status(status) == 1
     assert "FAILED: invalid trial spec: paths[1].mode" in capsys.readouterr().out

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from services.executor.config import ExecutorConfig
-from services.executor.server import RunningExecutor, start_executor
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import RunningExecutor, start_executor
 from tests.report_pages import check_charts
-from tests.trial.helpers import QUICK_PERF, tiny_spec
 from tests.trial.stack import Stack, set_prices
+from tests.trial.trial_helpers import QUICK_PERF, tiny_spec
 from workflows.connections import Connections, WorkerConfig
 from workflows.render import render
 from workflows.trial import TrialWorkflow

@@ -17,8 +17,8 @@ from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from tests.conftest import IN_CI
-from tests.trial.helpers import QUICK_PERF, ledger_state, run_trial, tiny_spec
 from tests.trial.stack import Stack
+from tests.trial.trial_helpers import QUICK_PERF, ledger_state, run_trial, tiny_spec
 from workflows.render import render
 from workflows.trial import TrialWorkflow
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowHandle
 
-from tests.trial.helpers import connections, ledger_state, tiny_spec
 from tests.trial.stack import ROOT, Stack, worker_command
+from tests.trial.trial_helpers import connections, ledger_state, tiny_spec
 from workflows.trial import TrialWorkflow
 from workflows.worker import build_worker
 

@@ -35,8 +35,8 @@ from switchyard.grpcio import ServerOptions
 from switchyard.models import minilm
 from switchyard.models.repository import Repository, load_module
 from tests.conftest import IN_CI
-from tests.trial.helpers import QUICK_PERF, run_trial
 from tests.trial.stack import Stack
+from tests.trial.trial_helpers import QUICK_PERF, run_trial
 
 pytestmark = pytest.mark.slow
 SEQ = 12

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from switchyard.models.manage import add_model
+from clients.model_admin import add_model
 from tests.conftest import IN_CI
 from tests.trial import planted
-from tests.trial.helpers import run_trial
 from tests.trial.stack import Stack
+from tests.trial.trial_helpers import run_trial
 from workflows.render import render
 
 MODEL = "planted"

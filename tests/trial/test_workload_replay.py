@@ -20,8 +20,8 @@ from services.router.server import start_router
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
 from switchyard.grpcio import ServerOptions
-from tests.trial.helpers import QUICK_PERF, run_trial
 from tests.trial.stack import Stack
+from tests.trial.trial_helpers import QUICK_PERF, run_trial
 from workflows.spec import SpecError, parse_spec
 
 ROWS = (1, 3, 2, 1, 4)

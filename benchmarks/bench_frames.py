@@ -1,0 +1,219 @@
+"""The router's hop to an executor, alone: a message on a gRPC stream versus in frames.
+
+A server process (uvloop, as services run) answers the same echo two ways: on a grpc.aio
+`ModelStreamInfer` stream, and on a frame connection (switchyard.frames, served by the
+executor's own FrameServer). Both parse the ModelInferRequest and answer a
+ModelStreamInferResponse carrying its tensor bytes back, so both sides do the same protobuf
+work; only the transport differs. A second server process does the same on glibc's default
+malloc settings, to show what switchyard/allocator.py saves. One client process (uvloop)
+sends one request at a time over each, alternating rounds so the machine's drifting load hits
+all alike, at 1 KB and 1 MiB. Prints round-trip p50/p99 and the ratios, writes
+out/bench/frames.json.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_frames.py [--rounds 10] [--requests 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
+
+import grpc
+
+from benchmarks.common import ROOT, write_report
+from clients.local_cluster.plan import free_port
+from services.executor.frame_server import FrameServer
+from switchyard import frames, tls
+from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.grpcio import run_service
+
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+SIZES = {"1KB": 1024, "1MB": 1 << 20}
+LIMIT = 64 << 20
+OPTIONS = [("grpc.max_receive_message_length", LIMIT), ("grpc.max_send_message_length", LIMIT)]
+
+
+class Echo:
+    """The answer both transports give: the request's tensor bytes, back."""
+
+    async def answer(self, request: pb.ModelInferRequest, _: float | None) -> pb.ModelStreamInferResponse:
+        response = pb.ModelInferResponse(id=request.id, raw_output_contents=request.raw_input_contents)
+        return pb.ModelStreamInferResponse(infer_response=response)
+
+
+async def serve(grpc_port: int, frame_port: int) -> None:
+    echo = Echo()
+
+    async def stream(
+        requests: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        async for request in requests:
+            yield await echo.answer(request, None)
+
+    server = grpc.aio.server(options=OPTIONS)
+    handler = grpc.stream_stream_rpc_method_handler(
+        stream,
+        request_deserializer=pb.ModelInferRequest.FromString,
+        response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "inference.GRPCInferenceService", {"ModelStreamInfer": handler}
+            ),
+        )
+    )
+    server.add_insecure_port(f"127.0.0.1:{grpc_port}")
+    await server.start()
+    framed = FrameServer(echo, LIMIT, tls.Security.plaintext())  # plaintext: frames cost, not TLS
+    await framed.start("127.0.0.1", frame_port)
+    print("READY", flush=True)
+    await server.wait_for_termination()
+
+
+def _count(requests: int, nbytes: int) -> int:
+    """Requests per round: a tenth (at least 20) for messages of 64 KiB and more."""
+    return requests if nbytes < 65536 else max(20, requests // 10)
+
+
+Send = Callable[[bytes], Awaitable[bytes]]
+
+
+async def connect(
+    grpc_port: int, frame_port: int, channels: list[grpc.aio.Channel], connections: list[frames.FrameChannel]
+) -> tuple[Send, Send]:
+    """(over a stream, in frames) to one server process; what to close goes into the lists."""
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}", options=OPTIONS)
+    call: Any = channel.stream_stream(STREAM)()  # bytes in, bytes out, as the router's streams
+    connection = await frames.FrameChannel.connect("127.0.0.1", frame_port, LIMIT, 10.0)
+    channels.append(channel)
+    connections.append(connection)
+
+    async def over_stream(body: bytes) -> bytes:
+        await call.write(body)
+        return cast(bytes, await call.read())
+
+    async def over_frames(body: bytes) -> bytes:
+        return await connection.request((body,), 10.0)
+
+    return over_stream, over_frames
+
+
+async def measure(rounds: int, requests: int) -> dict[str, Any]:
+    # Two servers: malloc settings as services run (switchyard/allocator.py), and glibc's defaults.
+    servers = {"": {}, "_glibc_default": {"SWITCHYARD_MALLOC": "default"}}
+    children = []
+    transports: dict[str, Send] = {}
+    channels: list[grpc.aio.Channel] = []
+    connections: list[frames.FrameChannel] = []
+    try:
+        for suffix, extra in servers.items():
+            grpc_port, frame_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+            env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+            serve_args = ("--serve", str(grpc_port), str(frame_port))
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, *serve_args, stdout=asyncio.subprocess.PIPE, env=env
+            )
+            children.append(child)
+            assert child.stdout is not None
+            line = await asyncio.wait_for(child.stdout.readline(), 60)
+            assert line.startswith(b"READY"), line
+            over_stream, over_frames = await connect(grpc_port, frame_port, channels, connections)
+            transports[f"grpc_stream{suffix}"] = over_stream
+            transports[f"frames{suffix}"] = over_frames
+        results: dict[str, Any] = {}
+        for size, nbytes in SIZES.items():
+            request = pb.ModelInferRequest(model_name="echo", id="r")
+            request.inputs.add(name="x", datatype="UINT8", shape=[nbytes])
+            request.raw_input_contents.append(os.urandom(nbytes))
+            body = request.SerializeToString()
+            count = _count(requests, nbytes)
+            samples: dict[str, list[int]] = {name: [] for name in transports}
+            for send in transports.values():  # warm-up
+                for _ in range(20):
+                    reply = await send(body)
+                    assert pb.ModelStreamInferResponse.FromString(reply).infer_response.raw_output_contents
+            for r in range(rounds):
+                order = list(transports) if r % 2 == 0 else list(reversed(transports))
+                for name in order:
+                    send = transports[name]
+                    for _ in range(count):
+                        t = time.perf_counter_ns()
+                        await send(body)
+                        samples[name].append(time.perf_counter_ns() - t)
+            cell: dict[str, Any] = {}
+            for name, v in samples.items():
+                q = statistics.quantiles(v, n=100, method="inclusive")  # as benchmarks/bench_router.py
+                cell[name] = {"p50_us": q[49] / 1000, "p99_us": q[98] / 1000, "requests": len(v)}
+            cell["frames_over_stream_p50"] = cell["frames"]["p50_us"] / cell["grpc_stream"]["p50_us"]
+            cell["frames_over_stream_p99"] = cell["frames"]["p99_us"] / cell["grpc_stream"]["p99_us"]
+            for transport in ("grpc_stream", "frames"):  # what glibc's defaults cost
+                default = cell[f"{transport}_glibc_default"]["p50_us"]
+                cell[f"{transport}_malloc_kept_over_default_p50"] = cell[transport]["p50_us"] / default
+            cell["message_bytes"] = len(body)
+            results[size] = cell
+            for name in transports:
+                c = cell[name]
+                print(
+                    f"{size} {name:26s} round trip p50 {c['p50_us']:8.1f} us  p99 {c['p99_us']:8.1f} us"
+                    f"  ({c['requests']} requests)",
+                    flush=True,
+                )
+            print(
+                f"{size} frames / grpc stream: p50 x{cell['frames_over_stream_p50']:.3f}, "
+                f"p99 x{cell['frames_over_stream_p99']:.3f}; malloc kept / glibc default at p50: "
+                f"stream x{cell['grpc_stream_malloc_kept_over_default_p50']:.3f}, "
+                f"frames x{cell['frames_malloc_kept_over_default_p50']:.3f}",
+                flush=True,
+            )
+        for connection in connections:
+            connection.close()
+        for channel in channels:
+            await channel.close()  # cancels its stream
+    finally:
+        for child in children:
+            child.terminate()
+            await child.wait()
+    return {
+        "benchmark": "frames",
+        "configuration": {
+            "server": "two processes on uvloop, each serving grpc.aio ModelStreamInfer (EventEngine "
+            "default) and a FrameServer, both answering with Echo.answer: one with the malloc "
+            "settings services run with (switchyard/allocator.py), one (`*_glibc_default`) with "
+            "glibc's defaults (SWITCHYARD_MALLOC=default)",
+            "client": "one process on uvloop with the services' malloc settings, one request at a "
+            "time; rounds alternate the order",
+            "message": "a ModelInferRequest with one UINT8 input of the size named; the reply carries "
+            "the same bytes back",
+            "rounds": rounds,
+            "requests_per_round": {size: _count(requests, n) for size, n in SIZES.items()},
+            "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpc": grpc.__version__},
+        },
+        "results": results,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--requests", type=int, default=300, help="per round at 1 KB (a tenth at 1 MiB)")
+    parser.add_argument(
+        "--serve", nargs=2, type=int, metavar=("GRPC_PORT", "FRAME_PORT"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args()
+    if args.serve:
+        run_service(serve(*args.serve))
+        return 0
+    write_report("frames", run_service(measure(args.rounds, args.requests)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

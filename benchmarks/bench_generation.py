@@ -1,0 +1,272 @@
+"""Generation: the executor's continuous batching against Hugging Face `generate()` with static
+batching of the same requests (the floor), on one Llama-style model with seeded weights.
+
+The same seeded requests (prompt lengths 8..60 tokens, output lengths 8..64 tokens, EOS
+ignored so every request makes exactly its length) go
+- to `model.generate()` in-process, greedy, in static batches (left-padded; a batch runs
+  until its longest request is done, as static batching does); output tokens/s counts each
+  request's own tokens only;
+- to a real executor (gRPC, port 0, cpu eager fp32) over ModelStreamInfer (stream=true, a
+  response per token), at 1, 8 and 32 concurrent streams, each stream sending its next
+  request when its previous one finished.
+Per concurrency: TTFT, TPOT ((e2e - ttft) / (output_tokens - 1)), ITL (gaps between streamed
+responses) and E2E with p50/p90/p99, request and output-token throughput, and the
+compilations after warm-up the responses report. The 1-stream TTFT is compared with the
+in-process prefill time of the same prompts (the model's own forward). Targets (issue 18):
+32 streams >= 2x the floor's output tokens/s; 1-stream TTFT p50 <= 1.25x the prefill p50.
+Writes out/bench/generation.json.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_generation.py [--requests 32] [--batch 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import platform
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+
+from benchmarks.common import write_report
+from switchyard import codec, oip_params, tls
+from switchyard.gen.inference import grpc_service_pb2 as pb
+
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+GENERATION = {
+    "max_context": 128,
+    "max_new_tokens": 64,
+    "prompt_buckets": [16, 32, 64],
+    "decode_slots": 32,
+}
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "n": 0}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "n": len(values)}
+
+
+def build_model(directory: Path) -> Any:
+    from tests.gen_models import build_llama
+
+    return build_llama(directory)
+
+
+def workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    return [
+        ([rng.randrange(1, vocab) for _ in range(rng.randint(8, 60))], rng.randint(8, 64)) for _ in range(n)
+    ]
+
+
+def hf_floor(directory: Path, requests: list[tuple[list[int], int]], batch: int) -> dict[str, Any]:
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(directory)
+    model.train(False)
+    pad = int(model.config.eos_token_id)  # type: ignore[arg-type]
+    useful = 0
+    with torch.no_grad():
+        # warm once
+        model.generate(torch.tensor([requests[0][0]]), max_new_tokens=2, do_sample=False, pad_token_id=pad)
+        begin = time.perf_counter()
+        for i in range(0, len(requests), batch):
+            group = requests[i : i + batch]
+            width = max(len(p) for p, _ in group)
+            ids = torch.full((len(group), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(group), width), dtype=torch.long)
+            for row, (p, _) in enumerate(group):
+                ids[row, width - len(p) :] = torch.tensor(p)
+                mask[row, width - len(p) :] = 1
+            longest = max(n for _, n in group)
+            model.generate(
+                ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
+                do_sample=False, pad_token_id=pad,
+            )  # fmt: skip
+            useful += sum(n for _, n in group)
+        seconds = time.perf_counter() - begin
+        prefill = []
+        for p, _ in requests:
+            start = time.perf_counter()
+            model(torch.tensor([p]))
+            prefill.append(time.perf_counter() - start)
+    return {
+        "batch": batch,
+        "seconds": seconds,
+        "output_tokens": useful,
+        "output_tokens_per_s": useful / seconds,
+        "prefill_s": quantiles(prefill),
+    }
+
+
+def _request(prompt: list[int], max_tokens: int, rid: str) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="llama-bench", id=rid)
+    request.inputs.add(name="input_ids", datatype="INT64", shape=[len(prompt)])
+    request.raw_input_contents.append(np.asarray(prompt, np.int64).tobytes())
+    request.inputs.add(name="stream", datatype="BOOL", shape=[1])
+    request.raw_input_contents.append(np.array([True]).tobytes())
+    sampling = json.dumps({"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True})
+    request.inputs.add(name="sampling_parameters", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(codec.encode_bytes([sampling.encode()]))
+    return request
+
+
+async def executor_run(
+    address: str, requests: list[tuple[list[int], int]], concurrency: int
+) -> dict[str, Any]:
+    channel = grpc.aio.insecure_channel(address)
+    open_stream = channel.stream_stream(
+        STREAM,
+        request_serializer=pb.ModelInferRequest.SerializeToString,
+        response_deserializer=pb.ModelStreamInferResponse.FromString,
+    )
+    queue: asyncio.Queue[tuple[int, tuple[list[int], int]]] = asyncio.Queue()
+    for item in enumerate(requests):
+        queue.put_nowait(item)
+    ttft: list[float] = []
+    tpot: list[float] = []
+    itl: list[float] = []
+    e2e: list[float] = []
+    tokens = 0
+    compilations: set[int] = set()
+
+    async def client() -> None:
+        nonlocal tokens
+        while not queue.empty():
+            i, (prompt, n) = queue.get_nowait()
+            call = open_stream()
+            start = time.perf_counter()
+            await call.write(_request(prompt, n, str(i)))
+            await call.done_writing()
+            stamps = []
+            count = 0
+            async for message in call:
+                assert not message.error_message, message.error_message
+                stamps.append(time.perf_counter())
+                params = message.infer_response.parameters
+                count = params[oip_params.NUM_OUTPUT_TOKENS].int64_param
+                compilations.add(params[oip_params.COMPILATIONS_AFTER_WARMUP].int64_param)
+                if params[oip_params.FINAL].bool_param:
+                    break
+            assert count == n, (count, n)
+            tokens += count
+            ttft.append(stamps[0] - start)
+            e2e.append(stamps[-1] - start)
+            if count > 1:
+                tpot.append((stamps[-1] - stamps[0]) / (count - 1))
+            itl.extend(b - a for a, b in itertools.pairwise(stamps))
+
+    begin = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    seconds = time.perf_counter() - begin
+    await channel.close()
+    return {
+        "concurrency": concurrency,
+        "requests": len(requests),
+        "seconds": seconds,
+        "output_tokens": tokens,
+        "output_tokens_per_s": tokens / seconds,
+        "requests_per_s": len(requests) / seconds,
+        "ttft_s": quantiles(ttft),
+        "tpot_s": quantiles(tpot),
+        "itl_s": quantiles(itl),
+        "e2e_s": quantiles(e2e),
+        "compilations_after_warmup": sorted(compilations),
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    from services.executor.executor_config import ExecutorConfig
+    from services.executor.executor_server import start_executor
+    from switchyard.models.repository import seed_builtins
+    from tests.gen_models import add_generative
+
+    # the executor's thread count (services/executor/device.py) for the floor too: the same cores
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
+    work = Path(tempfile.mkdtemp(prefix="bench-gen-"))
+    directory = build_model(work / "llama")
+    config = json.loads((directory / "config.json").read_text())
+    requests = workload(args.requests, int(config["vocab_size"]))
+    lengths = {
+        "prompt_tokens": quantiles([float(len(p)) for p, _ in requests]),
+        "output_tokens": quantiles([float(n) for _, n in requests]),
+    }
+    floor = await asyncio.to_thread(hf_floor, directory, requests, args.batch)
+    root = work / "repo"
+    seed_builtins(root, ["tiny-lm"])
+    add_generative(root, "llama-bench", directory, {**GENERATION, "max_new_tokens": 64}, "hf")
+    config_ = ExecutorConfig(models=("llama-bench",), model_repository=str(root))
+    running = await start_executor(config_, tls.Security.plaintext())  # loopback only, by name
+    runs = {}
+    try:
+        for concurrency in (1, 8, 32):
+            subset = requests[: max(8, concurrency)] if concurrency == 1 else requests
+            runs[str(concurrency)] = await executor_run(running.address, subset, concurrency)
+    finally:
+        await running.stop(0)
+    at32, at1 = runs["32"], runs["1"]
+    ratios = {
+        "output_tokens_per_s_32_streams_over_floor": at32["output_tokens_per_s"]
+        / floor["output_tokens_per_s"],
+        "ttft_p50_1_stream_over_prefill_p50": at1["ttft_s"]["p50"] / floor["prefill_s"]["p50"],
+    }
+    return {
+        "model": {k: config[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
+        "generation": GENERATION,
+        "workload": {"requests": len(requests), "lengths": lengths, "seed": 0, "ignore_eos": True},
+        "floor_hf_generate_static_batching": floor,
+        "executor": runs,
+        "ratios": ratios,
+        "targets": {
+            "output_tokens_per_s_32_streams_over_floor": ">= 2",
+            "ttft_p50_1_stream_over_prefill_p50": "<= 1.25",
+        },
+        "host": {
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "load_1m": os.getloadavg()[0],
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+        },
+    }
+
+
+def run() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=32, help="static batch size of the floor")
+    report = asyncio.run(main(parser.parse_args()))
+    floor = report["floor_hf_generate_static_batching"]
+    print(
+        f"floor (HF generate, static batches of {floor['batch']}): "
+        f"{floor['output_tokens_per_s']:.1f} output tok/s"
+    )
+    for c, r in report["executor"].items():
+        print(
+            f"executor {c:>2} streams: {r['output_tokens_per_s']:.1f} tok/s, "
+            f"TTFT p50 {r['ttft_s']['p50'] * 1e3:.1f} ms "
+            f"p99 {r['ttft_s']['p99'] * 1e3:.1f} ms, TPOT p50 {r['tpot_s']['p50'] * 1e3:.2f} ms, "
+            f"compilations after warm-up {r['compilations_after_warmup']}"
+        )
+    for k, v in report["ratios"].items():
+        print(f"{k}: x{v:.2f} (target {report['targets'][k]})")
+    write_report("generation", report)
+
+
+if __name__ == "__main__":
+    run()

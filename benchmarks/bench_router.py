@@ -1,0 +1,645 @@
+"""Router overhead: direct-to-executor versus through the router, measured in one run.
+
+Each service runs in its own process, as deployed: a CPU executor serving two light user
+models (block means of the input, so model compute does not dilute the overhead), metering on
+a temporary SQLite file, and the router started with `switchyard router serve` (auth through
+metering with its cache, usage events to metering, telemetry off). One client process sends
+pre-serialised ModelInferRequests over grpc.aio straight to the executor (the baseline),
+through a bare grpc.aio pass-through hop (unary bytes in, unary bytes out, nothing else: the
+plain Python hop the issue compares with, on gRPC's and asyncio's defaults), and through three
+routers: as deployed (uvloop, gRPC's EventEngine endpoints off: see switchyard/transport.py;
+inference to the executor in frames: switchyard/frames.py), the same over gRPC streams to the
+executor (`router_grpc`), and over streams on stock settings (`router_stock`: asyncio's loop,
+gRPC's default transport). The five alternate in rounds so the machine's drifting load hits
+each alike, with a 1 KB input (1 x 256 FP32, `small`) and a 1 MiB input (1 x 262144 FP32,
+`wide`), at 1 and 16 concurrent clients. `router_capture` is `router` with workload capture on
+(share 0.1, `--capture-share`): its throughput over `router's` is the cost of capture. Prints
+p50/p99, throughput at 16 and the ratios,
+and writes out/bench/router.json.
+
+Service identity: the plaintext targets run with SWITCHYARD_SECURITY_INSECURE=true, by name.
+`router_mtls` is the deployed router with every internal hop on mutual TLS: its own
+certificate to a second executor and a second metering that require one (frames over TLS,
+Authenticate and RecordUsage over mTLS gRPC), certificates issued as `switchyard up` issues
+them. `direct_mtls` calls that executor straight, with a router certificate. The mTLS cost is
+router_mtls's p50 minus router's at 1 KB, c=1 (target <= 0.15 ms), and router_mtls's
+throughput at 16 clients against direct's (>= 0.6).
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_router.py [--scale 0.5]
+
+Targets (issue 5): <= 0.5 ms added at p50 and <= 1.5 ms at p99 for 1 KB at concurrency 1;
+through-router throughput >= 0.6 of direct at 16 clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.router import wire
+from switchyard import tls
+from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+
+ROOT = Path(__file__).resolve().parent.parent
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+SMALL = 256  # FP32 elements in one row of the `small` model's input: 1 KiB
+WIDE = 262_144  # FP32 elements in one row of the `wide` model's input: 1 MiB
+SIZES = {"1KB": ("small", 1, SMALL), "1MB": ("wide", 1, WIDE)}  # model, rows, columns (FP32)
+MODELS = ("small", "wide")
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+# Stock process settings: asyncio's loop and gRPC's default transport (GRPC_EXPERIMENTS="").
+STOCK = {"SWITCHYARD_LOOP": "asyncio", "GRPC_EXPERIMENTS": ""}
+# The routers measured: name -> (environment, executor_transport).
+ROUTERS: dict[str, tuple[dict[str, str], str]] = {
+    "router": ({}, "frames"),
+    "router_grpc": ({}, "grpc"),
+    "router_stock": (STOCK, "grpc"),
+    # as deployed, with workload capture on every route (share CAPTURE_SHARE, --capture-share)
+    "router_capture": ({}, "frames-capture"),
+}
+CAPTURE_SHARE = 0.1
+
+# The executor and metering run as their CLIs run them: on uvloop (run_service), the executor
+# with its start-up objects frozen out of the collector.
+EXECUTOR = f"""
+import gc, sys
+from pathlib import Path
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import start_executor
+from switchyard.grpcio import run_service
+
+async def main() -> None:
+    cfg = ExecutorConfig(port=int(sys.argv[1]), models={MODELS!r}, batch_buckets={BUCKETS!r},
+                         max_queue_size=1024, model_repository=sys.argv[2],
+                         allowed_factories=("benchmarks",))
+    running = await start_executor(cfg)
+    gc.collect()
+    gc.freeze()
+    print("READY", flush=True)
+    await running.serve_until_signal()
+
+run_service(main())
+"""
+
+# The floor: a bare grpc.aio hop that forwards ModelInfer bytes and does nothing else.
+PASSTHROUGH = """
+import asyncio, sys
+import grpc
+
+async def main() -> None:
+    opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    channel = grpc.aio.insecure_channel(sys.argv[2], options=opts)
+    upstream = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+    async def infer(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return await upstream(body, timeout=context.time_remaining())
+
+    server = grpc.aio.server(options=opts)
+    handler = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")
+    await server.start()
+    print("READY", flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+METERING = """
+import sys
+from services.metering.metering_server import start_metering
+from switchyard.grpcio import ServerOptions, run_service
+
+async def main() -> None:
+    running = await start_metering(sys.argv[2], ServerOptions(port=int(sys.argv[1])))
+    print("READY", flush=True)
+    await running.serve_until_signal()
+
+run_service(main())
+"""
+
+
+def _block_means(width: int) -> Any:
+    """A user model: FP32 [width] in, its mean per 64-column block out. Light on purpose: the
+    benchmark measures the router, and a model's compute time would dilute its overhead."""
+    import torch
+
+    from switchyard.models.registry import TensorSpec, UserModel
+
+    class BlockMeans(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(x.shape[0], -1, 64).mean(dim=2) * self.scale
+
+    return UserModel(
+        BlockMeans(), (TensorSpec("x", "FP32", (width,)),), (TensorSpec("y", "FP32", (width // 64,)),)
+    )
+
+
+def small_model() -> Any:
+    """The 1 KB case: FP32 [256] in."""
+    return _block_means(SMALL)
+
+
+def wide_model() -> Any:
+    """The 1 MiB case: FP32 [262144] in (the executor's largest batch bucket is 1024 rows, so
+    a 1 MiB request needs a wide row)."""
+    return _block_means(WIDE)
+
+
+def write_block_means_repository(root: Path) -> None:
+    """The two user models as factory-format entries of a model repository at `root`."""
+    import torch
+    from safetensors.torch import save_file
+
+    from clients.model_admin import add_model
+
+    for name in MODELS:
+        source = root.parent / f"source-{name}"
+        source.mkdir()
+        (source / "model.toml").write_text(f'[factory]\nfunction = "benchmarks.bench_router:{name}_model"\n')
+        save_file({"scale": torch.ones(1)}, str(source / "model.safetensors"))
+        add_model(root, name, source, allowed_factories=("benchmarks",))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _channel(address: str, security: tls.Security | None) -> grpc.aio.Channel:
+    return (
+        grpc.aio.insecure_channel(address)
+        if security is None
+        else tls.aio_channel(address, security=security)
+    )
+
+
+async def wait_serving(address: str, security: tls.Security | None = None, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with _channel(address, security) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"{address} did not become SERVING (logs in {tempfile.gettempdir()}/router-bench-*)")
+
+
+async def wait_answering(address: str, body: bytes, timeout_s: float = 60.0) -> None:
+    """The bare pass-through has no health service: wait until it forwards a request."""
+    deadline = time.monotonic() + timeout_s
+    async with grpc.aio.insecure_channel(address) as channel:
+        call: Any = channel.unary_unary(INFER)
+        while True:
+            try:
+                await call(body, timeout=5)
+                return
+            except grpc.aio.AioRpcError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+
+async def wait_models_ready(
+    address: str, models: tuple[str, ...], timeout_s: float = 300.0, security: tls.Security | None = None
+) -> None:
+    """The executor serves health before its models finish warming up; wait for ModelReady."""
+    deadline = time.monotonic() + timeout_s
+    async with _channel(address, security) as channel:
+        stub = pbgrpc.GRPCInferenceServiceStub(channel)
+        for model in models:
+            while True:
+                try:
+                    if (await stub.ModelReady(pb.ModelReadyRequest(name=model), timeout=5)).ready:
+                        break
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.NOT_FOUND:  # NOT_FOUND: not loaded yet
+                        raise
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"model {model} on {address} did not become ready")
+                await asyncio.sleep(0.2)
+
+
+@dataclass
+class Result:
+    target: str
+    size: str
+    input_bytes: int
+    concurrency: int
+    requests: int
+    p50_ms: float
+    p99_ms: float
+    throughput_rps: float
+    router_own_p50_us: float = 0.0  # the router's own time (response parameter router_overhead_us)
+    router_own_p99_us: float = 0.0
+
+
+async def measure_cell(
+    targets: list[tuple[str, str, Any, tls.Security | None]],
+    body: bytes,
+    concurrency: int,
+    count: int,
+    rounds: int,
+    size: str,
+    input_bytes: int,
+) -> list[Result]:
+    """`count` requests per target at `concurrency`, in `rounds` rounds that alternate the
+    targets (their order rotating), so drift in the machine's load hits every target alike.
+    Latencies are pooled over the rounds; throughput is requests over the summed round walls."""
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    channels = [
+        grpc.aio.insecure_channel(address, options=options)
+        if security is None
+        else tls.aio_channel(address, options, security)
+        for _, address, _, security in targets
+    ]
+    try:
+        # bytes in, bytes out: the client costs the same whichever target it calls
+        calls: list[Any] = [channel.unary_unary(INFER) for channel in channels]
+        for call, (_, _, metadata, _) in zip(calls, targets, strict=True):
+            for _ in range(max(10, count // 10)):  # warm-up: connections, executor buckets, auth cache
+                await call(body, metadata=metadata, timeout=30)
+        latencies: list[list[float]] = [[] for _ in targets]
+        replies: list[list[bytes]] = [[] for _ in targets]
+        walls = [0.0] * len(targets)
+        per_round = max(concurrency, count // rounds)
+        for r in range(rounds):
+            for k in range(len(targets)):
+                i = (k + r) % len(targets)
+                call, metadata = calls[i], targets[i][2]
+                remaining = iter(range(per_round))
+
+                async def client(call: Any = call, metadata: Any = metadata, i: int = i) -> None:
+                    for _ in remaining:  # noqa: B023  (one round's shared counter)
+                        t0 = time.perf_counter()
+                        reply = await call(body, metadata=metadata, timeout=30)
+                        latencies[i].append(time.perf_counter() - t0)
+                        replies[i].append(reply)
+
+                start = time.perf_counter()
+                await asyncio.gather(*(client() for _ in range(concurrency)))
+                walls[i] += time.perf_counter() - start
+    finally:
+        for channel in channels:
+            await channel.close()
+    results = []
+    for i, (target, _, _, _) in enumerate(targets):
+        q = statistics.quantiles(latencies[i], n=100, method="inclusive")
+        n = len(latencies[i])
+        result = Result(target, size, input_bytes, concurrency, n, q[49] * 1e3, q[98] * 1e3, n / walls[i])
+        if target.startswith("router"):
+            own = [float(wire.read_int_parameters(x, ("router_overhead_us",))[0]) for x in replies[i]]
+            oq = statistics.quantiles(own, n=100, method="inclusive")
+            result.router_own_p50_us, result.router_own_p99_us = oq[49], oq[98]
+        results.append(result)
+    return results
+
+
+async def setup_key(metering: str, security: tls.Security) -> str:
+    async with tls.aio_channel(metering, security=security) as channel:
+        stub = mgrpc.MeteringStub(channel)
+        await stub.SetPrice(
+            mpb.SetPriceRequest(price_key="bench-cpu", micros_per_hour=1_000_000, currency="USD")
+        )
+        await stub.RegisterPath(
+            mpb.RegisterPathRequest(
+                path="cpu-bench", backend="cpu", resource_class="cpu", price_key="bench-cpu"
+            )
+        )
+        await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="bench", kind="service", team="bench"))
+        for model in MODELS:
+            await stub.GrantRole(mpb.RoleRequest(principal="bench", role="infer", scope=f"model:{model}"))
+        return (await stub.CreateKey(mpb.CreateKeyRequest(principal="bench"))).key
+
+
+async def spawn(*args: str, env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
+    with log.open("wb") as sink:  # the child keeps its own descriptor
+        return await asyncio.create_subprocess_exec(
+            sys.executable, *args, env=env, cwd=ROOT, stdout=sink, stderr=sink
+        )
+
+
+async def run(scale: float, capture_share: float = CAPTURE_SHARE) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
+    env = {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.INSECURE_ENV: "true"}
+    pki = tls.ensure_local_pki(tmp / "tls", ["executor-cpu", "metering", "router", "operator"])
+    ids = {name: tls.Security.from_dir(folder) for name, folder in pki.items()}
+
+    def mtls_env(name: str) -> dict[str, str]:
+        return {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.TLS_DIR_ENV: str(pki[name])}
+
+    names = ("executor", "metering", "executor_mtls", "metering_mtls", "passthrough", *ROUTERS, "router_mtls")
+    ports = {name: free_port() for name in names}
+    addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+    for transport in ("frames", "grpc", "frames-capture"):
+        capture = f"[routes.{{m}}.capture]\nshare = {capture_share}\nmax_mb = 256\n\n"
+        (tmp / f"routes-{transport}.toml").write_text(
+            f'[router]\nmax_in_flight = 1024\nexecutor_transport = "{transport.split("-")[0]}"\n'
+            f'workloads_dir = "{tmp / "workloads"}"\n\n'
+            f'[deployments.cpu]\naddress = "{addr["executor"]}"\npath = "cpu-bench"\n\n'
+            + "".join(
+                f'[routes.{m}]\npolicy = "pinned"\ntargets = ["cpu"]\n\n'
+                + (capture.format(m=m) if transport.endswith("capture") else "")
+                for m in MODELS
+            )
+        )
+    (tmp / "routes-mtls.toml").write_text(
+        (tmp / "routes-frames.toml").read_text().replace(addr["executor"], addr["executor_mtls"])
+    )
+    write_block_means_repository(tmp / "models")
+    procs = [
+        await spawn(
+            "-c",
+            EXECUTOR,
+            str(ports["executor"]),
+            str(tmp / "models"),
+            env=env,
+            log=tmp / "executor.log",
+        ),
+        await spawn(
+            "-c",
+            METERING,
+            str(ports["metering"]),
+            f"sqlite:///{tmp / 'ledger.db'}",
+            env=env,
+            log=tmp / "metering.log",
+        ),
+        await spawn(
+            "-c",
+            EXECUTOR,
+            str(ports["executor_mtls"]),
+            str(tmp / "models"),
+            env=mtls_env("executor-cpu"),
+            log=tmp / "executor_mtls.log",
+        ),
+        await spawn(
+            "-c",
+            METERING,
+            str(ports["metering_mtls"]),
+            f"sqlite:///{tmp / 'ledger-mtls.db'}",
+            env=mtls_env("metering"),
+            log=tmp / "metering_mtls.log",
+        ),
+    ]
+    operator = ids["operator"]
+    try:
+        await asyncio.gather(
+            wait_serving(addr["executor"]),
+            wait_serving(addr["metering"]),
+            wait_serving(addr["executor_mtls"], operator),
+            wait_serving(addr["metering_mtls"], operator),
+        )
+        await wait_models_ready(addr["executor"], MODELS)
+        await wait_models_ready(addr["executor_mtls"], MODELS, security=ids["router"])
+        procs.append(
+            await spawn(
+                "-c",
+                PASSTHROUGH,
+                str(ports["passthrough"]),
+                addr["executor"],
+                env={**env, **STOCK},
+                log=tmp / "passthrough.log",
+            )
+        )
+        key = await setup_key(addr["metering"], tls.Security.plaintext())
+        key_mtls = await setup_key(addr["metering_mtls"], operator)
+        procs.append(
+            await spawn(
+                "-m",
+                "switchyard",
+                "router",
+                "serve",
+                "--port",
+                str(ports["router_mtls"]),
+                "--config",
+                str(tmp / "routes-mtls.toml"),
+                "--metering",
+                addr["metering_mtls"],
+                "--spool-dir",
+                str(tmp / "spool-router_mtls"),
+                env=mtls_env("router"),
+                log=tmp / "router_mtls.log",
+            )
+        )
+        await wait_serving(addr["router_mtls"])
+        for name, (settings, transport) in ROUTERS.items():
+            procs.append(
+                await spawn(
+                    "-m",
+                    "switchyard",
+                    "router",
+                    "serve",
+                    "--port",
+                    str(ports[name]),
+                    "--config",
+                    str(tmp / f"routes-{transport}.toml"),
+                    "--metering",
+                    addr["metering"],
+                    "--spool-dir",
+                    str(tmp / f"spool-{name}"),
+                    env={**env, **settings},
+                    log=tmp / f"{name}.log",
+                )
+            )
+            await wait_serving(addr[name])
+        auth = [("authorization", f"Bearer {key}")]
+        results: list[Result] = []
+        # (size, concurrency, requests per target, rounds)
+        # Many short rounds at 1 KB c=1: the tail comes from the shared machine's bursts, and
+        # short alternating rounds spread each burst over all targets alike.
+        plan = [("1KB", 1, 3000, 30), ("1KB", 16, 4800, 3), ("1MB", 1, 240, 3), ("1MB", 16, 480, 3)]
+        for size, concurrency, count, rounds in plan:
+            model, rows, cols = SIZES[size]
+            x = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+            req = pb.ModelInferRequest(model_name=model)
+            req.inputs.add(name="x", datatype="FP32", shape=[rows, cols])
+            req.raw_input_contents.append(x.tobytes())
+            body = req.SerializeToString()
+            await wait_answering(addr["passthrough"], body)
+            n = max(20 * rounds, int(count * scale))
+            targets: list[tuple[str, str, Any, tls.Security | None]] = [
+                ("direct", addr["executor"], None, None),
+                ("direct_mtls", addr["executor_mtls"], None, ids["router"]),
+                ("passthrough", addr["passthrough"], None, None),
+                *((name, addr[name], auth, None) for name in ROUTERS),
+                ("router_mtls", addr["router_mtls"], [("authorization", f"Bearer {key_mtls}")], None),
+            ]
+            for r in await measure_cell(targets, body, concurrency, n, rounds, size, x.nbytes):
+                results.append(r)
+                own = f"  (router's own p50 {r.router_own_p50_us:.0f} us)" if r.router_own_p50_us else ""
+                print(
+                    f"{r.target:14s} {size} c={concurrency:2d} n={r.requests:5d}: p50 {r.p50_ms:7.3f} ms  "
+                    f"p99 {r.p99_ms:7.3f} ms  {r.throughput_rps:8.1f} req/s{own}",
+                    flush=True,
+                )
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in procs:
+            await proc.wait()
+    report = summarise(results, scale)
+    from services.router.capture import list_workloads
+
+    captured = sum(int(w["requests"]) for w in list_workloads(tmp / "workloads"))
+    report["capture"] = _capture_summary(results, capture_share, captured)
+    return report
+
+
+def _capture_summary(results: list[Result], share: float, captured: int) -> dict[str, Any]:
+    """Capture on (router_capture) against off (router), same run, same rounds."""
+    by = {(r.target, r.size, r.concurrency): r for r in results}
+    ratios = {
+        f"{size}_c{c}": by[("router_capture", size, c)].throughput_rps
+        / by[("router", size, c)].throughput_rps
+        for size in SIZES
+        for c in (1, 16)
+    }
+    return {
+        "share": share,
+        "throughput_ratio_on_vs_off": ratios,
+        "requests_captured": captured,
+        "target_1KB_c16_cost<5%": ratios["1KB_c16"] >= 0.95,
+    }
+
+
+def _added(x: Result, direct: Result) -> dict[str, float]:
+    return {
+        "added_p50_ms": x.p50_ms - direct.p50_ms,
+        "added_p99_ms": x.p99_ms - direct.p99_ms,
+        "throughput_ratio": x.throughput_rps / direct.throughput_rps,
+    }
+
+
+def summarise(results: list[Result], scale: float) -> dict[str, Any]:
+    by = {(r.target, r.size, r.concurrency): r for r in results}
+    comparisons: list[dict[str, Any]] = []
+    for size in SIZES:
+        for concurrency in (1, 16):
+            d, r = by[("direct", size, concurrency)], by[("router", size, concurrency)]
+            floor = by[("passthrough", size, concurrency)]
+            comparisons.append(
+                {
+                    "size": size,
+                    "input_bytes": d.input_bytes,
+                    "concurrency": concurrency,
+                    **_added(r, d),
+                    # the router's added p50 as a share of the bare hop's (below 1: cheaper)
+                    "added_p50_vs_passthrough": (r.p50_ms - d.p50_ms) / max(1e-9, floor.p50_ms - d.p50_ms),
+                    "others": {
+                        name: _added(by[(name, size, concurrency)], d)
+                        for name in ("passthrough", *ROUTERS, "direct_mtls", "router_mtls")
+                        if name != "router"
+                    },
+                    # what mutual TLS on the router's hops adds: router_mtls against router
+                    "mtls_added_p50_ms": by[("router_mtls", size, concurrency)].p50_ms - r.p50_ms,
+                    "mtls_added_p99_ms": by[("router_mtls", size, concurrency)].p99_ms - r.p99_ms,
+                    "mtls_throughput_vs_router": by[("router_mtls", size, concurrency)].throughput_rps
+                    / r.throughput_rps,
+                }
+            )
+    key = {(c["size"], c["concurrency"]): c for c in comparisons}
+    targets = {
+        "added_p50_ms_1KB_c1<=0.5": key[("1KB", 1)]["added_p50_ms"] <= 0.5,
+        "added_p99_ms_1KB_c1<=1.5": key[("1KB", 1)]["added_p99_ms"] <= 1.5,
+        "throughput_ratio_1KB_c16>=0.6": key[("1KB", 16)]["throughput_ratio"] >= 0.6,
+        "mtls_added_p50_ms_1KB_c1<=0.15": key[("1KB", 1)]["mtls_added_p50_ms"] <= 0.15,
+        "mtls_throughput_ratio_1KB_c16>=0.6": key[("1KB", 16)]["others"]["router_mtls"]["throughput_ratio"]
+        >= 0.6,
+    }
+    return {
+        "benchmark": "router",
+        "configuration": {
+            "models": {
+                "1KB": "small, a user model (1 x 256 FP32 in, 4 out: block means; CPU eager)",
+                "1MB": "wide, the same user model (1 x 262144 FP32 in, 4096 out), since the "
+                "executor's batch buckets stop at 1024 rows",
+            },
+            "executor": {"batch_buckets": BUCKETS, "dynamic_batching": True, "max_queue_delay_us": 0},
+            "router": "switchyard router serve: pinned route, Bearer auth via metering (2 s cache), "
+            "usage events batched to metering (SQLite), telemetry off; `router` as deployed: "
+            "uvloop, gRPC's EventEngine endpoints off (switchyard/transport.py), inference to the "
+            "executor in frames (switchyard/frames.py); `router_grpc` the same over gRPC "
+            "ModelStreamInfer streams (executor_transport = grpc); `router_stock` over streams on "
+            "asyncio's loop and gRPC's default transport",
+            "passthrough": "a bare grpc.aio hop on asyncio's loop and gRPC's default transport",
+            "client": "one grpc.aio process, pre-serialised requests, one channel per target; targets "
+            "alternate in rounds (order rotating) and latencies are pooled over the rounds",
+            "plan": "(size, concurrency, requests per target, rounds): 1KB c=1 3000/30, 1KB c=16 4800/3, "
+            "1MB c=1 240/3, 1MB c=16 480/3, times --scale",
+            "processes": "executor, metering, each router and the client in its own process",
+            "scale": scale,
+            "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpc": grpc.__version__},
+        },
+        "results": [asdict(r) for r in results],
+        "comparisons": comparisons,
+        "targets_met": targets,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts (default 1.0)")
+    parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "router.json"))
+    parser.add_argument("--capture-share", type=float, default=CAPTURE_SHARE, help="router_capture's share")
+    args = parser.parse_args()
+    report = asyncio.run(run(args.scale, args.capture_share))
+    for c in report["comparisons"]:
+        print(
+            f"{c['size']} c={c['concurrency']:2d}: mTLS on the router's hops adds p50 "
+            f"{c['mtls_added_p50_ms']:+.3f} ms, p99 {c['mtls_added_p99_ms']:+.3f} ms; throughput "
+            f"{c['mtls_throughput_vs_router']:.2f} of the plaintext router's"
+        )
+        print(f"{c['size']} c={c['concurrency']:2d}, added to direct:")
+        for name, x in {"router": c, **c["others"]}.items():
+            print(
+                f"    {name:12s} p50 {x['added_p50_ms']:+.3f} ms  p99 {x['added_p99_ms']:+.3f} ms  "
+                f"throughput ratio {x['throughput_ratio']:.2f}"
+            )
+    for name, ok in report["targets_met"].items():
+        print(f"target {name}: {'met' if ok else 'NOT met'}")
+    capture = report["capture"]
+    ratios = ", ".join(f"{k} {v:.3f}" for k, v in capture["throughput_ratio_on_vs_off"].items())
+    print(f"capture share {capture['share']}: throughput on/off {ratios}")
+    print(
+        f"target capture costs < 5% at 1KB c=16: {'met' if capture['target_1KB_c16_cost<5%'] else 'NOT met'}"
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

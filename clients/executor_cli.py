@@ -1,0 +1,162 @@
+"""`switchyard executor serve|describe`: run an executor process, or describe a running one.
+
+Registration is cheap; torch and grpc are imported inside the command functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    parser = sub.add_parser("executor", help="run or inspect an executor (one accelerator path)")
+    commands = parser.add_subparsers(dest="executor_command", required=True, metavar="SUBCOMMAND")
+
+    serve = commands.add_parser("serve", help="serve models on one backend over OIP gRPC")
+    serve.add_argument("--backend", default="cpu", help="cpu | cuda | xla | tpu (default cpu)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=-1,
+        help="TCP port to serve on (default: 8101 cpu, 8102 xla, 8103 cuda, 8104 tpu)",
+    )
+    serve.add_argument(
+        "--frames-port",
+        type=int,
+        default=0,
+        help="port for routers' framed inference on the same host (default 0: any free port, "
+        "reported by Describe; -1: off, routers then use gRPC streams)",
+    )
+    serve.add_argument(
+        "--models", default="mlp", help="comma-separated models to load at start (name[:version])"
+    )
+    serve.add_argument(
+        "--model-repository",
+        default="",
+        help="the model repository to load from (default $SWITCHYARD_MODELS_REPOSITORY or var/models; "
+        "a missing folder is created and seeded with the built-ins)",
+    )
+    serve.add_argument(
+        "--allow-factory",
+        action="append",
+        default=[],
+        metavar="PACKAGE",
+        help="a package whose factory-format models may be imported (repeatable; none by default)",
+    )
+    serve.add_argument("--mode", default="", help="execution mode (default: the backend's first)")
+    serve.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 | fp64")
+    serve.add_argument("--buckets", default="1,2,4,8", help="batch buckets warmed at load")
+    serve.add_argument("--max-queue-delay-us", type=int, default=0)
+    serve.add_argument("--max-queue-size", type=int, default=64)
+    serve.add_argument("--no-batching", action="store_true", help="run every request alone")
+    serve.add_argument("--max-message-mb", type=int, default=64)
+    serve.add_argument("--price-key", default="")
+    serve.add_argument(
+        "--inline-compute-us",
+        type=int,
+        default=10_000,
+        help="a lone request on a quiet executor expected to compute within this many "
+        "microseconds runs on the event loop instead of the device thread",
+    )
+    serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: cores - 1)")
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
+        "free port, logged; -1 = none)",
+    )
+    serve.add_argument(
+        "--metering", default="", help="metering address, where refused calls are audited (default: log only)"
+    )
+    serve.add_argument(
+        "--oip-identities",
+        default="router,worker",
+        help="with mTLS: services that may call inference here directly (default router,worker)",
+    )
+    serve.set_defaults(func=_serve)
+
+    describe = commands.add_parser("describe", help="print an executor's Describe as JSON")
+    describe.add_argument("--address", default="127.0.0.1:8101")
+    describe.set_defaults(func=_describe)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from services.executor import executor_metrics as metrics
+    from services.executor.executor_config import DEFAULT_PORTS, ExecutorConfig
+    from services.executor.executor_server import start_executor
+    from switchyard import metrics_endpoint as prometheus
+    from switchyard import telemetry
+    from switchyard.grpcio import run_service, stop_signal
+
+    # traces per the OTEL_* variables (none by default), before the server starts so its
+    # tracing interceptor is installed
+    telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-executor"))
+    metrics_port = prometheus.metrics_port(args.metrics_port)
+
+    config = ExecutorConfig(
+        backend=args.backend,
+        host=args.host,
+        port=args.port if args.port >= 0 else DEFAULT_PORTS.get(args.backend, 8101),
+        frames_port=args.frames_port,
+        models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
+        model_repository=str(_repository(args.model_repository)),
+        allowed_factories=tuple(p for arg in args.allow_factory for p in arg.split(",") if p),
+        mode=args.mode,
+        precision=args.precision,
+        batch_buckets=tuple(int(b) for b in args.buckets.split(",")),
+        max_queue_delay_us=args.max_queue_delay_us,
+        max_queue_size=args.max_queue_size,
+        dynamic_batching=not args.no_batching,
+        max_message_bytes=args.max_message_mb * 1024 * 1024,
+        price_key=args.price_key,
+        cpu_threads=args.threads,
+        inline_compute_us=args.inline_compute_us,
+        metering=args.metering,
+        oip_identities=tuple(i.strip() for i in args.oip_identities.split(",") if i.strip()),
+    )
+
+    async def run() -> None:
+        stop = stop_signal()  # before the address is announced: see stop_signal
+        running = await start_executor(config)
+        endpoint = prometheus.serve(
+            [metrics.collector(running.executor)], args.host, metrics_port, "executor"
+        )
+        # Models and modules loaded at start-up live as long as the process: keep them out of
+        # the cyclic collector's full passes, which would otherwise walk them while serving.
+        import gc
+
+        gc.collect()
+        gc.freeze()
+        print(f"executor {running.executor.executor_id} serving on {running.address}", flush=True)
+        await running.serve_until_signal(stop)
+        if endpoint is not None:
+            endpoint.close()
+
+    run_service(run())
+    return 0
+
+
+def _repository(given: str) -> Path:
+    """The repository folder; a missing one is created with the built-ins in it."""
+    import os
+
+    from switchyard.models.repository import seed_builtins
+
+    root = Path(given or os.environ.get("SWITCHYARD_MODELS_REPOSITORY", "") or "var/models").resolve()
+    if not root.exists():
+        seed_builtins(root)
+    return root
+
+
+def _describe(args: argparse.Namespace) -> int:
+    import json
+
+    from clients.executor_client import ExecutorClient
+
+    with ExecutorClient(args.address) as client:
+        print(json.dumps(client.describe(), indent=2, sort_keys=True))
+    return 0

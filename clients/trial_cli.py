@@ -1,0 +1,145 @@
+"""Operator commands: `switchyard worker` and `switchyard trial start|status|report|cancel`.
+
+Registration is cheap (temporalio and the workflow modules are imported inside the command
+functions). Addresses come from flags, else from SWITCHYARD_TEMPORAL, SWITCHYARD_EVALUATOR,
+SWITCHYARD_METERING and SWITCHYARD_EXECUTORS ("cpu=127.0.0.1:8101,xla=127.0.0.1:8102").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def _executors(text: str, hosts: dict[str, str] | None = None) -> dict[str, str]:
+    """NAME=HOST:PORT[@HOSTID],... ; the optional host id overrides the executor's own."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, address = item.partition("=")
+        address, _, host = address.partition("@")
+        if not sep or not name or ":" not in address:
+            raise argparse.ArgumentTypeError(
+                f"executor {item!r}: write NAME=HOST:PORT[@HOSTID], e.g. cpu=127.0.0.1:8101"
+            )
+        out[name] = address
+        if host and hosts is not None:
+            hosts[name] = host
+    return out
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from switchyard import metrics_endpoint, telemetry
+    from workflows.connections import WorkerConfig
+    from workflows.worker import run_worker
+
+    # before the Temporal client connects: its TracingInterceptor uses this provider
+    telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-worker"))
+
+    hosts: dict[str, str] = {}
+    executors = _executors(os.environ.get("SWITCHYARD_EXECUTORS", ""), hosts)
+    for item in args.executor or []:
+        executors.update(_executors(item, hosts))
+    config = WorkerConfig(
+        temporal=args.temporal,
+        namespace=args.namespace,
+        evaluator=args.evaluator,
+        metering=args.metering,
+        executors=executors,
+        task_queue=args.task_queue,
+        hosts=hosts,
+    )
+    host = os.environ.get("SWITCHYARD_METRICS_HOST", "127.0.0.1")  # the worker serves nothing else
+    endpoint = metrics_endpoint.serve([], host, metrics_endpoint.metrics_port(args.metrics_port), "worker")
+    try:
+        asyncio.run(run_worker(config))
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+    return 0
+
+
+def _trial(args: argparse.Namespace) -> int:
+    from clients import trial_commands
+    from switchyard import telemetry
+
+    # a started trial's trace begins here when tracing is configured (OTEL_* variables)
+    telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-trial"))
+
+    return trial_commands.main(args)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--temporal",
+        default=os.environ.get("SWITCHYARD_TEMPORAL", "127.0.0.1:7233"),
+        help="Temporal frontend (default SWITCHYARD_TEMPORAL or 127.0.0.1:7233)",
+    )
+    parser.add_argument("--namespace", default="default", help="Temporal namespace (default: default)")
+    parser.add_argument(
+        "--metering",
+        default=os.environ.get("SWITCHYARD_METERING", "127.0.0.1:8201"),
+        help="metering address (default SWITCHYARD_METERING or 127.0.0.1:8201)",
+    )
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    """Adds `worker` and `trial`."""
+    worker = sub.add_parser("worker", help="run the trial worker (TrialWorkflow and its activities)")
+    _common(worker)
+    worker.add_argument(
+        "--evaluator",
+        default=os.environ.get("SWITCHYARD_EVALUATOR", "127.0.0.1:8301"),
+        help="evaluator address (default SWITCHYARD_EVALUATOR or 127.0.0.1:8301)",
+    )
+    worker.add_argument(
+        "--executor",
+        action="append",
+        metavar="NAME=HOST:PORT[@HOSTID]",
+        help="an executor the spec may name (repeatable); @HOSTID overrides the host it reports",
+    )
+    worker.add_argument(
+        "--task-queue", default="switchyard-trials", help="task queue (default switchyard-trials)"
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
+        "free port, logged; -1 = none)",
+    )
+    worker.set_defaults(func=_worker)
+
+    trial = sub.add_parser("trial", help="start, watch, cancel trials and fetch their reports")
+    commands = trial.add_subparsers(dest="trial_command", required=True, metavar="COMMAND")
+    start = commands.add_parser("start", help="validate SPEC.json and start a TrialWorkflow")
+    start.add_argument("spec", help="trial spec (JSON file; see docs/trial-spec.md)")
+    start.add_argument("--id", default="", help="workflow id (default trial-<model>-<random>)")
+    start.add_argument("--wait", action="store_true", help="show live progress and wait for the verdicts")
+    start.add_argument(
+        "--task-queue", default="switchyard-trials", help="task queue (default switchyard-trials)"
+    )
+    status = commands.add_parser("status", help="progress of a running trial, or its verdicts")
+    status.add_argument("trial_id")
+    report = commands.add_parser("report", help="the stored report as HTML, Markdown or JSON")
+    report.add_argument("trial_id")
+    report.add_argument("-o", "--output", default="-", help="file to write (default stdout)")
+    report.add_argument(
+        "--format", choices=("html", "md", "json"), default="", help="default: from -o suffix, else md"
+    )
+    report.add_argument(
+        "--source",
+        choices=("ledger", "temporal"),
+        default="ledger",
+        help="where to read it (default the ledger)",
+    )
+    cancel = commands.add_parser(
+        "cancel", help="cancel a trial (closes its reservations, records it cancelled)"
+    )
+    cancel.add_argument("trial_id")
+    cancel.add_argument("--reason", default="cancelled by operator")
+    for parser in (start, status, report, cancel):
+        _common(parser)
+        parser.set_defaults(func=_trial)

@@ -1,0 +1,451 @@
+"""inference.GRPCInferenceService on an executor: an adapter from OIP messages to `Executor`.
+
+Convert the message, call the domain, convert back (docs/architecture.md#code-style). Statuses come from the
+exception tree via switchyard.grpcio. Every ModelInfer response carries the parameters named
+in `switchyard.oip_params` (path, timings, load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+
+from services.executor.batching import BatchCounters
+from services.executor.executor_runtime import Executor
+from services.executor.generation import generation_oip as gen_oip
+from services.executor.loaded_model import LoadedModel
+from switchyard import codec, oip_params, telemetry
+from switchyard.codec import WireTensor
+from switchyard.errors import InvalidArgument, ResourceExhausted, SwitchyardError, Unimplemented
+from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from switchyard.gen.inference import model_config_pb2 as mc
+from switchyard.grpcio import internal_error
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+SERVER_NAME = "switchyard-executor"
+SERVER_VERSION = "0.1.0"
+
+
+def _check_shared_memory(params: Any, where: str) -> None:
+    if not params:
+        return
+    for key in oip_params.SHARED_MEMORY_KEYS:
+        if key in params:
+            raise Unimplemented(
+                f"{where} uses shared memory ({key}); switchyard executors accept tensors only in "
+                "raw_input_contents or contents"
+            )
+
+
+_CONTENT_FIELDS = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+def decode_inputs(request: pb.ModelInferRequest) -> list[WireTensor]:
+    """Raw contents (one per input, in order) or typed `contents`, never both."""
+    _check_shared_memory(request.parameters, "the request")
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidArgument(
+            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one per input, in order"
+        )
+    tensors = []
+    for i, tensor in enumerate(request.inputs):
+        _check_shared_memory(tensor.parameters, f"input {tensor.name!r}")
+        if raw:
+            tensors.append(codec.decode(tensor.name, tensor.datatype, tensor.shape, raw[i]))
+            continue
+        if tensor.datatype == "BYTES":
+            data = codec.encode_bytes(list(tensor.contents.bytes_contents))
+        else:
+            field = _CONTENT_FIELDS.get(tensor.datatype)
+            if field is None:
+                raise InvalidArgument(
+                    f"input {tensor.name!r}: {tensor.datatype} must be sent in raw_input_contents"
+                )
+            values = getattr(tensor.contents, field)
+            wire_dtype = codec.element_dtype(tensor.datatype)
+            data = np.asarray(values, dtype=wire_dtype).tobytes()
+        tensors.append(codec.decode(tensor.name, tensor.datatype, tensor.shape, data))
+    return tensors
+
+
+# BYTES inputs with more elements than this are decoded on a worker thread, not the event
+# loop: splitting millions of length-prefixed elements takes seconds (64 MiB: about 8 s).
+BYTES_INLINE_ELEMENTS = 4096
+
+
+def bytes_elements(request: pb.ModelInferRequest) -> int:
+    """How many BYTES elements the request's shapes declare (checked before any decoding)."""
+    total = 0
+    for tensor in request.inputs:
+        if tensor.datatype == "BYTES":
+            count = 1
+            for dim in tensor.shape:
+                count *= max(int(dim), 0)
+            total += max(count, len(tensor.contents.bytes_contents))
+    return total
+
+
+def model_metadata(model: LoadedModel) -> pb.ModelMetadataResponse:
+    spec = model.spec
+    return pb.ModelMetadataResponse(
+        name=spec.name,
+        versions=[spec.version],
+        platform=spec.platform,
+        inputs=[
+            pb.ModelMetadataResponse.TensorMetadata(
+                name=s.name, datatype=model.wire_datatype(s), shape=[-1, *s.dims]
+            )
+            for s in spec.inputs
+        ],
+        outputs=[
+            pb.ModelMetadataResponse.TensorMetadata(
+                name=s.name, datatype=model.wire_datatype(s), shape=[-1, *s.dims]
+            )
+            for s in spec.outputs
+        ],
+    )
+
+
+def model_config(model: LoadedModel) -> mc.ModelConfig:
+    spec, options = model.spec, model.options
+    config = mc.ModelConfig(
+        name=spec.name,
+        platform=spec.platform,
+        backend=model.backend.name,
+        max_batch_size=model.max_batch,
+        input=[
+            mc.ModelInput(name=s.name, data_type=_config_type(model.wire_datatype(s)), dims=list(s.dims))
+            for s in spec.inputs
+        ],
+        output=[
+            mc.ModelOutput(name=s.name, data_type=_config_type(model.wire_datatype(s)), dims=list(s.dims))
+            for s in spec.outputs
+        ],
+        instance_group=[mc.ModelInstanceGroup(name=spec.name, count=1, kind=_instance_kind(model))],
+    )
+    if model.spec.generation is not None:
+        config.model_transaction_policy.decoupled = True  # many responses per request
+    if options.dynamic_batching:
+        config.dynamic_batching.preferred_batch_size.extend(options.batch_buckets)
+        config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    for key, value in (
+        ("mode", options.mode),
+        ("precision", options.precision),
+        ("checkpoint_sha256", model.sha256),
+        ("max_queue_size", str(options.max_queue_size)),
+    ):
+        config.parameters[key].string_value = value
+    return config
+
+
+def _config_type(datatype: str) -> mc.DataType.ValueType:
+    """Triton's config names BYTES tensors TYPE_STRING."""
+    return mc.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
+
+
+def _instance_kind(model: LoadedModel) -> mc.ModelInstanceGroup.Kind.ValueType:
+    return mc.ModelInstanceGroup.KIND_CPU if model.backend.name == "cpu" else mc.ModelInstanceGroup.KIND_GPU
+
+
+_INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+_STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def _carrier(params: Any) -> dict[str, str]:
+    return {k: params[k].string_param for k in (oip_params.TRACEPARENT, oip_params.TRACESTATE) if k in params}
+
+
+def _deadline(request: pb.ModelInferRequest, remaining: float | None) -> float | None:
+    """time.perf_counter() seconds when the request must be out of the queue: the gRPC
+    deadline (`remaining` seconds) or Triton's `timeout` parameter (microseconds), whichever
+    comes first."""
+    now = time.perf_counter()
+    deadline = now + remaining if remaining is not None else None
+    if oip_params.TIMEOUT in request.parameters:
+        timeout_us = request.parameters[oip_params.TIMEOUT].int64_param
+        if timeout_us <= 0:
+            raise InvalidArgument(f"parameter 'timeout' is {timeout_us}; send microseconds > 0")
+        by_parameter = now + timeout_us / 1e6
+        deadline = by_parameter if deadline is None else min(deadline, by_parameter)
+    return deadline
+
+
+def model_statistics(c: BatchCounters, stats: pb.ModelStatistics) -> None:
+    """Triton's statistics of one model from its batcher's counters: per request (success,
+    fail, queue, compute input/infer/output; a request is charged its batch's phases), and per
+    executed batch size (batch_stats), so perf_analyzer prints its server-side section."""
+    stats.last_inference = c.last_inference_ms
+    stats.inference_count = c.rows
+    stats.execution_count = c.executions
+    s = stats.inference_stats
+    s.success.count, s.success.ns = c.success, c.success_ns
+    s.fail.count = c.failures
+    s.queue.count, s.queue.ns = c.success, c.queue_ns
+    s.compute_input.count, s.compute_input.ns = c.success, c.request_input_ns
+    s.compute_infer.count, s.compute_infer.ns = c.success, c.request_infer_ns
+    s.compute_output.count, s.compute_output.ns = c.success, c.request_output_ns
+    for size, (n, input_ns, infer_ns, output_ns) in sorted(c.by_batch_size.items()):
+        b = stats.batch_stats.add(batch_size=size)
+        b.compute_input.count, b.compute_input.ns = n, input_ns
+        b.compute_infer.count, b.compute_infer.ns = n, infer_ns
+        b.compute_output.count, b.compute_output.ns = n, output_ns
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self._templates: dict[int, tuple[LoadedModel, pb.ModelInferResponse]] = {}
+        self._tracing = telemetry.enabled()  # set up before the server starts, as the CLI does
+
+    def _template(self, model: LoadedModel) -> pb.ModelInferResponse:
+        """The parts of a response fixed for a loaded model, built once per load."""
+        cached = self._templates.get(id(model))
+        if cached is not None and cached[0] is model:
+            return cached[1]
+        template = pb.ModelInferResponse(model_name=model.spec.name, model_version=model.spec.version)
+        params = template.parameters
+        params[oip_params.BACKEND].string_param = model.backend.name
+        params[oip_params.MODE].string_param = model.options.mode
+        params[oip_params.PRECISION].string_param = model.options.precision
+        params[oip_params.EXECUTOR].string_param = self.executor.executor_id
+        self._templates = {k: v for k, v in self._templates.items() if v[0].state == "READY"}
+        self._templates[id(model)] = (model, template)
+        return template
+
+    @staticmethod
+    def _has_bytes(request: pb.ModelInferRequest) -> bool:
+        return any(tensor.datatype == "BYTES" for tensor in request.inputs)
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.executor.ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
+        model = self.executor.find(request.name, request.version)
+        return pb.ModelReadyResponse(ready=model.state == "READY" and not self.executor.draining)
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Context
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration", "statistics"]
+        )
+
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Context
+    ) -> pb.ModelMetadataResponse:
+        return model_metadata(self.executor.find(request.name, request.version))
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=model_config(self.executor.find(request.name, request.version)))
+
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Context
+    ) -> pb.ModelStatisticsResponse:
+        if request.name:
+            models = [self.executor.find(request.name, request.version)]
+        else:
+            models = list(self.executor.models.values())
+        response = pb.ModelStatisticsResponse()
+        for model in models:
+            stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
+            if model.batcher is not None:
+                model_statistics(model.batcher.counters, stats)
+        return response
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Each request answered in order; an error goes into error_message and the stream goes on.
+        A generation (a causal LM's request) is decoupled: it runs beside the stream's other
+        requests and sends its responses as its tokens come (`generation.generation_oip`)."""
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        generations: set[asyncio.Task[None]] = set()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    model = self._generative(request)
+                    if model is None:
+                        out.put_nowait(await self.answer(request, context.time_remaining()))
+                        continue
+                    task = asyncio.create_task(self._stream_generation(model, request, out, context))
+                    generations.add(task)
+                    task.add_done_callback(generations.discard)
+                if generations:
+                    await asyncio.wait(set(generations))
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await out.get()) is not None:
+                yield item
+            await reader  # the caller's stream broke: its error ends ours
+        finally:
+            reader.cancel()
+            for task in list(generations):
+                task.cancel()  # a caller that left: each generation's slot is freed
+
+    def _generative(self, request: pb.ModelInferRequest) -> LoadedModel | None:
+        """The causal LM a stream request is for, unless the router asked for one answer."""
+        try:
+            model = self.executor.find(request.model_name, request.model_version)
+        except SwitchyardError:
+            return None  # answered (with the error) by the one-answer path
+        if model.engine is None or gen_oip.UNARY in request.parameters:
+            return None
+        return model
+
+    async def _stream_generation(
+        self,
+        model: LoadedModel,
+        request: pb.ModelInferRequest,
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None],
+        context: Context,
+    ) -> None:
+        try:
+            async for response in self.generate(model, request, context.time_remaining(), decoupled=True):
+                out.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+        except SwitchyardError as exc:
+            out.put_nowait(self._final_error(f"{exc.status.value}: {exc}", request.id))
+        except Exception as exc:  # one bad request must not end the stream the others share
+            message = internal_error(exc, _STREAM_METHOD)
+            out.put_nowait(self._final_error(f"INTERNAL: {message}", request.id))
+
+    @staticmethod
+    def _final_error(message: str, request_id: str) -> pb.ModelStreamInferResponse:
+        response = pb.ModelStreamInferResponse(error_message=message)
+        response.infer_response.id = request_id
+        response.infer_response.parameters[gen_oip.FINAL].bool_param = True
+        return response
+
+    async def generate(
+        self, model: LoadedModel, request: pb.ModelInferRequest, time_remaining: float | None, decoupled: bool
+    ) -> AsyncIterator[pb.ModelInferResponse]:
+        """A generation's responses (all of a stream, or the one of a whole completion)."""
+        call = gen_oip.parse_call(model, decode_inputs(request), [o.name for o in request.outputs])
+        if not decoupled:
+            gen_oip.check_unary(call)
+        deadline = _deadline(request, time_remaining)
+        stream = self.executor.generate(
+            model, call.prompt, call.params, call.prompt_text is not None, deadline
+        )
+        template = pb.ModelInferResponse()
+        template.CopyFrom(self._template(model))
+        load = self.executor.load()
+        template.parameters[
+            oip_params.COMPILATIONS_AFTER_WARMUP
+        ].int64_param = model.compilations_after_warmup()
+        template.parameters[oip_params.IN_FLIGHT].int64_param = load.in_flight
+        template.parameters[oip_params.QUEUE_DEPTH].int64_param = load.queue_depth
+        responder = gen_oip.Responder(template, request.id, call)
+        self.executor.in_flight += 1
+        try:
+            async for response in gen_oip.stream_responses(responder, stream, decoupled):
+                response.parameters[
+                    oip_params.COMPILATIONS_AFTER_WARMUP
+                ].int64_param = model.compilations_after_warmup()
+                yield response
+        finally:
+            stream.cancel()
+            self.executor.in_flight -= 1
+
+    async def answer(
+        self, request: pb.ModelInferRequest, time_remaining: float | None
+    ) -> pb.ModelStreamInferResponse:
+        """One request of a stream or of a frame connection (switchyard.frames): an error goes
+        into error_message as "STATUS: why". With tracing on, each request is its own span,
+        parented on the `traceparent` request parameter (the router sends it)."""
+        span = (
+            telemetry.server_span(_INFER_METHOD, _carrier(request.parameters))
+            if self._tracing
+            else contextlib.nullcontext()
+        )
+        try:
+            with span:
+                response = await self.infer(request, time_remaining)
+        except SwitchyardError as exc:
+            return pb.ModelStreamInferResponse(error_message=f"{exc.status.value}: {exc}")
+        except Exception as exc:  # one bad request must not end the stream the others share
+            message = internal_error(exc, _STREAM_METHOD)
+            return pb.ModelStreamInferResponse(error_message=f"INTERNAL: {message}")
+        return pb.ModelStreamInferResponse(infer_response=response)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+        if not self._tracing:
+            return await self.infer(request, context.time_remaining())
+        with telemetry.server_span(_INFER_METHOD, telemetry.extract_context(context.invocation_metadata())):
+            return await self.infer(request, context.time_remaining())
+
+    async def infer(
+        self, request: pb.ModelInferRequest, time_remaining: float | None
+    ) -> pb.ModelInferResponse:
+        started = time.perf_counter_ns()
+        generative = self.executor.find(request.model_name, request.model_version)
+        if generative.engine is not None:  # a causal LM: the whole completion in one response
+            responses = [r async for r in self.generate(generative, request, time_remaining, False)]
+            return responses[-1]
+        elements = bytes_elements(request) if self._has_bytes(request) else 0
+        if elements > self.executor.config.max_bytes_elements:
+            raise ResourceExhausted(
+                f"the request has {elements} BYTES elements; this executor takes at most "
+                f"{self.executor.config.max_bytes_elements} per request: split it"
+            )
+        if elements > BYTES_INLINE_ELEMENTS:
+            inputs = await asyncio.to_thread(decode_inputs, request)
+        else:
+            inputs = decode_inputs(request)
+        deadline = _deadline(request, time_remaining)
+        wanted = [o.name for o in request.outputs]
+        if wanted:
+            declared = [
+                s.name for s in self.executor.find(request.model_name, request.model_version).spec.outputs
+            ]
+            unknown = sorted(set(wanted) - set(declared))
+            if unknown:
+                raise InvalidArgument(f"unknown output(s) {unknown}; {request.model_name} has {declared}")
+        model, result = await self.executor.infer(request.model_name, request.model_version, inputs, deadline)
+        response = pb.ModelInferResponse()
+        response.CopyFrom(self._template(model))  # name, version and the fixed parameters
+        response.id = request.id
+
+        for spec, array in zip(model.spec.outputs, result.outputs, strict=True):
+            if wanted and spec.name not in wanted:
+                continue
+            response.outputs.add(name=spec.name, datatype=model.wire_datatype(spec), shape=array.shape)
+            response.raw_output_contents.append(array.tobytes())
+        load = self.executor.load()
+        params = response.parameters
+        params[oip_params.QUEUE_US].int64_param = result.queue_us
+        params[oip_params.COMPUTE_US].int64_param = result.compute_us
+        params[oip_params.BATCH_SIZE].int64_param = result.batch_size
+        params[oip_params.PADDED_BATCH_SIZE].int64_param = result.padded_batch_size
+        params[oip_params.COMPILATIONS_AFTER_WARMUP].int64_param = model.compilations_after_warmup()
+        params[oip_params.IN_FLIGHT].int64_param = load.in_flight
+        params[oip_params.QUEUE_DEPTH].int64_param = load.queue_depth
+        if model.batcher is not None:  # ModelStatistics and the metrics read these
+            counters = model.batcher.counters
+            counters.success += 1
+            counters.success_ns += time.perf_counter_ns() - started
+        return response
