@@ -28,16 +28,16 @@ from typing import Any, cast
 import grpc
 
 from benchmarks.common import ROOT, write_report
-from clients.local_cluster.plan import free_port
 from services.executor.frame_server import FrameServer
-from switchyard import frames, tls
+from switchyard import frames, net, tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.grpcio import run_service
+from switchyard.net import free_port
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 SIZES = {"1KB": 1024, "1MB": 1 << 20}
-LIMIT = 64 << 20
-OPTIONS = [("grpc.max_receive_message_length", LIMIT), ("grpc.max_send_message_length", LIMIT)]
+LIMIT = net.MAX_MESSAGE_BYTES
+OPTIONS = net.CHANNEL_OPTIONS
 
 
 class Echo:

@@ -38,7 +38,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -52,11 +51,12 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.router import wire
-from switchyard import tls
+from switchyard import net, tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+from switchyard.net import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -103,9 +103,10 @@ run_service(main())
 PASSTHROUGH = """
 import asyncio, sys
 import grpc
+from switchyard import net
 
 async def main() -> None:
-    opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    opts = net.CHANNEL_OPTIONS
     channel = grpc.aio.insecure_channel(sys.argv[2], options=opts)
     upstream = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
 
@@ -183,12 +184,6 @@ def write_block_means_repository(root: Path) -> None:
         (source / "model.toml").write_text(f'[factory]\nfunction = "benchmarks.bench_router:{name}_model"\n')
         save_file({"scale": torch.ones(1)}, str(source / "model.safetensors"))
         add_model(root, name, source, allowed_factories=("benchmarks",))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _channel(address: str, security: tls.Security | None) -> grpc.aio.Channel:
@@ -275,7 +270,7 @@ async def measure_cell(
     """`count` requests per target at `concurrency`, in `rounds` rounds that alternate the
     targets (their order rotating), so drift in the machine's load hits every target alike.
     Latencies are pooled over the rounds; throughput is requests over the summed round walls."""
-    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    options = net.CHANNEL_OPTIONS
     channels = [
         grpc.aio.insecure_channel(address, options=options)
         if security is None

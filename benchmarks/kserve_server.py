@@ -8,17 +8,12 @@ Loads the same torch.export program the executor serves, one torch thread, no ba
 from __future__ import annotations
 
 import argparse
-import socket
 from typing import Any
 
 import torch
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from switchyard.net import free_port
 
 
 class Exported(Model):  # type: ignore[misc]
@@ -44,10 +39,10 @@ def main() -> None:
     parser.add_argument("--name", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    grpc_port = _free_port()
+    grpc_port = free_port()
     model = Exported(args.name, args.pt2)
     print(f"serving on 127.0.0.1:{grpc_port}", flush=True)  # the caller retries until it answers
-    ModelServer(grpc_port=grpc_port, http_port=_free_port(), workers=1, enable_docs_url=False).start([model])
+    ModelServer(grpc_port=grpc_port, http_port=free_port(), workers=1, enable_docs_url=False).start([model])
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from switchyard import net
+
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     parser = sub.add_parser("executor", help="run or inspect an executor (one accelerator path)")
@@ -52,7 +54,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--max-queue-delay-us", type=int, default=0)
     serve.add_argument("--max-queue-size", type=int, default=64)
     serve.add_argument("--no-batching", action="store_true", help="run every request alone")
-    serve.add_argument("--max-message-mb", type=int, default=64)
+    serve.add_argument("--max-message-mb", type=int, default=net.MAX_MESSAGE_BYTES // net.MIB)
     serve.add_argument("--price-key", default="")
     serve.add_argument(
         "--inline-compute-us",
@@ -111,7 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_queue_delay_us=args.max_queue_delay_us,
         max_queue_size=args.max_queue_size,
         dynamic_batching=not args.no_batching,
-        max_message_bytes=args.max_message_mb * 1024 * 1024,
+        max_message_bytes=args.max_message_mb * net.MIB,
         price_key=args.price_key,
         cpu_threads=args.threads,
         inline_compute_us=args.inline_compute_us,

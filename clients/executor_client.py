@@ -18,13 +18,11 @@ import grpc
 import numpy as np
 from google.protobuf.json_format import MessageToDict
 
-from switchyard import codec
+from switchyard import codec, net
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
-
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -48,11 +46,7 @@ class ExecutorClient:
     """`api_key` goes with every OIP call as `authorization: Bearer <key>` (the router needs one)."""
 
     def __init__(self, address: str, timeout_s: float = 30.0, api_key: str = "") -> None:
-        options = [
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ]
-        self.channel = grpc.insecure_channel(address, options=options)
+        self.channel = grpc.insecure_channel(address, options=net.CHANNEL_OPTIONS)
         self.oip = oip_grpc.GRPCInferenceServiceStub(self.channel)
         self.control = ctl_grpc.ExecutorControlStub(self.channel)
         self.timeout_s = timeout_s

@@ -23,9 +23,12 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from switchyard import allocator, authz, tls
+from switchyard import allocator, authz, net, tls
 from switchyard.errors import InvalidArgument, Status, SwitchyardError
 from switchyard.gen import _pool
+
+# The type of a servicer method's `context` argument, for every servicer.
+ServicerContext = grpc.aio.ServicerContext[Any, Any]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ def internal_error(exc: BaseException, method: str) -> str:
     return f"internal error (reference {ref}); see the server log"
 
 
-async def _abort_for(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, method: str) -> None:
+async def _abort_for(context: ServicerContext, exc: BaseException, method: str) -> None:
     if isinstance(exc, SwitchyardError):
         trailers = getattr(exc, "trailers", None)  # e.g. retry-after-ms on RESOURCE_EXHAUSTED
         if trailers:
@@ -121,7 +124,7 @@ def map_errors(
 def _wrap_unary(
     behavior: Callable[..., Any], method: str, guard: authz.Guard | None = None
 ) -> Callable[..., Any]:
-    async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def wrapper(request: Any, context: ServicerContext) -> Any:
         try:
             if guard is not None:
                 await guard.admit(method, context)
@@ -137,7 +140,7 @@ def _wrap_unary(
 def _wrap_stream(
     behavior: Callable[..., Any], method: str, guard: authz.Guard | None = None
 ) -> Callable[..., Any]:
-    async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+    async def wrapper(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
         try:
             if guard is not None:
                 await guard.admit(method, context)
@@ -157,8 +160,8 @@ class ServerOptions:
 
     host: str = "127.0.0.1"
     port: int = 0
-    max_receive_bytes: int = 64 * 1024 * 1024
-    max_send_bytes: int = 64 * 1024 * 1024
+    max_receive_bytes: int = net.MAX_MESSAGE_BYTES
+    max_send_bytes: int = net.MAX_MESSAGE_BYTES
     drain_grace_s: float = 10.0
     # Map errors by wrapping each servicer's RPC methods once instead of by an interceptor on
     # every call (cheaper); only for servicers whose RPCs are plain `async def Name(request,
@@ -178,10 +181,7 @@ class ServerOptions:
     health_port: int | None = None
 
     def channel_options(self) -> list[tuple[str, int]]:
-        return [
-            ("grpc.max_receive_message_length", self.max_receive_bytes),
-            ("grpc.max_send_message_length", self.max_send_bytes),
-        ]
+        return net.message_options(self.max_receive_bytes, self.max_send_bytes)
 
 
 # (add_XServicer_to_server, servicer, full service name)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 from temporalio.exceptions import ApplicationError
 
-from switchyard import telemetry, tls
+from switchyard import net, telemetry, tls
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as eval_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as exec_grpc
@@ -34,7 +34,6 @@ FINAL_CODES = frozenset(
         grpc.StatusCode.OUT_OF_RANGE,
     }
 )
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -62,10 +61,7 @@ class Connections:
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            options = [
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ]
+            options = net.CHANNEL_OPTIONS
             # with tracing on, each call is a CLIENT span of the activity's trace, its context
             # in the call's metadata (opentelemetry-instrumentation-grpc)
             channel = self._channels[address] = tls.aio_channel(

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from clients.local_cluster.cluster_config import Config, ConfigError, ExecutorConfig
-from switchyard import tls
+from switchyard import net, tls
 
 # Search attributes operators filter trials by in the Temporal UI (docs/architecture.md#trials); the names the
 # TrialWorkflow upserts.
@@ -56,17 +55,9 @@ class Ports:
     executors: Mapping[str, int]
 
 
-def free_port(host: str) -> int:
-    # A brief window exists between close and the child's bind; acceptable for port 0 in
-    # tests, and configured ports never go through here.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def resolve_ports(config: Config, executors: Iterable[ExecutorConfig]) -> Ports:
     def pick(port: int) -> int:
-        return port if port else free_port(config.host)
+        return port if port else net.free_port(config.host)
 
     return Ports(
         temporal=pick(config.temporal.port),

@@ -3,19 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import grpc
-
 from services.evaluator.compare import Criteria, compare
 from services.evaluator.evaluator_errors import BadTensor
 from services.evaluator.loss import LossCriteria, compare_loss
 from services.evaluator.tensors import DecodedTensor, decode
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as pb
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as pb_grpc
+from switchyard.grpcio import ServicerContext
 
 SERVICE_NAME = "switchyard.v1.Evaluator"
-Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def _tensor(name: str, message: pb.Tensor, required: bool) -> DecodedTensor | None:
@@ -43,7 +39,7 @@ def _criteria(message: pb.Criteria) -> Criteria:
 
 
 class EvaluatorServicer(pb_grpc.EvaluatorServicer):
-    async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
+    async def Compare(self, request: pb.CompareRequest, context: ServicerContext) -> pb.CompareResponse:
         reference = _tensor("reference", request.reference, required=True)
         candidate = _tensor("candidate", request.candidate, required=True)
         assert reference is not None and candidate is not None
@@ -85,7 +81,9 @@ class EvaluatorServicer(pb_grpc.EvaluatorServicer):
             finding=result.finding,
         )
 
-    async def CompareLoss(self, request: pb.CompareLossRequest, context: Context) -> pb.CompareLossResponse:
+    async def CompareLoss(
+        self, request: pb.CompareLossRequest, context: ServicerContext
+    ) -> pb.CompareLossResponse:
         result = compare_loss(
             list(request.reference),
             list(request.candidate),

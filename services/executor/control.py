@@ -8,16 +8,11 @@ package is in the executor's allow-list).
 
 from __future__ import annotations
 
-from typing import Any
-
-import grpc
-
 from services.executor.executor_runtime import Executor
 from services.executor.loaded_model import LoadedModel, LoadOptions
 from switchyard.gen.switchyard.v1 import executor_pb2 as pb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as pb_grpc
-
-Context = grpc.aio.ServicerContext[Any, Any]
+from switchyard.grpcio import ServicerContext
 
 
 def model_status(model: LoadedModel) -> pb.ModelStatus:
@@ -77,7 +72,7 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
 
-    async def Describe(self, request: pb.DescribeRequest, context: Context) -> pb.DescribeResponse:
+    async def Describe(self, request: pb.DescribeRequest, context: ServicerContext) -> pb.DescribeResponse:
         d = self.executor.describe()
         return pb.DescribeResponse(
             device=pb.DeviceInfo(
@@ -102,7 +97,7 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
             frames_port=self.executor.frames_port,
         )
 
-    async def LoadModel(self, request: pb.LoadModelRequest, context: Context) -> pb.LoadModelResponse:
+    async def LoadModel(self, request: pb.LoadModelRequest, context: ServicerContext) -> pb.LoadModelResponse:
         defaults = self.executor.default_options(request.model_name, request.version)
         manifest = self.executor.registry.get(request.model_name, request.version).manifest
         options = LoadOptions(
@@ -117,11 +112,11 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
         model = await self.executor.load_model(request.model_name, request.version, options)
         return pb.LoadModelResponse(model=model_status(model))
 
-    async def Unload(self, request: pb.UnloadRequest, context: Context) -> pb.UnloadResponse:
+    async def Unload(self, request: pb.UnloadRequest, context: ServicerContext) -> pb.UnloadResponse:
         await self.executor.unload(request.model_name, request.version)
         return pb.UnloadResponse()
 
-    async def Train(self, request: pb.TrainRequest, context: Context) -> pb.TrainResponse:
+    async def Train(self, request: pb.TrainRequest, context: ServicerContext) -> pb.TrainResponse:
         if request.HasField("distributed"):
             return await self._train_distributed(request)
         result = await self.executor.train(
@@ -166,13 +161,15 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
             loss=run.loss, step_seconds=run.step_seconds(), total_s=run.total_s, distributed=report
         )
 
-    async def ModelStatus(self, request: pb.ModelStatusRequest, context: Context) -> pb.ModelStatusResponse:
+    async def ModelStatus(
+        self, request: pb.ModelStatusRequest, context: ServicerContext
+    ) -> pb.ModelStatusResponse:
         if request.model_name:
             models = [self.executor.find(request.model_name, request.version)]
         else:
             models = list(self.executor.models.values())
         return pb.ModelStatusResponse(models=[model_status(m) for m in models])
 
-    async def GetLoad(self, request: pb.GetLoadRequest, context: Context) -> pb.LoadReport:
+    async def GetLoad(self, request: pb.GetLoadRequest, context: ServicerContext) -> pb.LoadReport:
         load = self.executor.load()
         return pb.LoadReport(in_flight=load.in_flight, queue_depth=load.queue_depth, draining=load.draining)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 
 from services.executor.backends.base import Availability
 from switchyard.errors import FailedPrecondition, InvalidArgument
+from switchyard.net import free_port
 
 # device path -> process-group backend (the migration's second change: nccl -> tpu_dist)
 PROCESS_GROUP_BACKENDS: Mapping[str, str] = {
@@ -77,12 +77,6 @@ class DistributedConfig:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DistributedConfig:
         return cls(**dict(data))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def backend_for(path: str) -> str:
@@ -169,7 +163,7 @@ def plan(
         world_size=world_size,
         strategy=strategy,
         launch="xla_launch" if backend == "xla" and world_size > 1 else "spawn",
-        master_port=_free_port(),
+        master_port=free_port(),
         timeout_s=timeout_s,
     )
 

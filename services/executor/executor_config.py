@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from switchyard import net
+
 DEFAULT_BUCKETS = (1, 2, 4, 8)
 DEFAULT_PORTS = {"cpu": 8101, "xla": 8102, "cuda": 8103, "tpu": 8104}
 
@@ -28,7 +30,7 @@ class ExecutorConfig:
     max_queue_delay_us: int = 0
     max_queue_size: int = 64
     dynamic_batching: bool = True
-    max_message_bytes: int = 64 * 1024 * 1024
+    max_message_bytes: int = net.MAX_MESSAGE_BYTES
     drain_grace_s: float = 10.0
     price_key: str = ""  # "" = "<backend>/<resource class>"
     executor_id: str = ""  # "" = "<host id>:<port>"

@@ -13,7 +13,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
 import numpy as np
 
 from services.executor.batching import BatchCounters
@@ -26,9 +25,7 @@ from switchyard.errors import InvalidArgument, ResourceExhausted, SwitchyardErro
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from switchyard.gen.inference import model_config_pb2 as mc
-from switchyard.grpcio import internal_error
-
-Context = grpc.aio.ServicerContext[Any, Any]
+from switchyard.grpcio import ServicerContext, internal_error
 
 SERVER_NAME = "switchyard-executor"
 SERVER_VERSION = "0.1.0"
@@ -234,33 +231,41 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _has_bytes(request: pb.ModelInferRequest) -> bool:
         return any(tensor.datatype == "BYTES" for tensor in request.inputs)
 
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: ServicerContext
+    ) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: ServicerContext
+    ) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.executor.ready())
 
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: ServicerContext
+    ) -> pb.ModelReadyResponse:
         model = self.executor.find(request.name, request.version)
         return pb.ModelReadyResponse(ready=model.state == "READY" and not self.executor.draining)
 
     async def ServerMetadata(
-        self, request: pb.ServerMetadataRequest, context: Context
+        self, request: pb.ServerMetadataRequest, context: ServicerContext
     ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
             name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration", "statistics"]
         )
 
     async def ModelMetadata(
-        self, request: pb.ModelMetadataRequest, context: Context
+        self, request: pb.ModelMetadataRequest, context: ServicerContext
     ) -> pb.ModelMetadataResponse:
         return model_metadata(self.executor.find(request.name, request.version))
 
-    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: ServicerContext
+    ) -> pb.ModelConfigResponse:
         return pb.ModelConfigResponse(config=model_config(self.executor.find(request.name, request.version)))
 
     async def ModelStatistics(
-        self, request: pb.ModelStatisticsRequest, context: Context
+        self, request: pb.ModelStatisticsRequest, context: ServicerContext
     ) -> pb.ModelStatisticsResponse:
         if request.name:
             models = [self.executor.find(request.name, request.version)]
@@ -274,7 +279,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request answered in order; an error goes into error_message and the stream goes on.
         A generation (a causal LM's request) is decoupled: it runs beside the stream's other
@@ -322,7 +327,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         model: LoadedModel,
         request: pb.ModelInferRequest,
         out: asyncio.Queue[pb.ModelStreamInferResponse | None],
-        context: Context,
+        context: ServicerContext,
     ) -> None:
         try:
             async for response in self.generate(model, request, context.time_remaining(), decoupled=True):
@@ -392,7 +397,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return pb.ModelStreamInferResponse(error_message=f"INTERNAL: {message}")
         return pb.ModelStreamInferResponse(infer_response=response)
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: ServicerContext
+    ) -> pb.ModelInferResponse:
         if not self._tracing:
             return await self.infer(request, context.time_remaining())
         with telemetry.server_span(_INFER_METHOD, telemetry.extract_context(context.invocation_metadata())):

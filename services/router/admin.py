@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
-
-import grpc
 
 from services.router.auth import Identity
 from services.router.config import Policy, Route, ShadowSpec, Target, validate_route
@@ -22,8 +19,7 @@ from switchyard import ids
 from switchyard.errors import InvalidArgument, PermissionDenied
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
-
-Ctx = grpc.aio.ServicerContext[Any, Any]
+from switchyard.grpcio import ServicerContext as Ctx
 
 
 def _target_from(msg: rpb.Target) -> Target:

@@ -44,7 +44,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.router import wire
 from services.router.config import Deployment, Settings
 from services.router.policies import DeploymentState
-from switchyard import frames, oip_params, telemetry, tls
+from switchyard import frames, net, oip_params, telemetry, tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
 
@@ -78,10 +78,8 @@ def _status_of(error_message: str) -> UpstreamError:
     return UpstreamError(code, why)
 
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    *net.CHANNEL_OPTIONS,
     # Find a restarted peer quickly instead of after the default back-off (up to 120 s).
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -335,7 +333,7 @@ class ExecutorPool:
                 return
             port = described.frames_port
             channel = await frames.FrameChannel.connect(
-                host, port, MAX_MESSAGE_BYTES, timeout, self._frames_tls
+                host, port, net.MAX_MESSAGE_BYTES, timeout, self._frames_tls
             )
             if not channel.is_open:
                 raise OSError(channel.closed_because or "closed as it opened")

@@ -24,14 +24,14 @@ from services.router.policies import plan
 from switchyard import ids, oip_params, telemetry
 from switchyard.errors import SwitchyardError, Unavailable, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
-from switchyard.grpcio import internal_error, map_errors
+from switchyard.grpcio import ServicerContext, internal_error, map_errors
 
 SERVICE = "inference.GRPCInferenceService"
 VERSION = "0.1.0"
 STREAM_WINDOW = 64  # requests of one ModelStreamInfer stream in the router at once
 Req = TypeVar("Req", bound=Message)
 Rep = TypeVar("Rep", bound=Message)
-Ctx = grpc.aio.ServicerContext[Any, Any]
+Ctx = ServicerContext
 
 
 class OipServicer:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clients.local_cluster.plan import free_port
+from switchyard.net import free_port
 from tests.conftest import ROOT
 
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "SWITCHYARD_SECURITY_INSECURE": "true"}

@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 
 from clients.local_cluster import health
-from clients.local_cluster.plan import free_port
 from clients.local_cluster.traffic import create_team_key
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+from switchyard.net import free_port
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

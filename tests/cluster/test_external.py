@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from clients.local_cluster import health
-from clients.local_cluster.plan import free_port
 from clients.local_cluster.traffic import create_team_key
+from switchyard.net import free_port
 from tests.cluster.test_main_job import alive, descendants
 from tests.conftest import IN_CI, ROOT
 

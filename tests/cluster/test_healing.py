@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from clients.local_cluster import health
-from clients.local_cluster.plan import free_port
 from clients.local_cluster.traffic import create_team_key
+from switchyard.net import free_port
 from tests.cluster.test_main_job import alive, descendants
 from tests.conftest import ROOT
 

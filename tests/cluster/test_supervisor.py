@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from clients.local_cluster import health
-from clients.local_cluster.plan import ServiceSpec, free_port
+from clients.local_cluster.plan import ServiceSpec
 from clients.local_cluster.supervisor import RestartPolicy, StartupFailed, Supervisor
+from switchyard.net import free_port
 from tests.conftest import ROOT
 
 ENV = {"PYTHONPATH": str(ROOT), "SWITCHYARD_SECURITY_INSECURE": "true"}

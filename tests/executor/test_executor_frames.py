@@ -12,7 +12,7 @@ import pytest
 from services.executor.executor_server import RunningExecutor
 from services.executor.executor_servicer import InferenceServicer
 from services.executor.frame_server import FrameServer
-from switchyard import frames, oip_params
+from switchyard import frames, net, oip_params
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
@@ -33,7 +33,7 @@ async def _send(channel: frames.FrameChannel, request: pb.ModelInferRequest) -> 
     return pb.ModelStreamInferResponse.FromString(reply)
 
 
-async def _connect(port: int, limit: int = 1 << 26) -> frames.FrameChannel:
+async def _connect(port: int, limit: int = net.MAX_MESSAGE_BYTES) -> frames.FrameChannel:
     return await frames.FrameChannel.connect("127.0.0.1", port, limit, 5.0)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +30,7 @@ from services.router.server import RunningRouter, start_router
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
+from switchyard.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PRICE_KEY = "cpu-test"
@@ -127,12 +127,6 @@ async def make_router(tmp_path: Path) -> AsyncIterator[RouterFactory]:
     yield make
     for running in started:
         await running.stop(0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 CHILD = """

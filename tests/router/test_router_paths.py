@@ -16,7 +16,8 @@ from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import RunningExecutor, start_executor
 from services.router.config import Policy, Route, Target
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
-from tests.router.conftest import Metering, RouterFactory, free_port
+from switchyard.net import free_port
+from tests.router.conftest import Metering, RouterFactory
 from tests.router.conftest import routes_config as base_routes_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -32,7 +32,7 @@ from services.metering.metering_server import RunningMetering, start_metering
 from services.metering.schema import AUDIT
 from services.router import config as router_config
 from services.router.server import start_router
-from switchyard import frames, tls
+from switchyard import frames, net, tls
 from switchyard.gen.inference import grpc_service_pb2 as ipb
 from switchyard.gen.switchyard.v1 import executor_pb2 as epb
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
@@ -412,7 +412,9 @@ async def _frames(cluster: Cluster, security: tls.Security) -> frames.FrameChann
         if security.cert
         else ssl.create_default_context(cadata=security.ca.decode())
     )
-    return await frames.FrameChannel.connect("127.0.0.1", cluster.executor.frames.port, 1 << 26, 5.0, context)
+    return await frames.FrameChannel.connect(
+        "127.0.0.1", cluster.executor.frames.port, net.MAX_MESSAGE_BYTES, 5.0, context
+    )
 
 
 async def test_frames_refuse_other_identities_audited_once_per_connection(cluster: Cluster, pki: Pki) -> None:

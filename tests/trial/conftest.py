@@ -13,7 +13,8 @@ from temporalio.testing import WorkflowEnvironment
 from services.evaluator.evaluator_server import start_evaluator
 from switchyard.grpcio import RunningServer, ServerOptions
 from switchyard.models.repository import seed_builtins
-from tests.trial.stack import Stack, free_port, set_prices, start_xla_executor, wait_serving, xla_python
+from switchyard.net import free_port
+from tests.trial.stack import Stack, set_prices, start_xla_executor, wait_serving, xla_python
 from workflows.trial import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parents[2]

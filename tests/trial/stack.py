@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -44,12 +43,6 @@ class Stack:
         if self.xla:
             found["xla"] = self.xla
         return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def xla_python() -> str:
