@@ -5,8 +5,7 @@ One real cluster (Temporal dev server, metering, evaluator, a CPU executor, rout
 worker) started by `switchyard up` in its own process. The router's routes send `mlp` to the
 supervised executor and fail over to a spare executor the test runs itself. A client with a
 team key keeps requests in flight while the supervised executor is SIGKILLed: every request
-is answered, the executor serves again within 10 s (or, on a machine loaded so heavily that
-its own start takes longer, within that start plus 3 s), and `switchyard up status` shows the
+is answered, the executor serves again within 10 s, and `switchyard up status` shows the
 restart and why. Then `switchyard up` itself is SIGKILLed: within 5 s no process it started
 is left.
 """
@@ -166,13 +165,12 @@ def test_executor_killed_under_load_is_restarted_and_a_killed_supervisor_leaves_
 
         back_after = asyncio.run(scenario())
         assert errors == [], errors[:5]
-        # Back within 10 s; on a machine so loaded that the executor's own start (the restarted
-        # process's, from its "ready after" line) takes longer than that, the supervisor may add
-        # at most 3 s to it (detection, back-off, spawn, health probe).
+        # Back within 10 s: detection, back-off, the new process's start (imports, model load,
+        # warm-up) and the health probe together.
         cold_start, restart_start = _ready_after(up_log, "executor-cpu")
-        bound = max(10.0, restart_start + 3.0)
-        assert back_after < bound, (
-            f"executor back after {back_after:.1f}s (its own start: {restart_start:.1f}s)"
+        assert back_after < 10.0, (
+            f"executor back after {back_after:.1f}s (the restarted process's own start: "
+            f"{restart_start:.1f}s, its first start {cold_start:.1f}s)"
         )
         print(
             f"executor back after {back_after:.1f}s; the restarted process took {restart_start:.1f}s "

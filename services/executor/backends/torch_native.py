@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -28,6 +29,12 @@ from services.executor.backends.base import (
 
 
 def _dynamo_counters() -> tuple[int, tuple[str, ...], int]:
+    """Dynamo's process-wide graph breaks, their reasons and frames compiled. Read only once
+    something (a compile-mode load) imported dynamo: before that nothing was compiled, and
+    importing it just to read zeros costs an eager executor's start several seconds (about a
+    third of a CPU executor's start on a loaded 2-core host)."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return 0, (), 0
     from torch._dynamo.utils import counters
 
     reasons: dict[str, int] = dict(counters.get("graph_break", {}))
