@@ -232,3 +232,32 @@ async def test_cpu_compile_serves_mixed_lengths_with_no_compilation_after_warmup
         assert m.compilations_after_warmup() == 0
     finally:
         await ex.close()
+
+
+async def test_fp64_generation_keeps_float64_to_the_logprobs(llama_dir: Path, tmp_path: Path) -> None:
+    """The trial's golden run: loaded in fp64, attention and logits stay float64, so its
+    logprobs equal a float64 forward pass of the same weights far below float32 rounding."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    ex = Executor(ExecutorConfig(), select_backend("cpu"), repository_with_llama(tmp_path, llama_dir))
+    try:
+        options = dataclasses.replace(ex.default_options(), precision="fp64")
+        m = await ex.load_model("llama-tiny", "", options)
+        assert m.engine is not None
+        prompt = m.engine.tokenizer.encode("the quick brown")
+        params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
+        evs = await events(ex.generate(m, prompt, params, False, None))
+    finally:
+        await ex.close()
+    tokens = ids(evs)
+    hf = LlamaForCausalLM.from_pretrained(llama_dir).double()
+    hf.train(False)
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + tokens])).logits[0].double()
+    expected = torch.log_softmax(logits, dim=-1)
+    for i, e in enumerate(evs):
+        (choice,) = e.choices
+        assert choice.logprob is not None
+        want = float(expected[len(prompt) - 1 + i, choice.token])
+        assert abs(choice.logprob - want) < 1e-10, (i, choice.logprob, want)

@@ -86,7 +86,9 @@ class GenerationRuntime:
         with self.backend.inference_context():
             out = step.run([*moved, *self._tensors()])
         self.backend.synchronize()
-        return out.detach().to("cpu", torch.float32)  # type: ignore[no-any-return]
+        # float64 logits stay float64, so a golden run's logprobs carry no float32 rounding
+        wide = torch.float64 if out.dtype == torch.float64 else torch.float32
+        return out.detach().to("cpu", wide)  # type: ignore[no-any-return]
 
     def bucket_for(self, length: int) -> int:
         buckets = self.settings.prompt_buckets

@@ -200,7 +200,8 @@ class LlamaAdapter(nn.Module):
         v_all = self._repeat(store(values, v), self.groups)
         scores = (q @ k_all.transpose(-2, -1)) * self.scaling
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        # at least float32, as HF's eager attention; an fp64 (golden) run stays float64 throughout
+        weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
         out = (weights @ v_all).transpose(1, 2).reshape(b, s, -1)
         x = x + attn.o_proj(out)
         return x + layer.mlp(layer.post_attention_layernorm(x))  # type: ignore[no-any-return]
