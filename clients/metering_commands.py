@@ -37,7 +37,19 @@ REPORT_FIELDS = (
     "cost_per_completed_job_micros",
     "unpriced_events",
     "currency",
+    "prompt_tokens",
+    "output_tokens",
+    "generation_micros",
+    "generation_jobs_completed",
+    "generation_jobs_total",
+    "cost_per_completed_generation_job_micros",
+    "cost_per_million_output_tokens_micros",
+    "cost_per_million_prompt_tokens_micros",
 )
+# Shown in the table only when some row has tokens (a ledger without generation keeps its columns).
+GENERATION_SHOWN = (
+    "prompt_tok", "output_tok", "gen_completed", "per_gen_job", "per_1M_output", "per_1M_prompt",
+)  # fmt: skip
 
 
 class UsageError(ValueError):
@@ -199,6 +211,10 @@ def report(args: argparse.Namespace) -> int:
         ]
         for r in rows
     ]
+    if any(r["prompt_tokens"] or r["output_tokens"] for r in rows):
+        shown += GENERATION_SHOWN
+        for line, r in zip(table, rows, strict=True):
+            line += generation_cells(r)
     widths = [max(len(h), *(len(row[i]) for row in table)) if table else len(h) for i, h in enumerate(shown)]
     print("  ".join(h.ljust(w) for h, w in zip(shown, widths, strict=True)))
     for row in table:
@@ -211,6 +227,22 @@ def report(args: argparse.Namespace) -> int:
     if any(r["unpriced_events"] for r in rows):
         print("note: unpriced usage exists (no price in force); it is not included in the totals above")
     return 0
+
+
+def generation_cells(r: dict[str, Any]) -> list[str]:
+    """Tokens and the cost of generation: per completed generation job, per million output and
+    prompt tokens, each exact (switchyard/money.py) or "n/a" without a divisor."""
+    from switchyard.money import per_million_tokens_text
+
+    cost, currency, jobs = r["generation_micros"], r["currency"], r["generation_jobs_completed"]
+    return [
+        str(r["prompt_tokens"]),
+        str(r["output_tokens"]),
+        str(jobs),
+        per_job_text(cost, jobs) if jobs else "n/a",
+        per_million_tokens_text(cost, r["output_tokens"], currency) if r["output_tokens"] > 0 else "n/a",
+        per_million_tokens_text(cost, r["prompt_tokens"], currency) if r["prompt_tokens"] > 0 else "n/a",
+    ]
 
 
 @guarded

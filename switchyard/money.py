@@ -64,3 +64,18 @@ def per_job_text(total_micros: int, jobs: int, currency: str = "", scale: int = 
     text = f"{decimal(scaled_micros(cost, scale))} {currency}".rstrip() + f" {per_label(scale)}"
     note = exact_note(cost, currency)
     return f"{text} ({note})" if note else text
+
+
+def per_million_tokens(total_micros: int, tokens: int) -> Fraction:
+    """The exact cost of a million tokens, in micro-units."""
+    return Fraction(total_micros * 1_000_000, tokens)
+
+
+def per_million_tokens_text(total_micros: int, tokens: int, currency: str = "") -> str:
+    """'2.500000 USD per 1M tokens', with the exact fraction where it is not whole micro-units:
+    '0.142857 USD per 1M tokens (exactly 1000000/7 micro-USD per 1M tokens)'."""
+    cost = per_million_tokens(total_micros, tokens)
+    text = f"{decimal(round_half_up(cost))} {currency}".rstrip() + " per 1M tokens"
+    if cost.denominator == 1:
+        return text
+    return f"{text} (exactly {cost.numerator}/{cost.denominator} micro-{currency or 'units'} per 1M tokens)"

@@ -78,6 +78,8 @@ def event_of(e: pb.UsageEvent) -> UsageEvent:
         e.arm,
         tuple(sorted(e.tags.items())) if e.tags else (),
         e.reservation_id,
+        e.prompt_tokens,
+        e.output_tokens,
     )
 
 
@@ -270,6 +272,14 @@ class MeteringServicer(pb_grpc.MeteringServicer):
                     unpriced_events=row.unpriced_events,
                     currency=row.currency,
                     jobs_total=row.jobs_total,
+                    prompt_tokens=row.prompt_tokens,
+                    output_tokens=row.output_tokens,
+                    generation_micros=row.generation_micros,
+                    generation_jobs_completed=row.generation_jobs_completed,
+                    generation_jobs_total=row.generation_jobs_total,
+                    cost_per_completed_generation_job_micros=row.cost_per_completed_generation_job_micros,
+                    cost_per_million_output_tokens_micros=row.cost_per_million_output_tokens_micros,
+                    cost_per_million_prompt_tokens_micros=row.cost_per_million_prompt_tokens_micros,
                 )
                 for row in rows
             ]

@@ -16,6 +16,7 @@ KINDS = ("request", "trial", "train", "prepare")
 JOB_STATUSES = ("completed", "failed", "cancelled")
 MAX_KEY = 200
 MAX_US = 2**62  # far beyond any real timestamp or duration; keeps products inside int64 checks
+MAX_TOKENS = 2**40  # per event; sums over a ledger's lines stay far inside BIGINT
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,17 @@ class UsageEvent(NamedTuple):
     arm: str = ""
     tags: tuple[tuple[str, str], ...] = ()
     reservation_id: str = ""
+    prompt_tokens: int = 0  # a generation request's tokens (0 for any other usage)
+    output_tokens: int = 0
 
     def content_hash(self) -> str:
         """Digest of every field: the same key must come back with the same digest."""
         # repr() of a tuple of str/int/bool is unambiguous (quotes are escaped) and fast. The
-        # plain tuple's repr of all fields in declaration order, as stored digests were made.
-        return hashlib.sha256(tuple.__repr__(self).encode()).hexdigest()
+        # plain tuple's repr of all fields in declaration order, as stored digests were made;
+        # without tokens, of the fields before them, so an event stored before tokens were
+        # metered (migration 0005) is still a duplicate of itself when it is retried.
+        fields = self if self.prompt_tokens or self.output_tokens else self[:_UNTOKENED]
+        return hashlib.sha256(tuple.__repr__(fields).encode()).hexdigest()
 
     @property
     def effective_job_id(self) -> str | None:
@@ -61,6 +67,9 @@ class UsageEvent(NamedTuple):
         if self.kind == "prepare":
             return self.job_id or None
         return self.job_id or self.idempotency_key
+
+
+_UNTOKENED = UsageEvent._fields.index("prompt_tokens")
 
 
 def check_key(value: str, what: str) -> None:
@@ -92,6 +101,8 @@ def validate_event(ev: UsageEvent, index: int) -> None:
         and 0 <= ended <= MAX_US
         and (not ended or (started <= ended and busy <= ended - started))
         and (not ev.job_id or len(ev.job_id) <= MAX_KEY)
+        and 0 <= ev.prompt_tokens <= MAX_TOKENS
+        and 0 <= ev.output_tokens <= MAX_TOKENS
     ):
         return
     _explain_event(ev, index)
@@ -119,6 +130,10 @@ def _explain_event(ev: UsageEvent, index: int) -> None:
         )
     if ev.job_id:
         check_key(ev.job_id, f"{where}: job_id")
+    for name in ("prompt_tokens", "output_tokens"):
+        count = getattr(ev, name)
+        if not 0 <= count <= MAX_TOKENS:
+            raise BadInput(f"{where}: {name} is {count}; give the request's token count, 0 to {MAX_TOKENS}")
 
 
 @dataclass(frozen=True)

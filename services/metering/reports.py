@@ -3,6 +3,14 @@
 Cost per completed job = all cost of the group in the window (busy, idle, preparation,
 failed work included) / jobs of the group that ended in the window as completed within the
 quality criteria, rounded half up once. Unpriced lines are counted, never summed as zero.
+
+Generation (docs/ledger.md "Tokens"): a generation job is a job with a usage line that
+carries tokens. Its cost is every line of the job (busy, idle shares, corrections); per
+group, cost per completed generation job = that cost / generation jobs completed within
+quality, and cost per million output (prompt) tokens = that cost x 10^6 / output (prompt)
+tokens, net of reversals. The same cost is divided by each count: it is not split between
+prompt and output tokens, which share the device's steps. Integer figures are rounded half
+up once; the exact fractions follow from the integers of the row.
 Exports stream the journal as CSV or as FOCUS 1.2 columns (docs/focus.md), a chunk at a time.
 """
 
@@ -40,10 +48,39 @@ class CostRow:
     jobs_completed: int = 0
     jobs_failed: int = 0
     jobs_total: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    generation_micros: int = 0
+    generation_jobs_completed: int = 0
+    generation_jobs_total: int = 0
 
     @property
     def cost_per_completed_job_micros(self) -> int:
         return round_div(self.total_micros, self.jobs_completed) if self.jobs_completed else 0
+
+    @property
+    def cost_per_completed_generation_job_micros(self) -> int:
+        jobs = self.generation_jobs_completed
+        return round_div(self.generation_micros, jobs) if jobs else 0
+
+    @property
+    def cost_per_million_output_tokens_micros(self) -> int:
+        return per_million(self.generation_micros, self.output_tokens)
+
+    @property
+    def cost_per_million_prompt_tokens_micros(self) -> int:
+        return per_million(self.generation_micros, self.prompt_tokens)
+
+
+def per_million(micros: int, tokens: int) -> int:
+    """Cost of a million tokens, rounded half up once; 0 when there are no tokens."""
+    return round_div(micros * 1_000_000, tokens) if tokens > 0 else 0
+
+
+def generation_jobs() -> Any:
+    """Ids of the jobs with a usage line that carries tokens (whenever it was recorded)."""
+    tokens = (LINES.c.prompt_tokens > 0) | (LINES.c.output_tokens > 0)
+    return select(LINES.c.job_id).where(LINES.c.basis == "busy", LINES.c.job_id.is_not(None), tokens)
 
 
 def check_window(since_us: int, until_us: int) -> None:
@@ -92,13 +129,21 @@ def cost_report(
         by(IDLE).label("idle"),
         by(("prepare",)).label("prepare"),
         func.sum(case((amount.is_(None), 1), else_=0)).label("unpriced"),
+        func.coalesce(func.sum(LINES.c.prompt_tokens), 0).label("prompt_tokens"),
+        func.coalesce(func.sum(LINES.c.output_tokens), 0).label("output_tokens"),
+        func.coalesce(func.sum(case((LINES.c.job_id.in_(generation_jobs()), amount), else_=0)), 0).label(
+            "generation"
+        ),
     )
     done = (JOBS.c.status == "completed") & (JOBS.c.met_quality == literal(True))
+    generating = JOBS.c.job_id.in_(generation_jobs())
     jobs = select(
         *_cols(JOBS, groups, dialect, JOBS.c.ended_us),
         func.sum(case((done, 1), else_=0)).label("completed"),
         func.sum(case((JOBS.c.status.in_(("failed", "cancelled")), 1), else_=0)).label("failed"),
         func.sum(case((JOBS.c.status != "running", 1), else_=0)).label("total"),
+        func.sum(case((done & generating, 1), else_=0)).label("generation_completed"),
+        func.sum(case(((JOBS.c.status != "running") & generating, 1), else_=0)).label("generation_total"),
     )
     if since_us:
         lines, jobs = lines.where(LINES.c.at_us >= since_us), jobs.where(JOBS.c.ended_us >= since_us)
@@ -118,12 +163,21 @@ def cost_report(
             rows[key].update(
                 idle_micros=int(r.idle), prepare_micros=int(r.prepare), unpriced_events=int(r.unpriced or 0)
             )
+            rows[key].update(
+                prompt_tokens=int(r.prompt_tokens),
+                output_tokens=int(r.output_tokens),
+                generation_micros=int(r.generation),
+            )
         for r in conn.execute(jobs):
             if r.total is None:  # aggregate over no rows without GROUP BY
                 continue
             key = tuple(str(getattr(r, g) or "") for g in groups)
             entry = rows.setdefault(key, {})
             entry.update(jobs_completed=int(r.completed), jobs_failed=int(r.failed), jobs_total=int(r.total))
+            entry.update(
+                generation_jobs_completed=int(r.generation_completed),
+                generation_jobs_total=int(r.generation_total),
+            )
     return [CostRow(dict(zip(groups, k, strict=True)), **v) for k, v in sorted(rows.items())]
 
 
@@ -146,6 +200,8 @@ CSV_COLUMNS = (
     "trial_id",
     "arm",
     "unpriced",
+    "prompt_tokens",
+    "output_tokens",
 )
 # FOCUS 1.2: the 21 mandatory columns, the conditional ones the journal has data for, the
 # nullable ones left empty (present, so a validator finds them), then our own x_ columns.
@@ -199,6 +255,8 @@ FOCUS_COLUMNS = (
     "x_PriceVersion",
     "x_AllocationMethod",
     "x_Unpriced",
+    "x_PromptTokens",
+    "x_OutputTokens",
 )
 
 
@@ -280,12 +338,17 @@ def _csv_row(r: Any) -> list[str]:
         r.trial_id,
         r.arm,
         "true" if r.amount_micros is None else "false",
+        str(r.prompt_tokens),
+        str(r.output_tokens),
     ]
 
 
 def _focus_row(r: Any, party: FocusParty, currencies: dict[str, str]) -> list[str]:
     """One journal line as FOCUS 1.2. An unpriced line is billed 0 (FOCUS has no "unknown"
-    cost) and flagged: x_Unpriced=true and the tag `x_unpriced`; reports never count it as 0."""
+    cost) and flagged: x_Unpriced=true and the tag `x_unpriced`; reports never count it as 0.
+    ConsumedQuantity stays the line's hours, the unit it is priced in; a generation request's
+    tokens are two quantities of one charge, so they go in x_PromptTokens and x_OutputTokens
+    (docs/focus.md)."""
     hours = f"{r.quantity_us / 3_600_000_000:.9f}"
     unpriced = r.amount_micros is None
     tags = dict(json.loads(r.tags_json or "{}"), model=r.model, team=r.team, arm=r.arm)
@@ -345,6 +408,8 @@ def _focus_row(r: Any, party: FocusParty, currencies: dict[str, str]) -> list[st
         r.price_version or "",
         r.method or "",
         "true" if unpriced else "false",
+        str(r.prompt_tokens),  # x_PromptTokens: a generation request's (0 on other lines)
+        str(r.output_tokens),  # x_OutputTokens
     ]
 
 

@@ -3,7 +3,9 @@
 Money is BIGINT micro-units plus an ISO currency code, never float. `ledger_lines` is the
 append-only journal: one row per usage event (its busy cost) and one per idle share,
 preparation charge or reversal, each with a unique idempotency key. A NULL amount means
-"unpriced" (no price in force): it is reported as such, never summed as zero.
+"unpriced" (no price in force): it is reported as such, never summed as zero. A generation
+request's line also holds its prompt and output tokens (0 on every other line; a reversal
+negates them, as it negates the amount).
 Times are integer microseconds since the Unix epoch (UTC).
 """
 
@@ -149,6 +151,9 @@ class LedgerLine(Base):
     arm: Mapped[str] = mapped_column(String(64))
     tags_json: Mapped[str] = mapped_column(Text)
     recorded_us: Mapped[int] = mapped_column(BigInteger)
+    # Tokens of a generation request (migration 0005); the default keeps older writers valid.
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    output_tokens: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 class PrincipalRow(Base):

@@ -31,7 +31,7 @@ CHUNK = 900  # bound parameters per IN (...) list, under SQLite's historical lim
 LINE_COLUMNS = (
     "idempotency_key", "content_hash", "basis", "at_us", "end_us", "quantity_us", "amount_micros", "currency",
     "price_version", "method", "path", "reservation_id", "job_id", "model", "team", "trial_id", "arm",
-    "tags_json", "recorded_us",
+    "tags_json", "recorded_us", "prompt_tokens", "output_tokens",
 )  # fmt: skip
 # The key order of the job dicts that _job_rows builds.
 JOB_COLUMNS = (
@@ -354,6 +354,7 @@ def _lines(
             ev.started_us, ev.ended_us or ev.started_us + busy, busy, amount, currency, version,
             method, path, rid, ev.effective_job_id, ev.model, ev.team, ev.trial_id, ev.arm,
             json.dumps(dict(ev.tags), sort_keys=True) if ev.tags else "{}", now_us,
+            ev.prompt_tokens, ev.output_tokens,
         )  # fmt: skip
         rows.append(line)
     # Key order: concurrent writers then take unique-index locks in the same order (PostgreSQL
@@ -363,7 +364,7 @@ def _lines(
 
 
 def reverse_usage(conn: Connection, key: str, reverses: str, reason: str, now_us: int) -> tuple[Any, bool]:
-    """Cancel one busy or preparation line with a reversal line (negated amount and time).
+    """Cancel one busy or preparation line with a reversal line (negated amount, time and tokens).
 
     The reversal sits where the original did (same time, path, job, reservation), so reports
     over any window and a later reservation close both see the correction. A closed
@@ -412,6 +413,7 @@ def reverse_usage(conn: Connection, key: str, reverses: str, reason: str, now_us
     row.update(idempotency_key=key, content_hash=digest, basis="reversal", recorded_us=now_us)
     row.update(quantity_us=-orig.quantity_us, method=f"reverses {reverses}")
     row.update(amount_micros=None if orig.amount_micros is None else -orig.amount_micros)
+    row.update(prompt_tokens=-orig.prompt_tokens, output_tokens=-orig.output_tokens)
     row["tags_json"] = json.dumps({"reason": reason}, sort_keys=True)
     insert_dicts(conn, LINES, [row])
     return conn.execute(select(LINES).where(LINES.c.idempotency_key == key)).one(), False

@@ -4,7 +4,9 @@ For each generated scenario (price changes inside the reservation, jobs with sev
 events, failed and cancelled jobs, preparation charges, reversed usage lines, busy time that
 may even exceed the reservation), the lines inside a closed reservation sum to reserved time x price computed
 independently with exact fractions and rounded once; idle shares sum to the idle line;
-idle time is shared out completely; and the cost report agrees to the micro-unit.
+idle time is shared out completely; and the cost report agrees to the micro-unit. Usage
+events may carry generation tokens: the report's tokens are net of the reversals, and the
+generation cost (every line of a job with tokens) per job and per million tokens is exact.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sqlalchemy import select
 from services.metering.ledger import Ledger
 from services.metering.records import Actor, UsageEvent
 from services.metering.schema import LINES
+from switchyard.money import round_half_up
 from tests.metering.metering_helpers import T0
 
 HOUR = 3_600_000_000
@@ -41,6 +44,7 @@ class Scenario:
     prepare: list[int]  # preparation charges (each its own completed job)
     corrections: set[int]  # jobs whose first usage line is reversed before the close
     early: list[int]  # busy time of usage recorded before the reservation was opened (back-dated)
+    tokens: list[tuple[int, int]]  # (prompt, output) tokens, dealt to the usage events in turn
 
 
 scenario_st = st.builds(
@@ -51,6 +55,7 @@ scenario_st = st.builds(
     prepare=st.lists(st.integers(1, HOUR), max_size=2),
     corrections=st.sets(st.integers(0, 5), max_size=3),
     early=st.lists(st.integers(0, HOUR), max_size=2),
+    tokens=st.lists(st.tuples(st.integers(0, 5_000), st.integers(0, 5_000)), max_size=4),
 )
 
 
@@ -98,10 +103,12 @@ def run_scenario(ledger: Ledger, sc: Scenario) -> None:
         ledger.record_usage(early)
     res = ledger.open_reservation(ACTOR, f"res-{tag}", path, T0, "")
     events = []
+    dealt = iter(sc.tokens * 24)
     for j, (busies, (status, quality)) in enumerate(sc.jobs):
         for n, busy in enumerate(busies):
             start = T0 + (j * 7919 + n * 104729) % length
             last = n == len(busies) - 1
+            prompt, output = next(dealt, (0, 0))
             events.append(
                 UsageEvent(
                     f"{tag}-{j}-{n}",
@@ -115,6 +122,8 @@ def run_scenario(ledger: Ledger, sc: Scenario) -> None:
                     busy_us=busy,
                     started_us=start,
                     ended_us=start + busy,
+                    prompt_tokens=prompt,
+                    output_tokens=output,
                 )
             )
     if events:
@@ -146,6 +155,25 @@ def run_scenario(ledger: Ledger, sc: Scenario) -> None:
     assert row.total_micros == expected and row.unpriced_events == 0
     completed = sum(1 for _, (s, q) in sc.jobs if s == "completed" and q) + len(sc.prepare)
     assert row.jobs_completed == completed
+
+    reversed_keys = {f"{tag}-{j}-0" for j in sc.corrections if j < len(sc.jobs)}
+    kept = [e for e in events if e.idempotency_key not in reversed_keys]
+    assert row.prompt_tokens == sum(e.prompt_tokens for e in kept)
+    assert row.output_tokens == sum(e.output_tokens for e in kept)
+    generating = {e.job_id for e in events if e.prompt_tokens or e.output_tokens}
+    cost = sum(r.amount_micros for r in lines if r.job_id in generating)
+    assert row.generation_micros == cost
+    done = [j for j, (_, (s, q)) in enumerate(sc.jobs) if s == "completed" and q]
+    gen_done = sum(1 for j in done if f"{tag}-job{j}" in generating)
+    assert row.generation_jobs_completed == gen_done
+    assert row.cost_per_completed_generation_job_micros == (
+        round_half_up(Fraction(cost, gen_done)) if gen_done else 0
+    )
+    for tokens, figure in (
+        (row.output_tokens, row.cost_per_million_output_tokens_micros),
+        (row.prompt_tokens, row.cost_per_million_prompt_tokens_micros),
+    ):
+        assert figure == (round_half_up(Fraction(cost * 10**6, tokens)) if tokens else 0)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

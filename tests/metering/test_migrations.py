@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from alembic import command
 from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.exc import DBAPIError
 
 from services.metering.db import alembic_config, resolve_url
 
@@ -55,3 +57,35 @@ def test_downgrade_to_base_and_back(fresh_db_url: str) -> None:
     engine.dispose()
     command.upgrade(cfg, "head")
     command.check(cfg)
+
+
+def test_lines_written_before_0005_hold_zero_tokens(fresh_db_url: str) -> None:
+    """0005 adds the token columns to a journal that already has lines (append-only triggers in
+    place): the old lines read 0 tokens, and new lines carry theirs."""
+    cfg = alembic_config(fresh_db_url)
+    command.upgrade(cfg, "0004")
+    engine = create_engine(resolve_url(fresh_db_url))
+    line = (
+        "INSERT INTO ledger_lines (idempotency_key, content_hash, basis, at_us, end_us, quantity_us, "
+        "amount_micros, path, model, team, trial_id, arm, tags_json, recorded_us{extra}) VALUES "
+        "(:key, 'h', 'busy', 1, 2, 1, 5, 'p', 'm', 't', '', '', '{{}}', 3{values})"
+    )
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO paths VALUES ('p', 'cpu', 'c', 'k', 'h', 0)"))
+        conn.execute(text(line.format(extra="", values="")), {"key": "old"})
+    command.upgrade(cfg, "head")
+    with engine.begin() as conn:
+        conn.execute(
+            text(line.format(extra=", prompt_tokens, output_tokens", values=", 7, 9")), {"key": "new"}
+        )
+        got = conn.execute(
+            text("SELECT idempotency_key, prompt_tokens, output_tokens FROM ledger_lines ORDER BY id")
+        ).all()
+        assert [tuple(r) for r in got] == [("old", 0, 0), ("new", 7, 9)]
+        with pytest.raises(DBAPIError):  # still append-only
+            conn.execute(text("UPDATE ledger_lines SET output_tokens = 1"))
+    engine.dispose()
+    command.downgrade(cfg, "0004")
+    with engine.connect() as conn:
+        assert "output_tokens" not in {c["name"] for c in inspect(conn).get_columns("ledger_lines")}
+    engine.dispose()

@@ -633,6 +633,14 @@ class CostRow(_message.Message):
     UNPRICED_EVENTS_FIELD_NUMBER: _builtins.int
     CURRENCY_FIELD_NUMBER: _builtins.int
     JOBS_TOTAL_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    GENERATION_MICROS_FIELD_NUMBER: _builtins.int
+    GENERATION_JOBS_COMPLETED_FIELD_NUMBER: _builtins.int
+    GENERATION_JOBS_TOTAL_FIELD_NUMBER: _builtins.int
+    COST_PER_COMPLETED_GENERATION_JOB_MICROS_FIELD_NUMBER: _builtins.int
+    COST_PER_MILLION_OUTPUT_TOKENS_MICROS_FIELD_NUMBER: _builtins.int
+    COST_PER_MILLION_PROMPT_TOKENS_MICROS_FIELD_NUMBER: _builtins.int
     total_micros: _builtins.int
     busy_micros: _builtins.int
     idle_micros: _builtins.int
@@ -646,6 +654,22 @@ class CostRow(_message.Message):
     currency: _builtins.str
     jobs_total: _builtins.int
     """every job that ended in the window, whatever its outcome"""
+    prompt_tokens: _builtins.int
+    """Generation (jobs with a usage line that carries tokens). Tokens are net of reversals;
+    generation_micros is the cost of those jobs' lines (busy, idle shares, corrections).
+    Exact figures: generation_micros / generation_jobs_completed and
+    generation_micros * 10^6 / output_tokens (prompt_tokens); the *_micros below are them
+    rounded half up once, 0 when the divisor is 0.
+    """
+    output_tokens: _builtins.int
+    generation_micros: _builtins.int
+    generation_jobs_completed: _builtins.int
+    """within quality"""
+    generation_jobs_total: _builtins.int
+    """ended in the window, whatever the outcome"""
+    cost_per_completed_generation_job_micros: _builtins.int
+    cost_per_million_output_tokens_micros: _builtins.int
+    cost_per_million_prompt_tokens_micros: _builtins.int
     @_builtins.property
     def group(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -662,10 +686,18 @@ class CostRow(_message.Message):
         unpriced_events: _builtins.int = ...,
         currency: _builtins.str = ...,
         jobs_total: _builtins.int = ...,
+        prompt_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
+        generation_micros: _builtins.int = ...,
+        generation_jobs_completed: _builtins.int = ...,
+        generation_jobs_total: _builtins.int = ...,
+        cost_per_completed_generation_job_micros: _builtins.int = ...,
+        cost_per_million_output_tokens_micros: _builtins.int = ...,
+        cost_per_million_prompt_tokens_micros: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_micros", b"busy_micros", "cost_per_completed_job_micros", b"cost_per_completed_job_micros", "currency", b"currency", "group", b"group", "idle_micros", b"idle_micros", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "jobs_total", b"jobs_total", "prepare_micros", b"prepare_micros", "total_micros", b"total_micros", "unpriced_events", b"unpriced_events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_micros", b"busy_micros", "cost_per_completed_generation_job_micros", b"cost_per_completed_generation_job_micros", "cost_per_completed_job_micros", b"cost_per_completed_job_micros", "cost_per_million_output_tokens_micros", b"cost_per_million_output_tokens_micros", "cost_per_million_prompt_tokens_micros", b"cost_per_million_prompt_tokens_micros", "currency", b"currency", "generation_jobs_completed", b"generation_jobs_completed", "generation_jobs_total", b"generation_jobs_total", "generation_micros", b"generation_micros", "group", b"group", "idle_micros", b"idle_micros", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "jobs_total", b"jobs_total", "output_tokens", b"output_tokens", "prepare_micros", b"prepare_micros", "prompt_tokens", b"prompt_tokens", "total_micros", b"total_micros", "unpriced_events", b"unpriced_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
