@@ -40,6 +40,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
 from workflows.connections import Connections, WorkerConfig
 from workflows.trial import SEARCH_ATTRIBUTES, TrialWorkflow
+from workflows.trial_io import TrialInput
 from workflows.worker import build_worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,7 +122,10 @@ async def main(runs: int, min_seconds: float) -> dict[str, Any]:
                 workflow_id = f"bench-{i}-{uuid.uuid4().hex[:6]}"
                 t0 = time.perf_counter()
                 await env.client.execute_workflow(
-                    TrialWorkflow.run, spec(min_seconds), id=workflow_id, task_queue="bench"
+                    TrialWorkflow.run,
+                    TrialInput.from_json(spec(min_seconds)),
+                    id=workflow_id,
+                    task_queue="bench",
                 )
                 wall = time.perf_counter() - t0
                 intervals, span, events = await activity_intervals(env.client, workflow_id)

@@ -22,6 +22,7 @@ from temporalio.service import RPCError
 from workflows.render import criteria_in_order, line_of, render
 from workflows.spec import SpecError, parse_spec
 from workflows.trial import TrialWorkflow
+from workflows.trial_io import TrialInput, TrialReport
 from workflows.worker import connect
 
 BAR = 30
@@ -51,7 +52,9 @@ async def _activity_details(client: Client, handle: WorkflowHandle[Any, Any]) ->
     return "; ".join(parts)
 
 
-async def _watch(client: Client, handle: WorkflowHandle[Any, Any], out: Any = sys.stderr) -> dict[str, Any]:
+async def _watch(
+    client: Client, handle: WorkflowHandle[Any, TrialReport], out: Any = sys.stderr
+) -> dict[str, Any]:
     """Redraw the progress line until the workflow ends (to a file or pipe: a new line
     whenever it changes), then show the final one; return the workflow's result."""
     result_task = asyncio.ensure_future(handle.result())
@@ -80,7 +83,7 @@ async def _watch(client: Client, handle: WorkflowHandle[Any, Any], out: Any = sy
     await show(with_details=False)  # the final state: every path's last phase
     if out.isatty():
         out.write("\n")
-    report: dict[str, Any] = result_task.result()
+    report: dict[str, Any] = result_task.result().to_json()
     return report
 
 
@@ -107,7 +110,7 @@ async def _start(args: argparse.Namespace) -> int:
     workflow_id = args.id or f"trial-{spec.model.name}-{uuid.uuid4().hex[:8]}"
     client = await connect(args.temporal, args.namespace)
     handle = await client.start_workflow(
-        TrialWorkflow.run, spec_json, id=workflow_id, task_queue=args.task_queue
+        TrialWorkflow.run, TrialInput.from_json(spec_json), id=workflow_id, task_queue=args.task_queue
     )
     print(f"started {workflow_id}")
     if not args.wait:

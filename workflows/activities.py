@@ -9,6 +9,7 @@ runs the fixed inputs and asks the evaluator.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -16,18 +17,24 @@ from typing import Any, TypeVar
 import grpc
 from temporalio import activity
 
+from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as epb
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from workflows import distributed_training, payloads
 from workflows.connections import Connections, grpc_errors
+from workflows.spec import TrainingPlan
 from workflows.types import (
     CompareRequest,
     CorrectnessResult,
+    InputsCompatibility,
+    LoadCompatibility,
+    LossComparison,
     OutputVerdict,
     PathInfo,
     PrepareResult,
     RunRequest,
     RunResult,
+    ServingConfig,
     Target,
     TensorData,
     TrainRequest,
@@ -64,40 +71,40 @@ def _load_request(target: Target, precision: str, mode: str, buckets: list[int])
     )
 
 
-def compatibility_dict(report: xpb.CompatibilityReport) -> dict[str, Any]:
-    return {
-        "fallback_ops": {op.op: op.count for op in report.fallback_ops},
-        "graph_breaks": report.graph_breaks,
-        "graph_break_reasons": list(report.graph_break_reasons),
-        "recompiles": report.recompiles,
-        "unsupported_dtypes": list(report.unsupported_dtypes),
-        "adaptations": list(report.adaptations),
-        "compilations": report.compilations,
-        "compile_time_s": report.compile_time_s,
-        "compilations_after_warmup": report.compilations_after_warmup,
-        "notes": list(report.notes),
-    }
+def load_compatibility(report: xpb.CompatibilityReport) -> LoadCompatibility:
+    return LoadCompatibility(
+        fallback_ops={op.op: op.count for op in report.fallback_ops},
+        graph_breaks=report.graph_breaks,
+        graph_break_reasons=list(report.graph_break_reasons),
+        recompiles=report.recompiles,
+        unsupported_dtypes=list(report.unsupported_dtypes),
+        adaptations=list(report.adaptations),
+        compilations=report.compilations,
+        compile_time_s=report.compile_time_s,
+        compilations_after_warmup=report.compilations_after_warmup,
+        notes=list(report.notes),
+    )
 
 
 def serving_compatibility(
     before: xpb.CompatibilityReport | None, after: xpb.CompatibilityReport | None, requests: int
-) -> dict[str, Any]:
+) -> InputsCompatibility:
     """What `requests` requests did to a model's counters: host-fallback calls (in all and
     per request) and compilations after warm-up (a new shape on the trial's own inputs)."""
     if before is None or after is None or requests < 1:
-        return {"unknown": "the executor did not report its counters around the requests"}
+        return InputsCompatibility(unknown="the executor did not report its counters around the requests")
     old = {op.op: op.count for op in before.fallback_ops_after_warmup}
     calls = {
         op.op: op.count - old.get(op.op, 0)
         for op in after.fallback_ops_after_warmup
         if op.count - old.get(op.op, 0) > 0
     }
-    return {
-        "requests": requests,
-        "fallback_ops": dict(sorted(calls.items())),
-        "fallback_ops_per_request": {op: n / requests for op, n in sorted(calls.items())},
-        "compilations": int(after.compilations_after_warmup - before.compilations_after_warmup),
-    }
+    return InputsCompatibility(
+        requests=requests,
+        fallback_ops=dict(sorted(calls.items())),
+        fallback_ops_per_request={op: n / requests for op, n in sorted(calls.items())},
+        compilations=int(after.compilations_after_warmup - before.compilations_after_warmup),
+    )
 
 
 class PathActivities:
@@ -128,8 +135,8 @@ class PathActivities:
         )
 
     @activity.defn(name="serving_config")
-    async def serving_config(self, target: Target) -> dict[str, Any]:
-        """How the executor serves this model now (LoadModelRequest fields), {} if it does not.
+    async def serving_config(self, target: Target) -> ServingConfig | None:
+        """How the executor serves this model now (LoadModelRequest fields), None if it does not.
 
         A trial loads the model its own way (fp64 golden, its buckets and mode) on executors
         that may be serving it; cleanup puts this configuration back instead of unloading.
@@ -139,23 +146,23 @@ class PathActivities:
             status = await self.connections.control(target.executor).ModelStatus(request, timeout=30)
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.NOT_FOUND:
-                return {}
+                return None
             raise
         ready = [m for m in status.models if m.state == "READY"]
         if not ready:
-            return {}
+            return None
         m = ready[0]
-        return {
-            "model_name": m.name,
-            "version": m.version,
-            "mode": m.mode,
-            "precision": m.precision,
-            "batch_buckets": list(m.batch_buckets),
-            "dynamic_batching": m.dynamic_batching,
-            "max_queue_delay_us": m.max_queue_delay_us,
-            "max_queue_size": m.max_queue_size,
-            "checkpoint_sha256": m.checkpoint_sha256,
-        }
+        return ServingConfig(
+            model_name=m.name,
+            version=m.version,
+            mode=m.mode,
+            precision=m.precision,
+            batch_buckets=list(m.batch_buckets),
+            dynamic_batching=m.dynamic_batching,
+            max_queue_delay_us=m.max_queue_delay_us,
+            max_queue_size=m.max_queue_size,
+            checkpoint_sha256=m.checkpoint_sha256,
+        )
 
     @activity.defn(name="prepare_path")
     async def prepare_path(self, target: Target) -> PrepareResult:
@@ -178,7 +185,7 @@ class PathActivities:
             compile_s=m.timings.compile_s,
             total_s=m.timings.total_s,
             checkpoint_sha256=m.checkpoint_sha256,
-            compatibility=compatibility_dict(m.compatibility),
+            compatibility=load_compatibility(m.compatibility),
             state=m.state,
             started_unix_us=started_us,
             ended_unix_us=now_us(self.clock),
@@ -199,45 +206,61 @@ class PathActivities:
                     self.connections.control(target.executor).LoadModel(load),
                     lambda: {"phase": "golden", "path": target.path},
                 )
-        runs: list[list[TensorData]] = []
-        busy_us = 0
-        stub = self.connections.oip(target.executor)
         before = None if request.golden else await self._serving_counters(target)
-        requests = request.repeats * (len(replay) or 1)
         workload: dict[str, Any] = {}
         if replay:  # every captured request in order, each with its own shape
-            for i in range(request.repeats):
-                outputs = []
-                for k, captured in enumerate(replay):
-                    req = payloads.retarget(
-                        captured, target.model, target.version, f"{target.trial_id}/{target.path}/{i}/{k}"
-                    )
-                    with grpc_errors(f"ModelInfer {target.model} (workload request {k}) on {target.path}"):
-                        response = await stub.ModelInfer(req, timeout=120)
-                    compute = response.parameters.get("compute_us")
-                    busy_us += compute.int64_param if compute is not None else 0
-                    outputs.append(payloads.outputs_of(response))
-                runs.append(payloads.combine(outputs))
-                activity.heartbeat({"phase": "golden" if request.golden else "correctness", "run": i + 1})
+            runs, busy_us = await self._replay(request, replay)
             from services.router.capture import distribution
 
             summary = {"workload": request.inputs.workload, "sha256": request.inputs.workload_sha256}
             workload = {**summary, **distribution(replay)}
-        for i in range(0 if replay else request.repeats):
+        else:
+            runs, busy_us = await self._repeat(request, inputs)
+        compat = None
+        if before is not None:
+            after = await self._serving_counters(target)
+            compat = serving_compatibility(before, after, request.repeats * (len(replay) or 1))
+        return RunResult(runs, busy_us, started, now_us(self.clock), workload, compat)
+
+    async def _infer(
+        self, target: Target, req: oip.ModelInferRequest, what: str
+    ) -> tuple[list[TensorData], int]:
+        """One request: its outputs and the device time the executor reports for it."""
+        with grpc_errors(f"ModelInfer {target.model}{what} on {target.path}"):
+            response = await self.connections.oip(target.executor).ModelInfer(req, timeout=120)
+        compute = response.parameters.get("compute_us")
+        return payloads.outputs_of(response), compute.int64_param if compute is not None else 0
+
+    async def _replay(
+        self, request: RunRequest, replay: list[oip.ModelInferRequest]
+    ) -> tuple[list[list[TensorData]], int]:
+        target, runs, busy_us = request.target, [], 0
+        for i in range(request.repeats):
+            outputs = []
+            for k, captured in enumerate(replay):
+                req = payloads.retarget(
+                    captured, target.model, target.version, f"{target.trial_id}/{target.path}/{i}/{k}"
+                )
+                tensors, busy = await self._infer(target, req, f" (workload request {k})")
+                outputs.append(tensors)
+                busy_us += busy
+            runs.append(payloads.combine(outputs))
+            activity.heartbeat({"phase": "golden" if request.golden else "correctness", "run": i + 1})
+        return runs, busy_us
+
+    async def _repeat(
+        self, request: RunRequest, inputs: list[tuple[str, str, Any]]
+    ) -> tuple[list[list[TensorData]], int]:
+        target, runs, busy_us = request.target, [], 0
+        for i in range(request.repeats):
             req = payloads.infer_request(
                 target.model, target.version, inputs, f"{target.trial_id}/{target.path}/{i}"
             )
-            with grpc_errors(f"ModelInfer {target.model} on {target.path}"):
-                response = await stub.ModelInfer(req, timeout=120)
-            compute = response.parameters.get("compute_us")
-            busy_us += compute.int64_param if compute is not None else 0
-            runs.append(payloads.outputs_of(response))
+            tensors, busy = await self._infer(target, req, "")
+            runs.append(tensors)
+            busy_us += busy
             activity.heartbeat({"phase": "golden" if request.golden else "correctness", "run": i + 1})
-        compat: dict[str, Any] = {}
-        if before is not None:
-            after = await self._serving_counters(target)
-            compat = serving_compatibility(before, after, requests)
-        return RunResult(runs, busy_us, started, now_us(self.clock), workload, compat)
+        return runs, busy_us
 
     async def _serving_counters(self, target: Target) -> xpb.CompatibilityReport | None:
         """The model's counters now (None where the executor cannot say: then the findings
@@ -255,18 +278,18 @@ class PathActivities:
         repeat = {t.name: t for t in request.reference_repeat}
         candidate = {t.name: t for t in request.candidate}
         candidate_repeat = {t.name: t for t in request.candidate_repeat}
-        wanted = list(request.criteria.get("outputs") or [t.name for t in request.reference])
         c = request.criteria
+        wanted = list(c.outputs or [t.name for t in request.reference])
         criteria = epb.Criteria(
             precision=request.target.precision,
-            error_multiplier=c.get("error_multiplier", 0.0),
-            min_cosine=c.get("min_cosine", 0.0),
-            min_top1_agreement=c.get("min_top1_agreement", 0.0),
-            min_topk_agreement=c.get("min_topk_agreement", 0.0),
-            top_k=c.get("top_k", 0),
-            max_kl=c.get("max_kl", 0.0),
-            logits=c.get("logits", False),
-            atol_floor=c.get("atol_floor", 0.0),
+            error_multiplier=c.error_multiplier,
+            min_cosine=c.min_cosine,
+            min_top1_agreement=c.min_top1_agreement,
+            min_topk_agreement=c.min_topk_agreement,
+            top_k=c.top_k,
+            max_kl=c.max_kl,
+            logits=c.logits,
+            atol_floor=c.atol_floor,
         )
         verdicts: list[OutputVerdict] = []
         for ref in request.reference:
@@ -318,43 +341,43 @@ class PathActivities:
         return response
 
     async def _compare_loss(
-        self, target: Target, plan: dict[str, Any], reference: list[float], candidate: list[float]
-    ) -> dict[str, Any]:
+        self, target: Target, plan: TrainingPlan, reference: list[float], candidate: list[float]
+    ) -> LossComparison:
         with grpc_errors(f"CompareLoss for {target.path}"):
             c = await self.connections.evaluator().CompareLoss(
                 epb.CompareLossRequest(
                     reference=reference,
                     candidate=candidate,
-                    target_loss=plan.get("target_loss", 0.0),
-                    max_relative_deviation=plan.get("max_relative_deviation", 0.0),
+                    target_loss=plan.target_loss,
+                    max_relative_deviation=plan.max_relative_deviation,
                     precision=target.precision,
                 ),
                 timeout=60,
             )
-        return {
-            "passed": c.passed,
-            "deviation": list(c.deviation),
-            "max_relative_deviation": c.max_relative_deviation,
-            "reference_steps_to_target": c.reference_steps_to_target,
-            "candidate_steps_to_target": c.candidate_steps_to_target,
-            "reasons": list(c.reasons),
-            "justification": c.justification,
-        }
+        return LossComparison(
+            passed=c.passed,
+            deviation=list(c.deviation),
+            max_relative_deviation=c.max_relative_deviation,
+            reference_steps_to_target=c.reference_steps_to_target,
+            candidate_steps_to_target=c.candidate_steps_to_target,
+            reasons=list(c.reasons),
+            justification=c.justification,
+        )
 
     @activity.defn(name="train_path")
     async def train_path(self, request: TrainRequest) -> TrainResult:
         target, plan = request.target, request.plan
-        if plan.get("distributed"):
+        if plan.distributed is not None:
             return await self._train_distributed(request)
         response = await self._train_call(
             target,
             xpb.TrainRequest(
                 model_name=target.model,
                 version=target.version,
-                steps=plan["steps"],
-                lr=plan["lr"],
-                seed=plan["seed"],
-                batch_size=plan["batch_size"],
+                steps=plan.steps,
+                lr=plan.lr,
+                seed=plan.seed,
+                batch_size=plan.batch_size,
             ),
             "Train",
         )
@@ -366,7 +389,8 @@ class PathActivities:
     async def _train_distributed(self, request: TrainRequest) -> TrainResult:
         """Single-process run, then the distributed run, on this path (distributed_training)."""
         target, plan = request.target, request.plan
-        world = int(plan["distributed"]["world_size"])
+        assert plan.distributed is not None
+        world = plan.distributed.world_size
         label = f"{target.trial_id}/{target.path}"
         single = await self._train_call(
             target,
@@ -381,13 +405,12 @@ class PathActivities:
         )
         distributed_training.check(multi, target.path, "the distributed run")
         one, many = distributed_training.summary(single), distributed_training.summary(multi)
+        own = await self._compare_loss(target, plan, list(single.loss), list(multi.loss))
         report = {
             "single_process": one,
             "distributed": many,
             "scaling": distributed_training.scaling(one, many),
-            "against_single_process": await self._compare_loss(
-                target, plan, list(single.loss), list(multi.loss)
-            ),
+            "against_single_process": dataclasses.asdict(own),
         }
         result = TrainResult(
             list(multi.loss), list(multi.step_seconds), single.total_s + multi.total_s, distributed=report
@@ -395,12 +418,9 @@ class PathActivities:
         if request.reference_loss:
             result.comparison = await self._compare_loss(target, plan, request.reference_loss, result.loss)
         # a distributed curve that leaves its own single-process curve fails the path's training
-        if not report["against_single_process"]["passed"]:
-            result.comparison = result.comparison or {"passed": False, "reasons": []}
-            result.comparison["passed"] = False
-            result.comparison["reasons"] = [
-                *result.comparison.get("reasons", []),
-                "distributed curve differs from the single-process curve on this path: "
-                + "; ".join(report["against_single_process"]["reasons"]),
-            ]
+        if not own.passed:
+            c = result.comparison or LossComparison(False, [], 0.0, 0, 0, [], "")
+            why = "distributed curve differs from the single-process curve on this path: "
+            c.passed, c.reasons = False, [*c.reasons, why + "; ".join(own.reasons)]
+            result.comparison = c
         return result

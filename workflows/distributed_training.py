@@ -23,25 +23,27 @@ from typing import Any
 from temporalio.exceptions import ApplicationError
 
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
+from workflows.spec import TrainingPlan
 
 
 def request(
-    target_model: str, version: str, plan: dict[str, Any], world_size: int, label: str
+    target_model: str, version: str, plan: TrainingPlan, world_size: int, label: str
 ) -> xpb.TrainRequest:
-    d = plan["distributed"]
-    global_batch = d["world_size"] * d["per_rank_batch"]
+    d = plan.distributed
+    assert d is not None, "a distributed run needs training.distributed"
+    global_batch = d.world_size * d.per_rank_batch
     return xpb.TrainRequest(
         model_name=target_model,
         version=version,
-        steps=plan["steps"],
-        lr=plan["lr"],
-        seed=d["seed"],
+        steps=plan.steps,
+        lr=plan.lr,
+        seed=d.seed,
         label=label,
         distributed=xpb.DistributedTraining(
             world_size=world_size,
-            strategy=d["strategy"] if world_size > 1 else "ddp",
+            strategy=d.strategy if world_size > 1 else "ddp",
             per_rank_batch=global_batch // world_size,
-            timeout_s=d["timeout_s"],
+            timeout_s=d.timeout_s,
         ),
     )
 

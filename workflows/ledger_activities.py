@@ -10,6 +10,7 @@ completed job is the ledger's figure for that path and trial.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import grpc
@@ -25,6 +26,7 @@ from workflows.types import (
     EconomicsRequest,
     EconomicsResult,
     PathInfo,
+    Registration,
     ReservationRequest,
     ReservationResult,
     TrialRecord,
@@ -48,8 +50,8 @@ class LedgerActivities:
         )
 
     @activity.defn(name="register_path")
-    async def register_path(self, info: PathInfo) -> str:
-        """Register the path; returns "" when registered, else why its cost cannot be known."""
+    async def register_path(self, info: PathInfo) -> Registration:
+        """Register the path; the problem is "" when registered, else why its cost cannot be known."""
         try:
             await self.connections.metering().RegisterPath(
                 mpb.RegisterPathRequest(
@@ -64,10 +66,10 @@ class LedgerActivities:
             )
         except grpc.aio.AioRpcError as err:
             if err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS):
-                return f"ledger: {err.details()}"
+                return Registration(f"ledger: {err.details()}")
             with grpc_errors(f"RegisterPath {info.ledger_path}"):
                 raise
-        return ""
+        return Registration()
 
     @activity.defn(name="open_reservation")
     async def open_reservation(self, request: ReservationRequest) -> ReservationResult:
@@ -129,8 +131,9 @@ class LedgerActivities:
         if request.unload:
             control = self.connections.control(t.executor)
             try:
-                if request.restore:
-                    await control.LoadModel(xpb.LoadModelRequest(**request.restore), timeout=600)
+                if request.restore is not None:
+                    restore = xpb.LoadModelRequest(**dataclasses.asdict(request.restore))
+                    await control.LoadModel(restore, timeout=600)
                 else:
                     await control.Unload(xpb.UnloadRequest(model_name=t.model, version=t.version), timeout=30)
             except (grpc.aio.AioRpcError, ApplicationError) as err:

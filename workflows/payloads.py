@@ -103,21 +103,20 @@ def make_inputs(plan: InputsPlan, batch: int | None = None) -> list[tuple[str, s
         return out
     rng = np.random.default_rng([plan.seed] if batch is None else [plan.seed, batch])
     for t in plan.tensors:
-        shape = list(t["shape"])
+        shape = list(t.shape)
         if batch is not None:
             shape[0] = batch
-        datatype = str(t["datatype"])
-        dtype = _NUMPY[datatype]
-        if datatype in ("FP64", "FP32", "FP16", "BF16"):
-            array: npt.NDArray[np.generic] = rng.normal(t["low"], t["high"], size=shape).astype(dtype)
+        dtype = _NUMPY[t.datatype]
+        if t.datatype in ("FP64", "FP32", "FP16", "BF16"):
+            array: npt.NDArray[np.generic] = rng.normal(t.low, t.high, size=shape).astype(dtype)
         else:
-            array = rng.integers(int(t["low"]), int(t["high"]), size=shape).astype(dtype)
-        out.append((str(t["name"]), datatype, array))
+            array = rng.integers(int(t.low), int(t.high), size=shape).astype(dtype)
+        out.append((t.name, t.datatype, array))
     return out
 
 
 def batch_of(plan: InputsPlan) -> int:
-    return int(make_inputs(plan)[0][2].shape[0]) if plan.file else int(plan.tensors[0]["shape"][0])
+    return int(make_inputs(plan)[0][2].shape[0]) if plan.file else int(plan.tensors[0].shape[0])
 
 
 def infer_request(

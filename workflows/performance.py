@@ -84,10 +84,10 @@ class PerformanceActivities:
             before = await self._compilations(request)
         plan = request.plan
         scenarios: list[tuple[str, int, int]] = []
-        if "single-stream" in plan["scenarios"]:
+        if "single-stream" in plan.scenarios:
             scenarios.append(("single-stream", 1, 1))
-        if "offline" in plan["scenarios"]:
-            scenarios += [("offline", b, int(plan["offline_concurrency"])) for b in plan["batch_sizes"]]
+        if "offline" in plan.scenarios:
+            scenarios += [("offline", b, plan.offline_concurrency) for b in plan.batch_sizes]
         memory = {"memory_min_available": resumed.get("memory_min_available", 0)}
         busy = int(resumed.get("busy_us", 0))
         jobs = int(resumed.get("jobs", 0))
@@ -100,7 +100,7 @@ class PerformanceActivities:
                 "scenario": name,
                 "batch": batch,
                 "done": 0,
-                "target": plan["min_iterations"],
+                "target": plan.min_iterations,
                 "compilations_before": before,
                 "completed": [dataclasses.asdict(s) for s in done],
                 "busy_us": busy,
@@ -156,15 +156,15 @@ class PerformanceActivities:
             busy = min(compute.int64_param if compute is not None else int(latency * 1e6), end_us - start_us)
             return _Sample(start_us, end_us, latency, busy, True)
 
-        for _ in range(int(plan["warmup"])):
+        for _ in range(plan.warmup):
             await call()
         samples: list[_Sample] = []
         begin = time.perf_counter()
         last_beat = begin
 
         def satisfied() -> bool:
-            enough = len(samples) >= int(plan["min_iterations"])
-            return enough and time.perf_counter() - begin >= float(plan["min_seconds"])
+            enough = len(samples) >= plan.min_iterations
+            return enough and time.perf_counter() - begin >= plan.min_seconds
 
         async def worker() -> None:
             nonlocal last_beat

@@ -1,43 +1,51 @@
 """One path's pipeline inside TrialWorkflow: prepare -> correctness -> performance -> training
--> economics, with the path's state kept as plain data for the `progress` query and the report.
+-> economics, with the path's state kept typed (workflows/path_state.py) for the `progress`
+query, the verdict and the report.
 
-Runs in the workflow sandbox: it only schedules activities and awaits events. A failed
-activity ends that path's measurement (the path becomes INCONCLUSIVE with the reason), but its
-reservation is still closed and its cost still read, so the ledger stays whole.
+Runs in the workflow sandbox: it only schedules activities and awaits events. Every activity
+is called by its method with one dataclass in and one out (`TrialContext.call`), so mypy sees
+each call's types. A failed activity ends that path's measurement (the path becomes
+INCONCLUSIVE with the reason), but its reservation is still closed and its cost still read,
+so the ledger stays whole.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.workflow import ActivityCancellationType
 
+from workflows.activities import PathActivities
+from workflows.ledger_activities import LedgerActivities
+from workflows.path_state import PathState
+from workflows.performance import PerformanceActivities
 from workflows.spec import TrialSpec
 from workflows.types import (
     CloseRequest,
     CompareRequest,
     CorrectnessResult,
     EconomicsRequest,
-    EconomicsResult,
     InputsPlan,
     PathInfo,
     PerformanceRequest,
-    PerformanceResult,
-    PrepareResult,
     ReservationRequest,
-    ReservationResult,
     RunRequest,
     RunResult,
     Target,
     TensorData,
     TrainRequest,
-    TrainResult,
     UsageRecord,
 )
+
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 
 def _now_us() -> int:
@@ -62,46 +70,26 @@ def _reason(err: BaseException) -> str:
 class TrialContext:
     spec: TrialSpec
     trial_id: str
-    options: dict[str, Any]
 
-    async def activity(self, name: str, arg: Any, result_type: type | None = None) -> Any:
-        return await workflow.execute_activity(name, arg, result_type=result_type, **self.options)
+    async def call(self, activity: Callable[[Any, In], Awaitable[Out]], arg: In) -> Out:
+        """Run one activity method with the spec's timeouts and retries."""
+        t = self.spec.timeouts
+        return await workflow.execute_activity_method(
+            activity,
+            arg,
+            start_to_close_timeout=timedelta(seconds=t.activity_s),
+            heartbeat_timeout=timedelta(seconds=t.heartbeat_s),
+            retry_policy=RetryPolicy(
+                maximum_attempts=t.max_attempts,
+                initial_interval=timedelta(seconds=1),
+                non_retryable_error_types=["InvalidTrialSpec"],
+            ),
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        )
 
     def inputs(self) -> InputsPlan:
         i = self.spec.inputs
-        tensors = [dataclasses.asdict(t) for t in i.tensors]
-        return InputsPlan(i.seed, tensors, i.file, i.file_sha256, i.workload, i.workload_sha256)
-
-
-@dataclass
-class PathState:
-    """Everything the report says about one path; JSON-friendly."""
-
-    path: str
-    role: str
-    host: str = ""
-    phase: str = "pending"
-    status: str = "pending"  # pending | running | done | failed | cancelled
-    phases_done: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
-    prepare: dict[str, Any] = field(default_factory=dict)
-    correctness: dict[str, Any] = field(default_factory=dict)
-    # the counters around the fixed inputs' requests: fallback calls per request, compilations
-    compatibility_on_inputs: dict[str, Any] = field(default_factory=dict)
-    performance: dict[str, Any] = field(default_factory=dict)
-    training: dict[str, Any] = field(default_factory=dict)
-    economics: dict[str, Any] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    ledger_problem: str = ""
-    reservation_id: str = ""
-    reservation_open: bool = False
-    loaded: bool = False
-    restore: dict[str, Any] = field(default_factory=dict)  # serving config before the trial
-    timeline: dict[str, list[str]] = field(default_factory=dict)  # phase -> [start, end] (ISO)
-
-    def summary(self) -> dict[str, Any]:
-        return {"phase": self.phase, "status": self.status, "host": self.host, "errors": self.errors}
+        return InputsPlan(i.seed, list(i.tensors), i.file, i.file_sha256, i.workload, i.workload_sha256)
 
 
 class PathRun:
@@ -117,16 +105,18 @@ class PathRun:
         self.loss_ready = asyncio.Event()
 
     async def describe(self) -> PathInfo | None:
+        """Describe the executor and register the path in the ledger."""
         try:
-            info: PathInfo = await self.ctx.activity("describe_path", self.target, PathInfo)
+            info = await self.ctx.call(PathActivities.describe_path, self.target)
         except ActivityError as err:
             self._fail("prepare", f"Describe failed: {_reason(err)}")
             return None
         self.state.host = info.host
-        self.state.info = dataclasses.asdict(info)
+        self.state.info = info
         self.target.ledger_path = info.ledger_path
         try:
-            self.state.ledger_problem = await self.ctx.activity("register_path", info, str)
+            registered = await self.ctx.call(LedgerActivities.register_path, info)
+            self.state.ledger_problem = registered.problem
         except ActivityError as err:
             self.state.ledger_problem = f"ledger: {_reason(err)}"
         return info
@@ -154,130 +144,114 @@ class PathRun:
             self.state.status = "cancelled"
             raise
         finally:
-            self.outputs_ready.set()
-            self.loss_ready.set()
+            for event in (self.outputs_ready, self.loss_ready):
+                event.set()
 
     async def _usage(self, phase: str, busy_us: int, started: int, ended: int) -> None:
         if self.state.reservation_open:
             record = UsageRecord(self.target, phase, busy_us, started, ended, self.state.reservation_id)
-            await self.ctx.activity("record_path_usage", record)
+            await self.ctx.call(LedgerActivities.record_path_usage, record)
 
     async def _pipeline(self, reference: PathRun) -> None:
-        t, spec = self.target, self.ctx.spec
         self._enter("prepare")
         if not self.state.ledger_problem:
             # the start comes from the workflow so a retried activity sends the same request
-            r: ReservationResult = await self.ctx.activity(
-                "open_reservation", ReservationRequest(t, _now_us()), ReservationResult
-            )
+            request = ReservationRequest(self.target, _now_us())
+            r = await self.ctx.call(LedgerActivities.open_reservation, request)
             self.state.reservation_id, self.state.reservation_open = r.reservation_id, True
         try:
-            self.state.restore = await self.ctx.activity("serving_config", t, dict)
-            self.state.loaded = True
-            if self.is_reference:
-                await self._golden()
-            prepared: PrepareResult = await self.ctx.activity("prepare_path", t, PrepareResult)
-            self.state.prepare = dataclasses.asdict(prepared)
-            busy = int(prepared.total_s * 1e6)
-            await self._usage("prepare", busy, prepared.started_unix_us, prepared.ended_unix_us)
+            await self._prepare()
             self._leave()
             self._enter("correctness")
             passed = await self._correctness(reference)
             self._leave()
             self._enter("performance")
-            if passed:
-                perf: PerformanceResult = await self.ctx.activity(
-                    "measure_performance",
-                    PerformanceRequest(
-                        t,
-                        self.ctx.inputs(),
-                        dataclasses.asdict(spec.performance),
-                        met_quality=True,
-                        ledger=self.state.reservation_open,
-                    ),
-                    PerformanceResult,
-                )
-                self.state.performance = dataclasses.asdict(perf)
-                if not perf.ok:
-                    self.state.errors["performance"] = perf.problem
-            else:
-                self.state.performance = {"skipped": "failed correctness: no speed verdict"}
+            await self._performance(passed)
             self._leave()
             self._enter("training")
-            if spec.training is not None and passed:
+            if self.ctx.spec.training is not None and passed:
                 await self._training(reference)
             self._leave()
         except (ActivityError, PathProblem) as err:
             self._fail(self.state.phase, _reason(err))
         self._enter("economics")
-        try:
-            if self.state.reservation_open:
-                econ: EconomicsResult = await self.ctx.activity(
-                    "economics",
-                    EconomicsRequest(t, self.state.reservation_id, 0, _now_us()),
-                    EconomicsResult,
-                )
-                self.state.reservation_open = False
-                self.state.economics = dataclasses.asdict(econ)
-            else:
-                self.state.economics = {"unpriced": True, "problem": self.state.ledger_problem}
-        except ActivityError as err:
-            self._fail("economics", _reason(err))
+        await self._economics()
         self._leave()
         await self.cleanup()
         if self.state.status != "failed":
             self.state.status = "done"
 
+    async def _prepare(self) -> None:
+        self.state.restore = await self.ctx.call(PathActivities.serving_config, self.target)
+        self.state.loaded = True
+        if self.is_reference:
+            await self._golden()
+        prepared = await self.ctx.call(PathActivities.prepare_path, self.target)
+        self.state.prepare = prepared
+        busy = int(prepared.total_s * 1e6)
+        await self._usage("prepare", busy, prepared.started_unix_us, prepared.ended_unix_us)
+
     async def _golden(self) -> None:
-        t = self.target
+        request = RunRequest(self.target, self.ctx.inputs(), 1, golden=True)
         try:
-            golden: RunResult = await self.ctx.activity(
-                "run_inputs", RunRequest(t, self.ctx.inputs(), 1, golden=True), RunResult
-            )
+            golden = await self.ctx.call(PathActivities.run_inputs, request)
         except ActivityError as err:
             self.state.notes.append(
                 f"no float64 golden run ({_reason(err)}): tolerance falls back to allclose"
             )
             return
         self.golden = golden.runs[0]
+        self.state.golden = bool(self.golden)
         await self._usage("golden", golden.busy_us, golden.started_unix_us, golden.ended_unix_us)
 
     async def _correctness(self, reference: PathRun) -> bool:
-        t = self.target
         # both sides run twice: a candidate that differs from itself is named non-deterministic
-        run: RunResult = await self.ctx.activity("run_inputs", RunRequest(t, self.ctx.inputs(), 2), RunResult)
+        run = await self.ctx.call(PathActivities.run_inputs, RunRequest(self.target, self.ctx.inputs(), 2))
         self.state.compatibility_on_inputs = run.compatibility
         await self._usage("correctness", run.busy_us, run.started_unix_us, run.ended_unix_us)
         if self.is_reference:
-            self.runs = run.runs
-            self.outputs_ready.set()
-            self.state.correctness = {"role": "reference", "golden": bool(self.golden), "passed": True}
-            if run.workload:
-                self.state.correctness["workload"] = run.workload
-            if self.golden:
-                # the reference's own error against float64 (reference_rmse) and its run-to-run difference
-                own: CorrectnessResult = await self.ctx.activity(
-                    "compare_outputs",
-                    CompareRequest(t, dataclasses.asdict(self.ctx.spec.criteria), run.runs[0], run.runs[1],
-                                   self.golden, run.runs[1]),
-                    CorrectnessResult,
-                )  # fmt: skip
-                self.state.correctness["against_float64"] = dataclasses.asdict(own)
+            await self._own_error(run)
             return True
         await reference.outputs_ready.wait()
         if not reference.runs:
             why = reference.state.errors or {"reference": "did not run"}
             raise PathProblem(f"the reference path produced no outputs to compare with: {why}")
-        result: CorrectnessResult = await self.ctx.activity(
-            "compare_outputs",
-            CompareRequest(t, dataclasses.asdict(self.ctx.spec.criteria), reference.runs[0], run.runs[0],
-                           reference.golden, reference.runs[1], run.runs[1]),
-            CorrectnessResult,
+        compare = CompareRequest(
+            self.target, self.ctx.spec.criteria, reference.runs[0], run.runs[0],
+            reference.golden, reference.runs[1], run.runs[1],
         )  # fmt: skip
-        self.state.correctness = dataclasses.asdict(result)
-        if run.workload:
-            self.state.correctness["workload"] = run.workload
+        result = await self.ctx.call(PathActivities.compare_outputs, compare)
+        self.state.correctness, self.state.workload = result, run.workload
         return result.passed
+
+    async def _own_error(self, run: RunResult) -> None:
+        """The reference's outputs for the candidates; its own error against float64
+        (reference_rmse) and its run-to-run difference."""
+        self.runs = run.runs
+        self.outputs_ready.set()
+        self.state.correctness = CorrectnessResult(passed=True, outputs=[])  # what candidates meet
+        self.state.workload = run.workload
+        if self.golden:
+            compare = CompareRequest(
+                self.target, self.ctx.spec.criteria, run.runs[0], run.runs[1], self.golden, run.runs[1]
+            )
+            self.state.against_float64 = await self.ctx.call(PathActivities.compare_outputs, compare)
+
+    async def _performance(self, passed: bool) -> None:
+        if not passed:
+            self.state.performance_skipped = "failed correctness: no speed verdict"
+            return
+        request = PerformanceRequest(
+            self.target,
+            self.ctx.inputs(),
+            self.ctx.spec.performance,
+            met_quality=True,
+            ledger=self.state.reservation_open,
+        )
+        perf = await self.ctx.call(PerformanceActivities.measure_performance, request)
+        self.state.performance = perf
+        if not perf.ok:
+            self.state.errors["performance"] = perf.problem
 
     async def _training(self, reference: PathRun) -> None:
         plan = self.ctx.spec.training
@@ -286,21 +260,28 @@ class PathRun:
         if not self.is_reference:
             await reference.loss_ready.wait()
             if not reference.loss:
-                self.state.training = {"skipped": "the reference produced no loss curve"}
+                self.state.training_skipped = "the reference produced no loss curve"
                 return
             ref_loss = reference.loss
         started = workflow.now()
-        result: TrainResult = await self.ctx.activity(
-            "train_path", TrainRequest(self.target, dataclasses.asdict(plan), ref_loss), TrainResult
-        )
-        self.state.training = dataclasses.asdict(result)
+        result = await self.ctx.call(PathActivities.train_path, TrainRequest(self.target, plan, ref_loss))
+        self.state.training = result
         if self.is_reference:
             self.loss = result.loss
             self.loss_ready.set()
-        start_us = int(started.timestamp() * 1e6)
-        await self._usage(
-            "training", int(result.total_s * 1e6), start_us, start_us + int(result.total_s * 1e6)
-        )
+        start_us, busy_us = int(started.timestamp() * 1e6), int(result.total_s * 1e6)
+        await self._usage("training", busy_us, start_us, start_us + busy_us)
+
+    async def _economics(self) -> None:
+        if not self.state.reservation_open:
+            self.state.economics_unpriced = True
+            return
+        request = EconomicsRequest(self.target, self.state.reservation_id, 0, _now_us())
+        try:
+            self.state.economics = await self.ctx.call(LedgerActivities.economics, request)
+            self.state.reservation_open = False
+        except ActivityError as err:
+            self._fail("economics", _reason(err))
 
     async def cleanup(self) -> None:
         """Close the reservation (if still open) and hand back the serving set-up (or unload
@@ -310,7 +291,7 @@ class PathRun:
         reservation = self.state.reservation_id if self.state.reservation_open else ""
         request = CloseRequest(self.target, reservation, _now_us(), restore=self.state.restore)
         try:
-            await self.ctx.activity("close_path", request)
+            await self.ctx.call(LedgerActivities.close_path, request)
             self.state.reservation_open = False
             self.state.loaded = False
         except ActivityError as err:

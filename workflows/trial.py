@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
-from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
+    from workflows.ledger_activities import LedgerActivities
     from workflows.pipeline import PathRun, TrialContext
-    from workflows.report import build_report
+    from workflows.report import TrialRun, build_report
     from workflows.spec import SpecError, TrialSpec, batch_buckets, parse_spec
+    from workflows.trial_io import TrialInput, TrialReport
     from workflows.types import PHASES, PathInfo, Target, TrialRecord
     from workflows.verdict import overall_verdict
 
@@ -42,20 +42,13 @@ class TrialWorkflow:
         self.cancel_reason = ""
         self.finished = False
         self.tasks: list[asyncio.Task[None]] = []
-        self.report: dict[str, Any] = {}
+        self.report: TrialReport | None = None
+        self.notes: list[str] = []
 
     @workflow.run
-    async def run(self, spec_json: dict[str, Any]) -> dict[str, Any]:
-        try:
-            spec = parse_spec(spec_json)
-        except SpecError as err:
-            self.status = "rejected"
-            raise ApplicationError(
-                f"invalid trial spec: {err}",
-                {"field": err.field},
-                type="InvalidTrialSpec",
-                non_retryable=True,
-            ) from None
+    async def run(self, trial: TrialInput) -> TrialReport:
+        spec_json = trial.to_json()
+        spec = self._parse(spec_json)
         info = workflow.info()
         trial_id = info.workflow_id
         started = workflow.now()
@@ -66,20 +59,53 @@ class TrialWorkflow:
                 VERDICT.value_set("RUNNING"),
             ]
         )
-        ctx = TrialContext(spec, trial_id, _options(spec))
+        ctx = TrialContext(spec, trial_id)
         record = TrialRecord(trial_id, trial_id, spec.model.name, "running", json.dumps(spec_json))
-        notes: list[str] = []
+        await self._record(ctx, record, "could not record the trial start")
+        self.status = "running"
+        self.runs = {
+            p.name: PathRun(ctx, self._target(spec, trial_id, p.name), p.name == spec.reference)
+            for p in spec.paths
+        }
+        cancelled = await self._measure(ctx, record)
+        run = TrialRun(spec, spec_json, trial_id, info.run_id, started, workflow.now(), self.cancel_reason)
+        self.report = build_report(run, {name: r.state for name, r in self.runs.items()})
+        verdicts = self.report.verdict_keywords()
+        summary = "CANCELLED" if cancelled else overall_verdict(verdicts)
+        workflow.upsert_search_attributes([VERDICT.value_set(summary)])
+        record.status = "cancelled" if cancelled else "completed"
+        record.verdicts = verdicts
+        self.report.notes = self.notes
+        record.report_json = json.dumps(self.report.to_json())
+        await asyncio.shield(self._record(ctx, record, "could not store the report"))
+        self.status = record.status
+        self.finished = True
+        return self.report
+
+    def _parse(self, spec_json: dict[str, Any]) -> TrialSpec:
         try:
-            await ctx.activity("record_trial", record)
+            return parse_spec(spec_json)
+        except SpecError as err:
+            self.status = "rejected"
+            raise ApplicationError(
+                f"invalid trial spec: {err}",
+                {"field": err.field},
+                type="InvalidTrialSpec",
+                non_retryable=True,
+            ) from None
+
+    async def _record(self, ctx: TrialContext, record: TrialRecord, problem: str) -> None:
+        try:
+            await ctx.call(LedgerActivities.record_trial, record)
         except ActivityError as err:
             # the trial still runs; its report says the ledger could not be written
-            notes.append(f"ledger: could not record the trial start: {err.cause or err}")
-        self.status = "running"
-        targets = [self._target(spec, trial_id, p.name) for p in spec.paths]
-        self.runs = {t.path: PathRun(ctx, t, t.path == spec.reference) for t in targets}
+            self.notes.append(f"ledger: {problem}: {err.cause or err}")
+
+    async def _measure(self, ctx: TrialContext, record: TrialRecord) -> bool:
+        """Run every path's pipeline; True if the trial was cancelled (cleanup done)."""
         cancelled = False
         try:
-            await self._run_paths(ctx)
+            await self._run_paths()
         except asyncio.CancelledError:
             cancelled = True
             self.cancel_reason = self.cancel_reason or "workflow cancellation requested"
@@ -88,33 +114,11 @@ class TrialWorkflow:
             self.status = "cancelled"
             # cleanup must finish even though the trial was cancelled
             await asyncio.shield(asyncio.gather(*(r.cleanup() for r in self.runs.values())))
-        self.report = build_report(
-            spec,
-            spec_json,
-            trial_id,
-            info.run_id,
-            started,
-            workflow.now(),
-            {name: r.state for name, r in self.runs.items()},
-            self.cancel_reason,
-        )
-        verdicts = {p: v["verdict"] for p, v in self.report["verdicts"].items()}
-        summary = "CANCELLED" if cancelled else overall_verdict(verdicts)
-        workflow.upsert_search_attributes([VERDICT.value_set(summary)])
-        record.status = "cancelled" if cancelled else "completed"
-        record.verdicts = verdicts
-        try:
-            self.report["notes"] = notes
-            record.report_json = json.dumps(self.report)
-            await asyncio.shield(ctx.activity("record_trial", record))
-        except ActivityError as err:
-            notes.append(f"ledger: could not store the report: {err.cause or err}")
-        self.status = record.status
-        self.finished = True
-        return self.report
+        return cancelled
 
-    async def _run_paths(self, ctx: TrialContext) -> None:
+    async def _run_paths(self) -> None:
         infos = await asyncio.gather(*(r.describe() for r in self.runs.values()))
+        reference = self._reference()
         locks: dict[str, asyncio.Lock] = {}
         for info in infos:
             if info is not None:
@@ -124,7 +128,7 @@ class TrialWorkflow:
         ordered = sorted(self.runs.values(), key=lambda r: not r.is_reference)
         for run in ordered:
             lock = locks.get(run.state.host, asyncio.Lock())
-            self.tasks.append(asyncio.create_task(run.pipeline(lock, self._reference())))
+            self.tasks.append(asyncio.create_task(run.pipeline(lock, reference)))
         await asyncio.gather(*self.tasks)
 
     def _reference(self) -> PathRun:
@@ -156,7 +160,7 @@ class TrialWorkflow:
             "status": self.status,
             "percent": 100.0 if self.finished else round(100.0 * done / total, 1),
             "paths": {name: r.state.summary() for name, r in self.runs.items()},
-            "verdicts": {p: v["verdict"] for p, v in self.report.get("verdicts", {}).items()},
+            "verdicts": self.report.verdict_keywords() if self.report else {},
         }
 
     @workflow.update
@@ -173,18 +177,4 @@ class TrialWorkflow:
             raise ValueError(f"trial is already {self.status}; nothing to cancel")
 
 
-def _options(spec: TrialSpec) -> dict[str, Any]:
-    t = spec.timeouts
-    return {
-        "start_to_close_timeout": timedelta(seconds=t.activity_s),
-        "heartbeat_timeout": timedelta(seconds=t.heartbeat_s),
-        "retry_policy": RetryPolicy(
-            maximum_attempts=t.max_attempts,
-            initial_interval=timedelta(seconds=1),
-            non_retryable_error_types=["InvalidTrialSpec"],
-        ),
-        "cancellation_type": ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-    }
-
-
-__all__ = ["SEARCH_ATTRIBUTES", "ActivityError", "PathInfo", "TrialWorkflow"]
+__all__ = ["SEARCH_ATTRIBUTES", "ActivityError", "PathInfo", "TrialInput", "TrialReport", "TrialWorkflow"]

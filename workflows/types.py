@@ -7,8 +7,11 @@ they are plain data with no behaviour beyond small helpers.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+from workflows.spec import Criteria, InputTensor, PerformancePlan, TrainingPlan
 
 TASK_QUEUE = "switchyard-trials"
 PHASES = ("prepare", "correctness", "performance", "training", "economics")
@@ -60,7 +63,7 @@ class InputsPlan:
     """The spec's inputs as the activities need them (seeded generator or a checked file)."""
 
     seed: int
-    tensors: list[dict[str, Any]]
+    tensors: list[InputTensor]
     file: str = ""
     file_sha256: str = ""
     workload: str = ""  # a captured workload's id (services/router/capture.py), replayed in order
@@ -90,15 +93,73 @@ class RunRequest:
 
 
 @dataclass
+class InputsCompatibility:
+    """What a path's counters showed around the fixed inputs' requests (ModelStatus before and
+    after): host-fallback calls in all and per request, compilations after warm-up."""
+
+    requests: int = 0
+    fallback_ops: dict[str, int] = field(default_factory=dict)
+    fallback_ops_per_request: dict[str, float] = field(default_factory=dict)
+    compilations: int = 0
+    unknown: str = ""  # why the counters could not be read ("" = they were)
+
+    def to_json(self) -> dict[str, Any]:
+        if self.unknown:
+            return {"unknown": self.unknown}
+        return {
+            "requests": self.requests,
+            "fallback_ops": self.fallback_ops,
+            "fallback_ops_per_request": self.fallback_ops_per_request,
+            "compilations": self.compilations,
+        }
+
+
+@dataclass
 class RunResult:
     runs: list[list[TensorData]]
     busy_us: int
     started_unix_us: int
     ended_unix_us: int
     workload: dict[str, Any] = field(default_factory=dict)  # a replayed workload's distribution
-    # what the path's counters showed around these requests (ModelStatus before and after):
-    # requests, fallback_ops (calls in all), fallback_ops_per_request, compilations
-    compatibility: dict[str, Any] = field(default_factory=dict)
+    compatibility: InputsCompatibility | None = None  # None: not measured (the golden run)
+
+
+@dataclass
+class LoadCompatibility:
+    """LoadModel's compatibility report (executor.proto CompatibilityReport), as the report shows it."""
+
+    fallback_ops: dict[str, int] = field(default_factory=dict)
+    graph_breaks: int = 0
+    graph_break_reasons: list[str] = field(default_factory=list)
+    recompiles: int = 0
+    unsupported_dtypes: list[str] = field(default_factory=list)
+    adaptations: list[str] = field(default_factory=list)
+    compilations: int = 0
+    compile_time_s: float = 0.0
+    compilations_after_warmup: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ServingConfig:
+    """How an executor serves a model (LoadModelRequest fields), to put back after the trial."""
+
+    model_name: str
+    version: str
+    mode: str
+    precision: str
+    batch_buckets: list[int]
+    dynamic_batching: bool
+    max_queue_delay_us: int
+    max_queue_size: int
+    checkpoint_sha256: str
+
+
+@dataclass
+class Registration:
+    """The path's registration in the ledger: "" when registered, else why its cost is unknown."""
+
+    problem: str = ""
 
 
 @dataclass
@@ -108,7 +169,7 @@ class PrepareResult:
     compile_s: float
     total_s: float
     checkpoint_sha256: str
-    compatibility: dict[str, Any]
+    compatibility: LoadCompatibility
     state: str
     started_unix_us: int = 0
     ended_unix_us: int = 0
@@ -117,7 +178,7 @@ class PrepareResult:
 @dataclass
 class CompareRequest:
     target: Target
-    criteria: dict[str, Any]
+    criteria: Criteria
     reference: list[TensorData]
     candidate: list[TensorData]
     golden: list[TensorData] = field(default_factory=list)
@@ -145,7 +206,7 @@ class CorrectnessResult:
 class PerformanceRequest:
     target: Target
     inputs: InputsPlan
-    plan: dict[str, Any]
+    plan: PerformancePlan
     met_quality: bool
     ledger: bool = True  # false when the path could not be registered (no price key)
 
@@ -187,8 +248,21 @@ class PerformanceResult:
 @dataclass
 class TrainRequest:
     target: Target
-    plan: dict[str, Any]
+    plan: TrainingPlan
     reference_loss: list[float] = field(default_factory=list)
+
+
+@dataclass
+class LossComparison:
+    """The evaluator's CompareLoss verdict on two loss curves."""
+
+    passed: bool
+    deviation: list[float]
+    max_relative_deviation: float
+    reference_steps_to_target: int
+    candidate_steps_to_target: int
+    reasons: list[str]
+    justification: str
 
 
 @dataclass
@@ -196,8 +270,12 @@ class TrainResult:
     loss: list[float]
     step_seconds: list[float]
     total_s: float
-    comparison: dict[str, Any] = field(default_factory=dict)
+    comparison: LossComparison | None = None  # None: no reference curve to compare with
     distributed: dict[str, Any] = field(default_factory=dict)  # training.distributed: both runs
+
+    def to_json(self) -> dict[str, Any]:
+        comparison = dataclasses.asdict(self.comparison) if self.comparison else {}
+        return {**dataclasses.asdict(self), "comparison": comparison}
 
 
 @dataclass
@@ -218,7 +296,7 @@ class CloseRequest:
     reservation_id: str
     end_unix_us: int = 0
     unload: bool = True
-    restore: dict[str, Any] = field(default_factory=dict)  # LoadModelRequest fields; {} = unload
+    restore: ServingConfig | None = None  # None = unload
 
 
 @dataclass

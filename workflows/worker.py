@@ -24,6 +24,7 @@ from workflows.connections import Connections, WorkerConfig
 from workflows.ledger_activities import LedgerActivities
 from workflows.performance import PerformanceActivities
 from workflows.trial import SEARCH_ATTRIBUTES, TrialWorkflow
+from workflows.trial_io import TRIAL_CONVERTER, TrialPayloadConverter
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,21 @@ async def connect(address: str, namespace: str) -> Client:
     from temporalio.contrib.opentelemetry import TracingInterceptor
 
     return await Client.connect(
-        address, namespace=namespace, interceptors=[TracingInterceptor(always_create_workflow_spans=True)]
+        address,
+        namespace=namespace,
+        data_converter=TRIAL_CONVERTER,
+        interceptors=[TracingInterceptor(always_create_workflow_spans=True)],
     )
+
+
+def with_trial_converter(client: Client) -> Client:
+    """The same connection, reading TrialWorkflow's input as the spec parser needs it
+    (unknown top-level keys kept: workflows/trial_io.py)."""
+    if client.data_converter.payload_converter_class is TrialPayloadConverter:
+        return client
+    config = client.config()
+    config["data_converter"] = TRIAL_CONVERTER
+    return Client(**config)
 
 
 def activities(connections: Connections) -> Sequence[Any]:
@@ -79,7 +93,7 @@ def activities(connections: Connections) -> Sequence[Any]:
 
 def build_worker(client: Client, connections: Connections, task_queue: str | None = None) -> Worker:
     return Worker(
-        client,
+        with_trial_converter(client),
         task_queue=task_queue or connections.config.task_queue,
         workflows=[TrialWorkflow],
         activities=activities(connections),

@@ -93,10 +93,13 @@ async def run_trial(
     from workflows.render import render
     from workflows.spec import parse_spec
     from workflows.trial import TrialWorkflow
+    from workflows.trial_io import TrialInput
 
     parse_spec(spec)  # a bad spec fails here, naming the field, before anything starts
     client = await Client.connect(temporal, namespace=namespace)
-    handle = await client.start_workflow(TrialWorkflow.run, spec, id=trial_id, task_queue=task_queue)
+    handle = await client.start_workflow(
+        TrialWorkflow.run, TrialInput.from_json(spec), id=trial_id, task_queue=task_queue
+    )
     result = asyncio.ensure_future(handle.result())
     last = ""
     while not result.done():
@@ -112,7 +115,7 @@ async def run_trial(
         if line != last:
             tell(line)
             last = line
-    report: dict[str, Any] = result.result()
+    report = result.result().to_json()
     outcome = TrialOutcome(trial_id, str(report.get("status", "")), report=report)
     for path, verdict in report.get("verdicts", {}).items():
         outcome.verdicts[path] = str(verdict.get("verdict", ""))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import os
 import signal
@@ -83,17 +84,20 @@ def test_backends_are_named_in_one_place_and_refused_with_a_reason() -> None:
 
 
 def test_a_failed_training_phase_is_inconclusive_not_skipped() -> None:
+    from tests.trial.test_verdict import scenario
+    from workflows.path_state import PathState
     from workflows.spec import Policy
-    from workflows.verdict import judge
+    from workflows.types import CorrectnessResult, PerformanceResult
+    from workflows.verdict import judge as judge_typed
 
-    def state(errors: dict[str, str]) -> dict[str, Any]:
-        return {
-            "errors": errors,
-            "correctness": {"passed": True, "outputs": []},
-            "performance": {"scenarios": [{"scenario": "single-stream", "batch_size": 1, "p95_ms": 1.0}]},
-            "training": {},
-            "economics": {"unpriced": True},
-        }
+    def state(errors: dict[str, str]) -> PathState:
+        s = PathState("p", "candidate", errors=errors, economics_unpriced=True)
+        s.correctness = CorrectnessResult(True, [])
+        s.performance = PerformanceResult([scenario(1.0)], 0, 0, 0, 0, True)
+        return s
+
+    def judge(reference: PathState, candidate: PathState, policy: Policy, training: bool) -> dict[str, Any]:
+        return dataclasses.asdict(judge_typed(reference, candidate, policy, training))
 
     failed = state({"training": "the distributed run on cpu-b (gloo, world size 2): rank 1 failed"})
     verdict = judge(state({}), failed, Policy(), training=True)

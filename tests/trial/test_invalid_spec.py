@@ -14,7 +14,6 @@ from temporalio.testing import WorkflowEnvironment
 from clients import trial_commands
 from switchyard.grpcio import RunningServer
 from workflows.connections import Connections, WorkerConfig
-from workflows.trial import TrialWorkflow
 from workflows.worker import build_worker
 
 
@@ -37,8 +36,9 @@ async def test_invalid_spec_fails_the_workflow_at_once_naming_the_field(
     connections = Connections(WorkerConfig(evaluator=evaluator.address, metering="127.0.0.1:1"))
     async with build_worker(temporal_env.client, connections, task_queue=queue):
         workflow_id = f"bad-{uuid.uuid4().hex[:8]}"
+        # by type name with the JSON object, as the Temporal UI and CLI start it
         handle = await temporal_env.client.start_workflow(
-            TrialWorkflow.run, spec, id=workflow_id, task_queue=queue
+            "TrialWorkflow", spec, id=workflow_id, task_queue=queue
         )
         with pytest.raises(WorkflowFailureError) as err:
             await handle.result()

@@ -17,6 +17,7 @@ from tests.trial.trial_helpers import QUICK_PERF, tiny_spec
 from workflows.connections import Connections, WorkerConfig
 from workflows.render import render
 from workflows.trial import TrialWorkflow
+from workflows.trial_io import TrialInput
 from workflows.worker import build_worker
 
 
@@ -51,9 +52,13 @@ async def test_hosts_run_in_parallel_and_a_shared_host_is_serialised(
     conns = Connections(config)
     try:
         async with build_worker(stack.env.client, conns, task_queue=queue):
-            report = await stack.env.client.execute_workflow(
-                TrialWorkflow.run, spec, id=f"place-{uuid.uuid4().hex[:8]}", task_queue=queue
+            result = await stack.env.client.execute_workflow(
+                TrialWorkflow.run,
+                TrialInput.from_json(spec),
+                id=f"place-{uuid.uuid4().hex[:8]}",
+                task_queue=queue,
             )
+            report = result.to_json()
     finally:
         await conns.close()
     assert report["placement"] == {"host-a": ["ref-a", "cand-a"], "host-b": ["cand-b"]}

@@ -15,6 +15,7 @@ from temporalio.client import WorkflowHandle
 from tests.trial.stack import ROOT, Stack, worker_command
 from tests.trial.trial_helpers import connections, ledger_state, tiny_spec
 from workflows.trial import TrialWorkflow
+from workflows.trial_io import TrialInput
 from workflows.worker import build_worker
 
 LONG_PERF = {
@@ -59,14 +60,14 @@ async def test_killed_worker_resumes_mid_performance_and_completes(stack: Stack)
     second = None
     try:
         handle = await stack.env.client.start_workflow(
-            TrialWorkflow.run, spec, id=f"kill-{uuid.uuid4().hex[:8]}", task_queue=queue
+            TrialWorkflow.run, TrialInput.from_json(spec), id=f"kill-{uuid.uuid4().hex[:8]}", task_queue=queue
         )
         await _wait_for_phase(handle, "cpu-eager", "performance")
         await asyncio.sleep(1.0)  # mid-scenario
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         second = _spawn_worker(stack, queue)
-        report = await asyncio.wait_for(handle.result(), 240)
+        report = (await asyncio.wait_for(handle.result(), 240)).to_json()
     finally:
         for process in (first, second):
             if process is not None and process.poll() is None:
@@ -105,7 +106,10 @@ async def test_cancel_stops_the_trial_and_leaves_the_ledger_consistent(stack: St
     try:
         async with build_worker(stack.env.client, conns, task_queue=queue):
             handle = await stack.env.client.start_workflow(
-                TrialWorkflow.run, spec, id=f"cancel-{uuid.uuid4().hex[:8]}", task_queue=queue
+                TrialWorkflow.run,
+                TrialInput.from_json(spec),
+                id=f"cancel-{uuid.uuid4().hex[:8]}",
+                task_queue=queue,
             )
             await _wait_for_phase(handle, "cpu-eager", "performance")
             async with asyncio.timeout(60):
@@ -114,7 +118,7 @@ async def test_cancel_stops_the_trial_and_leaves_the_ledger_consistent(stack: St
                 else:  # the Temporal UI's Cancel button: a workflow cancellation request
                     await handle.cancel()
                     status = "cancelled"
-                report = await handle.result()
+                report = (await handle.result()).to_json()
     finally:
         await conns.close()
     assert status == "cancelled"

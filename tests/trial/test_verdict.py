@@ -2,42 +2,75 @@
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 from typing import Any
 
+from workflows import verdict
+from workflows.path_state import PathState
 from workflows.spec import Policy
-from workflows.verdict import cost_per_job, judge, overall_verdict
+from workflows.types import (
+    CorrectnessResult,
+    EconomicsResult,
+    InputsCompatibility,
+    LoadCompatibility,
+    OutputVerdict,
+    PerformanceResult,
+    PrepareResult,
+    ScenarioResult,
+)
+from workflows.verdict import cost_per_job, overall_verdict
 
 
-def _state(p95: float, cpj: int, passed: bool = True, **econ: Any) -> dict[str, Any]:
-    return {
-        "errors": {},
-        "prepare": {"compatibility": {"fallback_ops": {}, "graph_breaks": 0, "recompiles": 0}},
-        "compatibility_on_inputs": {"requests": 2, "fallback_ops_per_request": {}, "compilations": 0},
-        "correctness": {
-            "passed": passed,
-            "outputs": [
-                {
-                    "output": "y",
-                    "passed": passed,
-                    "reasons": ["rmse ...: pass" if passed else "rmse vs float64: ...: fail"],
-                    "metrics": {"rmse": 2e-6 if passed else 1e-3, "allowed_rmse": 1e-5},
-                    "finding": "" if passed else "wrong but stable",
-                }
-            ],
-        },
-        "performance": {"scenarios": [{"scenario": "single-stream", "batch_size": 1, "p95_ms": p95}]},
-        "economics": {
-            "cost_per_completed_job_micros": cpj,
-            "currency": "USD",
-            "jobs_completed": 100,
-            "total_micros": cpj * 100,
-            "prepare_micros": 0,
-            "unpriced": False,
-            **econ,
-        },
-        "training": {},
+def judge(reference: PathState, candidate: PathState, policy: Policy, training: bool) -> dict[str, Any]:
+    """The verdict in its JSON form, as the report holds it."""
+    return dataclasses.asdict(verdict.judge(reference, candidate, policy, training))
+
+
+def scenario(p95: float, name: str = "single-stream", batch: int = 1) -> ScenarioResult:
+    return ScenarioResult(name, batch, 1, 10, 1.0, 0.0, 0.0, p95, 0.0, 0.0, 0.0, 0.0, "samples/s", {}, [], [])
+
+
+def economics(
+    jobs_completed: int = 0, total_micros: int = 0, prepare_micros: int = 0, **extra: Any
+) -> EconomicsResult:
+    fields: dict[str, Any] = {
+        "currency": "USD",
+        "total_micros": total_micros,
+        "busy_micros": 0,
+        "idle_micros": 0,
+        "prepare_micros": prepare_micros,
+        "reserved_micros": 0,
+        "jobs_completed": jobs_completed,
+        "jobs_failed": 0,
+        "cost_per_completed_job_micros": 0,
+        "unpriced": False,
+        "unpriced_events": 0,
     }
+    return EconomicsResult(**{**fields, **extra})
+
+
+def _state(p95: float, cpj: int, passed: bool = True, **econ: Any) -> PathState:
+    output = OutputVerdict(
+        output="y",
+        passed=passed,
+        reasons=["rmse ...: pass" if passed else "rmse vs float64: ...: fail"],
+        metrics={"rmse": 2e-6 if passed else 1e-3, "allowed_rmse": 1e-5},
+        justification="",
+        finding="" if passed else "wrong but stable",
+    )
+    state = PathState("p", "candidate")
+    state.prepare = PrepareResult(0.0, 0.0, 0.0, 0.0, "", LoadCompatibility(), "READY")
+    state.compatibility_on_inputs = InputsCompatibility(requests=2)
+    state.correctness = CorrectnessResult(passed, [output])
+    state.performance = PerformanceResult([scenario(p95)], 0, 0, 0, 0, True)
+    problem = econ.pop("problem", "")
+    if econ.pop("unpriced", False):  # no reservation could be held: why is the ledger's problem
+        state.economics_unpriced, state.ledger_problem = True, problem
+    else:
+        econ = {"jobs_completed": 100, "total_micros": cpj * 100, **econ}
+        state.economics = economics(cost_per_completed_job_micros=cpj, **econ)
+    return state
 
 
 def test_adopt_when_every_criterion_passes() -> None:
@@ -73,18 +106,15 @@ def test_failed_correctness_rejects_without_speed_verdict() -> None:
 
 def test_compilation_while_measuring_is_inconclusive() -> None:
     candidate = _state(9.0, 80)
-    candidate["errors"]["performance"] = "2 compilation(s) or recompile(s) while measuring"
+    candidate.errors["performance"] = "2 compilation(s) or recompile(s) while measuring"
     v = judge(_state(10.0, 100), candidate, Policy(), training=False)
     assert v["verdict"] == "INCONCLUSIVE" and v["criteria"]["latency"]["result"] == "inconclusive"
 
 
 def test_amortised_cost_spreads_preparation() -> None:
-    econ = {
-        "jobs_completed": 10,
-        "total_micros": 10_000,
-        "prepare_micros": 9_000,
-        "cost_per_completed_job_micros": 1_000,
-    }
+    econ = economics(
+        jobs_completed=10, total_micros=10_000, prepare_micros=9_000, cost_per_completed_job_micros=1_000
+    )
     assert cost_per_job(econ, Policy()) == 1_000
     assert cost_per_job(econ, Policy(amortize_over_jobs=9_000)) == 100 + 1
 
@@ -93,8 +123,8 @@ def test_cost_below_one_micro_unit_per_job_is_still_compared() -> None:
     # figures of a real local trial: both paths' jobs cost less than a micro-unit each
     reference: dict[str, Any] = {"jobs_completed": 398, "total_micros": 146, "prepare_micros": 1}
     candidate: dict[str, Any] = {"jobs_completed": 210, "total_micros": 166, "prepare_micros": 34}
-    assert cost_per_job(reference, Policy()) == Fraction(146, 398)
-    mine, ref = cost_per_job(candidate, Policy()), cost_per_job(reference, Policy())
+    assert cost_per_job(economics(**reference), Policy()) == Fraction(146, 398)
+    mine, ref = cost_per_job(economics(**candidate), Policy()), cost_per_job(economics(**reference), Policy())
     assert mine > ref  # 0.79 vs 0.37 micro-units per job: a rounded figure would read 1 vs 0
     v = judge(
         _state(10.0, 0, **reference), _state(9.0, 1, **candidate), Policy(min_cost_saving=0.0), training=False
@@ -109,11 +139,10 @@ def test_overall_verdict_for_the_ui_filter() -> None:
     assert overall_verdict({"a": "REJECT"}) == "REJECT"
 
 
-def _with_fallback(
-    state: dict[str, Any], op: str = "aten::median.dim_values", per_request: float = 1.0
-) -> None:
-    state["prepare"]["compatibility"]["fallback_ops"] = {op: 16}
-    state["compatibility_on_inputs"]["fallback_ops_per_request"] = {op: per_request}
+def _with_fallback(state: PathState, op: str = "aten::median.dim_values", per_request: float = 1.0) -> None:
+    assert state.prepare is not None and state.compatibility_on_inputs is not None
+    state.prepare.compatibility.fallback_ops = {op: 16}
+    state.compatibility_on_inputs.fallback_ops_per_request = {op: per_request}
 
 
 def test_host_fallback_rejects_by_default_and_names_the_op_with_calls_per_request() -> None:
@@ -140,8 +169,9 @@ def test_policy_can_allow_fallbacks_or_only_warn() -> None:
 
 def test_graph_breaks_beyond_the_maximum_reject() -> None:
     candidate = _state(9.0, 80)
-    compat = candidate["prepare"]["compatibility"]
-    compat.update(graph_breaks=2, graph_break_reasons=["Call to `torch._dynamo.graph_break()`"])
+    assert candidate.prepare is not None
+    compat = candidate.prepare.compatibility
+    compat.graph_breaks, compat.graph_break_reasons = 2, ["Call to `torch._dynamo.graph_break()`"]
     v = judge(_state(10.0, 100), candidate, Policy(max_graph_breaks=1), training=False)
     assert v["verdict"] == "REJECT"
     assert "2 graph break(s), policy allows 1" in v["criteria"]["compatibility"]["reason"]
@@ -170,7 +200,8 @@ def test_latency_regression_names_the_coinciding_fallback_op() -> None:
 
 def test_recompiles_on_the_trial_inputs_warn_and_are_named() -> None:
     candidate = _state(9.0, 80)
-    candidate["compatibility_on_inputs"]["compilations"] = 2
+    assert candidate.compatibility_on_inputs is not None
+    candidate.compatibility_on_inputs.compilations = 2
     v = judge(_state(10.0, 100), candidate, Policy(), training=False)
     compat = v["criteria"]["compatibility"]
     assert compat["result"] == "warn" and v["verdict"] == "ADOPT"
@@ -183,10 +214,11 @@ def test_correctness_names_non_determinism_apart_from_wrong_but_stable() -> None
     assert stable["criteria"]["correctness"]["reason"].startswith("wrong but stable: y: rmse vs float64")
     assert stable["criteria"]["correctness"]["figure"] == "wrong but stable: rmse 0.001 > allowed 1e-05"
     noisy = _state(9.0, 80, passed=False)
-    out = noisy["correctness"]["outputs"][0]
-    out["finding"] = "non-deterministic"
-    out["metrics"]["candidate_repeat_max_abs"] = 0.0312
-    out["reasons"].insert(0, "non-deterministic: two candidate runs ... differ by up to 0.0312 ...: fail")
+    assert noisy.correctness is not None
+    out = noisy.correctness.outputs[0]
+    out.finding = "non-deterministic"
+    out.metrics["candidate_repeat_max_abs"] = 0.0312
+    out.reasons.insert(0, "non-deterministic: two candidate runs ... differ by up to 0.0312 ...: fail")
     v = judge(_state(10.0, 100), noisy, Policy(), training=False)
     assert v["verdict"] == "REJECT"
     assert v["criteria"]["correctness"]["reason"].startswith("non-deterministic: y: non-deterministic")
@@ -198,8 +230,8 @@ def test_correctness_names_non_determinism_apart_from_wrong_but_stable() -> None
 
 def test_compatibility_without_findings_is_inconclusive() -> None:
     candidate = _state(9.0, 80)
-    candidate["prepare"] = {}
-    candidate["errors"]["prepare"] = "LoadModel failed: UNAVAILABLE"
+    candidate.prepare = None
+    candidate.errors["prepare"] = "LoadModel failed: UNAVAILABLE"
     v = judge(_state(10.0, 100), candidate, Policy(), training=False)
     assert v["criteria"]["compatibility"]["result"] == "inconclusive"
     assert "UNAVAILABLE" in v["criteria"]["compatibility"]["reason"]

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from tests.trial.stack import Stack
 from workflows.connections import Connections, WorkerConfig
 from workflows.trial import TrialWorkflow
+from workflows.trial_io import TrialInput
 from workflows.worker import build_worker
 
 TINY_INPUTS = {
@@ -52,12 +53,15 @@ async def run_trial(stack: Stack, spec: dict[str, Any], prefix: str = "trial") -
     conns = connections(stack)
     try:
         async with build_worker(stack.env.client, conns, task_queue=queue):
-            result: dict[str, Any] = await stack.env.client.execute_workflow(
-                TrialWorkflow.run, spec, id=f"{prefix}-{uuid.uuid4().hex[:8]}", task_queue=queue
+            result = await stack.env.client.execute_workflow(
+                TrialWorkflow.run,
+                TrialInput.from_json(spec),
+                id=f"{prefix}-{uuid.uuid4().hex[:8]}",
+                task_queue=queue,
             )
     finally:
         await conns.close()
-    return result
+    return result.to_json()  # the report, as the ledger stores it
 
 
 def ledger_state(stack: Stack, trial_id: str) -> dict[str, Any]:
