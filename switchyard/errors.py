@@ -7,7 +7,6 @@ status codes in one place. Messages say what to fix and never carry secrets.
 from __future__ import annotations
 
 import enum
-from typing import ClassVar
 
 
 class Status(enum.Enum):
@@ -25,12 +24,18 @@ class Status(enum.Enum):
     UNIMPLEMENTED = "UNIMPLEMENTED"
     CANCELLED = "CANCELLED"
     INTERNAL = "INTERNAL"
+    # Seen only as another service's answer, passed on (`UpstreamError`); never raised here.
+    UNKNOWN = "UNKNOWN"
+    ABORTED = "ABORTED"
+    OUT_OF_RANGE = "OUT_OF_RANGE"
+    DATA_LOSS = "DATA_LOSS"
 
 
 class SwitchyardError(Exception):
-    """Base of all expected errors; `status` says which gRPC status the edge returns."""
+    """Base of all expected errors; `status` says which gRPC status the edge returns (a class
+    attribute of each subclass; an `UpstreamError` carries the status it was answered with)."""
 
-    status: ClassVar[Status] = Status.INTERNAL
+    status: Status = Status.INTERNAL
 
 
 class InvalidArgument(SwitchyardError):
@@ -75,3 +80,13 @@ class Unimplemented(SwitchyardError):
 
 class Cancelled(SwitchyardError):
     status = Status.CANCELLED
+
+
+class UpstreamError(SwitchyardError):
+    """Another service's own status and message (an executor's answer to the router), passed
+    through to the caller unchanged: the edge answers with `status`, as for any other error."""
+
+    def __init__(self, status: Status, details: str) -> None:
+        super().__init__(details)
+        self.status = status
+        self.details = details

@@ -34,10 +34,16 @@ log = logging.getLogger(__name__)
 
 HEALTH_PORT_ENV = "SWITCHYARD_HEALTH_PORT"
 GRPC_CODE: dict[Status, grpc.StatusCode] = {s: getattr(grpc.StatusCode, s.value) for s in Status}
+_STATUS_OF: dict[grpc.StatusCode, Status] = {code: status for status, code in GRPC_CODE.items()}
 
 
 def grpc_code(error: SwitchyardError) -> grpc.StatusCode:
     return GRPC_CODE[error.status]
+
+
+def status_of(code: grpc.StatusCode) -> Status:
+    """The status named as a gRPC code is (UNKNOWN for OK, which is no error)."""
+    return _STATUS_OF.get(code, Status.UNKNOWN)
 
 
 def internal_error(exc: BaseException, method: str) -> str:

@@ -19,13 +19,13 @@ from services.executor.batching import BatchCounters
 from services.executor.executor_runtime import Executor
 from services.executor.generation import generation_oip as gen_oip
 from services.executor.loaded_model import LoadedModel
-from switchyard import codec, oip_params, telemetry
+from switchyard import codec, inband_status, oip_params, telemetry
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument, ResourceExhausted, SwitchyardError, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from switchyard.gen.inference import model_config_pb2 as mc
-from switchyard.grpcio import ServicerContext, internal_error
+from switchyard.grpcio import ServicerContext
 
 SERVER_NAME = "switchyard-executor"
 SERVER_VERSION = "0.1.0"
@@ -332,18 +332,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             async for response in self.generate(model, request, context.time_remaining(), decoupled=True):
                 out.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
-        except SwitchyardError as exc:
-            out.put_nowait(self._final_error(f"{exc.status.value}: {exc}", request.id))
         except Exception as exc:  # one bad request must not end the stream the others share
-            message = internal_error(exc, _STREAM_METHOD)
-            out.put_nowait(self._final_error(f"INTERNAL: {message}", request.id))
-
-    @staticmethod
-    def _final_error(message: str, request_id: str) -> pb.ModelStreamInferResponse:
-        response = pb.ModelStreamInferResponse(error_message=message)
-        response.infer_response.id = request_id
-        response.infer_response.parameters[gen_oip.FINAL].bool_param = True
-        return response
+            message = inband_status.encode_error(exc, _STREAM_METHOD)
+            out.put_nowait(inband_status.error_response(message, request.id, final=True))
 
     async def generate(
         self, model: LoadedModel, request: pb.ModelInferRequest, time_remaining: float | None, decoupled: bool
@@ -390,11 +381,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             with span:
                 response = await self.infer(request, time_remaining)
-        except SwitchyardError as exc:
-            return pb.ModelStreamInferResponse(error_message=f"{exc.status.value}: {exc}")
         except Exception as exc:  # one bad request must not end the stream the others share
-            message = internal_error(exc, _STREAM_METHOD)
-            return pb.ModelStreamInferResponse(error_message=f"INTERNAL: {message}")
+            return inband_status.error_response(inband_status.encode_error(exc, _STREAM_METHOD))
         return pb.ModelStreamInferResponse(infer_response=response)
 
     async def ModelInfer(

@@ -26,7 +26,8 @@ from typing import Protocol, cast
 
 from google.protobuf.message import DecodeError
 
-from switchyard import authz, frames, tls
+from switchyard import authz, frames, inband_status, tls
+from switchyard.errors import Status
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,8 @@ class Answerer(Protocol):
     ) -> pb.ModelStreamInferResponse: ...
 
 
-def _error_reply(status: str, why: str) -> bytes:
-    return pb.ModelStreamInferResponse(error_message=f"{status}: {why}").SerializeToString()
+def _error_reply(status: Status, why: str) -> bytes:
+    return inband_status.error_response(inband_status.encode(status, why)).SerializeToString()
 
 
 class _Connection(asyncio.Protocol):
@@ -50,7 +51,7 @@ class _Connection(asyncio.Protocol):
         self._reader = frames.FrameReader(server.limit)
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._transport: asyncio.Transport | None = None
-        self._refusal: str = ""  # "STATUS: why" for a peer refused inference
+        self._refusal: tuple[Status, str] | None = None  # the status and why of a peer refused inference
         self._writing_paused = False
         self._reading_paused = False
 
@@ -82,10 +83,9 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for number, kind, payload in self._reader.feed(data):
-            if self._refusal:
+            if self._refusal is not None:
                 if kind == frames.REQUEST:
-                    status, _, why = self._refusal.partition(": ")
-                    self._reply(number, _error_reply(status, why))
+                    self._reply(number, _error_reply(*self._refusal))
                 self.close()
                 return
             if kind == frames.CANCEL:
@@ -98,7 +98,7 @@ class _Connection(asyncio.Protocol):
                 return
             elif payload is None:
                 limit = self._server.limit
-                self._reply(number, _error_reply("RESOURCE_EXHAUSTED", f"request exceeds {limit} bytes"))
+                self._reply(number, _error_reply(Status.RESOURCE_EXHAUSTED, f"request exceeds {limit} bytes"))
             else:
                 task = asyncio.create_task(self._answer(number, payload))
                 self._tasks[number] = task
@@ -114,7 +114,7 @@ class _Connection(asyncio.Protocol):
         try:
             request = pb.ModelInferRequest.FromString(payload)
         except DecodeError as exc:
-            self._reply(number, _error_reply("INVALID_ARGUMENT", f"not a ModelInferRequest: {exc}"))
+            self._reply(number, _error_reply(Status.INVALID_ARGUMENT, f"not a ModelInferRequest: {exc}"))
             return
         reply = await self._server.servicer.answer(request, None)
         self._reply(number, reply.SerializeToString())
@@ -156,30 +156,30 @@ class FrameServer:
         self._server: asyncio.Server | None = None
         self.port = 0
 
-    def admit(self, transport: asyncio.Transport) -> str:
-        """ "" when the peer may send inference; else the "STATUS: why" it gets (audited here, once)."""
+    def admit(self, transport: asyncio.Transport) -> tuple[Status, str] | None:
+        """None when the peer may send inference; else the status and why it gets (audited here, once)."""
         if self.security.insecure:
-            return ""
+            return None
         identity = tls.transport_identity(transport)
         service = identity.removeprefix(tls.SPIFFE_PREFIX) if authz.known(identity) else ""
         if service in self.allowed:
-            return ""
+            return None
         peer = transport.get_extra_info("peername")
         if service:
-            status = "PERMISSION_DENIED"
+            status = Status.PERMISSION_DENIED
             why = (
                 f"{identity} may not send inference over frames (allowed: {', '.join(sorted(self.allowed))})"
             )
         else:
-            status = "UNAUTHENTICATED"
+            status = Status.UNAUTHENTICATED
             why = f"frames need a switchyard service certificate; got {authz.cap(identity, 80) or 'none'}"
-        refusal = authz.Refusal(identity, str(peer), "frames", status, why)
+        refusal = authz.Refusal(identity, str(peer), "frames", status.value, why)
         log.warning(
-            "refused a frame connection from %s (%s): %s", peer, authz.cap(identity, 80) or "-", status
+            "refused a frame connection from %s (%s): %s", peer, authz.cap(identity, 80) or "-", status.value
         )
         if self.audit is not None:
             self.audit(refusal)
-        return f"{status}: {why}"
+        return status, why
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()

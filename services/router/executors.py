@@ -9,7 +9,8 @@ the remaining deadline as Triton's `timeout` (microseconds; the executor drops t
 from its queue when it passes, and the router cancels the stream then too) and the trace
 context. A stream whose request timed out or whose caller went away is cancelled, never
 reused (its late answer would belong to nobody); the executor then drops the queued work.
-An executor's error comes back in `error_message` as "STATUS: why" and keeps its status.
+An executor's error comes back in `error_message` as "STATUS: why" and keeps its status
+(switchyard.inband_status reads it into an `UpstreamError`).
 
 Each deployment gets one channel with short reconnect back-off (so a restarted executor is
 found again within a second or two) and a watcher task that asks `grpc.health.v1` every
@@ -44,9 +45,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.router import wire
 from services.router.config import Deployment, Settings
 from services.router.policies import DeploymentState
-from switchyard import frames, net, oip_params, telemetry, tls
+from switchyard import frames, inband_status, net, oip_params, telemetry, tls
+from switchyard.errors import Status, UpstreamError
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
+from switchyard.grpcio import status_of
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +61,17 @@ _STREAM_FIELDS = frozenset((wire.STREAM_ERROR, wire.STREAM_RESPONSE))
 # stopped, the connection lost: grpc reports "Internal error from Core" for a write on a dead
 # connection): UNAVAILABLE, so the router ejects the deployment and retries elsewhere.
 _BROKEN = frozenset((grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN))
+_EXPIRED = "deadline exceeded waiting for the executor"
+_CLOSED = "the executor closed the stream"
 
 
-class UpstreamError(Exception):
-    """An executor's own status, passed through to the caller unchanged."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-
-
-def _status_of(error_message: str) -> UpstreamError:
-    """ "STATUS: why" from an executor's stream answer (UNKNOWN if it names no status)."""
-    name, sep, why = error_message.partition(": ")
-    code = grpc.StatusCode.__members__.get(name) if sep else None
-    if code is None or code == grpc.StatusCode.OK:
-        return UpstreamError(grpc.StatusCode.UNKNOWN, error_message)
-    return UpstreamError(code, why)
+def _stream_broke(exc: grpc.aio.AioRpcError) -> UpstreamError:
+    """The executor's status for a stream call that ended with `exc`: a broken stream is
+    UNAVAILABLE (the executor answers its own errors in-band, never by ending the stream)."""
+    code, details = exc.code(), exc.details() or exc.code().name
+    if code in _BROKEN:
+        return UpstreamError(Status.UNAVAILABLE, f"the stream to the executor broke: {details}")
+    return UpstreamError(status_of(code), details)
 
 
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
@@ -156,19 +152,16 @@ class ExecutorPool:
             try:
                 reply = await channel.request(message, timeout_s)
             except frames.FrameTimeout:
-                raise UpstreamError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded waiting for the executor"
-                ) from None
+                raise UpstreamError(Status.DEADLINE_EXCEEDED, _EXPIRED) from None
             except frames.FrameClosed as exc:
-                raise UpstreamError(
-                    grpc.StatusCode.UNAVAILABLE, f"the connection to the executor broke: {exc}"
-                ) from None
+                broke = f"the connection to the executor broke: {exc}"
+                raise UpstreamError(Status.UNAVAILABLE, broke) from None
         else:
             reply = await self._stream_infer(deployment, b"".join(message), timeout_s)
         fields = wire.scan_fields(reply, _STREAM_FIELDS)
         if wire.STREAM_ERROR in fields:
             start, stop = fields[wire.STREAM_ERROR][-1]
-            raise _status_of(reply[start:stop].decode(errors="replace"))
+            raise inband_status.parse(reply[start:stop].decode(errors="replace"))
         start, stop = fields[wire.STREAM_RESPONSE][-1] if wire.STREAM_RESPONSE in fields else (0, 0)
         return reply[start:stop]
 
@@ -196,23 +189,17 @@ class ExecutorPool:
         except (asyncio.CancelledError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             call.cancel()  # it owes an answer that would belong to nobody: never reuse it
             if expired:
-                raise UpstreamError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded waiting for the executor"
-                ) from None
+                raise UpstreamError(Status.DEADLINE_EXCEEDED, _EXPIRED) from None
             if isinstance(exc, asyncio.CancelledError):
                 raise  # the caller went away
             if isinstance(exc, grpc.aio.AioRpcError):
-                code, details = exc.code(), exc.details() or exc.code().name
-                if code in _BROKEN:  # the executor answers its own errors in error_message
-                    details = f"the stream to the executor broke: {details}"
-                    code = grpc.StatusCode.UNAVAILABLE
-                raise UpstreamError(code, details) from None
+                raise _stream_broke(exc) from None
             # InvalidStateError: the stream ended between the check above and the write
-            raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "the executor closed the stream") from None
+            raise UpstreamError(Status.UNAVAILABLE, _CLOSED) from None
         finally:
             timer.cancel()
         if answer is grpc.aio.EOF:
-            raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "the executor closed the stream")
+            raise UpstreamError(Status.UNAVAILABLE, _CLOSED)
         if len(idle) < MAX_IDLE_STREAMS:
             idle.append(call)
         else:
@@ -244,29 +231,21 @@ class ExecutorPool:
                 await call.write(b"".join((*parts, wire.parameters_field(params))))
                 await call.done_writing()
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "the executor closed the stream") from None
+                raise UpstreamError(Status.UNAVAILABLE, _CLOSED) from None
             while True:
                 try:
                     answer = await call.read()
                 except grpc.aio.AioRpcError as exc:
                     if expired:
-                        raise UpstreamError(
-                            grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded waiting for the executor"
-                        ) from None
-                    code, details = exc.code(), exc.details() or exc.code().name
-                    if code in _BROKEN:
-                        code, details = (
-                            grpc.StatusCode.UNAVAILABLE,
-                            f"the stream to the executor broke: {details}",
-                        )
-                    raise UpstreamError(code, details) from None
+                        raise UpstreamError(Status.DEADLINE_EXCEEDED, _EXPIRED) from None
+                    raise _stream_broke(exc) from None
                 if answer is grpc.aio.EOF:
                     if not answered:
-                        raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "the executor closed the stream")
+                        raise UpstreamError(Status.UNAVAILABLE, _CLOSED)
                     return
                 message = pb.ModelStreamInferResponse.FromString(answer)
                 if message.error_message:
-                    raise _status_of(message.error_message)
+                    raise inband_status.parse(message.error_message)
                 answered = True
                 response = message.infer_response
                 yield response

@@ -29,7 +29,7 @@ from services.router.auth import ANONYMOUS, Authenticator, Identity, authorize, 
 from services.router.capture import Capturer
 from services.router.config import Route, RouterConfig, Target
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
-from services.router.executors import ExecutorPool, UpstreamError
+from services.router.executors import ExecutorPool
 from services.router.limits import Limit, PrincipalLimits
 from services.router.metrics import RouterStats
 from services.router.paths import PathRegistrar
@@ -43,8 +43,10 @@ from switchyard.errors import (
     NotFound,
     PermissionDenied,
     ResourceExhausted,
+    Status,
     SwitchyardError,
     Unauthenticated,
+    UpstreamError,
 )
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
@@ -333,11 +335,11 @@ class Router:
                         params["request_id"].string_param = request_id
                         yield response
                 except UpstreamError as exc:
-                    if exc.code == grpc.StatusCode.UNAVAILABLE and not answered:
+                    if exc.status is Status.UNAVAILABLE and not answered:
                         self.pool.eject(target.deployment, f"UNAVAILABLE: {exc.details}")
                         if attempt + 1 < len(choices):
                             continue
-                    raise UpstreamError(exc.code, f"{exc.details} (path {state.deployment.path})") from None
+                    raise UpstreamError(exc.status, f"{exc.details} (path {state.deployment.path})") from None
                 outcome.status = "completed"
                 return
         except BaseException:
@@ -401,11 +403,11 @@ class Router:
                 reply = await self.pool.infer(target.deployment, self._body(raw, header, target), timeout)
             except UpstreamError as exc:
                 wait_ns += time.perf_counter_ns() - t1
-                if exc.code == grpc.StatusCode.UNAVAILABLE:
+                if exc.status is Status.UNAVAILABLE:
                     self.pool.eject(target.deployment, f"UNAVAILABLE: {exc.details}")
                     if attempt + 1 < len(choices):
                         continue  # not taken by that executor: once more elsewhere
-                raise UpstreamError(exc.code, f"{exc.details} (path {state.deployment.path})") from None
+                raise UpstreamError(exc.status, f"{exc.details} (path {state.deployment.path})") from None
             elapsed = time.perf_counter_ns() - t1
             wait_ns += elapsed
             self._account(state, reply, elapsed, outcome)
@@ -518,7 +520,7 @@ class Router:
             )
         except UpstreamError as exc:
             stats.failures += 1
-            tags["error"] = exc.code.name
+            tags["error"] = exc.status.value
         except (SwitchyardError, ValueError, KeyError) as exc:
             stats.failures += 1
             tags["error"] = f"comparison failed: {exc}"

@@ -18,13 +18,12 @@ import grpc
 from google.protobuf.message import Message
 
 from services.router import wire
-from services.router.executors import UpstreamError
 from services.router.forward import Router
 from services.router.policies import plan
-from switchyard import ids, oip_params, telemetry
-from switchyard.errors import SwitchyardError, Unavailable, Unimplemented
+from switchyard import ids, inband_status, telemetry
+from switchyard.errors import SwitchyardError, Unavailable, Unimplemented, UpstreamError
 from switchyard.gen.inference import grpc_service_pb2 as pb
-from switchyard.grpcio import ServicerContext, internal_error, map_errors
+from switchyard.grpcio import ServicerContext, map_errors, status_of
 
 SERVICE = "inference.GRPCInferenceService"
 VERSION = "0.1.0"
@@ -46,12 +45,8 @@ class OipServicer:
             if self._tracing
             else contextlib.nullcontext()
         )
-        try:
-            with span:
-                return await self.router.infer(raw, metadata, context.time_remaining(), context.peer())
-        except UpstreamError as exc:
-            await context.abort(exc.code, exc.details)
-            raise
+        with span:
+            return await self.router.infer(raw, metadata, context.time_remaining(), context.peer())
 
     async def _upstream(
         self, model: str, context: Ctx, method: str, request: Req, reply_type: type[Rep]
@@ -79,8 +74,8 @@ class OipServicer:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 router.pool.eject(target.deployment, f"UNAVAILABLE: {exc.details()}")
-            await context.abort(exc.code(), f"{exc.details()} (path {state.deployment.path})")
-            raise
+            why = f"{exc.details()} (path {state.deployment.path})"
+            raise UpstreamError(status_of(exc.code()), why) from None
         return reply
 
     async def model_metadata(
@@ -202,17 +197,9 @@ class OipServicer:
             async for response in self.router.generate(raw, metadata, time_remaining, peer):
                 yield wire.stream_answer(response.SerializeToString())
             return
-        except UpstreamError as exc:
-            message = f"{exc.code.name}: {exc.details}"
-        except SwitchyardError as exc:
-            message = f"{exc.status.value}: {exc}"
         except Exception as exc:  # one bad request must not end the stream the others share
-            message = f"INTERNAL: {internal_error(exc, f'/{SERVICE}/ModelStreamInfer')}"
-        error = pb.ModelStreamInferResponse(error_message=message)
-        with contextlib.suppress(SwitchyardError):
-            error.infer_response.id = wire.read_header(raw).request_id
-        error.infer_response.parameters[oip_params.FINAL].bool_param = True
-        yield error.SerializeToString()
+            message = inband_status.encode_error(exc, f"/{SERVICE}/ModelStreamInfer")
+        yield inband_status.error_response(message, _request_id(raw), final=True).SerializeToString()
 
     async def _stream_answer(
         self, raw: bytes, metadata: Any, time_remaining: float | None, peer: str
@@ -226,17 +213,17 @@ class OipServicer:
         try:
             with span:
                 return wire.stream_answer(await self.router.infer(raw, metadata, time_remaining, peer))
-        except UpstreamError as exc:
-            message = f"{exc.code.name}: {exc.details}"
-        except SwitchyardError as exc:
-            message = f"{exc.status.value}: {exc}"
         except Exception as exc:  # one bad request must not end the stream the others share
-            message = f"INTERNAL: {internal_error(exc, f'/{SERVICE}/ModelStreamInfer')}"
-        try:
-            request_id = wire.read_header(raw).request_id
-        except SwitchyardError:
-            request_id = ""
-        return wire.stream_error(message, request_id)
+            message = inband_status.encode_error(exc, f"/{SERVICE}/ModelStreamInfer")
+        return wire.stream_error(message, _request_id(raw))
+
+
+def _request_id(raw: bytes) -> str:
+    """The id the caller gave its request, to answer an error with ("" if unreadable)."""
+    try:
+        return wire.read_header(raw).request_id
+    except SwitchyardError:
+        return ""
 
 
 def _handler(

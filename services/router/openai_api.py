@@ -25,7 +25,6 @@ import h11
 import numpy as np
 
 from services.router.auth import authorize
-from services.router.executors import UpstreamError
 from services.router.forward import Router
 from switchyard import codec, ids, oip_params
 from switchyard.errors import SwitchyardError
@@ -82,8 +81,6 @@ class HttpError(Exception):
 def _error_of(exc: BaseException) -> HttpError:
     if isinstance(exc, HttpError):
         return exc
-    if isinstance(exc, UpstreamError):
-        return HttpError(HTTP_STATUS.get(exc.code.name, 500), exc.details, exc.code.name)
     if isinstance(exc, SwitchyardError):
         return HttpError(HTTP_STATUS.get(exc.status.value, 500), str(exc), exc.status.value)
     return HttpError(500, "internal error; see the router's log", "INTERNAL")
@@ -277,7 +274,7 @@ class OpenAIServer:
             raise
         except Exception as exc:
             error = _error_of(exc)
-            if error.status == 500 and not isinstance(exc, HttpError | SwitchyardError | UpstreamError):
+            if error.status == 500 and not isinstance(exc, HttpError | SwitchyardError):
                 log.exception("OpenAI API request failed")
             if conn.our_state is h11.SEND_RESPONSE:
                 await self._json(conn, writer, error.status, _error_body(error))

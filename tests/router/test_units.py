@@ -303,13 +303,17 @@ def test_the_routes_switchyard_up_writes_parse() -> None:
 
 
 def test_executor_stream_errors_keep_their_status() -> None:
-    from services.router.executors import _status_of
+    from switchyard.grpcio import grpc_code
+    from switchyard.inband_status import encode_error, parse
 
-    found = _status_of("NOT_FOUND: unknown model 'x'; this executor serves ['mlp:1']")
-    assert found.code == grpc.StatusCode.NOT_FOUND and found.details.startswith("unknown model 'x'")
-    assert _status_of("DEADLINE_EXCEEDED: it was not run").code == grpc.StatusCode.DEADLINE_EXCEEDED
+    found = parse("NOT_FOUND: unknown model 'x'; this executor serves ['mlp:1']")
+    assert grpc_code(found) == grpc.StatusCode.NOT_FOUND and found.details.startswith("unknown model 'x'")
+    assert grpc_code(parse("DEADLINE_EXCEEDED: it was not run")) == grpc.StatusCode.DEADLINE_EXCEEDED
     for odd in ("no status here", "OK: fine", "NOPE: what"):
-        assert _status_of(odd).code == grpc.StatusCode.UNKNOWN and _status_of(odd).details == odd
+        assert grpc_code(parse(odd)) == grpc.StatusCode.UNKNOWN and parse(odd).details == odd
+    # what the executor writes is what the router reads back: one codec on both ends
+    again = parse(encode_error(Unavailable("draining; retry elsewhere"), "/test"))
+    assert grpc_code(again) == grpc.StatusCode.UNAVAILABLE and again.details == "draining; retry elsewhere"
 
 
 async def test_kept_route_changes_that_no_longer_fit_are_skipped_and_bad_files_ignored(
