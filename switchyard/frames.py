@@ -24,7 +24,8 @@ the receiver's limit is skipped, not buffered; the receiver answers it (or fails
 RESOURCE_EXHAUSTED and the connection stays usable.
 
 Outside an explicitly insecure setup the connection is TLS with a certificate on both ends
-(switchyard.tls), and the executor serves only the identities it accepts for inference.
+(switchyard.tls), and the executor serves only the identities it accepts for inference. That
+TLS runs on the socket, not on the event loop's memory buffers (switchyard.tlssock says why).
 The executor bounds the requests in flight on one connection: at the bound it stops reading
 the socket (TCP flow control holds the sender back) until answers go out, and it stops
 reading as well while the router is not taking its replies.
@@ -38,6 +39,7 @@ import struct
 from collections.abc import Sequence
 from typing import cast
 
+from switchyard import tlssock
 from switchyard.errors import ResourceExhausted
 
 HEADER = struct.Struct("<IIB")
@@ -126,10 +128,20 @@ class FrameChannel(asyncio.Protocol):
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, limit: int, timeout_s: float, tls: ssl.SSLContext | None = None
+        cls,
+        host: str,
+        port: int,
+        limit: int,
+        timeout_s: float,
+        tls: ssl.SSLContext | None = None,
+        tls_on_socket: bool = True,
     ) -> FrameChannel:
         """Connects (over TLS with `tls`: the executor's certificate checked against `host`,
-        this process's certificate shown to it)."""
+        this process's certificate shown to it). TLS runs on the socket (switchyard.tlssock);
+        `tls_on_socket=False` takes the event loop's own TLS, for benchmarks/frames.py."""
+        if tls is not None and tls_on_socket:
+            _, protocol = await tlssock.connect(lambda: cls(limit), host, port, tls, timeout_s)
+            return cast(FrameChannel, protocol)
         loop = asyncio.get_running_loop()
         connecting = loop.create_connection(
             lambda: cls(limit), host, port, ssl=tls, server_hostname=host if tls is not None else None

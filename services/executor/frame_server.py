@@ -26,7 +26,7 @@ from typing import Protocol, cast
 
 from google.protobuf.message import DecodeError
 
-from switchyard import authz, frames, inband_status, tls
+from switchyard import authz, frames, inband_status, tls, tlssock
 from switchyard.errors import Status
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
@@ -145,6 +145,7 @@ class FrameServer:
         allowed: Collection[str] = (tls.ROUTER, tls.WORKER),
         audit: authz.AuditSink | None = None,
         max_in_flight: int = 256,
+        tls_on_socket: bool = True,
     ) -> None:
         self.servicer = servicer
         self.limit = limit
@@ -152,8 +153,9 @@ class FrameServer:
         self.allowed = frozenset(allowed)
         self.audit = audit
         self.max_in_flight = max_in_flight
+        self.tls_on_socket = tls_on_socket  # False: the event loop's TLS (benchmarks/frames.py)
         self.connections: set[_Connection] = set()
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | tlssock.Server | None = None
         self.port = 0
 
     def admit(self, transport: asyncio.Transport) -> tuple[Status, str] | None:
@@ -184,6 +186,11 @@ class FrameServer:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         context: ssl.SSLContext | None = tls.server_ssl_context(self.security)
+        if context is not None and self.tls_on_socket:
+            server = tlssock.Server(lambda: _Connection(self), context)
+            self._server = server
+            self.port = await server.start(host, port)
+            return self.port
         self._server = await loop.create_server(lambda: _Connection(self), host, port, ssl=context)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
