@@ -37,6 +37,8 @@ class _Sample:
     latency_s: float
     compute_us: int
     ok: bool
+    prompt_tokens: int = 0  # a generation request's tokens, metered with it (0 otherwise)
+    output_tokens: int = 0
 
 
 class PerformanceActivities:
@@ -234,6 +236,8 @@ class PerformanceActivities:
                 trial_id=t.trial_id,
                 arm=t.path,
                 tags={"scenario": name, "batch_size": str(batch)},
+                prompt_tokens=s.prompt_tokens,
+                output_tokens=s.output_tokens,
             )
             for i, s in enumerate(samples)
         ]

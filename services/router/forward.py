@@ -61,6 +61,7 @@ class Outcome:
     status: str = "failed"
     path: str = ""
     busy_us: int = 0
+    tokens: tuple[int, int] = (0, 0)  # (prompt, output) of a generation answered unary
 
 
 def _int(params: Any, key: str) -> int:
@@ -72,7 +73,10 @@ def tags_key(tags: dict[str, str] | None) -> str:
 
 
 # Response parameters every executor sets: load for routing, device time for usage.
-_LOAD_KEYS = (oip_params.IN_FLIGHT, oip_params.QUEUE_DEPTH, oip_params.COMPUTE_US, oip_params.BATCH_SIZE)
+_LOAD_KEYS = (
+    oip_params.IN_FLIGHT, oip_params.QUEUE_DEPTH, oip_params.COMPUTE_US, oip_params.BATCH_SIZE,
+    oip_params.NUM_INPUT_TOKENS, oip_params.NUM_OUTPUT_TOKENS,  # generation only; 0 otherwise
+)  # fmt: skip
 
 
 class Router:
@@ -415,8 +419,9 @@ class Router:
         raise AssertionError("plan() returns at least one choice")
 
     def _account(self, state: DeploymentState, reply: bytes, elapsed_ns: int, outcome: Outcome) -> None:
-        in_flight, queue_depth, compute, batch = wire.read_int_parameters(reply, _LOAD_KEYS)
+        in_flight, queue_depth, compute, batch, prompt, output = wire.read_int_parameters(reply, _LOAD_KEYS)
         state.report_load(in_flight, queue_depth)
+        outcome.tokens = (prompt, output)
         outcome.busy_us = compute // max(1, batch)  # this request's share of the batch's device time
         state.observe_service_time(elapsed_ns / 1000)
         outcome.status = "completed"
@@ -453,8 +458,8 @@ class Router:
             ended_unix_us=ended_us,
             arm=arm,
         )
-        if tokens:
-            event.prompt_tokens, event.output_tokens = tokens
+        if tokens or any(outcome.tokens):
+            event.prompt_tokens, event.output_tokens = tokens or outcome.tokens
         if tags:
             event.tags.update(tags)
         self.spool.usage(event)

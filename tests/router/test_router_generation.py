@@ -251,3 +251,61 @@ async def test_a_caller_that_leaves_mid_stream_frees_the_slot(
         await asyncio.sleep(0.05)
     (event,) = events  # metered once, with the tokens made until the caller left
     assert event.status == "cancelled" and 1 <= event.output_tokens < 40 and event.prompt_tokens > 0
+
+
+async def _ledger_tokens(metering: Metering, key: str) -> tuple[int, int]:
+    """(prompt, output) tokens of the ledger line stored for a usage key (waits for the spool)."""
+    from sqlalchemy import select
+
+    from services.metering.schema import LINES
+
+    for _ in range(200):
+        with metering.running.ledger.engines.write.connect() as conn:
+            row = conn.execute(
+                select(LINES.c.prompt_tokens, LINES.c.output_tokens).where(LINES.c.idempotency_key == key)
+            ).first()
+        if row is not None:
+            return int(row[0]), int(row[1])
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no ledger line for {key}")
+
+
+async def test_unary_and_openai_generations_reach_the_ledger_with_their_tokens(
+    routed: tuple[RunningRouter, str], metering: Metering
+) -> None:
+    router, key = routed
+    events = _record_usage(router)
+    client = triton.InferenceServerClient(router.address)
+    try:
+        result = await asyncio.to_thread(
+            client.infer,
+            MODEL,
+            _inputs("hello world", False, {"temperature": 0, "max_tokens": 6, "ignore_eos": True}),
+            headers={"authorization": f"Bearer {key}"},
+        )
+    finally:
+        client.close()
+    params = result.get_response().parameters
+    answered = (params["num_input_tokens"].int64_param, params["num_output_tokens"].int64_param)
+    assert answered[0] > 0 and answered[1] == 6
+    api = _client(router, key)
+    try:
+        whole = await api.completions.create(
+            model=MODEL,
+            prompt="the quick brown",
+            max_tokens=5,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+    finally:
+        await api.close()
+    assert whole.usage is not None
+    for _ in range(100):
+        if len(events) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    unary, http = events
+    assert (unary.prompt_tokens, unary.output_tokens) == answered and unary.status == "completed"
+    assert (http.prompt_tokens, http.output_tokens) == (whole.usage.prompt_tokens, 5)
+    assert await _ledger_tokens(metering, unary.idempotency_key) == answered
+    assert await _ledger_tokens(metering, http.idempotency_key) == (whole.usage.prompt_tokens, 5)
