@@ -355,7 +355,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         ].int64_param = model.compilations_after_warmup()
         template.parameters[oip_params.IN_FLIGHT].int64_param = load.in_flight
         template.parameters[oip_params.QUEUE_DEPTH].int64_param = load.queue_depth
-        responder = gen_oip.Responder(template, request.id, call)
+        assert model.engine is not None  # parse_call checked it
+        responder = gen_oip.Responder(template, request.id, call, model.engine.tokenizer)
         self.executor.in_flight += 1
         try:
             async for response in gen_oip.stream_responses(responder, stream, decoupled):

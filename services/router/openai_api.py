@@ -7,8 +7,14 @@ backend takes: `text_input` or `chat_messages`, `stream`, `sampling_parameters`,
 failover and metering as gRPC callers get. `stream: true` answers with server-sent events
 (`data: {chunk}` per token, then `data: [DONE]`; `stream_options.include_usage` adds a last
 chunk with the usage). `usage` counts the executor's prompt and completion tokens.
+`n` > 1: each choice is its own OIP request (its own prefill, usage event and job), run at
+once and merged; with a `seed`, choice i samples with seed + i, so the choices differ and each
+is reproducible. `usage` counts the prompt once and the completion tokens of every choice, as
+OpenAI does. `logprobs` (completions: the number of top tokens; chat: `logprobs` and
+`top_logprobs`) are the engine's logprobs of the chosen and top tokens, in OpenAI's shapes.
 Errors are OpenAI's shape (`{"error": {"message", "type", "code"}}`) with the HTTP status of
-the gRPC one. Not supported (refused with 400 naming the field): n > 1, logprobs, tools.
+the gRPC one. Not supported (refused with 400 naming the field): tools, `echo` with
+`logprobs` (the engine has no prompt logprobs).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import h11
@@ -53,7 +59,7 @@ COMMON = {
     "stream": None,
     "stream_options": None,
     "user": None,
-    "n": "n",
+    "n": None,  # one OIP request per choice (the engine generates one sequence a request)
     "max_tokens": "max_tokens",
     "temperature": "temperature",
     "top_p": "top_p",
@@ -66,8 +72,16 @@ COMMON = {
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
 }
-COMPLETIONS = {**COMMON, "prompt": None, "echo": None}
-CHAT = {**COMMON, "messages": None, "max_completion_tokens": "max_tokens"}
+COMPLETIONS = {**COMMON, "prompt": None, "echo": None, "logprobs": None}
+CHAT = {
+    **COMMON,
+    "messages": None,
+    "max_completion_tokens": "max_tokens",
+    "logprobs": None,
+    "top_logprobs": None,
+}
+MAX_N = 16  # choices per request
+MAX_TOP_LOGPROBS = 20  # the engine's bound (services/executor/generation/settings.py)
 
 
 class HttpError(Exception):
@@ -96,8 +110,43 @@ def _tensor(request: pb.ModelInferRequest, name: str, datatype: str, shape: list
     request.raw_input_contents.append(raw)
 
 
-def build_request(kind: str, body: dict[str, Any], request_id: str) -> tuple[pb.ModelInferRequest, bool]:
-    """The OIP request for a completion body; returns it and whether to stream."""
+def _count(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise HttpError(400, f"`{name}` is {value!r}; use an integer from {low} to {high}")
+    return value
+
+
+def choices_of(body: dict[str, Any]) -> int:
+    """`n`: how many choices (1 when absent)."""
+    return _count(body, "n", 1, MAX_N) or 1
+
+
+def top_logprobs_of(kind: str, body: dict[str, Any]) -> int | None:
+    """How many top tokens' logprobs each generated token carries (None: no logprobs)."""
+    if kind == "completions":
+        top = _count(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+        if top is not None and body.get("echo"):
+            raise HttpError(
+                400, "`echo` with `logprobs` is not supported: the engine has no logprobs of the prompt"
+            )
+        return top
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise HttpError(400, "`logprobs` must be true or false")
+    top = _count(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise HttpError(400, "`top_logprobs` needs `logprobs: true`")
+    return (top or 0) if wanted else None
+
+
+def build_request(
+    kind: str, body: dict[str, Any], request_id: str, choice: int = 0
+) -> tuple[pb.ModelInferRequest, bool]:
+    """The OIP request for a completion body (its `choice`-th choice); returns it and whether
+    to stream."""
     allowed = CHAT if kind == "chat" else COMPLETIONS
     unknown = sorted(set(body) - set(allowed))
     if unknown:
@@ -109,6 +158,13 @@ def build_request(kind: str, body: dict[str, Any], request_id: str) -> tuple[pb.
     if not isinstance(stream, bool):
         raise HttpError(400, "`stream` must be true or false")
     sampling = {allowed[k]: v for k, v in body.items() if allowed.get(k) and v is not None}
+    choices_of(body)  # checked before anything runs
+    top = top_logprobs_of(kind, body)
+    if top is not None:
+        sampling["logprobs"] = top
+    seed = body.get("seed")
+    if choice and isinstance(seed, int) and not isinstance(seed, bool):
+        sampling["seed"] = seed + choice  # distinct choices, each reproducible
     request = pb.ModelInferRequest(model_name=model, id=request_id)
     if kind == "chat":
         messages = body.get("messages")
@@ -307,34 +363,65 @@ class OpenAIServer:
         peer: str,
     ) -> None:
         request_id = ids.time_ordered_hex()
-        request, stream = build_request(kind, body, request_id)
-        model = request.model_name
+        n = choices_of(body)
+        built = [
+            build_request(kind, body, request_id if i == 0 else f"{request_id}-{i}", i) for i in range(n)
+        ]
+        stream = built[0][1]
+        model = built[0][0].model_name
         options = body.get("stream_options") or {}
         include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        responses = self.router.generate(request.SerializeToString(), metadata, None, peer)
+        generations = [
+            self.router.generate(request.SerializeToString(), metadata, None, peer) for request, _ in built
+        ]
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         head = {"id": prefix + request_id, "created": int(time.time()), "model": model}
+        responses = merged(generations)
         try:
             if not stream:
-                text, reason, usage = "", None, {}
-                async for response in responses:
-                    text += _text(response)
-                    reason = _param(response, oip_params.FINISH_REASON) or reason
-                    usage = _usage(response)
-                choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
-                if kind == "chat":
-                    choice["message"] = {"role": "assistant", "content": text}
-                    obj = "chat.completion"
-                else:
-                    choice["text"] = text
-                    obj = "text_completion"
-                await self._json(
-                    conn, writer, 200, {**head, "object": obj, "choices": [choice], "usage": usage}
-                )
+                await self._whole(conn, writer, kind, head, n, responses)
                 return
-            await self._events(conn, writer, kind, head, responses, include_usage)
+            await self._events(conn, writer, kind, head, n, responses, include_usage)
         finally:
             await responses.aclose()
+
+    async def _whole(
+        self,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        kind: str,
+        head: dict[str, Any],
+        n: int,
+        responses: AsyncIterator[tuple[int, pb.ModelInferResponse]],
+    ) -> None:
+        texts, reasons = [""] * n, [None] * n
+        logprobs: list[Logprobs | None] = [None] * n
+        usage = Usage(n)
+        async for i, response in responses:
+            texts[i] += _text(response)
+            reasons[i] = _param(response, oip_params.FINISH_REASON) or reasons[i]
+            usage.add(i, response)
+            entries = _logprob_entries(response)
+            if entries is not None:
+                found = logprobs[i] = logprobs[i] or Logprobs(kind)
+                found.add(entries)
+        choices = []
+        for i in range(n):
+            lp = logprobs[i]
+            choice: dict[str, Any] = {
+                "index": i,
+                "logprobs": lp.body() if lp is not None else None,
+                "finish_reason": reasons[i],
+            }
+            if kind == "chat":
+                choice["message"] = {"role": "assistant", "content": texts[i]}
+            else:
+                choice["text"] = texts[i]
+            choices.append(choice)
+        obj = "chat.completion" if kind == "chat" else "text_completion"
+        await self._json(
+            conn, writer, 200, {**head, "object": obj, "choices": choices, "usage": usage.body()}
+        )
 
     async def _events(
         self,
@@ -342,45 +429,168 @@ class OpenAIServer:
         writer: asyncio.StreamWriter,
         kind: str,
         head: dict[str, Any],
-        responses: AsyncIterator[pb.ModelInferResponse],
+        n: int,
+        responses: AsyncIterator[tuple[int, pb.ModelInferResponse]],
         include_usage: bool,
     ) -> None:
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         started = False
-        usage: dict[str, int] = {}
-        first = True
-        async for response in responses:
+        usage = Usage(n)
+        first = [True] * n
+        offsets = [0] * n  # completions' text_offset runs on across a choice's chunks
+        async for i, response in responses:
             if not started:  # headers only once the first token came: errors before it get a status
                 headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
                 await self._send(conn, writer, h11.Response(status_code=200, headers=headers))
                 started = True
             text = _text(response)
             reason = _param(response, oip_params.FINISH_REASON)
-            usage = _usage(response)
+            usage.add(i, response)
+            entries = _logprob_entries(response)
+            logprobs = None
+            if entries is not None:
+                lp = Logprobs(kind, offsets[i])
+                lp.add(entries)
+                offsets[i] = lp.offset
+                logprobs = lp.body()
             if kind == "chat":
                 delta: dict[str, Any] = {"content": text}
-                if first:
+                if first[i]:
                     delta["role"] = "assistant"
                 choice: dict[str, Any] = {
-                    "index": 0,
+                    "index": i,
                     "delta": delta,
-                    "logprobs": None,
+                    "logprobs": logprobs,
                     "finish_reason": reason,
                 }
             else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-            first = False
+                choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}
+            first[i] = False
             chunk = {**head, "object": obj, "choices": [choice]}
             if include_usage:
                 chunk["usage"] = None
             await self._send(conn, writer, h11.Data(data=b"data: " + json.dumps(chunk).encode() + b"\n\n"))
         if include_usage:
-            last = {**head, "object": obj, "choices": [], "usage": usage}
+            last = {**head, "object": obj, "choices": [], "usage": usage.body()}
             await self._send(conn, writer, h11.Data(data=b"data: " + json.dumps(last).encode() + b"\n\n"))
         await self._send(conn, writer, h11.Data(data=b"data: [DONE]\n\n"), h11.EndOfMessage())
 
 
-def _usage(response: pb.ModelInferResponse) -> dict[str, int]:
-    prompt = int(_param(response, oip_params.NUM_INPUT_TOKENS) or 0)
-    completion = int(_param(response, oip_params.NUM_OUTPUT_TOKENS) or 0)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+async def merged(
+    generations: list[AsyncGenerator[pb.ModelInferResponse]],
+) -> AsyncGenerator[tuple[int, pb.ModelInferResponse]]:
+    """(choice, response) as each choice's generation answers; the first error ends them all
+    (the others are cancelled, and metered as far as they got)."""
+    if len(generations) == 1:
+        try:
+            async for response in generations[0]:
+                yield 0, response
+        finally:
+            await generations[0].aclose()
+        return
+    queue: asyncio.Queue[tuple[int, pb.ModelInferResponse | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, generation: AsyncGenerator[pb.ModelInferResponse]) -> None:
+        try:
+            async for response in generation:
+                await queue.put((i, response))
+        except Exception as exc:
+            await queue.put((i, exc))
+            return
+        await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(generations)]
+    try:
+        running = len(tasks)
+        while running:
+            i, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for generation in generations:
+            await generation.aclose()
+
+
+class Usage:
+    """OpenAI's `usage` of n choices: the prompt once, the completion tokens of every choice."""
+
+    def __init__(self, n: int) -> None:
+        self.prompt = 0
+        self.completion = [0] * n
+
+    def add(self, choice: int, response: pb.ModelInferResponse) -> None:
+        self.prompt = int(_param(response, oip_params.NUM_INPUT_TOKENS) or self.prompt)
+        self.completion[choice] = int(
+            _param(response, oip_params.NUM_OUTPUT_TOKENS) or self.completion[choice]
+        )
+
+    def body(self) -> dict[str, int]:
+        completion = sum(self.completion)
+        return {
+            "prompt_tokens": self.prompt,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt + completion,
+        }
+
+
+def _logprob_entries(response: pb.ModelInferResponse) -> list[dict[str, Any]] | None:
+    """The executor's logprobs of a response (oip.py's JSON), or None when not asked for."""
+    raw = _param(response, oip_params.LOGPROBS)
+    return None if raw is None else list(json.loads(raw))
+
+
+class Logprobs:
+    """A choice's logprobs in OpenAI's shape: chat `{"content": [{token, logprob, bytes,
+    top_logprobs}]}`; completions `{tokens, token_logprobs, top_logprobs, text_offset}`, the top
+    ones a {token: logprob} map with the chosen token always in it (so up to logprobs + 1, as
+    OpenAI and vLLM answer), offsets into the choice's text."""
+
+    def __init__(self, kind: str, offset: int = 0) -> None:
+        self.kind = kind
+        self.offset = offset
+        self.content: list[dict[str, Any]] = []
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float] = []
+        self.top: list[dict[str, float]] = []
+        self.text_offset: list[int] = []
+
+    def add(self, entries: list[dict[str, Any]]) -> None:
+        for e in entries:
+            token, logprob = str(e["token"]), float(e["logprob"])
+            top = [(str(text), float(lp)) for _, lp, text in e["top"]]
+            if self.kind == "chat":
+                self.content.append(
+                    {
+                        "token": token,
+                        "logprob": logprob,
+                        "bytes": list(token.encode()),
+                        "top_logprobs": [
+                            {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in top
+                        ],
+                    }
+                )
+                continue
+            self.tokens.append(token)
+            self.token_logprobs.append(logprob)
+            ranked = dict(top)
+            ranked[token] = logprob  # the chosen token always, with its own logprob
+            self.top.append(ranked)
+            self.text_offset.append(self.offset)
+            self.offset += len(token)
+
+    def body(self) -> dict[str, Any]:
+        if self.kind == "chat":
+            return {"content": self.content, "refusal": None}
+        return {
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top,
+            "text_offset": self.text_offset,
+        }

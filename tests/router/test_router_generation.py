@@ -309,3 +309,95 @@ async def test_unary_and_openai_generations_reach_the_ledger_with_their_tokens(
     assert (http.prompt_tokens, http.output_tokens) == (whole.usage.prompt_tokens, 5)
     assert await _ledger_tokens(metering, unary.idempotency_key) == answered
     assert await _ledger_tokens(metering, http.idempotency_key) == (whole.usage.prompt_tokens, 5)
+
+
+async def test_openai_n_choices_are_separate_seeded_generations(routed: tuple[RunningRouter, str]) -> None:
+    router, key = routed
+    events = _record_usage(router)
+    client = _client(router, key)
+    sampled: dict[str, Any] = dict(model=MODEL, prompt="the quick brown", max_tokens=6, temperature=0.9)
+    sampled["extra_body"] = {"ignore_eos": True}
+    try:
+        three = await client.completions.create(n=3, seed=7, **sampled)
+        again = await client.completions.create(n=3, seed=7, **sampled)
+        second = await client.completions.create(seed=8, **sampled)  # what choice 1 sampled alone
+        stream = await client.completions.create(
+            n=3, seed=7, stream=True, stream_options={"include_usage": True}, **sampled
+        )
+        pieces: dict[int, str] = {0: "", 1: "", 2: ""}
+        usage = None
+        async for chunk in stream:
+            for c in chunk.choices:
+                pieces[c.index] += c.text
+            usage = chunk.usage or usage
+        greedy = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, temperature=0, n=2
+        )
+    finally:
+        await client.close()
+    texts = [c.text for c in sorted(three.choices, key=lambda c: c.index)]
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert texts == [c.text for c in sorted(again.choices, key=lambda c: c.index)]  # reproducible
+    assert texts[1] == second.choices[0].text  # choice i samples with seed + i
+    assert [pieces[i] for i in range(3)] == texts  # streamed choices interleave, each intact
+    assert three.usage is not None and usage is not None
+    assert three.usage.completion_tokens == 18 and three.usage.prompt_tokens == second.usage.prompt_tokens
+    assert (usage.prompt_tokens, usage.completion_tokens) == (three.usage.prompt_tokens, 18)
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content  # greedy: the same
+    for _ in range(100):
+        if len(events) >= 12:
+            break
+        await asyncio.sleep(0.05)
+    # a usage event per choice, each with its own prefill and its own tokens
+    first = events[:3]
+    assert len({e.idempotency_key for e in first}) == 3
+    assert [(e.prompt_tokens, e.output_tokens) for e in first] == [(three.usage.prompt_tokens, 6)] * 3
+
+
+async def test_openai_logprobs_are_the_engines(routed: tuple[RunningRouter, str]) -> None:
+    router, key = routed
+    sampling = {"temperature": 0, "max_tokens": 5, "ignore_eos": True, "logprobs": 3}
+    client = triton.InferenceServerClient(router.address)
+    try:
+        oip = await asyncio.to_thread(
+            client.infer, MODEL, _inputs("hello world", False, sampling),
+            headers={"authorization": f"Bearer {key}"},
+        )  # fmt: skip
+    finally:
+        client.close()
+    engine = json.loads(oip.get_response().parameters["logprobs"].string_param)
+    assert len(engine) == 5 and all(len(e["top"]) == 3 for e in engine)
+    api = _client(router, key)
+    try:
+        whole = await api.completions.create(
+            model=MODEL, prompt="hello world", max_tokens=5, temperature=0, logprobs=3,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        chat = await api.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=4, temperature=0,
+            logprobs=True, top_logprobs=2, stream=True, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        content = []
+        async for chunk in chat:
+            if chunk.choices and chunk.choices[0].logprobs is not None:
+                content += chunk.choices[0].logprobs.content or []
+        with pytest.raises(openai.BadRequestError, match="`n` is 0"):
+            await api.completions.create(model=MODEL, prompt="hi", max_tokens=2, n=0)
+        with pytest.raises(openai.BadRequestError, match="no logprobs of the prompt"):
+            await api.completions.create(model=MODEL, prompt="hi", max_tokens=2, logprobs=1, echo=True)
+        with pytest.raises(openai.BadRequestError, match="needs `logprobs: true`"):
+            await api.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, top_logprobs=2
+            )
+    finally:
+        await api.close()
+    lp = whole.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None and lp.top_logprobs
+    assert lp.tokens == [e["token"] for e in engine]
+    assert lp.token_logprobs == pytest.approx([e["logprob"] for e in engine])
+    for chosen, value, top, e in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, engine, strict=True):
+        assert top[chosen] == value and value <= 0.0
+        assert max(top.values()) == pytest.approx(e["top"][0][1])  # greedy: the most likely was chosen
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(5)]
+    assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.logprob == pytest.approx(c.top_logprobs[0].logprob) for c in content)  # greedy

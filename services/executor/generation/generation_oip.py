@@ -16,7 +16,8 @@ Outputs: `text_output` BYTES (text prompts) and `output_ids` INT64.
 
 Every response carries `num_input_tokens` and `num_output_tokens` (so far) for metering, and
 the executor's load and compile parameters; with `logprobs` asked for, a `logprobs` parameter
-(JSON: per token, its id, logprob and the top ones).
+(JSON: per generated token `{"id", "token", "logprob", "top": [[id, logprob, token], ...]}`,
+`token` the token's own text as the tokenizer decodes it alone, the top ones most likely first).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 from services.executor.generation.engine import GenerationStream, TokenEvent
 from services.executor.generation.sampling import Choice
 from services.executor.generation.settings import SamplingParams, parse_sampling
-from services.executor.generation.tokenizer import parse_messages
+from services.executor.generation.tokenizer import Tokenizer, parse_messages
 from services.executor.loaded_model import LoadedModel
 from switchyard import codec, oip_params
 from switchyard.codec import WireTensor
@@ -137,19 +138,33 @@ def parse_call(model: LoadedModel, tensors: list[WireTensor], wanted: list[str])
     )
 
 
-def _logprobs_json(choices: list[Choice]) -> str:
+def _logprobs_json(choices: list[Choice], tokenizer: Tokenizer) -> str:
+    def text(token: int) -> str:
+        return tokenizer.decode([token])
+
     return json.dumps(
-        [{"token": None, "logprob": c.logprob, "top": [[t, lp] for t, lp in c.top]} for c in choices]
+        [
+            {
+                "id": c.token,
+                "token": text(c.token),
+                "logprob": c.logprob,
+                "top": [[t, lp, text(t)] for t, lp in c.top],
+            }
+            for c in choices
+        ]
     )
 
 
 class Responder:
     """Builds the responses of one call from its engine events."""
 
-    def __init__(self, template: pb.ModelInferResponse, request_id: str, call: GenerationCall) -> None:
+    def __init__(
+        self, template: pb.ModelInferResponse, request_id: str, call: GenerationCall, tokenizer: Tokenizer
+    ) -> None:
         self.template = template
         self.request_id = request_id
         self.call = call
+        self.tokenizer = tokenizer
 
     def response(
         self,
@@ -176,7 +191,9 @@ class Responder:
         if last is not None and last.finish_reason is not None:
             params[FINISH_REASON].string_param = last.finish_reason
         if self.call.params.logprobs is not None:
-            params[LOGPROBS].string_param = _logprobs_json([c for e in events for c in e.choices])
+            params[LOGPROBS].string_param = _logprobs_json(
+                [c for e in events for c in e.choices], self.tokenizer
+            )
         if decoupled:
             params[FINAL].bool_param = bool(final)
         params[oip_params.COMPUTE_US].int64_param = busy_us  # device time so far
