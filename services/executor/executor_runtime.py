@@ -35,11 +35,16 @@ from switchyard.models.repository import ModelNotFound, Repository
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# A request arriving this soon after the previous one finished is taken as a sign of load:
-# requests are waiting inside gRPC that this process cannot count yet, so it goes through the
-# queue (and the device thread) where batches can form, instead of the inline fast path.
-# A lone client's next request takes a whole round trip, well over this.
-IDLE_GAP_S = 200e-6
+# The inline fast path is for a quiet executor, and "quiet" is read from the event loop's own
+# thread: since the last request finished, it sat idle (waiting on the network, not running)
+# for at least this long. Requests waiting inside gRPC cannot be counted from here, but they
+# keep the loop busy: at 16 clients it accepts, decodes and answers calls back to back and
+# never idles, so every request goes through the batcher and the device thread, where
+# batches form while the loop takes in the next ones. A lone client's next request leaves the
+# loop idle for the client's whole turn (its decode, its next request, the loopback), well
+# over this. (A gap in wall time alone cannot tell the two apart: under load gRPC's own work
+# between two handlers takes as long as a lone client's round trip.)
+LOOP_IDLE_S = 100e-6
 INLINE_LOOK_TURNS = 3
 
 
@@ -90,7 +95,8 @@ class Executor:
         self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{backend.name}-device")
         self._load_lock = asyncio.Lock()
         self._device_jobs = 0
-        self._last_done = 0.0
+        self._last_done = 0.0  # time.perf_counter() when the last request left `infer`
+        self._last_done_cpu = 0.0  # time.thread_time() of the loop's thread then
 
     async def on_device(self, fn: Any, *args: Any) -> Any:
         self._device_jobs += 1
@@ -245,8 +251,9 @@ class Executor:
             raise Unavailable(f"model {name!r} is {model.state}; retry when it is READY")
         arrays, rows = model.validate(inputs)
         batcher = model.batcher
-        now = time.perf_counter()
-        quiet = now - self._last_done > IDLE_GAP_S
+        # wall time since the last request finished, less what the loop's thread ran meanwhile
+        idle = (time.perf_counter() - self._last_done) - (time.thread_time() - self._last_done_cpu)
+        quiet = idle > LOOP_IDLE_S
         self.in_flight += 1
         try:
             if quiet and self.in_flight == 1 and batcher.idle and self._inline_ok(model, rows):
@@ -261,6 +268,7 @@ class Executor:
         finally:
             self.in_flight -= 1
             self._last_done = time.perf_counter()
+            self._last_done_cpu = time.thread_time()
 
     def generate(
         self,
