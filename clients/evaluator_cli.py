@@ -12,14 +12,8 @@ def _serve(args: argparse.Namespace) -> int:
     from switchyard.grpcio import ServerOptions
 
     telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-evaluator"))
-    endpoint = metrics_endpoint.serve(
-        [], args.host, metrics_endpoint.metrics_port(args.metrics_port), "evaluator"
-    )
-    try:
+    with metrics_endpoint.serving([], args.host, args.metrics_port, "evaluator"):
         return run(ServerOptions(host=args.host, port=args.port))
-    finally:
-        if endpoint is not None:
-            endpoint.close()
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -29,11 +23,5 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve = commands.add_parser("serve", help="serve the evaluator over gRPC")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8301, help="port (default 8301; 0 picks a free one)")
-    serve.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
-        "free port, logged; -1 = none)",
-    )
+    serve.add_argument("--metrics-port", type=int, default=None)  # help: switchyard.cli_help
     serve.set_defaults(func=_serve)

@@ -64,13 +64,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "microseconds runs on the event loop instead of the device thread",
     )
     serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: cores - 1)")
-    serve.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
-        "free port, logged; -1 = none)",
-    )
+    serve.add_argument("--metrics-port", type=int, default=None)  # help: switchyard.cli_help
     serve.add_argument(
         "--metering", default="", help="metering address, where refused calls are audited (default: log only)"
     )
@@ -97,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
     # traces per the OTEL_* variables (none by default), before the server starts so its
     # tracing interceptor is installed
     telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-executor"))
-    metrics_port = prometheus.metrics_port(args.metrics_port)
+    metrics_port = prometheus.metrics_port(args.metrics_port)  # a bad value fails before the start
 
     config = ExecutorConfig(
         backend=args.backend,
@@ -124,19 +118,15 @@ def _serve(args: argparse.Namespace) -> int:
     async def run() -> None:
         stop = stop_signal()  # before the address is announced: see stop_signal
         running = await start_executor(config)
-        endpoint = prometheus.serve(
-            [metrics.collector(running.executor)], args.host, metrics_port, "executor"
-        )
-        # Models and modules loaded at start-up live as long as the process: keep them out of
-        # the cyclic collector's full passes, which would otherwise walk them while serving.
-        import gc
+        with prometheus.serving([metrics.collector(running.executor)], args.host, metrics_port, "executor"):
+            # Models and modules loaded at start-up live as long as the process: keep them out
+            # of the cyclic collector's full passes, which would otherwise walk them while serving.
+            import gc
 
-        gc.collect()
-        gc.freeze()
-        print(f"executor {running.executor.executor_id} serving on {running.address}", flush=True)
-        await running.serve_until_signal(stop)
-        if endpoint is not None:
-            endpoint.close()
+            gc.collect()
+            gc.freeze()
+            print(f"executor {running.executor.executor_id} serving on {running.address}", flush=True)
+            await running.serve_until_signal(stop)
 
     run_service(run())
     return 0

@@ -55,13 +55,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8201)
-    serve.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
-        "free port, logged; -1 = none)",
-    )
+    serve.add_argument("--metrics-port", type=int, default=None)  # help: switchyard.cli_help
     serve.set_defaults(func=_run("serve"))
     mig = msub.add_parser(
         "migrate",

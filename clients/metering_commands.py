@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from clients.finance_html import COST_COLUMNS
 from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
@@ -138,16 +139,10 @@ def serve(args: argparse.Namespace) -> int:
         stop = stop_signal()  # before the address is announced: see stop_signal
         running = await start_metering(args.db, ServerOptions(host=args.host, port=args.port))
         servicer = running.servicer
-        endpoint = prometheus.serve(
-            [metrics.collector(servicer.stats, servicer.write_queue_depth)],
-            args.host,
-            metrics_port,
-            "metering",
-        )
-        print(f"metering serving on {running.address}", flush=True)
-        await running.serve_until_signal(stop)
-        if endpoint is not None:
-            endpoint.close()
+        collectors = [metrics.collector(servicer.stats, servicer.write_queue_depth)]
+        with prometheus.serving(collectors, args.host, metrics_port, "metering"):
+            print(f"metering serving on {running.address}", flush=True)
+            await running.serve_until_signal(stop)
 
     run_service(run())
     return 0
@@ -184,18 +179,7 @@ def report(args: argparse.Namespace) -> int:
         writer.writerows(rows)
         print(out.getvalue(), end="")
         return 0
-    shown = [
-        *group_by,
-        "currency",
-        "total",
-        "busy",
-        "idle",
-        "prepare",
-        "completed",
-        "failed",
-        "per_completed",
-        "unpriced",
-    ]
+    shown = [*group_by, *COST_COLUMNS, "per_completed", "unpriced"]
     table = [
         [
             *(str(r.get(g, "")) for g in group_by),

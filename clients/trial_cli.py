@@ -52,12 +52,8 @@ def _worker(args: argparse.Namespace) -> int:
         hosts=hosts,
     )
     host = os.environ.get("SWITCHYARD_METRICS_HOST", "127.0.0.1")  # the worker serves nothing else
-    endpoint = metrics_endpoint.serve([], host, metrics_endpoint.metrics_port(args.metrics_port), "worker")
-    try:
+    with metrics_endpoint.serving([], host, args.metrics_port, "worker"):
         asyncio.run(run_worker(config))
-    finally:
-        if endpoint is not None:
-            endpoint.close()
     return 0
 
 
@@ -103,13 +99,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     worker.add_argument(
         "--task-queue", default="switchyard-trials", help="task queue (default switchyard-trials)"
     )
-    worker.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
-        "free port, logged; -1 = none)",
-    )
+    worker.add_argument("--metrics-port", type=int, default=None)  # help: switchyard.cli_help
     worker.set_defaults(func=_worker)
 
     trial = sub.add_parser("trial", help="start, watch, cancel trials and fetch their reports")

@@ -43,6 +43,8 @@ COMMON: dict[str, str] = {
     "max_queue_size": "requests queued per model before new ones get RESOURCE_EXHAUSTED "
     "(default %(default)s)",
     "max_message_mb": "largest gRPC message in or out, in MiB (default %(default)s)",
+    "metrics_port": "Prometheus metrics port (GET /metrics; default $SWITCHYARD_METRICS_PORT, else 0 = any "
+    "free port, logged; -1 = none)",
 }
 
 # command (as typed after `switchyard`) -> examples

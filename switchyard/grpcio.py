@@ -273,17 +273,34 @@ class RunningServer:
             await self.health_server.stop(0)
             self.health_server = None
 
-    async def wait_for_signal(self, stop: asyncio.Event | None = None) -> None:
-        """Serve until SIGTERM or SIGINT (or `stop` from `stop_signal()`), then drain."""
+    async def wait_for_signal(
+        self, stop: asyncio.Event | None = None, drain: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Serve until SIGTERM or SIGINT (or `stop` from `stop_signal()`), then drain (with
+        `drain` where the service drains more than its server)."""
         stop = stop or stop_signal()
         waiter = asyncio.ensure_future(self.server.wait_for_termination())
         signalled = asyncio.ensure_future(stop.wait())
         await asyncio.wait({waiter, signalled}, return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():
             log.info("signal received: draining %s", self.address)
-            await self.drain()
+            await (drain or self.drain)()
         waiter.cancel()
         signalled.cancel()
+
+
+class OnServer:
+    """The address and port of a running service, from its `server` (a RunningServer)."""
+
+    server: RunningServer
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    @property
+    def port(self) -> int:
+        return self.server.port
 
 
 async def start_server(

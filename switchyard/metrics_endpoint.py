@@ -19,10 +19,11 @@ suffix where Triton's own names have none, so dashboards written for Triton work
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -213,3 +214,15 @@ def serve(collectors: Iterable[Collector], host: str, port: int, service: str = 
     log.info("%s metrics on %s", service or "service", endpoint.url)
     print(f"metrics on {endpoint.url}", flush=True)
     return endpoint
+
+
+@contextlib.contextmanager
+def serving(collectors: Iterable[Collector], host: str, flag: int | None, service: str) -> Iterator[None]:
+    """`serve` for the length of a `with` block: `flag` is the `--metrics-port` value (None:
+    $SWITCHYARD_METRICS_PORT, else any free port; -1: none); the endpoint closes on exit."""
+    endpoint = serve(collectors, host, metrics_port(flag), service)
+    try:
+        yield
+    finally:
+        if endpoint is not None:
+            endpoint.close()

@@ -24,7 +24,7 @@ from services.executor.frame_server import FrameServer
 from switchyard import authz, tls
 from switchyard.gen.inference import grpc_service_pb2_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc
-from switchyard.grpcio import RunningServer, ServerOptions, start_server, stop_signal
+from switchyard.grpcio import OnServer, RunningServer, ServerOptions, start_server
 from switchyard.models.repository import Repository, default_repository
 
 log = logging.getLogger(__name__)
@@ -59,19 +59,11 @@ def executor_guard(
 
 
 @dataclass
-class RunningExecutor:
+class RunningExecutor(OnServer):
     executor: Executor
     server: RunningServer
     frames: FrameServer | None = None
     audit: authz.MeteringAudit | None = None
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    @property
-    def address(self) -> str:
-        return self.server.address
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Drains, then stops.
@@ -98,15 +90,7 @@ class RunningExecutor:
 
     async def serve_until_signal(self, stop: asyncio.Event | None = None) -> None:
         """Serves until SIGTERM or SIGINT (or `stop` from `stop_signal()`), then drains as `stop` does."""
-        signalled = stop or stop_signal()
-        terminated = asyncio.ensure_future(self.server.server.wait_for_termination())
-        waiter = asyncio.ensure_future(signalled.wait())
-        await asyncio.wait({terminated, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if signalled.is_set():
-            log.info("signal received: draining %s", self.address)
-            await self.stop()
-        terminated.cancel()
-        waiter.cancel()
+        await self.server.wait_for_signal(stop, self.stop)
 
 
 async def start_executor(config: ExecutorConfig, security: tls.Security | None = None) -> RunningExecutor:

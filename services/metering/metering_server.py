@@ -21,7 +21,7 @@ from services.metering.ledger import Ledger
 from services.metering.metering_servicer import MeteringServicer
 from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
-from switchyard.grpcio import RunningServer, ServerOptions, start_server
+from switchyard.grpcio import OnServer, RunningServer, ServerOptions, start_server
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "switchyard.v1.Metering"
@@ -46,19 +46,11 @@ async def _final_anchor(ledger: Ledger) -> None:
 
 
 @dataclass
-class RunningMetering:
+class RunningMetering(OnServer):
     server: RunningServer
     ledger: Ledger
     servicer: MeteringServicer
     anchor_task: asyncio.Task[None] | None = field(default=None)
-
-    @property
-    def address(self) -> str:
-        return self.server.address
-
-    @property
-    def port(self) -> int:
-        return self.server.port
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain (NOT_SERVING, finish in-flight calls), then release threads and connections."""
