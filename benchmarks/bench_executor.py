@@ -41,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import write_report  # noqa: E402
+from benchmarks.common import serve_minimal_oip, write_report  # noqa: E402
 from clients.executor_client import build_infer_request  # noqa: E402
 from switchyard.gen.inference import grpc_service_pb2 as oip  # noqa: E402
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc  # noqa: E402
@@ -57,33 +57,10 @@ def _threads() -> int:
 async def serve_baseline(model_name: str) -> None:
     import torch
 
-    from switchyard import codec
-    from switchyard.models.registry import ModelRegistry, load_module
+    from switchyard.models.registry import ModelRegistry
 
     torch.set_num_threads(_threads())
-    spec = ModelRegistry.with_builtins().get(model_name)
-    module = load_module(spec)
-
-    class Minimal(oip_grpc.GRPCInferenceServiceServicer):
-        async def ModelInfer(self, request: oip.ModelInferRequest, context: Any) -> oip.ModelInferResponse:
-            tensors = [
-                codec.to_torch(codec.decode(i.name, i.datatype, i.shape, raw).array, i.datatype)
-                for i, raw in zip(request.inputs, request.raw_input_contents, strict=True)
-            ]
-            with torch.inference_mode():
-                out = module(*tensors)
-            datatype, raw = codec.encode_torch(out)
-            response = oip.ModelInferResponse(model_name=model_name)
-            response.outputs.add(name=spec.outputs[0].name, datatype=datatype, shape=out.shape)
-            response.raw_output_contents.append(raw)
-            return response
-
-    server = grpc.aio.server()
-    oip_grpc.add_GRPCInferenceServiceServicer_to_server(Minimal(), server)  # type: ignore[abstract]
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    print(f"serving on 127.0.0.1:{port}", flush=True)
-    await server.wait_for_termination()
+    await serve_minimal_oip(ModelRegistry.with_builtins().get(model_name))
 
 
 def _spawn(args: list[str]) -> tuple[subprocess.Popen[str], str]:

@@ -106,73 +106,96 @@ async def connect(
     return over_stream, over_frames
 
 
-async def measure(rounds: int, requests: int) -> dict[str, Any]:
-    # Two servers: malloc settings as services run (switchyard/allocator.py), and glibc's defaults.
+async def _start_servers(
+    children: list[asyncio.subprocess.Process],
+    channels: list[grpc.aio.Channel],
+    connections: list[frames.FrameChannel],
+) -> dict[str, Send]:
+    """Two servers: malloc settings as services run (switchyard/allocator.py), and glibc's
+    defaults; each reached over a gRPC stream and over frames."""
     servers = {"": {}, "_glibc_default": {"SWITCHYARD_MALLOC": "default"}}
-    children = []
     transports: dict[str, Send] = {}
+    for suffix, extra in servers.items():
+        grpc_port, frame_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+        serve_args = ("--serve", str(grpc_port), str(frame_port))
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, *serve_args, stdout=asyncio.subprocess.PIPE, env=env
+        )
+        children.append(child)
+        assert child.stdout is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 60)
+        assert line.startswith(b"READY"), line
+        over_stream, over_frames = await connect(grpc_port, frame_port, channels, connections)
+        transports[f"grpc_stream{suffix}"] = over_stream
+        transports[f"frames{suffix}"] = over_frames
+    return transports
+
+
+async def _samples(transports: dict[str, Send], body: bytes, rounds: int, count: int) -> dict[str, list[int]]:
+    """Round-trip nanoseconds per transport, after a warm-up; rounds alternate the order."""
+    samples: dict[str, list[int]] = {name: [] for name in transports}
+    for send in transports.values():  # warm-up
+        for _ in range(20):
+            reply = await send(body)
+            assert pb.ModelStreamInferResponse.FromString(reply).infer_response.raw_output_contents
+    for r in range(rounds):
+        order = list(transports) if r % 2 == 0 else list(reversed(transports))
+        for name in order:
+            send = transports[name]
+            for _ in range(count):
+                t = time.perf_counter_ns()
+                await send(body)
+                samples[name].append(time.perf_counter_ns() - t)
+    return samples
+
+
+def _cell(samples: dict[str, list[int]], body: bytes) -> dict[str, Any]:
+    cell: dict[str, Any] = {}
+    for name, v in samples.items():
+        q = statistics.quantiles(v, n=100, method="inclusive")  # as benchmarks/bench_router.py
+        cell[name] = {"p50_us": q[49] / 1000, "p99_us": q[98] / 1000, "requests": len(v)}
+    cell["frames_over_stream_p50"] = cell["frames"]["p50_us"] / cell["grpc_stream"]["p50_us"]
+    cell["frames_over_stream_p99"] = cell["frames"]["p99_us"] / cell["grpc_stream"]["p99_us"]
+    for transport in ("grpc_stream", "frames"):  # what glibc's defaults cost
+        default = cell[f"{transport}_glibc_default"]["p50_us"]
+        cell[f"{transport}_malloc_kept_over_default_p50"] = cell[transport]["p50_us"] / default
+    cell["message_bytes"] = len(body)
+    return cell
+
+
+def _print_cell(size: str, cell: dict[str, Any], names: list[str]) -> None:
+    for name in names:
+        c = cell[name]
+        print(
+            f"{size} {name:26s} round trip p50 {c['p50_us']:8.1f} us  p99 {c['p99_us']:8.1f} us"
+            f"  ({c['requests']} requests)",
+            flush=True,
+        )
+    print(
+        f"{size} frames / grpc stream: p50 x{cell['frames_over_stream_p50']:.3f}, "
+        f"p99 x{cell['frames_over_stream_p99']:.3f}; malloc kept / glibc default at p50: "
+        f"stream x{cell['grpc_stream_malloc_kept_over_default_p50']:.3f}, "
+        f"frames x{cell['frames_malloc_kept_over_default_p50']:.3f}",
+        flush=True,
+    )
+
+
+async def measure(rounds: int, requests: int) -> dict[str, Any]:
+    children: list[asyncio.subprocess.Process] = []
     channels: list[grpc.aio.Channel] = []
     connections: list[frames.FrameChannel] = []
     try:
-        for suffix, extra in servers.items():
-            grpc_port, frame_port = free_port("127.0.0.1"), free_port("127.0.0.1")
-            env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
-            serve_args = ("--serve", str(grpc_port), str(frame_port))
-            child = await asyncio.create_subprocess_exec(
-                sys.executable, __file__, *serve_args, stdout=asyncio.subprocess.PIPE, env=env
-            )
-            children.append(child)
-            assert child.stdout is not None
-            line = await asyncio.wait_for(child.stdout.readline(), 60)
-            assert line.startswith(b"READY"), line
-            over_stream, over_frames = await connect(grpc_port, frame_port, channels, connections)
-            transports[f"grpc_stream{suffix}"] = over_stream
-            transports[f"frames{suffix}"] = over_frames
+        transports = await _start_servers(children, channels, connections)
         results: dict[str, Any] = {}
         for size, nbytes in SIZES.items():
             request = pb.ModelInferRequest(model_name="echo", id="r")
             request.inputs.add(name="x", datatype="UINT8", shape=[nbytes])
             request.raw_input_contents.append(os.urandom(nbytes))
             body = request.SerializeToString()
-            count = _count(requests, nbytes)
-            samples: dict[str, list[int]] = {name: [] for name in transports}
-            for send in transports.values():  # warm-up
-                for _ in range(20):
-                    reply = await send(body)
-                    assert pb.ModelStreamInferResponse.FromString(reply).infer_response.raw_output_contents
-            for r in range(rounds):
-                order = list(transports) if r % 2 == 0 else list(reversed(transports))
-                for name in order:
-                    send = transports[name]
-                    for _ in range(count):
-                        t = time.perf_counter_ns()
-                        await send(body)
-                        samples[name].append(time.perf_counter_ns() - t)
-            cell: dict[str, Any] = {}
-            for name, v in samples.items():
-                q = statistics.quantiles(v, n=100, method="inclusive")  # as benchmarks/bench_router.py
-                cell[name] = {"p50_us": q[49] / 1000, "p99_us": q[98] / 1000, "requests": len(v)}
-            cell["frames_over_stream_p50"] = cell["frames"]["p50_us"] / cell["grpc_stream"]["p50_us"]
-            cell["frames_over_stream_p99"] = cell["frames"]["p99_us"] / cell["grpc_stream"]["p99_us"]
-            for transport in ("grpc_stream", "frames"):  # what glibc's defaults cost
-                default = cell[f"{transport}_glibc_default"]["p50_us"]
-                cell[f"{transport}_malloc_kept_over_default_p50"] = cell[transport]["p50_us"] / default
-            cell["message_bytes"] = len(body)
-            results[size] = cell
-            for name in transports:
-                c = cell[name]
-                print(
-                    f"{size} {name:26s} round trip p50 {c['p50_us']:8.1f} us  p99 {c['p99_us']:8.1f} us"
-                    f"  ({c['requests']} requests)",
-                    flush=True,
-                )
-            print(
-                f"{size} frames / grpc stream: p50 x{cell['frames_over_stream_p50']:.3f}, "
-                f"p99 x{cell['frames_over_stream_p99']:.3f}; malloc kept / glibc default at p50: "
-                f"stream x{cell['grpc_stream_malloc_kept_over_default_p50']:.3f}, "
-                f"frames x{cell['frames_malloc_kept_over_default_p50']:.3f}",
-                flush=True,
-            )
+            samples = await _samples(transports, body, rounds, _count(requests, nbytes))
+            results[size] = _cell(samples, body)
+            _print_cell(size, results[size], list(transports))
         for connection in connections:
             connection.close()
         for channel in channels:

@@ -78,38 +78,13 @@ def example_input(repo: Path, model: str) -> tuple[str, np.ndarray]:
 # ---- the hand-written server -----------------------------------------------------------------
 async def serve_minimal(repo: Path, model: str) -> None:
     """A minimal grpc.aio OIP server: decode, run the module inline, encode. No batching."""
-    import grpc
     import torch
 
-    from switchyard import codec
-    from switchyard.gen.inference import grpc_service_pb2 as oip
-    from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
-    from switchyard.models.registry import ModelRegistry, load_module
+    from benchmarks.common import serve_minimal_oip
+    from switchyard.models.registry import ModelRegistry
 
     torch.set_num_threads(1)
-    spec = ModelRegistry(repo).get(model)
-    module = load_module(spec)
-
-    class Minimal(oip_grpc.GRPCInferenceServiceServicer):
-        async def ModelInfer(self, request: oip.ModelInferRequest, context: Any) -> oip.ModelInferResponse:
-            tensors = [
-                codec.to_torch(codec.decode(i.name, i.datatype, i.shape, raw).array, i.datatype)
-                for i, raw in zip(request.inputs, request.raw_input_contents, strict=True)
-            ]
-            with torch.inference_mode():
-                out = module(*tensors)
-            datatype, raw = codec.encode_torch(out)
-            response = oip.ModelInferResponse(model_name=model, id=request.id)
-            response.outputs.add(name=spec.outputs[0].name, datatype=datatype, shape=out.shape)
-            response.raw_output_contents.append(raw)
-            return response
-
-    server = grpc.aio.server()
-    oip_grpc.add_GRPCInferenceServiceServicer_to_server(Minimal(), server)  # type: ignore[abstract]
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    print(f"serving on 127.0.0.1:{port}", flush=True)
-    await server.wait_for_termination()
+    await serve_minimal_oip(ModelRegistry(repo).get(model))
 
 
 # ---- the load: tritonclient sync clients, closed loop --------------------------------------

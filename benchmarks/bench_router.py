@@ -372,39 +372,15 @@ async def run(scale: float, capture_share: float = CAPTURE_SHARE) -> dict[str, A
         (tmp / "routes-frames.toml").read_text().replace(addr["executor"], addr["executor_mtls"])
     )
     write_block_means_repository(tmp / "models")
+    children = [  # (child script, its port and log name, its argument, its environment)
+        (EXECUTOR, "executor", str(tmp / "models"), env),
+        (METERING, "metering", f"sqlite:///{tmp / 'ledger.db'}", env),
+        (EXECUTOR, "executor_mtls", str(tmp / "models"), mtls_env("executor-cpu")),
+        (METERING, "metering_mtls", f"sqlite:///{tmp / 'ledger-mtls.db'}", mtls_env("metering")),
+    ]
     procs = [
-        await spawn(
-            "-c",
-            EXECUTOR,
-            str(ports["executor"]),
-            str(tmp / "models"),
-            env=env,
-            log=tmp / "executor.log",
-        ),
-        await spawn(
-            "-c",
-            METERING,
-            str(ports["metering"]),
-            f"sqlite:///{tmp / 'ledger.db'}",
-            env=env,
-            log=tmp / "metering.log",
-        ),
-        await spawn(
-            "-c",
-            EXECUTOR,
-            str(ports["executor_mtls"]),
-            str(tmp / "models"),
-            env=mtls_env("executor-cpu"),
-            log=tmp / "executor_mtls.log",
-        ),
-        await spawn(
-            "-c",
-            METERING,
-            str(ports["metering_mtls"]),
-            f"sqlite:///{tmp / 'ledger-mtls.db'}",
-            env=mtls_env("metering"),
-            log=tmp / "metering_mtls.log",
-        ),
+        await spawn("-c", script, str(ports[name]), arg, env=child_env, log=tmp / f"{name}.log")
+        for script, name, arg, child_env in children
     ]
     operator = ids["operator"]
     try:

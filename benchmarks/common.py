@@ -1,4 +1,5 @@
-"""What several benchmarks share: scratch PostgreSQL databases and the JSON report."""
+"""What several benchmarks share: scratch PostgreSQL databases, the JSON report, and the
+hand-written minimal OIP server that executor benchmarks compare against."""
 
 from __future__ import annotations
 
@@ -48,3 +49,38 @@ def write_report(name: str, report: Any) -> Path:
     out.write_text(json.dumps(report, indent=2))
     print(f"wrote {out}")
     return out
+
+
+async def serve_minimal_oip(spec: Any) -> None:
+    """A minimal grpc.aio OIP server for one model (a registry ModelSpec): decode, run the
+    module inline, encode. No batching, no limits, no health; prints "serving on HOST:PORT"."""
+    import grpc
+    import torch
+
+    from switchyard import codec
+    from switchyard.gen.inference import grpc_service_pb2 as oip
+    from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
+    from switchyard.models.registry import load_module
+
+    module = load_module(spec)
+
+    class Minimal(oip_grpc.GRPCInferenceServiceServicer):
+        async def ModelInfer(self, request: oip.ModelInferRequest, context: Any) -> oip.ModelInferResponse:
+            tensors = [
+                codec.to_torch(codec.decode(i.name, i.datatype, i.shape, raw).array, i.datatype)
+                for i, raw in zip(request.inputs, request.raw_input_contents, strict=True)
+            ]
+            with torch.inference_mode():
+                out = module(*tensors)
+            datatype, raw = codec.encode_torch(out)
+            response = oip.ModelInferResponse(model_name=spec.name, id=request.id)
+            response.outputs.add(name=spec.outputs[0].name, datatype=datatype, shape=out.shape)
+            response.raw_output_contents.append(raw)
+            return response
+
+    server = grpc.aio.server()
+    oip_grpc.add_GRPCInferenceServiceServicer_to_server(Minimal(), server)  # type: ignore[abstract]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"serving on 127.0.0.1:{port}", flush=True)
+    await server.wait_for_termination()

@@ -104,19 +104,12 @@ def _idle_bars(by_path: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
+# The figures of a cost row, as the report table and `switchyard ledger report` head them.
+COST_COLUMNS = ("currency", "total", "busy", "idle", "prepare", "completed", "failed")
+
+
 def _table(by_path: list[dict[str, Any]]) -> str:
-    head = (
-        "path",
-        "currency",
-        "total",
-        "busy",
-        "idle",
-        "prepare",
-        "completed",
-        "failed",
-        "per completed job",
-        "unpriced events",
-    )
+    head = ("path", *COST_COLUMNS, "per completed job", "unpriced events")
     out = ["<table><tr>", *(f"<th>{h}</th>" for h in head), "</tr>"]
     for r in by_path:
         per = (

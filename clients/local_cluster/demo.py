@@ -25,7 +25,7 @@ from clients.local_cluster import health
 from clients.local_cluster.cluster_config import Config
 from clients.local_cluster.local_routes import PATH_IDS
 from clients.local_cluster.traffic import TeamKey, TrafficResult, create_team_key, send_requests
-from clients.local_cluster.up import LocalCluster, format_table, install_stop_signals, serve_until_stopped
+from clients.local_cluster.up import format_table, serve_until_stopped, started
 
 
 @dataclass(frozen=True)
@@ -250,10 +250,7 @@ def print_summary(result: MainJobResult, ep: Endpoints) -> None:
 
 async def demo(config: Config, options: DemoOptions) -> int:
     began = time.monotonic()
-    cluster = LocalCluster(config)
-    install_stop_signals(cluster.stop_event)
-    try:
-        await cluster.start()
+    async with started(config) as cluster:
         if cluster.stop_event.is_set():
             return 130
         print(format_table(await cluster.status()), flush=True)
@@ -281,5 +278,3 @@ async def demo(config: Config, options: DemoOptions) -> int:
         if options.keep:
             return await serve_until_stopped(cluster)
         return 0
-    finally:
-        await cluster.stop()

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from switchyard import tls
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
+
+T = TypeVar("T")
 
 SERVING = "SERVING"
 NOT_SERVING = "NOT_SERVING"
@@ -60,12 +64,11 @@ class ModelState:
 
 async def executor_models(address: str, timeout_s: float = 3.0) -> list[ModelState] | None:
     """Models an executor holds and their state; None when it cannot be asked."""
-    async with tls.aio_channel(address) as channel:
-        stub = executor_pb2_grpc.ExecutorControlStub(channel)
-        try:
-            reply = await stub.ModelStatus(executor_pb2.ModelStatusRequest(), timeout=timeout_s)
-        except grpc.aio.AioRpcError:
-            return None
+    reply = await _ask_executor(
+        address, lambda stub: stub.ModelStatus(executor_pb2.ModelStatusRequest(), timeout=timeout_s)
+    )
+    if reply is None:
+        return None
     return [ModelState(m.name, m.version, m.state, m.mode) for m in reply.models]
 
 
@@ -113,21 +116,28 @@ async def temporal_pollers(address: str, namespace: str, task_queue: str, timeou
 
 async def executor_host(address: str, timeout_s: float = 5.0) -> str:
     """The host id an executor reports (paths on one host never measure at once); "" if unknown."""
-    async with tls.aio_channel(address) as channel:
-        stub = executor_pb2_grpc.ExecutorControlStub(channel)
-        try:
-            reply = await stub.Describe(executor_pb2.DescribeRequest(), timeout=timeout_s)
-        except grpc.aio.AioRpcError:
-            return ""
-    return str(reply.host)
+    reply = await _ask_executor(
+        address, lambda stub: stub.Describe(executor_pb2.DescribeRequest(), timeout=timeout_s)
+    )
+    return "" if reply is None else str(reply.host)
 
 
 async def executor_load(address: str, timeout_s: float = 3.0) -> tuple[int, int] | None:
     """(in flight, queue depth) an executor reports; None when it cannot be asked."""
+    reply = await _ask_executor(
+        address, lambda stub: stub.GetLoad(executor_pb2.GetLoadRequest(), timeout=timeout_s)
+    )
+    if reply is None:
+        return None
+    return int(reply.in_flight), int(reply.queue_depth)
+
+
+async def _ask_executor(
+    address: str, call: Callable[[executor_pb2_grpc.ExecutorControlAsyncStub], Awaitable[T]]
+) -> T | None:
+    """One ExecutorControl call; None when the executor cannot be asked (a status, not an error)."""
     async with tls.aio_channel(address) as channel:
-        stub = executor_pb2_grpc.ExecutorControlStub(channel)
         try:
-            reply = await stub.GetLoad(executor_pb2.GetLoadRequest(), timeout=timeout_s)
+            return await call(executor_pb2_grpc.ExecutorControlStub(channel))
         except grpc.aio.AioRpcError:
             return None
-    return int(reply.in_flight), int(reply.queue_depth)

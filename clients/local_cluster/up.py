@@ -8,12 +8,13 @@ other commands and tests), and stops everything on exit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -294,16 +295,25 @@ async def status_rows(state_dir: Path) -> list[StatusRow]:
     return rows
 
 
-async def up(config: Config) -> int:
+@contextlib.asynccontextmanager
+async def started(config: Config) -> AsyncIterator[LocalCluster]:
+    """A started LocalCluster, stopped when the block ends however it ends; Ctrl-C or SIGTERM
+    sets its `stop_event`, during the start as well."""
     cluster = LocalCluster(config)
     install_stop_signals(cluster.stop_event)
     try:
         await cluster.start()
-        if cluster.stop_event.is_set():
-            return 130
-        return await serve_until_stopped(cluster)
+        yield cluster
+    finally:
+        await cluster.stop()
+
+
+async def up(config: Config) -> int:
+    try:
+        async with started(config) as cluster:
+            if cluster.stop_event.is_set():
+                return 130
+            return await serve_until_stopped(cluster)
     except StartupFailed as exc:
         print(f"switchyard up failed: {exc}", file=sys.stderr)
         return 1
-    finally:
-        await cluster.stop()

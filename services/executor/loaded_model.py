@@ -67,6 +67,20 @@ def _float_datatype(precision: str) -> str:
     return codec.oip_datatype(PRECISIONS[precision])
 
 
+def _during_load(own: CompileCounters, process: CompileCounters) -> CompileCounters:
+    """What loading compiled: the model's own compilations and recompiles, the process's graph
+    breaks, fallbacks and notes (the backend's counters since the load began)."""
+    return CompileCounters(
+        compilations=own.compilations,
+        compile_time_s=own.compile_time_s,
+        graph_breaks=process.graph_breaks,
+        graph_break_reasons=process.graph_break_reasons,
+        recompiles=own.recompiles,
+        fallback_ops=process.fallback_ops or own.fallback_ops,
+        notes=own.notes + process.notes,
+    )
+
+
 class LoadedModel:
     def __init__(self, spec: ModelSpec, backend: Backend, options: LoadOptions) -> None:
         self.spec = spec
@@ -133,15 +147,7 @@ class LoadedModel:
             self.warm_compute_s[bucket] = min(samples)
         own = self.prepared.counters()
         process = self.backend.counters().since(before)
-        self.findings.during_load = CompileCounters(
-            compilations=own.compilations,
-            compile_time_s=own.compile_time_s,
-            graph_breaks=process.graph_breaks,
-            graph_break_reasons=process.graph_break_reasons,
-            recompiles=own.recompiles,
-            fallback_ops=process.fallback_ops or own.fallback_ops,
-            notes=own.notes + process.notes,
-        )
+        self.findings.during_load = _during_load(own, process)
         self.findings.adaptations = list(self.prepared.adaptations)
         # precisions this path cannot run (e.g. fp64 on TPU): a compatibility finding for trials
         self.findings.unsupported_dtypes = [p for p in PRECISIONS if p not in self.backend.precisions]
@@ -157,15 +163,7 @@ class LoadedModel:
         self.times.compile_s = time.perf_counter() - start
         own = runtime.counters()
         process = self.backend.counters().since(before)
-        self.findings.during_load = CompileCounters(
-            compilations=own.compilations,
-            compile_time_s=own.compile_time_s,
-            graph_breaks=process.graph_breaks,
-            graph_break_reasons=process.graph_break_reasons,
-            recompiles=own.recompiles,
-            fallback_ops=process.fallback_ops or own.fallback_ops,
-            notes=own.notes + process.notes,
-        )
+        self.findings.during_load = _during_load(own, process)
         self.findings.adaptations = [
             f"generation: static KV cache of {settings.decode_slots} slots x "
             f"{settings.max_context} positions ({runtime.cache.nbytes} bytes); "

@@ -53,28 +53,27 @@ READ_RPCS = frozenset(
     )
 )
 # service -> the RPCs its certificate alone allows (without a key)
+# what both the router and the trial worker write: usage, its audit, reservations, jobs, paths
+USAGE_WRITES = (
+    "RecordUsage",
+    "AppendAudit",
+    "OpenReservation",
+    "CloseReservation",
+    "CompleteJob",
+    "RegisterPath",
+)
 SERVICE_RPCS: dict[str, frozenset[str]] = {
     tls.ROUTER: frozenset(
         (
             "Authenticate",
-            "RecordUsage",
-            "AppendAudit",
-            "OpenReservation",
-            "CloseReservation",
-            "CompleteJob",
-            "RegisterPath",
+            *USAGE_WRITES,
             "SaveRouteChange",
             "ListRouteChanges",
         )
     ),
     tls.WORKER: frozenset(
         (
-            "RecordUsage",
-            "AppendAudit",
-            "OpenReservation",
-            "CloseReservation",
-            "CompleteJob",
-            "RegisterPath",
+            *USAGE_WRITES,
             "RecordTrial",
             "GetTrialReport",
             "GetJobCost",

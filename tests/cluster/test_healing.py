@@ -27,7 +27,7 @@ import pytest
 from clients.local_cluster import health
 from clients.local_cluster.traffic import create_team_key
 from switchyard.net import free_port
-from tests.cluster.test_main_job import alive, descendants
+from tests.cluster.processes import alive, descendants
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -20,39 +20,13 @@ from pathlib import Path
 import pytest
 
 from clients.local_cluster.demo import Endpoints, run_main_job
+from tests.cluster.processes import alive, descendants
 from tests.conftest import IN_CI, ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.xla]
 
 XLA_PYTHON = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
 STARTUP_S = 300
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid`, from /proc (children of children included)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parents[int(entry.name)] = int(stat.rsplit(") ", 1)[1].split()[1])
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _config(tmp: Path) -> Path:

@@ -14,22 +14,10 @@ from clients.local_cluster import health
 from clients.local_cluster.plan import ServiceSpec
 from clients.local_cluster.supervisor import RestartPolicy, StartupFailed, Supervisor
 from switchyard.net import free_port
+from tests.cluster.processes import alive
 from tests.conftest import ROOT
 
 ENV = {"PYTHONPATH": str(ROOT), "SWITCHYARD_SECURITY_INSECURE": "true"}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purposes: read its state.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _evaluator(port: int) -> ServiceSpec:

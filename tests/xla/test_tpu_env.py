@@ -130,36 +130,32 @@ def test_sync_route_and_private_probes() -> None:
     assert any("_get_cache_misses failed (RuntimeError): recorded unknown" in n for n in notes)
 
 
+def _switchyard(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "switchyard", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+
+
 @pytest.mark.parametrize(
     ("backend", "reason"),
     [("tpu", "torch_tpu is not installed"), ("xla", "torch_xla is not installed")],
 )
 def test_executor_refuses_to_start_with_the_reason(backend: str, reason: str) -> None:
     # the main environment has neither torch_tpu nor torch_xla: a real `serve` must say so
-    done = subprocess.run(
-        [sys.executable, "-m", "switchyard", "executor", "serve", "--backend", backend, "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=False,
-    )
+    done = _switchyard("executor", "serve", "--backend", backend, "--port", "0")
     assert done.returncode == 2, done.stderr
     assert f"backend {backend!r} is unavailable: {reason}" in done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_backends_command_describes_tpu_as_unavailable_with_the_reason() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "switchyard", "backends", "--backend", "tpu,cpu"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=False,
-    )
+    done = _switchyard("backends", "--backend", "tpu,cpu")
     assert done.returncode == 1, done.stderr  # not every requested backend can run here
     found = json.loads(done.stdout)
     assert found["cpu"]["device"]["available"] is True

@@ -1,0 +1,33 @@
+"""Process checks the cluster tests share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs; a zombie counts as dead (it ran its course, only its exit status is left)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, from /proc (children of children included)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(") ", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
