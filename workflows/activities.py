@@ -132,6 +132,7 @@ class PathActivities:
             torch_version=d.torch_version,
             versions=dict(d.versions),
             ledger_path=f"{target.path}@{host}",
+            registered_models=list(d.registered_models),
         )
 
     @activity.defn(name="serving_config")

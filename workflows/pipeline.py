@@ -93,11 +93,13 @@ class TrialContext:
 
 
 class PathRun:
-    def __init__(self, ctx: TrialContext, target: Target, is_reference: bool) -> None:
+    def __init__(self, ctx: TrialContext, target: Target, is_reference: bool, version_field: str) -> None:
         self.ctx = ctx
         self.target = target
         self.is_reference = is_reference
+        self.version_field = version_field  # the spec field that names this path's version
         self.state = PathState(target.path, "reference" if is_reference else "candidate")
+        self.model_problem = ""  # why the executor cannot load the model ("" = it can)
         self.golden: list[TensorData] = []
         self.runs: list[list[TensorData]] = []
         self.outputs_ready = asyncio.Event()
@@ -105,7 +107,7 @@ class PathRun:
         self.loss_ready = asyncio.Event()
 
     async def describe(self) -> PathInfo | None:
-        """Describe the executor and register the path in the ledger."""
+        """Describe the executor and register the path; refuse a model it does not hold."""
         try:
             info = await self.ctx.call(PathActivities.describe_path, self.target)
         except ActivityError as err:
@@ -114,6 +116,10 @@ class PathRun:
         self.state.host = info.host
         self.state.info = info
         self.target.ledger_path = info.ledger_path
+        self.model_problem = info.model_problem(self.target, self.version_field)
+        if self.model_problem:
+            self._fail("prepare", self.model_problem)
+            return info
         try:
             registered = await self.ctx.call(LedgerActivities.register_path, info)
             self.state.ledger_problem = registered.problem

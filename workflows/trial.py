@@ -34,6 +34,14 @@ VERDICT = SearchAttributeKey.for_keyword("verdict")
 SEARCH_ATTRIBUTES = (MODEL, PATHS, VERDICT)
 
 
+class TrialRefused(Exception):
+    """The trial cannot measure anything (e.g. the reference path lacks the model): it fails."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 @workflow.defn(name="TrialWorkflow")
 class TrialWorkflow:
     def __init__(self) -> None:
@@ -64,9 +72,10 @@ class TrialWorkflow:
         await self._record(ctx, record, "could not record the trial start")
         self.status = "running"
         self.runs = {
-            p.name: PathRun(ctx, self._target(spec, trial_id, p.name), p.name == spec.reference)
-            for p in spec.paths
-        }
+            p.name: PathRun(ctx, self._target(spec, trial_id, p.name), p.name == spec.reference,
+                            f"paths[{i}].version" if p.version else "model.version")
+            for i, p in enumerate(spec.paths)
+        }  # fmt: skip
         cancelled = await self._measure(ctx, record)
         run = TrialRun(spec, spec_json, trial_id, info.run_id, started, workflow.now(), self.cancel_reason)
         self.report = build_report(run, {name: r.state for name, r in self.runs.items()})
@@ -106,6 +115,14 @@ class TrialWorkflow:
         cancelled = False
         try:
             await self._run_paths()
+        except TrialRefused as refused:
+            self.status = record.status = "failed"
+            workflow.upsert_search_attributes([VERDICT.value_set("REFUSED")])
+            record.report_json = json.dumps({"refused": str(refused), "field": refused.field})
+            await self._record(ctx, record, "could not record the refusal")
+            raise ApplicationError(
+                str(refused), {"field": refused.field}, type="UnknownModel", non_retryable=True
+            ) from None
         except asyncio.CancelledError:
             cancelled = True
             self.cancel_reason = self.cancel_reason or "workflow cancellation requested"
@@ -119,6 +136,12 @@ class TrialWorkflow:
     async def _run_paths(self) -> None:
         infos = await asyncio.gather(*(r.describe() for r in self.runs.values()))
         reference = self._reference()
+        if reference.model_problem:
+            # nothing can be compared without the reference: refuse before any reservation or load
+            field = reference.version_field if reference.target.version else "model.name"
+            raise TrialRefused(
+                f"trial refused: path {reference.target.path}: {reference.model_problem}", field
+            )
         locks: dict[str, asyncio.Lock] = {}
         for info in infos:
             if info is not None:

@@ -48,6 +48,27 @@ class PathInfo:
     torch_version: str
     versions: dict[str, str]
     ledger_path: str
+    registered_models: list[str] = field(default_factory=list)  # "name:version" it can load
+
+    def model_problem(self, target: Target, where: str) -> str:
+        """Why `target`'s model cannot load on this path ("" if it can, or the executor does not
+        say what it holds); `where` names the spec field to fix."""
+        if not self.registered_models:
+            return ""
+        entries = [entry.partition(":") for entry in self.registered_models]
+        versions = sorted(v for n, _, v in entries if n == target.model)
+        if not versions:
+            names = ", ".join(sorted({n for n, _, _ in entries}))
+            return (
+                f"NOT_FOUND: model {target.model!r} is not in the model repository of {target.executor} "
+                f"(it holds {names}); fix model.name or add the model (`switchyard models add`)"
+            )
+        if target.version and target.version not in versions:
+            return (
+                f"NOT_FOUND: model {target.model} has no version {target.version!r} on {target.executor} "
+                f"(it has {', '.join(versions)}); fix {where}"
+            )
+        return ""
 
 
 @dataclass
