@@ -102,6 +102,7 @@ class PathRun:
         self.model_problem = ""  # why the executor cannot load the model ("" = it can)
         self.golden: list[TensorData] = []
         self.runs: list[list[TensorData]] = []
+        self.prepared = asyncio.Event()
         self.outputs_ready = asyncio.Event()
         self.loss: list[float] = []
         self.loss_ready = asyncio.Event()
@@ -150,7 +151,7 @@ class PathRun:
             self.state.status = "cancelled"
             raise
         finally:
-            for event in (self.outputs_ready, self.loss_ready):
+            for event in (self.prepared, self.outputs_ready, self.loss_ready):
                 event.set()
 
     async def _usage(self, phase: str, busy_us: int, started: int, ended: int) -> None:
@@ -166,7 +167,7 @@ class PathRun:
             r = await self.ctx.call(LedgerActivities.open_reservation, request)
             self.state.reservation_id, self.state.reservation_open = r.reservation_id, True
         try:
-            await self._prepare()
+            await self._prepare(reference)
             self._leave()
             self._enter("correctness")
             passed = await self._correctness(reference)
@@ -187,7 +188,7 @@ class PathRun:
         if self.state.status != "failed":
             self.state.status = "done"
 
-    async def _prepare(self) -> None:
+    async def _prepare(self, reference: PathRun) -> None:
         self.state.restore = await self.ctx.call(PathActivities.serving_config, self.target)
         self.state.loaded = True
         if self.is_reference:
@@ -196,6 +197,25 @@ class PathRun:
         self.state.prepare = prepared
         busy = int(prepared.total_s * 1e6)
         await self._usage("prepare", busy, prepared.started_unix_us, prepared.ended_unix_us)
+        self.prepared.set()
+        if not self.is_reference:
+            await reference.prepared.wait()
+            self._check_artifact(reference)
+
+    def _check_artifact(self, reference: PathRun) -> None:
+        """Paths of one model version must load the same artifact, or they compare two models."""
+        mine, theirs = self.state.prepare, reference.state.prepare
+        if mine is None or theirs is None or self.target.version != reference.target.version:
+            return
+        if mine.checkpoint_sha256 != theirs.checkpoint_sha256:
+            t = self.target
+            raise PathProblem(
+                f"FAILED_PRECONDITION: {t.model}:{t.version or 'default'} on {t.path} has artifact sha256 "
+                f"{mine.checkpoint_sha256}, the reference {reference.target.path} has "
+                f"{theirs.checkpoint_sha256}: the executors' model repositories hold different files "
+                f"for one version; add the same artifact to both (`switchyard models add`) or pin "
+                "model.checkpoint_sha256"
+            )
 
     async def _golden(self) -> None:
         request = RunRequest(self.target, self.ctx.inputs(), 1, golden=True)

@@ -41,6 +41,23 @@ def _placement(states: dict[str, PathState]) -> dict[str, list[str]]:
     return hosts
 
 
+def artifacts(spec: TrialSpec, states: dict[str, PathState]) -> dict[str, object]:
+    """The artifact sha256 each path loaded, and whether paths of one model version agree."""
+    per_path: dict[str, dict[str, str]] = {}
+    for p in spec.paths:
+        prepared = states[p.name].prepare if p.name in states else None
+        per_path[p.name] = {
+            "model": spec.model.name,
+            "version": p.version or spec.model.version,
+            "sha256": prepared.checkpoint_sha256 if prepared else "",
+        }
+    hashes: dict[str, set[str]] = {}
+    for entry in per_path.values():
+        if entry["sha256"]:
+            hashes.setdefault(entry["version"], set()).add(entry["sha256"])
+    return {"paths": per_path, "consistent": all(len(h) == 1 for h in hashes.values())}
+
+
 def _cancelled(reason: str) -> Verdict:
     criteria = {"trial": Criterion("inconclusive", f"cancelled: {reason}", "cancelled")}
     return Verdict("INCONCLUSIVE", criteria, verdict_line("INCONCLUSIVE", criteria))
@@ -89,6 +106,7 @@ def build_report(run: TrialRun, states: dict[str, PathState]) -> TrialReport:
             list(spec.paths), spec.performance, spec.training, spec.criteria, spec.policy
         ),
         placement=_placement(states),
+        artifacts=artifacts(spec, states),
         paths=paths,
         verdicts=verdicts,
         spec=finite(run.spec_json),

@@ -134,6 +134,7 @@ class TrialReport:
     inputs: dict[str, Any]
     configuration: TrialConfiguration
     placement: dict[str, list[str]]  # host -> paths that shared it
+    artifacts: dict[str, Any]  # the artifact sha256 each path loaded, and whether they agree
     paths: dict[str, dict[str, Any]]  # PathState.to_json() plus the compatibility findings
     verdicts: dict[str, Verdict]
     spec: dict[str, Any]  # the spec as sent
