@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 from google.protobuf.json_format import MessageToDict
 
-from switchyard import codec, net
+from switchyard import codec, net, oip_params
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
@@ -101,9 +101,14 @@ class ExecutorClient:
 
 
 def build_infer_request(
-    model: str, inputs: dict[str, np.ndarray], version: str = ""
+    model: str, inputs: dict[str, np.ndarray], version: str = "", stats: bool = True
 ) -> oip.ModelInferRequest:
+    """`stats`: ask for the executor's response parameters (timings, batch, load;
+    `switchyard.oip_params`), which an operator's client shows; a bare request is answered
+    without them."""
     request = oip.ModelInferRequest(model_name=model, model_version=version)
+    if stats:
+        request.parameters[oip_params.STATS].bool_param = True
     for name, array in inputs.items():
         datatype, raw = codec.encode_numpy(array)
         request.inputs.add(name=name, datatype=datatype, shape=array.shape)

@@ -17,6 +17,7 @@ import numpy.typing as npt
 from temporalio.exceptions import ApplicationError
 
 from services.evaluator.tensors import encode
+from switchyard import oip_params
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from workflows.types import InputsPlan, TensorData
 
@@ -79,6 +80,7 @@ def retarget(
     out = oip.ModelInferRequest()
     out.CopyFrom(request)
     out.model_name, out.model_version, out.id = model, version, request_id
+    out.parameters[oip_params.STATS].bool_param = True  # compute_us: the trial's busy time
     return out
 
 
@@ -123,6 +125,7 @@ def infer_request(
     model: str, version: str, inputs: list[tuple[str, str, npt.NDArray[np.generic]]], request_id: str = ""
 ) -> oip.ModelInferRequest:
     request = oip.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    request.parameters[oip_params.STATS].bool_param = True  # compute_us: the trial's busy time
     for name, datatype, array in inputs:
         request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
         request.raw_input_contents.append(encode(array, datatype))

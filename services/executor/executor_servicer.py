@@ -1,8 +1,10 @@
 """inference.GRPCInferenceService on an executor: an adapter from OIP messages to `Executor`.
 
 Convert the message, call the domain, convert back (docs/architecture.md#code-style). Statuses come from the
-exception tree via switchyard.grpcio. Every ModelInfer response carries the parameters named
-in `switchyard.oip_params` (path, timings, load).
+exception tree via switchyard.grpcio. A ModelInfer response carries the parameters named in
+`switchyard.oip_params` (path, timings, load) when its request asks for them with
+`switchyard_stats` (the router and the trial do); otherwise it is the bare answer, as from
+Triton, and costs no more than one.
 """
 
 from __future__ import annotations
@@ -422,24 +424,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if unknown:
                 raise InvalidArgument(f"unknown output(s) {unknown}; {request.model_name} has {declared}")
         model, result = await self.executor.infer(request.model_name, request.model_version, inputs, deadline)
-        response = pb.ModelInferResponse()
-        response.CopyFrom(self._template(model))  # name, version and the fixed parameters
-        response.id = request.id
-
+        stats = oip_params.STATS in request.parameters and request.parameters[oip_params.STATS].bool_param
+        if stats:
+            response = pb.ModelInferResponse()
+            response.CopyFrom(self._template(model))  # name, version and the fixed parameters
+            response.id = request.id
+        else:
+            response = pb.ModelInferResponse(
+                model_name=model.spec.name, model_version=model.spec.version, id=request.id
+            )
         for spec, array in zip(model.spec.outputs, result.outputs, strict=True):
             if wanted and spec.name not in wanted:
                 continue
             response.outputs.add(name=spec.name, datatype=model.wire_datatype(spec), shape=array.shape)
             response.raw_output_contents.append(array.tobytes())
-        load = self.executor.load()
-        params = response.parameters
-        params[oip_params.QUEUE_US].int64_param = result.queue_us
-        params[oip_params.COMPUTE_US].int64_param = result.compute_us
-        params[oip_params.BATCH_SIZE].int64_param = result.batch_size
-        params[oip_params.PADDED_BATCH_SIZE].int64_param = result.padded_batch_size
-        params[oip_params.COMPILATIONS_AFTER_WARMUP].int64_param = model.compilations_after_warmup()
-        params[oip_params.IN_FLIGHT].int64_param = load.in_flight
-        params[oip_params.QUEUE_DEPTH].int64_param = load.queue_depth
+        if stats:
+            load = self.executor.load()
+            params = response.parameters
+            params[oip_params.QUEUE_US].int64_param = result.queue_us
+            params[oip_params.COMPUTE_US].int64_param = result.compute_us
+            params[oip_params.BATCH_SIZE].int64_param = result.batch_size
+            params[oip_params.PADDED_BATCH_SIZE].int64_param = result.padded_batch_size
+            params[oip_params.COMPILATIONS_AFTER_WARMUP].int64_param = model.compilations_after_warmup()
+            params[oip_params.IN_FLIGHT].int64_param = load.in_flight
+            params[oip_params.QUEUE_DEPTH].int64_param = load.queue_depth
         if model.batcher is not None:  # ModelStatistics and the metrics read these
             counters = model.batcher.counters
             counters.success += 1

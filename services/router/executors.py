@@ -143,6 +143,7 @@ class ExecutorPool:
         params: dict[str, wire.Param] = {
             oip_params.TIMEOUT: max(1, int(timeout_s * 1e6)),
             oip_params.UNARY: True,  # one answer, even from a decoupled (generative) model
+            oip_params.STATS: True,  # load and device time: the router routes and meters by them
         }
         if self._tracing:
             params.update(telemetry.trace_parameters())

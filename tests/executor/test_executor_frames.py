@@ -23,6 +23,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 def _request(rows: int, request_id: str = "", model: str = "mlp") -> pb.ModelInferRequest:
     x = np.random.default_rng(rows).standard_normal((rows, 64)).astype(np.float32)
     req = pb.ModelInferRequest(model_name=model, id=request_id)
+    req.parameters[oip_params.STATS].bool_param = True  # as the router asks, for load and timings
     req.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
     req.raw_input_contents.append(x.tobytes())
     return req

@@ -51,7 +51,7 @@ async def test_mlp_and_tiny_lm_outputs_equal_in_process_call(executor: RunningEx
         for model, name, array, out in (("mlp", "x", x, "y"), ("tiny-lm", "input_ids", ids, "logits")):
             inp = triton.InferInput(name, list(array.shape), "FP32" if array.dtype == np.float32 else "INT64")
             inp.set_data_from_numpy(array)
-            result = await client.infer(model, [inp])
+            result = await client.infer(model, [inp], parameters={oip_params.STATS: True})
             got = result.as_numpy(out)
             np.testing.assert_array_equal(got, _reference(model, array))
             params = result.get_response().parameters
@@ -64,6 +64,26 @@ async def test_mlp_and_tiny_lm_outputs_equal_in_process_call(executor: RunningEx
             assert params[oip_params.IN_FLIGHT].int64_param == 0  # nothing else was running
     finally:
         await client.close()
+
+
+async def test_response_parameters_only_when_the_request_asks(executor: RunningExecutor) -> None:
+    """Like Triton's statistics, timings and load are opt-in: a bare request gets the bare
+    answer (the same outputs), one with `switchyard_stats` gets every documented key."""
+    x = np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32)
+    client = triton.InferenceServerClient(executor.address)
+    try:
+        inp = triton.InferInput("x", [1, 64], "FP32")
+        inp.set_data_from_numpy(x)
+        bare = await client.infer("mlp", [inp], request_id="r1")
+        asked = await client.infer("mlp", [inp], request_id="r2", parameters={oip_params.STATS: True})
+    finally:
+        await client.close()
+    assert dict(bare.get_response().parameters) == {}
+    assert bare.get_response().id == "r1" and bare.get_response().model_name == "mlp"
+    np.testing.assert_array_equal(bare.as_numpy("y"), asked.as_numpy("y"))
+    np.testing.assert_array_equal(bare.as_numpy("y"), _reference("mlp", x))
+    assert set(asked.get_response().parameters) == {*oip_params.STRING_KEYS, *oip_params.INT_KEYS}
+    assert asked.get_response().id == "r2"
 
 
 async def test_typed_contents_equal_raw_contents(executor: RunningExecutor) -> None:
