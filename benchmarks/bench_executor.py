@@ -449,12 +449,16 @@ def outside(args: argparse.Namespace) -> dict[str, Any]:
             case["outputs_identical"] = len(set(outputs.values())) == 1
             case["outputs_differ"] = sorted(k for k, v in outputs.items() if v != outputs["minimal"])
             rounds: dict[tuple[str, int], list[dict[str, Any]]] = {}
+            # the mean batch from the executor's own statistics (the router's: the executor behind it)
+            stats_of = {s.name: s.address for s in servers if s.name.startswith("executor")}
+            stats_of["router_to_executor"] = executor.address
             for _ in range(args.rounds):
                 for server in servers:
                     for clients in args.loads:
                         r = o.run_load(
-                            server.address, model, name, data_file, clients, args.seconds, args.warmup
-                        )
+                            server.address, model, name, data_file, clients, args.seconds, args.warmup,
+                            stats_address=stats_of.get(server.name, ""),
+                        )  # fmt: skip
                         rounds.setdefault((server.name, clients), []).append(r)
             case["servers"] = {
                 s.name: {f"c{c}": o.summarize(rounds[(s.name, c)]) for c in args.loads} for s in servers
@@ -580,6 +584,11 @@ def main() -> None:
         result["async_clients"] = asyncio.run(run(args))
         report(result["async_clients"])
     write_report("executor", result)
+    differ = {
+        m: c["outputs_differ"] for m, c in result["outside"]["cases"].items() if not c["outputs_identical"]
+    }
+    if differ:  # the comparison is void if the servers did not compute the same thing
+        raise SystemExit(f"probe outputs differ from the minimal server's: {differ}")
 
 
 if __name__ == "__main__":

@@ -142,8 +142,13 @@ def run_load(
     seconds: float,
     warmup: float,
     key: str = "",
+    stats_address: str = "",
 ) -> dict[str, Any]:
-    """`clients` closed-loop sync clients over ceil(clients/4) processes; the pooled figures."""
+    """`clients` closed-loop sync clients over ceil(clients/4) processes; the pooled figures.
+    `stats_address`: the executor whose ModelStatistics (batch_stats) give the mean batch over
+    warm-up and window, since the clients do not ask for response parameters, as users'
+    clients do not."""
+    before = model_statistics(stats_address, model) if stats_address else None
     procs_n = max(1, (clients + 3) // 4)
     per = [clients // procs_n + (1 if i < clients % procs_n else 0) for i in range(procs_n)]
     outs = []
@@ -181,6 +186,15 @@ def run_load(
         results = [json.loads(o.read_text()) for o in outs]
     samples = sorted(x for r in results for x in r["latencies"])
     sizes = [b for r in results for b in r["batch_sizes"]]
+    mean_batch = statistics.fmean(sizes) if sizes else None
+    per_execution = None
+    if before is not None:
+        after = model_statistics(stats_address, model)
+        runs = {size: n - before.get(size, 0) for size, n in after.items() if n > before.get(size, 0)}
+        rows = sum(size * n for size, n in runs.items())
+        if rows:  # the batch a request ran in, on average, as the response parameter said it
+            mean_batch = sum(size * size * n for size, n in runs.items()) / rows
+            per_execution = rows / sum(runs.values())
     errors = [e for r in results for e in r["errors"]]
     if not samples:
         return {"errors": errors or ["no request answered"]}
@@ -191,7 +205,8 @@ def run_load(
         "p50_ms": samples[len(samples) // 2] * 1e3,
         "p99_ms": samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1e3,
         "mean_ms": statistics.fmean(samples) * 1e3,
-        "mean_batch_size": statistics.fmean(sizes) if sizes else None,
+        "mean_batch_size": mean_batch,
+        "mean_rows_per_execution": per_execution,
         "errors": errors,
     }
 
@@ -320,6 +335,21 @@ def probe(address: str, model: str, name: str, data: np.ndarray) -> bytes:
         c.close()
 
 
+def model_statistics(address: str, model: str) -> dict[int, int]:
+    """Executions of `model` by batch size, from Triton's statistics extension (batch_stats)."""
+    import tritonclient.grpc as triton
+
+    c = triton.InferenceServerClient(address)
+    try:
+        stats = c.get_inference_statistics(model, as_json=True)["model_stats"][0]
+        return {
+            int(b["batch_size"]): int(b["compute_infer"].get("count", 0))
+            for b in stats.get("batch_stats", [])
+        }
+    finally:
+        c.close()
+
+
 def summarize(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rounds if "requests_per_s" in r]
     if not ok:
@@ -329,6 +359,8 @@ def summarize(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out.update({f"{k}_range": [min(r[k] for r in ok), max(r[k] for r in ok)] for k in keys})
     sizes = [r["mean_batch_size"] for r in ok if r.get("mean_batch_size")]
     out["mean_batch_size"] = statistics.fmean(sizes) if sizes else None
+    per_execution = [r["mean_rows_per_execution"] for r in ok if r.get("mean_rows_per_execution")]
+    out["mean_rows_per_execution"] = statistics.fmean(per_execution) if per_execution else None
     out["rounds"] = rounds
     return out
 
