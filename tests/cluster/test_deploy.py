@@ -363,3 +363,53 @@ def test_internal_services_accept_only_router_and_worker_pods(overlay: str) -> N
             for r in p["spec"]["ingress"]
         ]
         assert not any(_selects(peer["podSelector"], evaluator) for r in rules for peer in r.get("from", []))
+
+
+def _env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ledger_integrity_is_wired(overlay: str) -> None:
+    """docs/ledger-integrity.md on Kubernetes: every metering replica reads one audit key from a
+    mounted Secret (not a key each pod would make for itself), writes the signed head digest to a
+    volume the replicas share, and connects as the runtime role; the migration runs as the
+    schema's owner and names the runtime role whose grants it resets."""
+    docs = render(overlay)
+    (metering,) = [d for d in workloads(docs) if d["metadata"]["name"] == "metering"]
+    spec = metering["spec"]["template"]["spec"]
+    (container,) = containers(metering)
+    env = _env_of(container)
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+
+    def volume_holding(path: str) -> dict[str, Any]:
+        (name,) = [n for n, m in mounts.items() if path.startswith(m["mountPath"].rstrip("/") + "/")]
+        return volumes[name]
+
+    key_volume = volume_holding(env["SWITCHYARD_AUDIT_KEY_FILE"])
+    assert key_volume["secret"]["secretName"] == "switchyard-audit-key"
+    assert env["SWITCHYARD_AUDIT_KEY_FILE"].rsplit("/", 1)[1] == "key"  # the Secret's key
+    assert "SWITCHYARD_AUDIT_KEY" not in env  # the key itself never sits in a manifest
+    anchor_volume = volume_holding(env["SWITCHYARD_AUDIT_ANCHOR"])
+    claim = anchor_volume["persistentVolumeClaim"]["claimName"]
+    (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == claim]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]  # shared by the replicas
+    assert not mounts[next(n for n, v in volumes.items() if v is anchor_volume)].get("readOnly")
+    assert env["SWITCHYARD_DATABASE_URL"] == {"secretKeyRef": {"name": "switchyard-database", "key": "url"}}
+
+    (migrate,) = [d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == "switchyard-migrate"]
+    (job,) = migrate["spec"]["template"]["spec"]["containers"]
+    job_env = _env_of(job)
+    assert job["args"][:2] == ["metering", "migrate"]
+    assert job_env["SWITCHYARD_DATABASE_URL"] == {
+        "secretKeyRef": {"name": "switchyard-database", "key": "migrator-url"}
+    }
+    assert job_env["SWITCHYARD_DATABASE_RUNTIME_ROLE"] == {
+        "secretKeyRef": {"name": "switchyard-database", "key": "runtime-role"}
+    }
+    # what the manifests name is what the service reads
+    from services.metering import auditkey, db
+
+    assert {auditkey.ENV_KEY_FILE, auditkey.ENV_ANCHOR} <= set(env)
+    assert db.ENV_RUNTIME_ROLE in job_env
