@@ -11,7 +11,7 @@ import pytest
 import uvloop
 
 from services.executor.frame_server import FrameServer
-from services.router.executors import frames_host
+from services.router.executor_frames import frames_host
 from switchyard import frames
 from switchyard.gen.inference import grpc_service_pb2 as pb
 

@@ -1,22 +1,17 @@
-"""RouterAdmin servicer: routes read and changed at run time, every change audited.
+"""RouterAdmin servicer: RouterAdmin's messages converted to and from `administration`'s calls.
 
-Changing a route needs a key with role `admin`; reading needs any valid key. A route is
-validated whole (the same rules as the config file) before it replaces the old one. A denied
-attempt is audited by the router; a change by metering, in the transaction that saves it for
-the fleet (`route_store`), with the old and the new route as detail.
+What each call does (who may, what is audited, how a route is validated) is in
+`administration.RouterAdministration`; this module only converts messages.
 """
 
 from __future__ import annotations
 
-import json
 import time
 
-from services.router.auth import Identity
-from services.router.config import Policy, Route, ShadowSpec, Target, validate_route
-from services.router.forward import Router
+from services.router.administration import Caller, RouterAdministration
+from services.router.config import Policy, Route, ShadowSpec, Target
 from services.router.limits import Limit
-from switchyard import ids
-from switchyard.errors import InvalidArgument, PermissionDenied
+from switchyard.errors import InvalidArgument
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
 from switchyard.grpcio import ServicerContext as Ctx
@@ -66,36 +61,25 @@ def _limit_msg(principal: str, limit: Limit) -> rpb.PrincipalLimit:
 
 
 class AdminServicer(rgrpc.RouterAdminServicer):
-    def __init__(self, router: Router) -> None:
-        self.router = router
+    def __init__(self, admin: RouterAdministration) -> None:
+        self.admin = admin
 
-    async def _caller(self, context: Ctx, resource: str, need_admin: bool) -> tuple[Identity, str]:
-        request_id = ids.time_ordered_hex()
-        identity = await self.router.identify(
-            context.invocation_metadata() or (), resource, request_id, context.peer()
-        )
-        if need_admin and not identity.is_admin():
-            reason = f"principal {identity.name!r} lacks role `admin` (scope *) needed to change routes"
-            self.router.audit_denial(
-                identity, resource, reason, "PERMISSION_DENIED", request_id, context.peer()
-            )
-            raise PermissionDenied(reason)
-        return identity, request_id
+    async def _caller(self, context: Ctx, resource: str, need_admin: bool) -> Caller:
+        metadata = context.invocation_metadata() or ()
+        return await self.admin.caller(metadata, context.peer(), resource, need_admin)
 
     async def ListRoutes(self, request: rpb.ListRoutesRequest, context: Ctx) -> rpb.ListRoutesResponse:
         await self._caller(context, "routes", need_admin=False)
-        routes = sorted(self.router.routes.values(), key=lambda r: r.model)
-        return rpb.ListRoutesResponse(routes=[route_to_proto(r) for r in routes])
+        return rpb.ListRoutesResponse(routes=[route_to_proto(r) for r in self.admin.routes()])
 
     async def SetRoute(self, request: rpb.SetRouteRequest, context: Ctx) -> rpb.Route:
-        identity, request_id = await self._caller(context, f"route:{request.route.model}", need_admin=True)
-        route = validate_route(route_from_proto(request.route), self.router.config.deployments)
-        await self.router.set_route(route, identity.principal_id, request_id)
+        caller = await self._caller(context, f"route:{request.route.model}", need_admin=True)
+        route = await self.admin.set_route(route_from_proto(request.route), caller)
         return route_to_proto(route)
 
     async def DeleteRoute(self, request: rpb.DeleteRouteRequest, context: Ctx) -> rpb.DeleteRouteResponse:
-        identity, request_id = await self._caller(context, f"route:{request.model}", need_admin=True)
-        await self.router.delete_route(request.model, identity.principal_id, request_id)
+        caller = await self._caller(context, f"route:{request.model}", need_admin=True)
+        await self.admin.delete_route(request.model, caller)
         return rpb.DeleteRouteResponse()
 
     async def ListDeployments(
@@ -104,7 +88,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
         await self._caller(context, "deployments", need_admin=False)
         now = time.monotonic()
         out = []
-        for state in self.router.pool.states.values():
+        for state, transport in self.admin.deployments():
             d = state.deployment
             out.append(
                 rpb.DeploymentState(
@@ -119,7 +103,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
                     queue_depth=state.queue_depth,
                     service_time_us=state.service_time_us,
                     price_micros_per_hour=d.price_micros_per_hour,
-                    transport=self.router.pool.transport(d.name),
+                    transport=transport,
                 )
             )
         return rpb.ListDeploymentsResponse(deployments=out)
@@ -128,33 +112,16 @@ class AdminServicer(rgrpc.RouterAdminServicer):
         self, request: rpb.SetPrincipalLimitRequest, context: Ctx
     ) -> rpb.PrincipalLimit:
         msg = request.limit
-        identity, request_id = await self._caller(context, f"limit:{msg.principal_id[:200]}", need_admin=True)
-        if not msg.principal_id or len(msg.principal_id) > 200:
-            raise InvalidArgument("limit.principal_id must name a principal (1..200 characters)")
-        if msg.rate_per_s < 0 or msg.burst < 0 or msg.max_in_flight < 0:
-            raise InvalidArgument("limits must be >= 0 (0 = unlimited)")
-        limits = self.router.limits
-        limit = None if request.reset else Limit(msg.rate_per_s, msg.burst, msg.max_in_flight)
-        limits.set(msg.principal_id, limit)
-        now = limits.limit_for(msg.principal_id)
-        detail = json.dumps(
-            {
-                "rate_per_s": now.rate_per_s,
-                "burst": now.burst,
-                "max_in_flight": now.max_in_flight,
-                "reset": request.reset,
-            }
-        )
-        self.router.audit(
-            identity, "limit.set", f"principal/{msg.principal_id}", "ok", detail, request_id, context.peer()
-        )
+        caller = await self._caller(context, f"limit:{msg.principal_id[:200]}", need_admin=True)
+        asked = Limit(msg.rate_per_s, msg.burst, msg.max_in_flight)
+        now = self.admin.set_limit(msg.principal_id, asked, request.reset, caller)
         return _limit_msg(msg.principal_id, now)
 
     async def ListPrincipalLimits(
         self, request: rpb.ListPrincipalLimitsRequest, context: Ctx
     ) -> rpb.ListPrincipalLimitsResponse:
         await self._caller(context, "limits", need_admin=False)
-        limits = self.router.limits
+        limits = self.admin.limits
         return rpb.ListPrincipalLimitsResponse(
             default_limit=_limit_msg("", limits.default),
             overrides=[_limit_msg(p, lim) for p, lim in sorted(limits.overrides.items())],
@@ -163,11 +130,6 @@ class AdminServicer(rgrpc.RouterAdminServicer):
 
     async def ShadowReport(self, request: rpb.ShadowReportRequest, context: Ctx) -> rpb.ShadowReportResponse:
         await self._caller(context, "shadow", need_admin=False)
-        stats = [
-            s
-            for (model, _), s in sorted(self.router.shadow_stats.items())
-            if not request.model or model == request.model
-        ]
         return rpb.ShadowReportResponse(
             stats=[
                 rpb.ShadowStats(
@@ -181,6 +143,6 @@ class AdminServicer(rgrpc.RouterAdminServicer):
                     min_cosine=s.min_cosine,
                     comparer=s.comparer,
                 )
-                for s in stats
+                for s in self.admin.shadow_stats(request.model)
             ]
         )

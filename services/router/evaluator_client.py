@@ -13,7 +13,7 @@ import math
 
 import grpc
 
-from services.router.executors import CHANNEL_OPTIONS
+from services.router.executor_pool import CHANNEL_OPTIONS
 from services.router.shadow import Divergence
 from switchyard import tls
 from switchyard.gen.inference import grpc_service_pb2 as pb

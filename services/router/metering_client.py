@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from services.router.auth import Identity
-from services.router.executors import CHANNEL_OPTIONS
+from services.router.executor_pool import CHANNEL_OPTIONS
 from services.router.route_store import Change
 from switchyard import errors, telemetry, tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb

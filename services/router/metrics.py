@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from switchyard.metrics_endpoint import CallbackCollector, Histogram, counter, gauge
 
 if TYPE_CHECKING:
-    from services.router.forward import Router
+    from services.router.request_path import RequestPath
 
 
 class RouterStats:
@@ -41,12 +41,12 @@ class RouterStats:
         self.overhead.observe((model, path), overhead_s)
 
 
-def collector(router: Router) -> CallbackCollector:
-    return CallbackCollector(lambda: families(router))
+def collector(path: RequestPath) -> CallbackCollector:
+    return CallbackCollector(lambda: families(path))
 
 
-def families(router: Router) -> Iterable[Any]:
-    stats = router.stats
+def families(path: RequestPath) -> Iterable[Any]:
+    stats = path.meter.stats
     requests = counter(
         "switchyard_router_requests_total", "Requests answered, by route, path and team",
         ("model", "path", "team", "status"),
@@ -54,13 +54,13 @@ def families(router: Router) -> Iterable[Any]:
     for key, n in list(stats.requests.items()):
         requests.add(key, n)
     in_flight = gauge("switchyard_router_in_flight", "Requests in the router per route", ("model",))
-    for model, n in list(router.in_flight.items()):
+    for model, n in list(path.in_flight.items()):
         in_flight.add_metric([model], n)
     admitted = gauge(
         "switchyard_router_deployment_admitted", "1 while a deployment is routed to, 0 while ejected",
         ("deployment", "path"),
     )  # fmt: skip
-    for name, state in list(router.pool.states.items()):
+    for name, state in list(path.pool.states.items()):
         admitted.add_metric([name, state.deployment.path], 1.0 if state.admitted() else 0.0)
     found: list[Any] = [
         requests,
@@ -75,7 +75,7 @@ def families(router: Router) -> Iterable[Any]:
         in_flight,
         admitted,
     ]
-    spool = router.spool
+    spool = path.meter.spool
     if spool is not None:
         depth = gauge("switchyard_router_spool_depth", "Usage and audit segments on disk for metering", ())
         depth.add_metric([], spool.backlog)

@@ -1,4 +1,4 @@
-"""The router's OIP servicer (`inference.GRPCInferenceService`): an adapter over `Router`.
+"""The router's OIP servicer (`inference.GRPCInferenceService`): an adapter over `RequestPath`.
 
 ModelInfer is registered with no (de)serialiser, so the request arrives as the caller's bytes
 and the executor's bytes go back out: tensors are never decoded or re-encoded in the router.
@@ -18,12 +18,11 @@ import grpc
 from google.protobuf.message import Message
 
 from services.router import wire
-from services.router.forward import Router
-from services.router.policies import plan
+from services.router.request_path import RequestPath
 from switchyard import ids, inband_status, telemetry
-from switchyard.errors import SwitchyardError, Unavailable, Unimplemented, UpstreamError
+from switchyard.errors import SwitchyardError, Unavailable, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
-from switchyard.grpcio import ServicerContext, map_errors, status_of
+from switchyard.grpcio import ServicerContext, map_errors
 
 SERVICE = "inference.GRPCInferenceService"
 VERSION = "0.1.0"
@@ -34,8 +33,8 @@ Ctx = ServicerContext
 
 
 class OipServicer:
-    def __init__(self, router: Router) -> None:
-        self.router = router
+    def __init__(self, path: RequestPath) -> None:
+        self.path = path
         self._tracing = telemetry.enabled()  # set up before the router starts, as the CLI does
 
     async def model_infer(self, raw: bytes, context: Ctx) -> bytes:
@@ -46,37 +45,15 @@ class OipServicer:
             else contextlib.nullcontext()
         )
         with span:
-            return await self.router.infer(raw, metadata, context.time_remaining(), context.peer())
+            return await self.path.infer(raw, metadata, context.time_remaining(), context.peer())
 
     async def _upstream(
         self, model: str, context: Ctx, method: str, request: Req, reply_type: type[Rep]
     ) -> Rep:
         """Ask one serving deployment of the route the small RPC, as the model name it serves."""
-        router = self.router
-        route = router.route_for(model)
-        await router.admit(
-            context.invocation_metadata() or (), route.model, ids.time_ordered_hex(), context.peer()
-        )
-        target, state = plan(route, router.pool.states, router.rng)[0]
-        # ModelMetadata/Config/Ready requests all name the model in `name` and `version`.
-        if target.model:
-            request.name = target.model  # type: ignore[attr-defined]
-        if target.version:
-            request.version = target.version  # type: ignore[attr-defined]
-        stub: Any = router.pool.channels[target.deployment].unary_unary(
-            f"/{SERVICE}/{method}",
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=reply_type.FromString,
-        )
-        timeout = context.time_remaining() or router.settings.default_timeout_s
-        try:
-            reply: Rep = await stub(request, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                router.pool.eject(target.deployment, f"UNAVAILABLE: {exc.details()}")
-            why = f"{exc.details()} (path {state.deployment.path})"
-            raise UpstreamError(status_of(exc.code()), why) from None
-        return reply
+        metadata = context.invocation_metadata() or ()
+        call = (method, request, reply_type)
+        return await self.path.ask(model, metadata, context.peer(), context.time_remaining(), call)
 
     async def model_metadata(
         self, request: pb.ModelMetadataRequest, context: Ctx
@@ -102,8 +79,7 @@ class OipServicer:
         return pb.ServerLiveResponse(live=True)
 
     async def server_ready(self, request: pb.ServerReadyRequest, context: Ctx) -> pb.ServerReadyResponse:
-        states = self.router.pool.states.values()
-        return pb.ServerReadyResponse(ready=any(s.admitted() for s in states))
+        return pb.ServerReadyResponse(ready=self.path.forwarder.serving())
 
     async def server_metadata(
         self, request: pb.ServerMetadataRequest, context: Ctx
@@ -136,7 +112,7 @@ class OipServicer:
         on its own, so a key revoked mid-stream stops working within the auth cache's TTL."""
         metadata = context.invocation_metadata() or ()
         peer = context.peer()
-        await self.router.identify(metadata, "stream:ModelStreamInfer", ids.time_ordered_hex(), peer)
+        await self.path.admission.identify(metadata, "stream:ModelStreamInfer", ids.time_ordered_hex(), peer)
         out: asyncio.Queue[bytes | None] = asyncio.Queue()
         window = asyncio.Semaphore(STREAM_WINDOW)
         tasks: set[asyncio.Task[None]] = set()
@@ -186,7 +162,7 @@ class OipServicer:
 
     async def _is_decoupled(self, raw: bytes) -> bool:
         try:
-            return await self.router.is_decoupled(wire.read_header(raw).model_name)
+            return await self.path.is_decoupled(wire.read_header(raw).model_name)
         except SwitchyardError:
             return False  # the one-answer path answers with the error
 
@@ -194,7 +170,7 @@ class OipServicer:
         self, raw: bytes, metadata: Any, time_remaining: float | None, peer: str
     ) -> AsyncIterator[bytes]:
         try:
-            async for response in self.router.generate(raw, metadata, time_remaining, peer):
+            async for response in self.path.generate(raw, metadata, time_remaining, peer):
                 yield wire.stream_answer(response.SerializeToString())
             return
         except Exception as exc:  # one bad request must not end the stream the others share
@@ -212,7 +188,7 @@ class OipServicer:
         )
         try:
             with span:
-                return wire.stream_answer(await self.router.infer(raw, metadata, time_remaining, peer))
+                return wire.stream_answer(await self.path.infer(raw, metadata, time_remaining, peer))
         except Exception as exc:  # one bad request must not end the stream the others share
             message = inband_status.encode_error(exc, f"/{SERVICE}/ModelStreamInfer")
         return wire.stream_error(message, _request_id(raw))

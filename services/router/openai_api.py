@@ -3,7 +3,7 @@
 A small asyncio HTTP/1.1 server (h11: the protocol state machine, no framework). Each
 completion becomes one OIP request to the route's generative model (the inputs Triton's vLLM
 backend takes: `text_input` or `chat_messages`, `stream`, `sampling_parameters`,
-`exclude_input_in_output`) and goes through `Router.generate`: the same bearer keys, routes,
+`exclude_input_in_output`) and goes through `RequestPath.generate`: the same bearer keys, routes,
 failover and metering as gRPC callers get. `stream: true` answers with server-sent events
 (`data: {chunk}` per token, then `data: [DONE]`; `stream_options.include_usage` adds a last
 chunk with the usage). `usage` counts the executor's prompt and completion tokens.
@@ -30,8 +30,7 @@ from typing import Any
 import h11
 import numpy as np
 
-from services.router.auth import authorize
-from services.router.forward import Router
+from services.router.request_path import RequestPath
 from switchyard import codec, ids, oip_params
 from switchyard.errors import SwitchyardError
 from switchyard.gen.inference import grpc_service_pb2 as pb
@@ -213,8 +212,8 @@ def _param(response: pb.ModelInferResponse, key: str) -> Any:
 
 
 class OpenAIServer:
-    def __init__(self, router: Router, max_body: int = MAX_BODY) -> None:
-        self.router = router
+    def __init__(self, path: RequestPath, max_body: int = MAX_BODY) -> None:
+        self.path = path
         self.max_body = max_body
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -343,14 +342,12 @@ class OpenAIServer:
                 )
 
     async def _models(self, metadata: list[tuple[str, str]], peer: str) -> dict[str, Any]:
-        identity = await self.router.identify(metadata, "http:/v1/models", ids.time_ordered_hex(), peer)
-        data = []
-        for model in sorted(self.router.routes):
-            try:
-                authorize(identity, model)
-            except SwitchyardError:
-                continue
-            data.append({"id": model, "object": "model", "created": 0, "owned_by": "switchyard"})
+        admission = self.path.admission
+        identity = await admission.identify(metadata, "http:/v1/models", ids.time_ordered_hex(), peer)
+        data = [
+            {"id": model, "object": "model", "created": 0, "owned_by": "switchyard"}
+            for model in admission.visible_models(identity, sorted(self.path.routes))
+        ]
         return {"object": "list", "data": data}
 
     async def _completion(
@@ -372,7 +369,7 @@ class OpenAIServer:
         options = body.get("stream_options") or {}
         include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
         generations = [
-            self.router.generate(request.SerializeToString(), metadata, None, peer) for request, _ in built
+            self.path.generate(request.SerializeToString(), metadata, None, peer) for request, _ in built
         ]
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         head = {"id": prefix + request_id, "created": int(time.time()), "model": model}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.router.config import Deployment, Policy, Route, Settings, Target
@@ -105,7 +106,7 @@ def _cheapest(options: list[Choice], rng: random.Random) -> Choice:
 
 def plan(
     route: Route,
-    states: dict[str, DeploymentState],
+    states: Mapping[str, DeploymentState],
     rng: random.Random,
 ) -> list[Choice]:
     """Targets to try in order: the policy's choice first, then one alternative for a retry."""

@@ -9,22 +9,31 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from services.router import oip
 from services.router.admin import AdminServicer
+from services.router.administration import RouterAdministration
+from services.router.admission import Admission
 from services.router.auth import Authenticator
+from services.router.capture import Capturer
 from services.router.config import RouterConfig
 from services.router.evaluator_client import EvaluatorComparer
-from services.router.executors import ExecutorPool
-from services.router.forward import Router
+from services.router.executor_pool import ExecutorPool
+from services.router.forwarder import Forwarder
+from services.router.limits import Limit
 from services.router.metering_client import MeteringClient
 from services.router.openai_api import OpenAIServer
 from services.router.paths import PathRegistrar
+from services.router.request_path import RequestPath
 from services.router.route_store import RouteStore
+from services.router.route_table import RouteTable
+from services.router.shadow_mirror import ShadowMirror
 from services.router.spool import Spool
+from services.router.usage_meter import UsageMeter
 from switchyard import tls
 from switchyard.errors import InvalidArgument, SwitchyardError
 from switchyard.gen.switchyard.v1 import router_pb2_grpc
@@ -36,7 +45,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RunningRouter:
     server: RunningServer
-    router: Router
+    router: RequestPath
     metering: MeteringClient | None
     openai: OpenAIServer | None = None  # the OpenAI-compatible HTTP API, when [router] openai_port >= 0
 
@@ -49,14 +58,15 @@ class RunningRouter:
         return self.server.port
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        if self.router.spool is not None:
-            self.router.spool.set_ready = None  # draining: the spool no longer decides readiness
+        spool = self.router.spool
+        if spool is not None:
+            spool.set_ready = None  # draining: the spool no longer decides readiness
         if self.openai is not None:
             await self.openai.close()
         await self.server.drain(grace_s)
         await self.router.close()
-        if self.router.spool is not None:
-            await self.router.spool.close()
+        if spool is not None:
+            await spool.close()
         await self.router.pool.close()
         if self.metering is not None:
             await self.metering.close()
@@ -113,23 +123,25 @@ async def start_router(
     store = RouteStore(spool_dir or Path(settings.spool_dir), metering, settings.fleet)
     # every deployment's ledger path, registered from what its executor describes (`paths`)
     registrar = PathRegistrar(metering, config.deployments, pool.channels) if metering is not None else None
-    router = Router(config, pool, auth, spool, store, evaluator, registrar)
+    router = _request_path(
+        config, pool, auth, spool, RouteTable(config.routes, config.deployments, store, registrar), evaluator
+    )
     if registrar is not None:
         registrar.want(d.name for d in config.deployments)
         registrar.start()
-    router.start_captures(Path(settings.workloads_dir))
+    _start_captures(router, config, Path(settings.workloads_dir))
     if metering is not None:
         try:
-            await router.sync_routes()  # the fleet's changes before the first request
+            await router.table.sync()  # the fleet's changes before the first request
         except SwitchyardError as exc:
             log.warning("serving without the fleet's latest route changes until metering answers: %s", exc)
         if settings.route_sync_s > 0:
-            router.start_route_sync(settings.route_sync_s)
+            router.table.start_sync(settings.route_sync_s)
     registrations: list[Registration] = [
         (oip.add_to_server, oip.OipServicer(router), oip.SERVICE),
         (
             router_pb2_grpc.add_RouterAdminServicer_to_server,
-            AdminServicer(router),
+            AdminServicer(RouterAdministration(router)),
             "switchyard.v1.RouterAdmin",
         ),
     ]
@@ -158,3 +170,44 @@ async def start_router(
             await running.stop(0)
             raise
     return running
+
+
+def _request_path(
+    config: RouterConfig,
+    pool: ExecutorPool,
+    auth: Authenticator | None,
+    spool: Spool | None,
+    table: RouteTable,
+    evaluator: EvaluatorComparer | None,
+) -> RequestPath:
+    """The router's stages, each given what it needs (`request_path` puts them in order)."""
+    settings = config.settings
+    default_limit = Limit(
+        settings.principal_rate_per_s, settings.principal_burst, settings.principal_max_in_flight
+    )
+    forwarder = Forwarder(pool, settings)
+    meter = UsageMeter(spool, pool.states)
+    return RequestPath(
+        settings=settings,
+        pool=pool,
+        admission=Admission(auth, spool, default_limit),
+        table=table,
+        forwarder=forwarder,
+        meter=meter,
+        mirror=ShadowMirror(forwarder, meter, settings, evaluator),
+    )
+
+
+def _start_captures(path: RequestPath, config: RouterConfig, root: Path) -> None:
+    """A capture per route whose routes-file entry opts in; each start is audited."""
+    for route in config.routes:
+        if route.capture is None:
+            continue
+        capturer = Capturer(route.model, route.capture, root / route.model)
+        capturer.start()
+        path.captures[route.model] = capturer
+        detail = json.dumps(
+            {"share": route.capture.share, "max_mb": route.capture.max_mb,
+             "retention_s": route.capture.retention_s, "folder": str(capturer.folder)}
+        )  # fmt: skip
+        path.admission.audit(None, "workload.capture", f"route/{route.model}", "ok", detail, "", "router")

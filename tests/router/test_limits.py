@@ -90,8 +90,8 @@ async def test_rate_and_in_flight_limits_per_principal(
         auth = (("authorization", f"Bearer {admin}"),)
         listed = await admin_stub.ListPrincipalLimits(rpb.ListPrincipalLimitsRequest(), metadata=auth)
         assert listed.default_limit.rate_per_s == 2.0 and listed.refused == 3
-        assert router.router.auth is not None
-        principal = (await router.router.auth.identify(hog)).principal_id
+        assert router.router.admission.auth is not None
+        principal = (await router.router.admission.auth.identify(hog)).principal_id
         with pytest.raises(grpc.aio.AioRpcError) as denied:  # changing a limit needs role admin
             await admin_stub.SetPrincipalLimit(
                 rpb.SetPrincipalLimitRequest(limit=rpb.PrincipalLimit(principal_id=principal)),

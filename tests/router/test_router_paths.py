@@ -44,7 +44,7 @@ async def test_paths_are_registered_at_start_late_and_on_route_change(
     )
     cfg = type(cfg)(cfg.settings, deployments, cfg.routes)
     router = await make_router(cfg, metering.running.address)
-    registrar = router.router.registrar
+    registrar = router.router.table.registrar
     assert registrar is not None
     for _ in range(100):
         if "live" in registrar.registered:
@@ -69,7 +69,7 @@ async def test_paths_are_registered_at_start_late_and_on_route_change(
 
         # A route change queues the paths it routes to again (idempotent re-registration).
         before = registrar.attempts
-        await router.router.set_route(Route("mlp", Policy.PINNED, (Target("late"),)))
+        await router.router.table.set_route(Route("mlp", Policy.PINNED, (Target("late"),)))
         assert await registrar.wait_registered(10)
         assert registrar.attempts > before
     finally:

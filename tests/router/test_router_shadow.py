@@ -73,7 +73,7 @@ async def test_shadow_on_the_perturbed_variant_records_divergence(
                     own = await direct.ModelInfer(req, timeout=10)
                     assert reply.raw_output_contents[0] == own.raw_output_contents[0]
         for _ in range(100):
-            stats = {s.model: s for s in router.router.shadow_stats.values()}
+            stats = {s.model: s for s in router.router.mirror.stats.values()}
             if sum(s.pairs + s.failures for s in stats.values()) == 16:
                 break
             await asyncio.sleep(0.05)

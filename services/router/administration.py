@@ -1,0 +1,101 @@
+"""What RouterAdmin does, without its messages: routes, deployments, principal limits, shadow report.
+
+Changing the router (a route, a principal's limit) needs a key with role `admin`; reading needs
+any valid key. A denied attempt is audited by admission; a route change by metering, in the
+transaction that saves it for the fleet (`route_store`), with the old and the new route as
+detail; a limit change here, since limits are kept on each router only. A route is validated
+whole (the same rules as the routes file) before it replaces the old one. `admin_servicer`
+converts RouterAdmin's messages to and from these calls.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from services.router.admission import Metadata
+from services.router.auth import Identity
+from services.router.config import Route, validate_route
+from services.router.limits import Limit, PrincipalLimits
+from services.router.policies import DeploymentState
+from services.router.request_path import RequestPath
+from services.router.shadow import ShadowStats
+from switchyard import ids
+from switchyard.errors import InvalidArgument
+
+MAX_PRINCIPAL_ID = 200
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks, where from, and the id their request is audited under."""
+
+    identity: Identity
+    request_id: str
+    peer: str
+
+
+class RouterAdministration:
+    def __init__(self, path: RequestPath) -> None:
+        self.path = path
+
+    @property
+    def limits(self) -> PrincipalLimits:
+        return self.path.admission.limits
+
+    async def caller(self, metadata: Metadata, peer: str, resource: str, need_admin: bool) -> Caller:
+        request_id = ids.time_ordered_hex()
+        identity = await self.path.admission.identify(metadata, resource, request_id, peer)
+        if need_admin:
+            self.path.admission.require_admin(identity, resource, request_id, peer)
+        return Caller(identity, request_id, peer)
+
+    def routes(self) -> list[Route]:
+        return sorted(self.path.routes.values(), key=lambda r: r.model)
+
+    async def set_route(self, route: Route, caller: Caller) -> Route:
+        route = validate_route(route, self.path.table.deployments)
+        await self.path.table.set_route(route, caller.identity.principal_id, caller.request_id)
+        return route
+
+    async def delete_route(self, model: str, caller: Caller) -> None:
+        await self.path.table.delete_route(model, caller.identity.principal_id, caller.request_id)
+
+    def deployments(self) -> list[tuple[DeploymentState, str]]:
+        """Each deployment's state, with how requests reach it now ("frames" or "grpc")."""
+        pool = self.path.pool
+        return [(state, pool.transport(state.deployment.name)) for state in pool.states.values()]
+
+    def set_limit(self, principal: str, limit: Limit, reset: bool, caller: Caller) -> Limit:
+        """Overrides one principal's limits on this router (`reset`: back to the defaults);
+        audited. Returns the limits now in force for it."""
+        if not principal or len(principal) > MAX_PRINCIPAL_ID:
+            raise InvalidArgument(
+                f"limit.principal_id must name a principal (1..{MAX_PRINCIPAL_ID} characters)"
+            )
+        if limit.rate_per_s < 0 or limit.burst < 0 or limit.max_in_flight < 0:
+            raise InvalidArgument("limits must be >= 0 (0 = unlimited)")
+        self.limits.set(principal, None if reset else limit)
+        now = self.limits.limit_for(principal)
+        detail = json.dumps(
+            {
+                "rate_per_s": now.rate_per_s,
+                "burst": now.burst,
+                "max_in_flight": now.max_in_flight,
+                "reset": reset,
+            }
+        )
+        self.path.admission.audit(
+            caller.identity,
+            "limit.set",
+            f"principal/{principal}",
+            "ok",
+            detail,
+            caller.request_id,
+            caller.peer,
+        )
+        return now
+
+    def shadow_stats(self, model: str = "") -> list[ShadowStats]:
+        """The shadow statistics per route and candidate (of one route, when `model` is given)."""
+        return [s for (m, _), s in sorted(self.path.mirror.stats.items()) if not model or m == model]

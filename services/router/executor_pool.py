@@ -1,0 +1,161 @@
+"""The executors the router sends to: their channels, health watching, and the transport choice.
+
+`ExecutorPool` is the router's `ExecutorTransport` (`executor_transport`): inference goes over
+a deployment's frame connection where one is open (`executor_frames`) and over its pooled
+ModelStreamInfer streams otherwise (`executor_streams`); generations and the small metadata
+RPCs always take gRPC. An executor's error comes back in-band as "STATUS: why" and keeps its
+status (switchyard.inband_status).
+
+Each deployment gets one channel with short reconnect back-off (so a restarted executor is
+found again within a second or two) and a watcher task that asks `grpc.health.v1` every
+`health_interval_s`: a failing executor is ejected with a cooldown that doubles per
+consecutive ejection, and re-admitted by the first passing probe after the cooldown. A
+call that meets UNAVAILABLE ejects its deployment at once (passive health, `forwarder`). The
+watcher also asks ExecutorControl.GetLoad, so least-loaded routing has fresh numbers for
+deployments that have not answered a request within the interval, and (re)opens the frame
+connection after a passing probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.router.config import Deployment, Settings
+from services.router.executor_frames import FrameTransport
+from services.router.executor_streams import GrpcStreamTransport
+from services.router.executor_transport import Reply
+from services.router.policies import DeploymentState
+from switchyard import net, tls
+from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    *net.CHANNEL_OPTIONS,
+    # Find a restarted peer quickly instead of after the default back-off (up to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class ExecutorPool:
+    def __init__(
+        self, deployments: Sequence[Deployment], settings: Settings, security: tls.Security | None = None
+    ) -> None:
+        self._settings = settings
+        self.security = tls.resolve(security)
+        self.states: dict[str, DeploymentState] = {d.name: DeploymentState(d) for d in deployments}
+        self.channels: dict[str, grpc.aio.Channel] = {
+            d.name: tls.aio_channel(d.address, CHANNEL_OPTIONS, self.security) for d in deployments
+        }
+        self._streams = GrpcStreamTransport(self.channels)
+        addresses = {d.name: d.address for d in deployments}
+        frames_tls = tls.client_ssl_context(self.security)
+        self._frames = FrameTransport(self.channels, addresses, net.MAX_MESSAGE_BYTES, frames_tls)
+        self._no_get_load: set[str] = set()  # executors that do not implement GetLoad
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """One round of health checks (and frame connections) on every deployment, at most
+        `health_timeout_s` or two, so the router starts knowing which executors serve and
+        how to reach them; then a watcher per deployment."""
+        await asyncio.gather(*(self._check(name) for name in self.states))
+        for name in self.states:
+            self._tasks.append(asyncio.create_task(self._watch(name), name=f"health-{name}"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._streams.close()
+        self._frames.close()
+        for channel in self.channels.values():
+            await channel.close()
+
+    def transport(self, deployment: str) -> str:
+        """How the next request to `deployment` travels: "frames" or "grpc"."""
+        return "frames" if self._frames.is_open(deployment) else "grpc"
+
+    # ---- ExecutorTransport --------------------------------------------------------------------
+    async def infer(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
+        """One ModelInferRequest (the concatenated `parts`) to the deployment, over its frame
+        connection or one of its streams; returns the serialized ModelInferResponse or raises
+        UpstreamError."""
+        if self._frames.is_open(deployment):
+            return await self._frames.infer(deployment, parts, timeout_s)
+        return await self._streams.infer(deployment, parts, timeout_s)
+
+    def stream(
+        self, deployment: str, parts: Sequence[bytes], timeout_s: float
+    ) -> AsyncIterator[pb.ModelInferResponse]:
+        return self._streams.stream(deployment, parts, timeout_s)
+
+    async def call(
+        self, deployment: str, method: str, request: Message, reply_type: type[Reply], timeout_s: float
+    ) -> Reply:
+        return await self._streams.call(deployment, method, request, reply_type, timeout_s)
+
+    # ---- health -------------------------------------------------------------------------------
+    def eject(self, deployment: str, reason: str) -> None:
+        state = self.states[deployment]
+        was_admitted = state.admitted()
+        state.eject(reason, self._settings)
+        self._frames.retry_soon(deployment)
+        if was_admitted:
+            log.warning("ejected deployment %s: %s", deployment, reason)
+
+    async def _probe(self, name: str) -> str:
+        """'' when healthy, else why not."""
+        channel = self.channels[name]
+        timeout = self._settings.health_timeout_s
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            return f"health check failed: {exc.code().name}"
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            return f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}"
+        return ""
+
+    async def _refresh_load(self, name: str) -> None:
+        fresh = time.monotonic() - self.states[name].load_at < self._settings.health_interval_s
+        if name in self._no_get_load or fresh:
+            return  # its answers reported the load within the interval: no RPC on the serving loop
+        try:
+            load = await executor_pb2_grpc.ExecutorControlStub(self.channels[name]).GetLoad(
+                executor_pb2.GetLoadRequest(), timeout=self._settings.health_timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._no_get_load.add(name)
+            return
+        self.states[name].report_load(load.in_flight, load.queue_depth)
+
+    async def _check(self, name: str) -> None:
+        problem = await self._probe(name)
+        if problem:
+            self.eject(name, problem)
+            return
+        if self.states[name].probe_succeeded():
+            log.info("re-admitted deployment %s after its cooldown", name)
+        if self._settings.executor_transport == "frames":
+            await self._frames.connect(name, self._settings.health_timeout_s)
+        await self._refresh_load(name)
+
+    async def _watch(self, name: str) -> None:
+        while True:
+            await asyncio.sleep(self._settings.health_interval_s)
+            await self._check(name)

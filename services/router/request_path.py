@@ -1,0 +1,172 @@
+"""The router's request path: a request through its stages, in order (docs/architecture.md).
+
+    admission (key, role, principal limits)  ->  route table (which route)  ->  route in-flight
+    bound  ->  forwarder (plan, send, retry, fail over)  ->  usage meter (one event, metrics)
+    ->  shadow mirror, workload capture (after the answer, never in its way)  ->  the answer
+
+`RequestPath.infer` takes the serialized ModelInferRequest and returns the serialized
+response: it reads the request header without decoding tensors, and appends the router's own
+response parameters (`path`, `router_overhead_us`, `request_id`) to the executor's bytes.
+`generate` streams a decoupled (generative) model's responses through the same stages. Each
+stage is its own module and knows nothing of the others; this one only puts them in order.
+The servicers (`oip`, `admin`, `openai_api`) convert messages and call these stages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Iterator
+from dataclasses import dataclass, field
+
+from google.protobuf.message import Message
+
+from services.router import wire
+from services.router.admission import Admission, Metadata
+from services.router.capture import Capturer
+from services.router.config import Route, Settings
+from services.router.executor_pool import ExecutorPool
+from services.router.executor_transport import Reply
+from services.router.forwarder import Forwarded, Forwarder
+from services.router.route_table import RouteTable
+from services.router.shadow_mirror import ShadowMirror
+from services.router.spool import Spool
+from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us
+from switchyard import ids
+from switchyard.errors import ResourceExhausted
+from switchyard.gen.inference import grpc_service_pb2 as pb
+
+
+@dataclass
+class RequestPath:
+    settings: Settings
+    pool: ExecutorPool
+    admission: Admission
+    table: RouteTable
+    forwarder: Forwarder
+    meter: UsageMeter
+    mirror: ShadowMirror
+    captures: dict[str, Capturer] = field(default_factory=dict)  # route -> its workload capture
+    in_flight: dict[str, int] = field(default_factory=dict)  # route model -> requests in the router
+
+    @property
+    def routes(self) -> dict[str, Route]:
+        return self.table.routes
+
+    @property
+    def spool(self) -> Spool | None:
+        return self.meter.spool
+
+    async def _admit(self, raw: bytes, metadata: Metadata, peer: str) -> Charge:
+        started_us = now_us()
+        request_id = ids.time_ordered_hex()
+        header = wire.read_header(raw)
+        route = self.table.route_for(header.model_name)
+        identity = await self.admission.admit(metadata, route.model, request_id, peer)
+        return Charge(route, identity, request_id, header, started_us)
+
+    @contextlib.contextmanager
+    def _route_slot(self, charge: Charge) -> Iterator[None]:
+        """One of the route's in-flight places; over its bound the request is refused (and
+        metered as failed: it reached the router's limit, not a principal's)."""
+        route = charge.route
+        limit = route.max_in_flight or self.settings.max_in_flight
+        count = self.in_flight.get(route.model, 0)
+        if count >= limit:
+            self.meter.record(charge, Outcome())
+            raise ResourceExhausted(
+                f"model {route.model!r} has {count} requests in flight (limit {limit}); retry with back-off"
+            )
+        self.in_flight[route.model] = count + 1
+        try:
+            yield
+        finally:
+            self.in_flight[route.model] -= 1
+
+    async def infer(self, raw: bytes, metadata: Metadata, time_remaining: float | None, peer: str) -> bytes:
+        t0 = time.perf_counter_ns()
+        charge = await self._admit(raw, metadata, peer)
+        # over the principal's limit: refused here, counted, no ledger line (limits.py)
+        with self.admission.principal_slot(charge.identity):
+            outcome = Outcome()
+            with self._route_slot(charge):
+                try:
+                    sent = await self.forwarder.infer(
+                        charge.route, charge.header, raw, time_remaining, outcome
+                    )
+                except asyncio.CancelledError:
+                    outcome.status = "cancelled"
+                    raise
+                finally:
+                    self.meter.record(charge, outcome)
+                    self.meter.observe(charge, outcome, (time.perf_counter_ns() - t0) / 1e9)
+            self.mirror.offer(charge, raw, sent.reply, time_remaining)
+            capture = self.captures.get(charge.route.model)
+            if capture is not None:
+                capture.offer(raw)  # a queue append at most; never waits
+            return self._answer(charge, outcome, sent, t0)
+
+    def _answer(self, charge: Charge, outcome: Outcome, sent: Forwarded, t0: int) -> bytes:
+        """The executor's bytes with the router's parameters appended."""
+        route = charge.route
+        extra: dict[str, wire.Param] = {"path": outcome.path, "request_id": charge.request_id}
+        suffix = b""
+        if sent.target.model and sent.target.model != route.model:
+            suffix = wire.string_field(wire.MODEL_NAME, route.model)  # callers see the name they asked for
+        overhead_us = (time.perf_counter_ns() - t0 - sent.wait_ns) // 1000
+        extra["router_overhead_us"] = overhead_us
+        self.meter.observe_overhead(route, outcome.path, overhead_us)
+        return b"".join((sent.reply, suffix, wire.parameters_field(extra)))
+
+    async def generate(
+        self, raw: bytes, metadata: Metadata, time_remaining: float | None, peer: str
+    ) -> AsyncGenerator[pb.ModelInferResponse]:
+        """A request to a decoupled (generative) model: its responses as the executor sends them,
+        each with the router's `path` and `request_id` and the model name the caller used.
+        Admitted, limited and routed as `infer` is. Metered once at the end, with the prompt and
+        output tokens so far (a caller that leaves early is charged what was generated until
+        then, status cancelled)."""
+        charge = await self._admit(raw, metadata, peer)
+        outcome = Outcome()
+        with self._route_slot(charge):
+            responses = self.forwarder.stream(charge.route, charge.header, raw, time_remaining, outcome)
+            try:
+                async with contextlib.aclosing(responses):  # a caller that leaves ends the call now
+                    async for response in responses:
+                        response.model_name = charge.route.model
+                        response.parameters["path"].string_param = outcome.path
+                        response.parameters["request_id"].string_param = charge.request_id
+                        yield response
+            except BaseException:
+                if outcome.status != "completed":
+                    outcome.status = "cancelled" if outcome.output_tokens else "failed"
+                raise
+            finally:
+                self.meter.record(charge, outcome)
+
+    async def ask(
+        self,
+        model: str,
+        metadata: Metadata,
+        peer: str,
+        time_remaining: float | None,
+        call: tuple[str, Message, type[Reply]],
+    ) -> Reply:
+        """A small OIP RPC (`call`: method, request, reply type) for the route of `model`,
+        admitted as inference is, answered by a serving deployment of the route."""
+        route = self.table.route_for(model)
+        await self.admission.admit(metadata, route.model, ids.time_ordered_hex(), peer)
+        method, request, reply_type = call
+        timeout = time_remaining or self.settings.default_timeout_s
+        return await self.forwarder.ask(route, method, request, reply_type, timeout)
+
+    async def is_decoupled(self, model: str) -> bool:
+        return await self.forwarder.is_decoupled(self.table.route_for(model))
+
+    async def close(self) -> None:
+        await self.table.close()
+        for capturer in self.captures.values():
+            await capturer.close()
+        await self.admission.close()
+        await self.mirror.close()

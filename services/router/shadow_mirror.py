@@ -1,0 +1,117 @@
+"""The shadow mirror: a sampled share of a route's requests sent again to candidate deployments.
+
+The caller always gets the primary answer; the copy runs afterwards in a background task,
+bounded by `shadow_max_pending` (a copy that would exceed it is skipped and counted, so
+shadowing can never slow the primary path down without limit). Each pair is judged by the
+evaluator service when one is configured and up, else locally (`shadow.divergence`), and the
+statistics per route and candidate are kept for RouterAdmin.ShadowReport. Every copy is
+metered as its own usage event on the candidate's path (arm "shadow", tagged with the
+primary's request id, the candidate and the comparison), so a trial can see what shadowing
+cost and what it found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from services.router.config import Settings, Target
+from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
+from services.router.forwarder import Forwarder
+from services.router.shadow import Divergence, ShadowStats, divergence
+from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us
+from switchyard.errors import SwitchyardError, UpstreamError
+from switchyard.gen.inference import grpc_service_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class ShadowMirror:
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        meter: UsageMeter,
+        settings: Settings,
+        evaluator: EvaluatorComparer | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.forwarder = forwarder
+        self.meter = meter
+        self.settings = settings
+        self.evaluator = evaluator
+        self.rng = rng or random.Random()
+        self.stats: dict[tuple[str, str], ShadowStats] = {}  # (route model, candidate label)
+        self._pending = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def offer(self, charge: Charge, raw: bytes, primary: bytes, time_remaining: float | None) -> None:
+        """Mirrors the request to each candidate of the route, for its sampled share."""
+        shadow = charge.route.shadow
+        if shadow is None or self.rng.random() >= shadow.share:
+            return
+        for candidate in shadow.candidates:
+            key = (charge.route.model, candidate.label(charge.route.model))
+            stats = self.stats.setdefault(key, ShadowStats(*key))
+            if self._pending >= self.settings.shadow_max_pending:
+                stats.skipped += 1
+                continue
+            self._pending += 1
+            task = asyncio.create_task(self._one(charge, raw, primary, time_remaining, candidate, stats))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _one(
+        self,
+        charge: Charge,
+        raw: bytes,
+        primary: bytes,
+        time_remaining: float | None,
+        candidate: Target,
+        stats: ShadowStats,
+    ) -> None:
+        outcome = Outcome(path=self.forwarder.fleet.states[candidate.deployment].deployment.path)
+        copy = Charge(charge.route, charge.identity, charge.request_id, charge.header, now_us())
+        tags: dict[str, str] = {"shadow_of": charge.request_id, "candidate": stats.candidate}
+        try:
+            budget = self.settings.default_timeout_s if time_remaining is None else max(time_remaining, 1.0)
+            reply = await self.forwarder.infer_on(candidate, charge.header, raw, budget, outcome)
+            d, comparer = await self._compare(
+                pb.ModelInferResponse.FromString(primary), pb.ModelInferResponse.FromString(reply)
+            )
+            stats.comparer = comparer
+            stats.add(d)
+            tags.update(
+                max_abs_error=repr(d.max_abs_error),
+                cosine=repr(d.cosine),
+                diverged=str(d.diverged).lower(),
+                comparer=comparer,
+            )
+        except UpstreamError as exc:
+            stats.failures += 1
+            tags["error"] = exc.status.value
+        except (SwitchyardError, ValueError, KeyError) as exc:
+            stats.failures += 1
+            tags["error"] = f"comparison failed: {exc}"
+        finally:
+            self._pending -= 1
+            self.meter.record(copy, outcome, "shadow", tags)
+
+    async def _compare(
+        self, primary: pb.ModelInferResponse, candidate: pb.ModelInferResponse
+    ) -> tuple[Divergence, str]:
+        """The evaluator's judgement when one is configured and up; the local comparison otherwise."""
+        if self.evaluator is not None:
+            try:
+                return await self.evaluator.compare(primary, candidate), "evaluator"
+            except EvaluatorUnavailable as exc:
+                log.warning("evaluator unreachable (%s): comparing the shadow pair locally", exc)
+        d = divergence(primary, candidate, self.settings.shadow_atol, self.settings.shadow_rtol)
+        return d, "local"
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.evaluator is not None:
+            await self.evaluator.close()
