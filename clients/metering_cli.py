@@ -146,7 +146,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _client(krevoke)
     krevoke.set_defaults(func=_run("keys_revoke"))
 
-    roles = sub.add_parser("roles", help="role bindings (infer, trials:run, ledger:read, admin)")
+    roles = sub.add_parser(
+        "roles", help="role bindings (infer, trials:run, workloads:read, ledger:read, admin)"
+    )
     rsub = roles.add_subparsers(dest="roles_command", required=True)
     for verb in ("grant", "revoke"):
         rp = rsub.add_parser(verb)

@@ -16,9 +16,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+import grpc
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
+from workflows.authorization import GRANT_MEMO, request_grant
 from workflows.render import criteria_in_order, line_of, render
 from workflows.spec import SpecError, parse_spec
 from workflows.trial import TrialWorkflow
@@ -108,9 +110,20 @@ async def _start(args: argparse.Namespace) -> int:
         print(f"{args.spec}: invalid trial spec: {err}", file=sys.stderr)
         return 2
     workflow_id = args.id or f"trial-{spec.model.name}-{uuid.uuid4().hex[:8]}"
+    try:  # trials:run (and workloads:read) on the model, before anything starts
+        grant = await request_grant(
+            args.metering, spec, workflow_id, os.environ.get("SWITCHYARD_API_KEY", "")
+        )
+    except grpc.aio.AioRpcError as err:
+        print(f"trial not started: {err.code().name}: {err.details()}", file=sys.stderr)
+        return 2 if err.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED) else 1
     client = await connect(args.temporal, args.namespace)
     handle = await client.start_workflow(
-        TrialWorkflow.run, TrialInput.from_json(spec_json), id=workflow_id, task_queue=args.task_queue
+        TrialWorkflow.run,
+        TrialInput.from_json(spec_json),
+        id=workflow_id,
+        task_queue=args.task_queue,
+        memo={GRANT_MEMO: grant} if grant else None,
     )
     print(f"started {workflow_id}")
     if not args.wait:

@@ -26,7 +26,7 @@ COMMON: dict[str, str] = {
     "reason": "why, for the audit trail",
     "name": "name, e.g. team-search or my-bert",
     "principal": "principal name or id",
-    "role": "role: infer, trials:run, ledger:read or admin",
+    "role": "role: infer, trials:run, workloads:read, ledger:read or admin",
     "key_id": "the key's id, as `keys create` printed it (not the secret)",
     "price_key": "key into the price book, as the executor's Describe names it (e.g. cpu/cpu-2core)",
     "currency": "ISO 4217 currency code (default %(default)s)",

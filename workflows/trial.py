@@ -20,6 +20,8 @@ from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from workflows import authorization
+    from workflows.authorization import AuthorizationActivities
     from workflows.ledger_activities import LedgerActivities
     from workflows.pipeline import PathRun, TrialContext
     from workflows.report import TrialRun, build_report
@@ -68,6 +70,7 @@ class TrialWorkflow:
             ]
         )
         ctx = TrialContext(spec, trial_id)
+        await self._authorize(ctx, spec, trial_id)
         record = TrialRecord(trial_id, trial_id, spec.model.name, "running", json.dumps(spec_json))
         await self._record(ctx, record, "could not record the trial start")
         self.status = "running"
@@ -101,6 +104,20 @@ class TrialWorkflow:
                 {"field": err.field},
                 type="InvalidTrialSpec",
                 non_retryable=True,
+            ) from None
+
+    async def _authorize(self, ctx: TrialContext, spec: TrialSpec, trial_id: str) -> None:
+        """Whoever started the trial holds trials:run on its model (workflows/authorization.py)."""
+        need = authorization.needs(spec, trial_id)
+        need.grant = workflow.memo_value(authorization.GRANT_MEMO, "", type_hint=str)
+        try:
+            await ctx.call(AuthorizationActivities.authorize_trial, need)
+        except ActivityError as err:
+            self.status = "rejected"
+            cause: BaseException = err.cause or err
+            why = cause.message if isinstance(cause, ApplicationError) else str(cause)
+            raise ApplicationError(
+                f"trial not authorised: {why}", type="TrialNotAuthorized", non_retryable=True
             ) from None
 
     async def _record(self, ctx: TrialContext, record: TrialRecord, problem: str) -> None:

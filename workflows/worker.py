@@ -20,6 +20,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from workflows.activities import PathActivities
+from workflows.authorization import AuthorizationActivities
 from workflows.connections import Connections, WorkerConfig
 from workflows.ledger_activities import LedgerActivities
 from workflows.performance import PerformanceActivities
@@ -74,7 +75,9 @@ def activities(connections: Connections) -> Sequence[Any]:
     path = PathActivities(connections)
     perf = PerformanceActivities(connections)
     ledger = LedgerActivities(connections)
+    authorization = AuthorizationActivities(connections)
     return [
+        authorization.authorize_trial,
         path.describe_path,
         path.serving_config,
         path.prepare_path,

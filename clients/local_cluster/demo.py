@@ -111,7 +111,7 @@ async def run_main_job(
     window_start_us = int(time.time() * 1_000_000)
     await finance.ensure_prices(ep.metering, ep.executors, ep.paths)
 
-    team = await create_team_key(ep.metering, f"team-demo-{run}")
+    team = await create_team_key(ep.metering, f"team-demo-{run}", trials=("tiny-lm",))
     tell(f"team principal {team.team} ({team.principal_id}) with key id {team.key_id} and role infer")
     result = MainJobResult(team)
 
@@ -145,7 +145,15 @@ async def run_main_job(
         tell("trial: tiny-lm on cpu-eager (reference) vs xla, on Temporal (TrialWorkflow)")
         spec = trials.demo_spec(team.team)
         outcome = await trials.run_trial(
-            ep.temporal, ep.namespace, ep.task_queue, out_dir, f"demo-tiny-lm-{run}", spec, tell
+            ep.temporal,
+            ep.namespace,
+            ep.task_queue,
+            out_dir,
+            f"demo-tiny-lm-{run}",
+            spec,
+            tell,
+            metering=ep.metering,
+            api_key=team.key,  # the team holds trials:run on tiny-lm
         )
         result.trial = outcome
         result.reports.update(outcome.reports)

@@ -85,20 +85,29 @@ async def run_trial(
     trial_id: str,
     spec: dict[str, Any],
     tell: Callable[[str], None] = print,
+    metering: str = "",
+    api_key: str = "",
 ) -> TrialOutcome:
-    """Starts TrialWorkflow with `spec`, reports progress now and then, returns the verdicts."""
+    """Starts TrialWorkflow with `spec` (its grant from `metering`, asked with `api_key`:
+    workflows/authorization.py), reports progress now and then, returns the verdicts."""
     from temporalio.client import Client
     from temporalio.service import RPCError
 
+    from workflows.authorization import GRANT_MEMO, request_grant
     from workflows.render import render
     from workflows.spec import parse_spec
     from workflows.trial import TrialWorkflow
     from workflows.trial_io import TrialInput
 
-    parse_spec(spec)  # a bad spec fails here, naming the field, before anything starts
+    parsed = parse_spec(spec)  # a bad spec fails here, naming the field, before anything starts
+    grant = await request_grant(metering, parsed, trial_id, api_key) if metering else ""
     client = await Client.connect(temporal, namespace=namespace)
     handle = await client.start_workflow(
-        TrialWorkflow.run, TrialInput.from_json(spec), id=trial_id, task_queue=task_queue
+        TrialWorkflow.run,
+        TrialInput.from_json(spec),
+        id=trial_id,
+        task_queue=task_queue,
+        memo={GRANT_MEMO: grant} if grant else None,
     )
     result = asyncio.ensure_future(handle.result())
     last = ""

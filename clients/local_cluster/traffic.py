@@ -34,8 +34,11 @@ class TeamKey:
     key: str  # the full bearer secret; shown once, never logged
 
 
-async def create_team_key(metering: str, team: str, models: Sequence[str] = ("*",)) -> TeamKey:
-    """A team principal with the `infer` role (on `models`) and a fresh API key."""
+async def create_team_key(
+    metering: str, team: str, models: Sequence[str] = ("*",), trials: Sequence[str] = ()
+) -> TeamKey:
+    """A team principal with the `infer` role (on `models`), `trials:run` on `trials`, and a
+    fresh API key."""
     actor = metering_pb2.Actor(principal="admin", source="switchyard demo")
     async with tls.aio_channel(metering) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
@@ -47,6 +50,13 @@ async def create_team_key(metering: str, team: str, models: Sequence[str] = ("*"
             await stub.GrantRole(
                 metering_pb2.RoleRequest(
                     principal=principal.principal_id, role="infer", scope=scope, actor=actor
+                ),
+                timeout=10,
+            )
+        for model in trials:
+            await stub.GrantRole(
+                metering_pb2.RoleRequest(
+                    principal=principal.principal_id, role="trials:run", scope=f"model:{model}", actor=actor
                 ),
                 timeout=10,
             )

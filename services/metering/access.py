@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, delete, select, update
@@ -20,7 +21,7 @@ from services.metering.metering_errors import AuthFailed, BadInput, Conflict, Un
 from services.metering.records import check_key, check_time
 from services.metering.schema import BINDINGS, KEYS, PRINCIPALS
 
-ROLES = ("infer", "trials:run", "ledger:read", "admin")
+ROLES = ("infer", "trials:run", "workloads:read", "ledger:read", "admin")
 PRINCIPAL_KINDS = ("user", "service", "team")
 KEY_PREFIX = "sk_"
 AUTH_FAILED = "API key is not valid (unknown, wrong, revoked or expired); ask an admin for a new key"
@@ -165,3 +166,23 @@ def authenticate(conn: Connection, key: str, now_us: int) -> Identity:
         .order_by(BINDINGS.c.role, BINDINGS.c.scope)
     ).all()
     return Identity(who, tuple((r.role, r.scope) for r in roles), key_id)
+
+
+def roles_of(conn: Connection, principal_id: str) -> tuple[tuple[str, str], ...]:
+    """The principal's (role, scope) bindings now."""
+    rows = conn.execute(
+        select(BINDINGS.c.role, BINDINGS.c.scope)
+        .where(BINDINGS.c.principal_id == principal_id)
+        .order_by(BINDINGS.c.role, BINDINGS.c.scope)
+    ).all()
+    return tuple((r.role, r.scope) for r in rows)
+
+
+def missing_roles(roles: tuple[tuple[str, str], ...], needed: Iterable[str], scope: str) -> list[str]:
+    """The roles of `needed` not held on `scope` ("*" or "model:<name>"); admin on * holds all."""
+    held = set(roles)
+    if ("admin", "*") in held:
+        return []
+    return [
+        role for role in needed if (role, "*") not in held and (scope == "*" or (role, scope) not in held)
+    ]

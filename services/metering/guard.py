@@ -11,6 +11,8 @@ sends `authorization: Bearer <key>`, the key's principal as well:
 - reads (reports, exports, trial reports, audit queries) need `ledger:read` (or admin), or a
   service that reads them for its work (the worker its trial's costs, the router the fleet's
   route changes);
+- Authorize takes any valid key (it checks the roles the work needs itself) and the operator's
+  certificate; VerifyGrant, the check of a trial's grant, is the trial worker's;
 - Authenticate is the router's; a route change (SaveRouteChange) comes from the router on
   behalf of the admin whose key it checked, or from an admin.
 
@@ -78,6 +80,7 @@ SERVICE_RPCS: dict[str, frozenset[str]] = {
             "GetTrialReport",
             "GetJobCost",
             "CostReport",
+            "VerifyGrant",
         )
     ),
     # refusals they audit (the servicer checks that it is one)
@@ -87,8 +90,10 @@ SERVICE_RPCS: dict[str, frozenset[str]] = {
     # jobs on it still come only from the router and the worker.
     tls.OPERATOR: ADMIN_RPCS
     | READ_RPCS
-    | {"RegisterPath", "SaveRouteChange", "RecordTrial", "OpenReservation", "CloseReservation"},
+    | {"RegisterPath", "SaveRouteChange", "RecordTrial", "OpenReservation", "CloseReservation", "Authorize"},
 }
+# Any valid key may ask about itself (Authorize checks the roles the work needs).
+KEY_RPCS = frozenset(("Authorize",))
 # Only these services' certificates carry the data plane, whatever a key says.
 DATA_PLANE = frozenset(
     ("RecordUsage", "AppendAudit", "OpenReservation", "CloseReservation", "CompleteJob", "Authenticate")
@@ -145,7 +150,7 @@ class MeteringGuard:
                 raise Unauthenticated(str(exc)) from None
             caller = authz.Caller(caller.identity, caller.peer, principal=ident.principal.principal_id)
             authz.CALLER.set(caller)
-            allowed |= _role_rpcs(ident.roles)
+            allowed |= _role_rpcs(ident.roles) | KEY_RPCS
         if name in allowed:
             return
         who = caller.principal or caller.identity

@@ -14,12 +14,14 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from services.metering.authorize import Authorized, Authorizer
+from services.metering.guard import bearer
 from services.metering.ledger import Ledger
 from services.metering.metering_errors import BadInput
 from services.metering.metering_metrics import MeteringStats
 from services.metering.records import Actor, UsageEvent
 from services.metering.usage import check_batch
-from switchyard import authz, telemetry
+from switchyard import authz, telemetry, tls
 from switchyard.errors import PermissionDenied
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
@@ -142,6 +144,7 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         self.stats = (
             MeteringStats()
         )  # read by the Prometheus collector (services/metering/metering_metrics.py)
+        self.authorizer = Authorizer(ledger)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="ledger-write")
         self._readers = ThreadPoolExecutor(4, thread_name_prefix="ledger-read")
 
@@ -431,6 +434,31 @@ class MeteringServicer(pb_grpc.MeteringServicer):
             key_id=ident.key_id,
         )
 
+    async def Authorize(self, request: pb.AuthorizeRequest, context: Any) -> pb.AuthorizeResponse:
+        r = request
+        caller = authz.CALLER.get()
+        operator = caller is not None and not caller.insecure and caller.service == tls.OPERATOR
+        action = authz.cap(r.action or "authorize", MAX_ACTION)
+        actor = actor_of(r.actor, context)
+        key = bearer(context)
+        done = await self._w(
+            lambda: self.authorizer.authorize(
+                key, operator, list(r.roles), r.scope, action, r.resource, r.grant_subject, actor
+            )
+        )
+        return _authorized(done)
+
+    async def VerifyGrant(self, request: pb.VerifyGrantRequest, context: Any) -> pb.AuthorizeResponse:
+        r = request
+        action = authz.cap(r.action or "grant.verify", MAX_ACTION)
+        actor = actor_of(pb.Actor(source="trial worker"), context)
+        done = await self._w(
+            lambda: self.authorizer.verify(
+                r.grant, r.subject, list(r.roles), r.scope, action, r.resource, actor
+            )
+        )
+        return _authorized(done)
+
     async def AppendAudit(self, request: pb.AppendAuditRequest, context: Any) -> pb.AuditRecord:
         r = request
         if not r.action:
@@ -482,3 +510,12 @@ class MeteringServicer(pb_grpc.MeteringServicer):
         return pb.VerifyAuditResponse(
             ok=v.ok, rows_checked=v.rows_checked, first_broken_seq=v.first_broken_seq, problem=v.problem
         )
+
+
+def _authorized(done: Authorized) -> pb.AuthorizeResponse:
+    p = done.principal
+    return pb.AuthorizeResponse(
+        principal=pb.Principal(principal_id=p.principal_id, name=p.name, kind=p.kind, team=p.team),
+        grant=done.grant,
+        expires_unix_us=done.expires_us,
+    )

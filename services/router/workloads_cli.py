@@ -1,7 +1,11 @@
 """`switchyard workloads list|show|export`: captured workloads (services/router/capture.py).
 
 The folder is `--dir` (default `[router] workloads_dir`, var/workloads). Workload files hold
-request inputs and may be sensitive: exported copies are written 0600.
+request inputs and may be sensitive: exported copies are written 0600, and each command first
+asks metering's Authorize (`--metering`) for `workloads:read` with SWITCHYARD_API_KEY, else
+the operator's certificate (`show` and `export` on the workload's route, `list` on every
+route: scope *), audited as `workloads.read`. Only an explicitly insecure setup without a key
+skips the check (nothing is authenticated there).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +31,62 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     export.add_argument("-o", "--output", required=True)
     for p in (listing, show, export):
         p.add_argument("--dir", default="var/workloads", help="the router's workloads_dir")
+        p.add_argument(
+            "--metering",
+            default=os.environ.get("SWITCHYARD_METERING", "127.0.0.1:8201"),
+            help="metering, which checks workloads:read (default SWITCHYARD_METERING or 127.0.0.1:8201)",
+        )
     listing.set_defaults(func=_list)
     show.set_defaults(func=_show)
     export.set_defaults(func=_export)
 
 
+def may_read(args: argparse.Namespace, scope: str, resource: str) -> bool:
+    """True when the caller holds workloads:read on `scope` (or nothing is authenticated here);
+    prints metering's refusal and returns False otherwise."""
+    import asyncio
+
+    import grpc
+
+    from switchyard import tls
+    from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+    from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+
+    key = os.environ.get("SWITCHYARD_API_KEY", "")
+    security = tls.current()
+    if security.insecure and not key:
+        return True
+
+    async def ask() -> None:
+        async with tls.aio_channel(args.metering, security=security, api_key=key) as channel:
+            await mgrpc.MeteringStub(channel).Authorize(
+                mpb.AuthorizeRequest(
+                    roles=["workloads:read"],
+                    scope=scope,
+                    action="workloads.read",
+                    resource=resource,
+                    actor=mpb.Actor(source="switchyard workloads"),
+                ),
+                timeout=30,
+            )
+
+    try:
+        asyncio.run(ask())
+    except grpc.aio.AioRpcError as err:
+        print(f"workloads: {err.code().name}: {err.details()}", file=sys.stderr)
+        return False
+    return True
+
+
+def _route_scope(workload: str) -> str:
+    return f"model:{workload.rsplit('.', 1)[0]}"
+
+
 def _list(args: argparse.Namespace) -> int:
     from services.router.capture import list_workloads
+
+    if not may_read(args, "*", f"workloads/{args.dir}"[:200]):
+        return 2
 
     rows = list_workloads(Path(args.dir))
     if args.json:
@@ -47,6 +101,8 @@ def _list(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from services.router.capture import distribution, find_workload, read_requests
 
+    if not may_read(args, _route_scope(args.workload), f"workload/{args.workload}"[:200]):
+        return 2
     path, entry = find_workload(Path(args.dir), args.workload)
     summary = {
         "workload": entry["id"],
@@ -60,6 +116,8 @@ def _show(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from services.router.capture import find_workload, read_requests
 
+    if not may_read(args, _route_scope(args.workload), f"workload/{args.workload}"[:200]):
+        return 2
     path, entry = find_workload(Path(args.dir), args.workload)
     read_requests(path, entry["sha256"])  # refuses a file that changed since capture
     out = Path(args.output)

@@ -1482,6 +1482,115 @@ class AuthenticateResponse(_message.Message):
 Global___AuthenticateResponse: _TypeAlias = AuthenticateResponse  # noqa: Y015
 
 @_typing.final
+class AuthorizeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLES_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    GRANT_SUBJECT_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """"model:<name>" or "*" (default)"""
+    action: _builtins.str
+    """audited, e.g. "trial.authorize", "workloads.read" """
+    resource: _builtins.str
+    """audited, e.g. "trial/<workflow id>" """
+    grant_subject: _builtins.str
+    """set: a signed grant of this subject comes back"""
+    @_builtins.property
+    def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """every one needed, e.g. "trials:run", "workloads:read" """
+
+    @_builtins.property
+    def actor(self) -> Global___Actor: ...
+    def __init__(
+        self,
+        *,
+        roles: _abc.Iterable[_builtins.str] | None = ...,
+        scope: _builtins.str = ...,
+        action: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        grant_subject: _builtins.str = ...,
+        actor: Global___Actor | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor", b"actor", "grant_subject", b"grant_subject", "resource", b"resource", "roles", b"roles", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthorizeRequest: _TypeAlias = AuthorizeRequest  # noqa: Y015
+
+@_typing.final
+class AuthorizeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    GRANT_FIELD_NUMBER: _builtins.int
+    EXPIRES_UNIX_US_FIELD_NUMBER: _builtins.int
+    grant: _builtins.str
+    """only when a subject was given"""
+    expires_unix_us: _builtins.int
+    @_builtins.property
+    def principal(self) -> Global___Principal: ...
+    def __init__(
+        self,
+        *,
+        principal: Global___Principal | None = ...,
+        grant: _builtins.str = ...,
+        expires_unix_us: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["principal", b"principal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_unix_us", b"expires_unix_us", "grant", b"grant", "principal", b"principal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthorizeResponse: _TypeAlias = AuthorizeResponse  # noqa: Y015
+
+@_typing.final
+class VerifyGrantRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANT_FIELD_NUMBER: _builtins.int
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    ROLES_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    grant: _builtins.str
+    subject: _builtins.str
+    """must be the grant's subject"""
+    scope: _builtins.str
+    action: _builtins.str
+    """audited"""
+    resource: _builtins.str
+    """audited"""
+    @_builtins.property
+    def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """must be the grant's roles, still held by its principal"""
+
+    def __init__(
+        self,
+        *,
+        grant: _builtins.str = ...,
+        subject: _builtins.str = ...,
+        roles: _abc.Iterable[_builtins.str] | None = ...,
+        scope: _builtins.str = ...,
+        action: _builtins.str = ...,
+        resource: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "grant", b"grant", "resource", b"resource", "roles", b"roles", "scope", b"scope", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifyGrantRequest: _TypeAlias = VerifyGrantRequest  # noqa: Y015
+
+@_typing.final
 class AppendAuditRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -139,6 +139,16 @@ class MeteringStub:
                 request_serializer=switchyard_dot_v1_dot_metering__pb2.AuthenticateRequest.SerializeToString,
                 response_deserializer=switchyard_dot_v1_dot_metering__pb2.AuthenticateResponse.FromString,
                 _registered_method=True)
+        self.Authorize = channel.unary_unary(
+                '/switchyard.v1.Metering/Authorize',
+                request_serializer=switchyard_dot_v1_dot_metering__pb2.AuthorizeRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_metering__pb2.AuthorizeResponse.FromString,
+                _registered_method=True)
+        self.VerifyGrant = channel.unary_unary(
+                '/switchyard.v1.Metering/VerifyGrant',
+                request_serializer=switchyard_dot_v1_dot_metering__pb2.VerifyGrantRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_metering__pb2.AuthorizeResponse.FromString,
+                _registered_method=True)
         self.AppendAudit = channel.unary_unary(
                 '/switchyard.v1.Metering/AppendAudit',
                 request_serializer=switchyard_dot_v1_dot_metering__pb2.AppendAuditRequest.SerializeToString,
@@ -294,6 +304,23 @@ class MeteringServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Authorize(self, request, context):
+        """Work done elsewhere on a principal's behalf (a trial, a read of captured workloads): the
+        caller's key (or the operator's certificate) must hold every role asked for on the scope.
+        With grant_subject set, the answer carries a grant of that subject signed by metering:
+        what a trial's Temporal history holds instead of a key. The trial worker checks it with
+        VerifyGrant, which also checks that the principal still holds the roles.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def VerifyGrant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AppendAudit(self, request, context):
         """Audit.
         """
@@ -420,6 +447,16 @@ def add_MeteringServicer_to_server(servicer, server):
                     servicer.Authenticate,
                     request_deserializer=switchyard_dot_v1_dot_metering__pb2.AuthenticateRequest.FromString,
                     response_serializer=switchyard_dot_v1_dot_metering__pb2.AuthenticateResponse.SerializeToString,
+            ),
+            'Authorize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Authorize,
+                    request_deserializer=switchyard_dot_v1_dot_metering__pb2.AuthorizeRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_metering__pb2.AuthorizeResponse.SerializeToString,
+            ),
+            'VerifyGrant': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifyGrant,
+                    request_deserializer=switchyard_dot_v1_dot_metering__pb2.VerifyGrantRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_metering__pb2.AuthorizeResponse.SerializeToString,
             ),
             'AppendAudit': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendAudit,
@@ -1004,6 +1041,60 @@ class Metering:
             '/switchyard.v1.Metering/Authenticate',
             switchyard_dot_v1_dot_metering__pb2.AuthenticateRequest.SerializeToString,
             switchyard_dot_v1_dot_metering__pb2.AuthenticateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Authorize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.Metering/Authorize',
+            switchyard_dot_v1_dot_metering__pb2.AuthorizeRequest.SerializeToString,
+            switchyard_dot_v1_dot_metering__pb2.AuthorizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyGrant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.Metering/VerifyGrant',
+            switchyard_dot_v1_dot_metering__pb2.VerifyGrantRequest.SerializeToString,
+            switchyard_dot_v1_dot_metering__pb2.AuthorizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

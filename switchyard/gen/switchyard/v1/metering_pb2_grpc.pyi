@@ -66,6 +66,14 @@ class MeteringStub:
     GrantRole: _grpc.UnaryUnaryMultiCallable[_metering_pb2.RoleRequest, _metering_pb2.RoleResponse]
     RevokeRole: _grpc.UnaryUnaryMultiCallable[_metering_pb2.RoleRequest, _metering_pb2.RoleResponse]
     Authenticate: _grpc.UnaryUnaryMultiCallable[_metering_pb2.AuthenticateRequest, _metering_pb2.AuthenticateResponse]
+    Authorize: _grpc.UnaryUnaryMultiCallable[_metering_pb2.AuthorizeRequest, _metering_pb2.AuthorizeResponse]
+    """Work done elsewhere on a principal's behalf (a trial, a read of captured workloads): the
+    caller's key (or the operator's certificate) must hold every role asked for on the scope.
+    With grant_subject set, the answer carries a grant of that subject signed by metering:
+    what a trial's Temporal history holds instead of a key. The trial worker checks it with
+    VerifyGrant, which also checks that the principal still holds the roles.
+    """
+    VerifyGrant: _grpc.UnaryUnaryMultiCallable[_metering_pb2.VerifyGrantRequest, _metering_pb2.AuthorizeResponse]
     AppendAudit: _grpc.UnaryUnaryMultiCallable[_metering_pb2.AppendAuditRequest, _metering_pb2.AuditRecord]
     """Audit."""
     QueryAudit: _grpc.UnaryUnaryMultiCallable[_metering_pb2.QueryAuditRequest, _metering_pb2.QueryAuditResponse]
@@ -106,6 +114,14 @@ class MeteringAsyncStub(MeteringStub):
     GrantRole: _aio.UnaryUnaryMultiCallable[_metering_pb2.RoleRequest, _metering_pb2.RoleResponse]  # type: ignore[assignment]
     RevokeRole: _aio.UnaryUnaryMultiCallable[_metering_pb2.RoleRequest, _metering_pb2.RoleResponse]  # type: ignore[assignment]
     Authenticate: _aio.UnaryUnaryMultiCallable[_metering_pb2.AuthenticateRequest, _metering_pb2.AuthenticateResponse]  # type: ignore[assignment]
+    Authorize: _aio.UnaryUnaryMultiCallable[_metering_pb2.AuthorizeRequest, _metering_pb2.AuthorizeResponse]  # type: ignore[assignment]
+    """Work done elsewhere on a principal's behalf (a trial, a read of captured workloads): the
+    caller's key (or the operator's certificate) must hold every role asked for on the scope.
+    With grant_subject set, the answer carries a grant of that subject signed by metering:
+    what a trial's Temporal history holds instead of a key. The trial worker checks it with
+    VerifyGrant, which also checks that the principal still holds the roles.
+    """
+    VerifyGrant: _aio.UnaryUnaryMultiCallable[_metering_pb2.VerifyGrantRequest, _metering_pb2.AuthorizeResponse]  # type: ignore[assignment]
     AppendAudit: _aio.UnaryUnaryMultiCallable[_metering_pb2.AppendAuditRequest, _metering_pb2.AuditRecord]  # type: ignore[assignment]
     """Audit."""
     QueryAudit: _aio.UnaryUnaryMultiCallable[_metering_pb2.QueryAuditRequest, _metering_pb2.QueryAuditResponse]  # type: ignore[assignment]
@@ -269,6 +285,26 @@ class MeteringServicer(metaclass=_abc_1.ABCMeta):
         request: _metering_pb2.AuthenticateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_metering_pb2.AuthenticateResponse, _abc.Awaitable[_metering_pb2.AuthenticateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Authorize(
+        self,
+        request: _metering_pb2.AuthorizeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metering_pb2.AuthorizeResponse, _abc.Awaitable[_metering_pb2.AuthorizeResponse]]:
+        """Work done elsewhere on a principal's behalf (a trial, a read of captured workloads): the
+        caller's key (or the operator's certificate) must hold every role asked for on the scope.
+        With grant_subject set, the answer carries a grant of that subject signed by metering:
+        what a trial's Temporal history holds instead of a key. The trial worker checks it with
+        VerifyGrant, which also checks that the principal still holds the roles.
+        """
+
+    @_abc_1.abstractmethod
+    def VerifyGrant(
+        self,
+        request: _metering_pb2.VerifyGrantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metering_pb2.AuthorizeResponse, _abc.Awaitable[_metering_pb2.AuthorizeResponse]]: ...
 
     @_abc_1.abstractmethod
     def AppendAudit(
