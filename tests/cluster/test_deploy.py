@@ -366,7 +366,8 @@ def test_internal_services_accept_only_router_and_worker_pods(overlay: str) -> N
 
 
 def _env_of(container: dict[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+    env: list[dict[str, Any]] = container.get("env", [])
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in env}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -385,7 +386,8 @@ def test_ledger_integrity_is_wired(overlay: str) -> None:
 
     def volume_holding(path: str) -> dict[str, Any]:
         (name,) = [n for n, m in mounts.items() if path.startswith(m["mountPath"].rstrip("/") + "/")]
-        return volumes[name]
+        volume: dict[str, Any] = volumes[name]
+        return volume
 
     key_volume = volume_holding(env["SWITCHYARD_AUDIT_KEY_FILE"])
     assert key_volume["secret"]["secretName"] == "switchyard-audit-key"
