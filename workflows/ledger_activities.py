@@ -168,6 +168,13 @@ class LedgerActivities:
             cost_per_completed_job_micros=row.cost_per_completed_job_micros,
             unpriced=row.unpriced_events > 0 or not row.currency,
             unpriced_events=row.unpriced_events,
+            prompt_tokens=row.prompt_tokens,
+            output_tokens=row.output_tokens,
+            generation_micros=row.generation_micros,
+            generation_jobs_completed=row.generation_jobs_completed,
+            cost_per_completed_generation_job_micros=row.cost_per_completed_generation_job_micros,
+            cost_per_million_output_tokens_micros=row.cost_per_million_output_tokens_micros,
+            cost_per_million_prompt_tokens_micros=row.cost_per_million_prompt_tokens_micros,
         )
 
     @activity.defn(name="record_trial")

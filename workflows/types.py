@@ -341,6 +341,14 @@ class EconomicsResult:
     cost_per_completed_job_micros: int
     unpriced: bool
     unpriced_events: int
+    # Generation (docs/ledger.md "Tokens"): 0 when the trial's requests carried no tokens.
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    generation_micros: int = 0
+    generation_jobs_completed: int = 0
+    cost_per_completed_generation_job_micros: int = 0
+    cost_per_million_output_tokens_micros: int = 0
+    cost_per_million_prompt_tokens_micros: int = 0
 
 
 @dataclass

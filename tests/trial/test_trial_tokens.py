@@ -1,9 +1,11 @@
 """The trial worker meters a trial's generation requests with their tokens: the performance
-activity's usage events, as it sends them, reach a real metering service (SQLite) and the
-ledger reports cost per million output tokens for the trial's path."""
+activity's usage events, as it sends them, reach a real metering service (SQLite), the ledger
+reports cost per million output tokens for the trial's path, and the economics activity
+hands the trial those figures."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 
 import grpc
@@ -13,10 +15,12 @@ from services.metering.metering_server import start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
+from switchyard.money import round_half_up
 from workflows.connections import Connections, WorkerConfig
+from workflows.ledger_activities import LedgerActivities
 from workflows.performance import PerformanceActivities, _Sample
 from workflows.spec import PerformancePlan
-from workflows.types import InputsPlan, PerformanceRequest, Target
+from workflows.types import EconomicsRequest, InputsPlan, PerformanceRequest, Target
 
 T0 = 1_767_225_600_000_000
 
@@ -50,9 +54,20 @@ async def test_trial_usage_carries_prompt_and_output_tokens(tmp_path: Path) -> N
                 for i in range(3)
             ]
             samples.append(_Sample(T0 + 90_000, T0 + 95_000, 0.005, 500, False, 8, 2))  # failed after 2
+            reservation = await stub.OpenReservation(
+                mpb.OpenReservationRequest(
+                    idempotency_key="t-gen/res", path="cpu-eager@h", start_unix_us=T0, trial_id="t-gen"
+                )
+            )
             acts = PerformanceActivities(connections)
             await ActivityEnvironment().run(acts._record, request, "generation", 1, 1, samples)
             report = await stub.CostReport(mpb.CostReportRequest(group_by=["path"], trial_id="t-gen"))
+            # The trial's economics (what the report and verdict read): the reservation closed
+            # after a second, its idle time shared to the requests, all of it generation.
+            economics = await ActivityEnvironment().run(
+                LedgerActivities(connections).economics,
+                EconomicsRequest(target, reservation.reservation_id, T0, T0 + 1_000_000),
+            )
     finally:
         await connections.close()
         await running.stop(0.5)
@@ -63,3 +78,14 @@ async def test_trial_usage_carries_prompt_and_output_tokens(tmp_path: Path) -> N
     assert row.generation_micros == row.total_micros == 7
     assert row.cost_per_million_output_tokens_micros == (7 * 10**6 * 2 + 53) // (2 * 53)
     assert row.cost_per_completed_generation_job_micros == 2  # 7 / 3, rounded half up
+
+    reserved = 1_000  # one second at 3.6 units an hour
+    assert (economics.total_micros, economics.generation_micros) == (reserved, reserved)
+    assert (economics.prompt_tokens, economics.output_tokens, economics.generation_jobs_completed) == (
+        32,
+        53,
+        3,
+    )
+    assert economics.cost_per_completed_generation_job_micros == round_half_up(Fraction(reserved, 3))
+    assert economics.cost_per_million_output_tokens_micros == round_half_up(Fraction(reserved * 10**6, 53))
+    assert economics.cost_per_million_prompt_tokens_micros == round_half_up(Fraction(reserved * 10**6, 32))
