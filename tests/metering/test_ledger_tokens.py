@@ -200,3 +200,44 @@ def test_finance_cli_shows_generation_costs(db_url: str, capsys: pytest.CaptureF
         assert per_million_tokens_text(cost, 21, "USD") in line
     finally:
         served.stop()
+
+
+async def test_the_bi_view_agrees_with_the_report(
+    metering: RunningMetering, stub: pb_grpc.MeteringAsyncStub
+) -> None:
+    """v_generation_cost (migration 0006) gives what CostReport gives per path, model, team and
+    day, on both databases; groups without generation are not rows, and NULL is "no divisor"."""
+    await record_scenario(stub)
+    day2 = T0 + 26 * HOUR  # the next day, outside the reservation, and a cost over many tokens
+    big = event("g5", day2, 3_000_000_007, model=GEN, team="ads", prompt_tokens=3, output_tokens=7)
+    await stub.RecordUsage(pb.RecordUsageRequest(events=[big]))
+    report = await stub.CostReport(pb.CostReportRequest(group_by=["path", "model", "team", "day"]))
+    expected = {
+        (r.group["path"], r.group["model"], r.group["team"], r.group["day"]): (
+            r.generation_micros, r.prompt_tokens, r.output_tokens, r.generation_jobs_completed,
+            r.cost_per_completed_generation_job_micros if r.generation_jobs_completed else None,
+            r.cost_per_million_output_tokens_micros if r.output_tokens > 0 else None,
+            r.cost_per_million_prompt_tokens_micros if r.prompt_tokens > 0 else None,
+        )
+        for r in report.rows
+        if r.prompt_tokens or r.output_tokens or r.generation_micros
+    }  # fmt: skip
+    assert len(expected) == 3  # search and ads on day 1, ads on day 2 (mlp has no generation)
+
+    def view(conn: Any) -> list[Any]:
+        from sqlalchemy import text
+
+        return list(conn.execute(text("SELECT * FROM v_generation_cost")).mappings())
+
+    rows = metering.ledger.read(view)
+    got = {
+        (r["path"], r["model"], r["team"], r["day"]): (
+            r["generation_micros"], r["prompt_tokens"], r["output_tokens"], r["generation_jobs_completed"],
+            r["cost_per_completed_generation_job_micros"], r["cost_per_million_output_tokens_micros"],
+            r["cost_per_million_prompt_tokens_micros"],
+        )
+        for r in rows
+    }  # fmt: skip
+    assert got == expected
+    ads2 = got["cpu-eager@h1", GEN, "ads", "2026-01-02"]
+    assert ads2[5] == round_half_up(Fraction(ads2[0] * 10**6, 7))  # exact, rounded half up once
