@@ -4,9 +4,12 @@ install without torch.
 The wheel is built from a copy of this checkout's tracked files (pip wheel, no build
 isolation: setuptools is in the main environment). Two fresh virtual environments, used from
 a directory outside the checkout with no PYTHONPATH:
-- the server install: the wheel without dependencies into a venv that sees the main
-  environment's packages (a .pth file: the main environment is itself a venv, so this stands
-  in for --system-site-packages and keeps the test offline and fast). `switchyard --version`,
+- the server install: the wheel (`switchyard[server,control]`) into a venv that holds exactly
+  the dependencies the wheel declares, with theirs: the closure of its Requires-Dist for those
+  extras, resolved against the main environment's installed distributions and linked file by
+  file from there (each distribution's RECORD), so the test stays offline and takes seconds
+  instead of downloading torch, yet a dependency that pyproject.toml forgot is missing there
+  (the main environment, built from requirements/, is not visible). `switchyard --version`,
   `switchyard models list` and `switchyard up` (until every service is SERVING) work, and the
   code that runs is the installed one.
 - the client install: the wheel with its core dependencies from the package index, no extras
@@ -17,6 +20,7 @@ a directory outside the checkout with no PYTHONPATH:
 
 from __future__ import annotations
 
+import email.parser
 import hashlib
 import json
 import os
@@ -24,13 +28,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 import venv
+import zipfile
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from switchyard import __version__
 from tests.conftest import ROOT
@@ -75,12 +82,68 @@ def _site_packages(home: Path) -> Path:
     return site
 
 
+SERVER_EXTRAS = frozenset({"server", "control"})
+
+
+def declared_closure(wheel: Path, extras: frozenset[str]) -> list[metadata.Distribution]:
+    """The installed distributions the wheel needs with `extras`: its Requires-Dist (markers
+    evaluated for those extras), then each one's own, transitively, with the extras asked of it."""
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        meta = email.parser.Parser().parsestr(archive.read(name).decode())
+    todo = [(Requirement(r), extras) for r in meta.get_all("Requires-Dist") or []]
+    found: dict[str, metadata.Distribution] = {}
+    asked: dict[str, set[str]] = {}
+    problems: list[str] = []
+    while todo:
+        req, wanted = todo.pop()
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in {"", *wanted}):
+            continue
+        key = canonicalize_name(req.name)
+        try:
+            dist = found.get(key) or metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            problems.append(f"{req} (not installed)")
+            continue
+        if not req.specifier.contains(dist.version, prereleases=True):
+            problems.append(f"{req} (installed: {dist.version})")
+        new = set(req.extras) - asked.get(key, set())
+        if key in found and not new:
+            continue
+        found[key] = dist
+        asked.setdefault(key, set()).update(req.extras)
+        todo += [(Requirement(r), frozenset(req.extras)) for r in dist.requires or []]
+    assert not problems, f"the main environment does not satisfy what the wheel declares: {problems}"
+    return list(found.values())
+
+
+def link_distributions(dists: list[metadata.Distribution], home: Path) -> int:
+    """Links every file of `dists` into the venv at `home`, at the same place relative to its
+    site-packages (scripts land in its bin/; Python scripts are left out: their shebang names
+    the main environment's interpreter). Returns the number of files linked."""
+    site = _site_packages(home)
+    linked = 0
+    for dist in dists:
+        for entry in dist.files or []:
+            source = Path(os.path.normpath(str(dist.locate_file(entry))))
+            target = Path(os.path.normpath(site / entry))
+            if not source.is_file() or target.exists():
+                continue
+            if target.parent == home / "bin" and source.read_bytes()[:2] == b"#!":
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(source)
+            linked += 1
+    return linked
+
+
 @pytest.fixture(scope="module")
 def server_venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("server-venv")
     venv.EnvBuilder(with_pip=False).create(home)
-    main_site = sysconfig.get_paths()["purelib"]
-    (_site_packages(home) / "main-env.pth").write_text(main_site + "\n")
+    dists = declared_closure(wheel, SERVER_EXTRAS)
+    assert {"torch", "sqlalchemy", "temporalio"} <= {canonicalize_name(d.metadata["Name"]) for d in dists}
+    assert link_distributions(dists, home) > 1000
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(home / "bin" / "python"), "install", "--no-deps", "-q",
          str(wheel)],
@@ -102,7 +165,6 @@ def test_the_wheel_installs_no_generic_top_level_names(wheel: Path, server_venv:
 
 def test_server_install_version_models_and_up_from_tmp(server_venv: Path, tmp_path: Path) -> None:
     env = _clean_env(server_venv)
-    env["PATH"] += f":{Path(sys.executable).parent}"  # the dependencies' scripts (temporal)
     bin_ = server_venv / "bin"
     version = subprocess.run(
         [str(bin_ / "switchyard"), "--version"],
