@@ -340,17 +340,23 @@ def report(result: dict[str, Any]) -> None:
         )
 
 
-def outside(args: argparse.Namespace) -> dict[str, Any]:
-    """The issue-19 comparison; see the module docstring."""
+def _scratch_repository(o: Any) -> Path:
+    """A fresh model repository with the built-ins and bench_outside's small model."""
     import tempfile
 
-    from benchmarks import bench_outside as o
-
-    repo = Path(tempfile.mkdtemp(prefix="bench-repo-"))
     from switchyard.models.repository import seed_builtins
 
+    repo = Path(tempfile.mkdtemp(prefix="bench-repo-"))
     seed_builtins(repo)
     o.build_small(repo)
+    return repo
+
+
+def outside(args: argparse.Namespace) -> dict[str, Any]:
+    """The issue-19 comparison; see the module docstring."""
+    from benchmarks import bench_outside as o
+
+    repo = _scratch_repository(o)
     sink = o.OtlpSink()
     sink.start()
     production = {

@@ -343,19 +343,8 @@ async def spawn(*args: str, env: dict[str, str], log: Path) -> asyncio.subproces
         )
 
 
-async def run(scale: float, capture_share: float = CAPTURE_SHARE) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
-    env = {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.INSECURE_ENV: "true"}
-    pki = tls.ensure_local_pki(tmp / "tls", ["executor-cpu", "metering", "router", "operator"])
-    ids = {name: tls.Security.from_dir(folder) for name, folder in pki.items()}
-
-    def mtls_env(name: str) -> dict[str, str]:
-        return {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.TLS_DIR_ENV: str(pki[name])}
-
-    names = ("executor", "metering", "executor_mtls", "metering_mtls", "passthrough", *ROUTERS, "router_mtls")
-    ports = {name: free_port() for name in names}
-    addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+def _write_route_files(tmp: Path, addr: dict[str, str], capture_share: float) -> None:
+    """routes-{frames,grpc,frames-capture,mtls}.toml: every model pinned to the one executor."""
     for transport in ("frames", "grpc", "frames-capture"):
         capture = f"[routes.{{m}}.capture]\nshare = {capture_share}\nmax_mb = 256\n\n"
         (tmp / f"routes-{transport}.toml").write_text(
@@ -371,6 +360,22 @@ async def run(scale: float, capture_share: float = CAPTURE_SHARE) -> dict[str, A
     (tmp / "routes-mtls.toml").write_text(
         (tmp / "routes-frames.toml").read_text().replace(addr["executor"], addr["executor_mtls"])
     )
+
+
+async def run(scale: float, capture_share: float = CAPTURE_SHARE) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
+    env = {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.INSECURE_ENV: "true"}
+    pki = tls.ensure_local_pki(tmp / "tls", ["executor-cpu", "metering", "router", "operator"])
+    ids = {name: tls.Security.from_dir(folder) for name, folder in pki.items()}
+
+    def mtls_env(name: str) -> dict[str, str]:
+        return {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.TLS_DIR_ENV: str(pki[name])}
+
+    names = ("executor", "metering", "executor_mtls", "metering_mtls", "passthrough", *ROUTERS, "router_mtls")
+    ports = {name: free_port() for name in names}
+    addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+    _write_route_files(tmp, addr, capture_share)
     write_block_means_repository(tmp / "models")
     children = [  # (child script, its port and log name, its argument, its environment)
         (EXECUTOR, "executor", str(tmp / "models"), env),

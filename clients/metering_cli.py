@@ -45,6 +45,13 @@ def _run(name: str) -> Any:
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
+    _register_metering(sub)
+    _register_ledger(sub)
+    _register_audit(sub)
+    _register_admin(sub)
+
+
+def _register_metering(sub: argparse._SubParsersAction[Any]) -> None:
     metering = sub.add_parser("metering", help="the metering service (ledger writer)")
     msub = metering.add_subparsers(dest="metering_command", required=True)
     serve = msub.add_parser("serve", help="serve the ledger over gRPC")
@@ -72,6 +79,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     mig.set_defaults(func=_run("migrate"))
 
+
+def _register_ledger(sub: argparse._SubParsersAction[Any]) -> None:
     ledger = sub.add_parser("ledger", help="finance reports and exports")
     lsub = ledger.add_subparsers(dest="ledger_command", required=True)
     report = lsub.add_parser("report", help="cost per group, with cost per completed job")
@@ -100,6 +109,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _client(reverse)
     reverse.set_defaults(func=_run("reverse"))
 
+
+def _register_audit(sub: argparse._SubParsersAction[Any]) -> None:
     audit = sub.add_parser("audit", help="the audit trail")
     asub = audit.add_subparsers(dest="audit_command", required=True)
     verify = asub.add_parser("verify", help="recompute the hash chain; name the first broken row")
@@ -113,6 +124,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _client(query)
     query.set_defaults(func=_run("audit_query"))
 
+
+def _register_admin(sub: argparse._SubParsersAction[Any]) -> None:
+    """Prices, principals, keys and roles: the audited admin commands."""
     prices = sub.add_parser("prices", help="the dated price book")
     psub = prices.add_subparsers(dest="prices_command", required=True)
     pset = psub.add_parser("set", help="set a price from a date on (audited)")

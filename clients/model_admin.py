@@ -233,39 +233,17 @@ def _next_version(existing: ModelToml | None) -> str:
     return str(max(numbers, default=0) + 1)
 
 
-def add_model(
-    root: Path,
-    name: str,
-    source: Path,
-    version: str = "",
-    fmt: str = "",
-    replace: bool = False,
-    allowed_factories: Sequence[str] = (),
-    description: str = "",
-) -> tuple[ModelSpec, Validation]:
-    """Adds `source` as `name:version`; returns the spec and what validation ran."""
+def _check_names(name: str, version: str, fmt: str) -> None:
     if not NAME.match(name):
         raise InvalidArgument(f"model name {name!r} must be 1-63 letters, digits, '.', '_' or '-'")
     if version and not NAME.match(version):
         raise InvalidArgument(f"version {version!r} must be letters, digits, '.', '_' or '-'")
     if fmt and fmt not in FORMATS:
         raise InvalidArgument(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
-    source = source.resolve()
-    fmt = fmt or detect_format(source)
-    root.mkdir(parents=True, exist_ok=True)
-    folder = root / name
-    existing = read_model_toml(folder) if (folder / "model.toml").is_file() else None
-    version = version or _next_version(existing)
-    if existing is not None and existing.version(version) is not None and not replace:
-        raise AlreadyExists(
-            f"{name}:{version} already exists in {root}; pass --replace to overwrite it, or another --version"
-        )
-    if existing is not None and existing.format != fmt:
-        raise InvalidArgument(
-            f"{name} is a {existing.format} model; a new version must be {existing.format} too"
-        )
 
-    # the model-level declaration: the source's model.toml, else the repository's, else inferred
+
+def _declaration(source: Path, name: str, fmt: str, existing: ModelToml | None) -> ModelToml:
+    """The model-level declaration: the source's model.toml, else the repository's, else inferred."""
     if source.is_dir() and (source / "model.toml").is_file():
         base = dataclasses.replace(read_model_toml(source, partial=True, name=name), name=name)
     elif existing is not None:
@@ -285,27 +263,34 @@ def add_model(
         )
     if base.format != fmt:
         raise InvalidArgument(f"{source}/model.toml says format {base.format!r}, but --format is {fmt!r}")
-    if description:
-        base = dataclasses.replace(base, description=description)
-    base = _complete(base, _factory_io(base, allowed_factories))
-    if not base.inputs or not base.outputs:
-        raise InvalidArgument(f"{name}: model.toml must declare [[inputs]] and [[outputs]]")
+    return base
 
+
+def _stage_and_commit(
+    root: Path,
+    name: str,
+    source: Path,
+    version: str,
+    base: ModelToml,
+    existing: ModelToml | None,
+    allowed_factories: Sequence[str],
+) -> Validation:
+    """Copy and hash the artifact into a hidden staging folder, validate it, then move it in:
+    the version folder by rename, then model.toml (a reader sees old or new, never half)."""
+    folder = root / name
     staging = Path(tempfile.mkdtemp(prefix=f".add-{name}-", dir=root))
     try:
         staged = staging / version
         staged.mkdir()
         files = []
-        for src, rel in _artifact_files(source, fmt):
+        for src, rel in _artifact_files(source, base.format):
             (staged / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, staged / rel)
             files.append((rel, file_sha256(staged / rel)))
         new_version = Version(version, tuple(sorted(files)), description="")
         others = tuple(v for v in (existing.versions if existing else ()) if v.name != version)
         manifest = dataclasses.replace(base, versions=(*others, new_version))
-        spec = ModelSpec(name, version, manifest, staged, tuple(allowed_factories))
-        result = validate(spec)
-        # commit: the version folder by rename, then model.toml (a reader sees old or new)
+        result = validate(ModelSpec(name, version, manifest, staged, tuple(allowed_factories)))
         folder.mkdir(exist_ok=True)
         target = folder / version
         if target.exists():
@@ -314,8 +299,44 @@ def add_model(
         write_model_toml(folder, manifest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    final = Repository(root, tuple(allowed_factories)).get(name, version)
+    return result
+
+
+def add_model(
+    root: Path,
+    name: str,
+    source: Path,
+    version: str = "",
+    fmt: str = "",
+    replace: bool = False,
+    allowed_factories: Sequence[str] = (),
+    description: str = "",
+) -> tuple[ModelSpec, Validation]:
+    """Adds `source` as `name:version`; returns the spec and what validation ran."""
+    _check_names(name, version, fmt)
+    source = source.resolve()
+    fmt = fmt or detect_format(source)
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / name
+    existing = read_model_toml(folder) if (folder / "model.toml").is_file() else None
+    version = version or _next_version(existing)
     replaced = existing is not None and existing.version(version) is not None
+    if replaced and not replace:
+        raise AlreadyExists(
+            f"{name}:{version} already exists in {root}; pass --replace to overwrite it, or another --version"
+        )
+    if existing is not None and existing.format != fmt:
+        raise InvalidArgument(
+            f"{name} is a {existing.format} model; a new version must be {existing.format} too"
+        )
+    base = _declaration(source, name, fmt, existing)
+    if description:
+        base = dataclasses.replace(base, description=description)
+    base = _complete(base, _factory_io(base, allowed_factories))
+    if not base.inputs or not base.outputs:
+        raise InvalidArgument(f"{name}: model.toml must declare [[inputs]] and [[outputs]]")
+    result = _stage_and_commit(root, name, source, version, base, existing, allowed_factories)
+    final = Repository(root, tuple(allowed_factories)).get(name, version)
     detail = {"model": name, "version": version, "format": fmt, "sha256": final.sha256, "replaced": replaced}
     audit(root, "model.add", detail)
     return final, result

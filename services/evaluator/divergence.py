@@ -171,6 +171,126 @@ def _rmse(a: list[float], b: list[float]) -> float:
     return float(np.sqrt(np.mean((np.asarray(a) - np.asarray(b)) ** 2)))
 
 
+@dataclass
+class _Logprobs:
+    """Logprobs at the positions where every run (and the golden, if any) chose the same tokens."""
+
+    ref: list[float] = field(default_factory=list)
+    cand: list[float] = field(default_factory=list)
+    gold: list[float] = field(default_factory=list)
+    repeat: list[float] = field(default_factory=list)
+
+
+def _agreeing_logprobs(
+    reference: list[Generated],
+    candidate: list[Generated],
+    golden: list[Generated] | None,
+    reference_repeat: list[Generated] | None,
+) -> _Logprobs:
+    lp = _Logprobs()
+    for i, (r, k) in enumerate(zip(reference, candidate, strict=True)):
+        runs = [r, k]
+        if golden:
+            runs.append(golden[i])
+        if reference_repeat:
+            runs.append(reference_repeat[i])
+        n = _agreeing(*runs)
+        lp.ref += r.logprobs[:n]
+        lp.cand += k.logprobs[:n]
+        if golden:
+            lp.gold += golden[i].logprobs[:n]
+        if reference_repeat:
+            lp.repeat += reference_repeat[i].logprobs[:n]
+    return lp
+
+
+def _determinism(
+    candidate: list[Generated],
+    candidate_repeat: list[Generated],
+    lp: _Logprobs,
+    multiplier: float,
+    tol: float,
+    metrics: dict[str, Any],
+) -> str:
+    """The candidate against its own second run: the failing reason, or "" when stable."""
+    unstable = [
+        i for i, (k, again) in enumerate(zip(candidate, candidate_repeat, strict=True))
+        if first_divergence(k.tokens, again.tokens) >= 0
+    ]  # fmt: skip
+    again_lp: list[float] = []
+    own_lp: list[float] = []
+    for k, again in zip(candidate, candidate_repeat, strict=True):
+        m = _agreeing(k, again)
+        own_lp += k.logprobs[:m]
+        again_lp += again.logprobs[:m]
+    noise = _rmse(lp.repeat, lp.ref) if lp.repeat else 0.0
+    repeat_rmse = _rmse(again_lp, own_lp)
+    metrics["candidate_repeat_rmse"] = repeat_rmse
+    wobble = own_lp and not np.allclose(again_lp, own_lp, atol=tol, rtol=tol)
+    if not (unstable or (wobble and repeat_rmse > multiplier * noise)):
+        return ""
+    what = (
+        f"prompts {unstable} gave other tokens on a second run"
+        if unstable
+        else f"logprobs differ between runs by rmse {repeat_rmse:.3g}"
+    )
+    return f"determinism: {what}: fail"
+
+
+def _logprob_rule(
+    lp: _Logprobs, multiplier: float, tol: float, close: bool, metrics: dict[str, Any]
+) -> tuple[bool, str, str]:
+    """(passed, reason, justification) of the logprobs on the agreeing positions."""
+    n = len(lp.ref)
+    if lp.gold and n:
+        ref_err = _rmse(lp.ref, lp.gold)
+        cand_err = _rmse(lp.cand, lp.gold)
+        noise = _rmse(lp.repeat, lp.ref) if lp.repeat else 0.0
+        allowed = multiplier * max(ref_err, noise) + tol / 10
+        metrics.update(
+            rmse=cand_err, reference_rmse=ref_err, reference_repeat_rmse=noise, allowed_rmse=allowed
+        )
+        ok = close or cand_err <= allowed
+        reason = (
+            f"logprobs on {n} agreeing positions: rmse vs float64 {cand_err:.3g} "
+            + ("<=" if cand_err <= allowed else ">")
+            + f" allowed {allowed:.3g}"
+            + (" (allclose to the reference at tol)" if close else "")
+            + (": pass" if ok else ": fail")
+        )
+        justification = (
+            f"reference's own logprob error vs its float64 run: rmse {ref_err:.3g}"
+            + (f" (run-to-run {noise:.3g})" if lp.repeat else "")
+            + f"; allowed = {multiplier:g} x {max(ref_err, noise):.3g} + tol/10 ({tol / 10:.3g}), "
+            f"as torch._dynamo.utils.same derives it; allclose(atol=rtol={tol:g}) passes outright"
+        )
+        return ok, reason, justification
+    metrics.update(rmse=metrics["logprob_rmse_vs_reference"], allowed_rmse=0.0)
+    reason = (
+        f"logprobs on {n} agreeing positions: max |diff| {metrics['max_abs_logprob_diff']:.3g}, "
+        f"allclose at tol {tol:g}" + (": pass" if close else ": fail")
+    )
+    justification = (
+        f"no float64 run of the reference: logprobs judged by allclose(atol=rtol={tol:g}) alone"
+        if n
+        else "no positions where both paths agree: logprobs not compared"
+    )
+    return close, reason, justification
+
+
+def _token_reason(checks: list[SequenceCheck], top_k: int, identical: int) -> str:
+    """1 and 2: tokens, and the near-tie rule at each divergence."""
+    bad = [s for s in checks if not s.passed]
+    near = [s for s in checks if s.passed and s.first_divergence >= 0]
+    summary = f"tokens: {identical} of {len(checks)} prompts identical" + (
+        f", {len(near)} diverged at a near-tie (top-{top_k} rule)" if near else ""
+    )
+    if bad:
+        first = min(bad, key=lambda s: s.first_divergence)
+        return f"{summary}; prompt {first.index}: {first.reason}: fail"
+    return f"{summary}: pass"
+
+
 def compare_generations(
     reference: list[Generated],
     candidate: list[Generated],
@@ -189,29 +309,11 @@ def compare_generations(
     checks = [
         check_sequence(i, r, k, top_k) for i, (r, k) in enumerate(zip(reference, candidate, strict=True))
     ]
-    # logprobs where every run (and the golden, if any) chose the same tokens
-    ref_lp: list[float] = []
-    cand_lp: list[float] = []
-    gold_lp: list[float] = []
-    repeat_lp: list[float] = []
-    for i, (r, k) in enumerate(zip(reference, candidate, strict=True)):
-        runs = [r, k]
-        if golden:
-            runs.append(golden[i])
-        if reference_repeat:
-            runs.append(reference_repeat[i])
-        n = _agreeing(*runs)
-        ref_lp += r.logprobs[:n]
-        cand_lp += k.logprobs[:n]
-        if golden:
-            gold_lp += golden[i].logprobs[:n]
-        if reference_repeat:
-            repeat_lp += reference_repeat[i].logprobs[:n]
-    n = len(ref_lp)
+    lp = _agreeing_logprobs(reference, candidate, golden, reference_repeat)
+    n = len(lp.ref)
     multiplier = max(c.error_multiplier, 3.0) if n < SMALL_TENSOR else c.error_multiplier
-    diff = np.abs(np.asarray(cand_lp) - np.asarray(ref_lp)) if n else np.zeros(0)
-    close = bool(np.all(diff <= tol + tol * np.abs(np.asarray(ref_lp)))) if n else True
-    rmse_vs_ref = _rmse(cand_lp, ref_lp)
+    diff = np.abs(np.asarray(lp.cand) - np.asarray(lp.ref)) if n else np.zeros(0)
+    close = bool(np.all(diff <= tol + tol * np.abs(np.asarray(lp.ref)))) if n else True
     metrics: dict[str, Any] = {
         "prompts": len(reference),
         "tokens": sum(len(r.tokens) for r in reference),
@@ -220,7 +322,7 @@ def compare_generations(
         "first_divergence": min((s.first_divergence for s in checks if s.first_divergence >= 0), default=-1),
         "logprob_positions": n,
         "max_abs_logprob_diff": float(diff.max()) if n else 0.0,
-        "logprob_rmse_vs_reference": rmse_vs_ref,
+        "logprob_rmse_vs_reference": _rmse(lp.cand, lp.ref),
         "top_k": top_k,
         "tol": tol,
         "error_multiplier": multiplier,
@@ -229,77 +331,17 @@ def compare_generations(
     finding = ""
     # 4. determinism of the candidate, named first
     if candidate_repeat:
-        unstable = [
-            i for i, (k, again) in enumerate(zip(candidate, candidate_repeat, strict=True))
-            if first_divergence(k.tokens, again.tokens) >= 0
-        ]  # fmt: skip
-        again_lp: list[float] = []
-        own_lp: list[float] = []
-        for k, again in zip(candidate, candidate_repeat, strict=True):
-            m = _agreeing(k, again)
-            own_lp += k.logprobs[:m]
-            again_lp += again.logprobs[:m]
-        noise = _rmse(repeat_lp, ref_lp) if repeat_lp else 0.0
-        repeat_rmse = _rmse(again_lp, own_lp)
-        metrics["candidate_repeat_rmse"] = repeat_rmse
-        wobble = own_lp and not np.allclose(again_lp, own_lp, atol=tol, rtol=tol)
-        if unstable or (wobble and repeat_rmse > multiplier * noise):
+        unstable = _determinism(candidate, candidate_repeat, lp, multiplier, tol, metrics)
+        if unstable:
             finding = "non-deterministic"
-            what = (
-                f"prompts {unstable} gave other tokens on a second run"
-                if unstable
-                else f"logprobs differ between runs by rmse {repeat_rmse:.3g}"
-            )
-            reasons.append(f"determinism: {what}: fail")
-    # 1 and 2: tokens, and the near-tie rule at each divergence
-    bad = [s for s in checks if not s.passed]
-    near = [s for s in checks if s.passed and s.first_divergence >= 0]
-    summary = f"tokens: {metrics['identical']} of {len(checks)} prompts identical" + (
-        f", {len(near)} diverged at a near-tie (top-{top_k} rule)" if near else ""
-    )
-    if bad:
-        first = min(bad, key=lambda s: s.first_divergence)
-        reasons.append(f"{summary}; prompt {first.index}: {first.reason}: fail")
-    else:
-        reasons.append(f"{summary}: pass")
+            reasons.append(unstable)
+    reasons.append(_token_reason(checks, top_k, metrics["identical"]))
     # 3. logprobs on the agreeing positions
-    if golden and n:
-        ref_err = _rmse(ref_lp, gold_lp)
-        cand_err = _rmse(cand_lp, gold_lp)
-        noise = _rmse(repeat_lp, ref_lp) if repeat_lp else 0.0
-        allowed = multiplier * max(ref_err, noise) + tol / 10
-        metrics.update(
-            rmse=cand_err, reference_rmse=ref_err, reference_repeat_rmse=noise, allowed_rmse=allowed
-        )
-        ok = close or cand_err <= allowed
-        reasons.append(
-            f"logprobs on {n} agreeing positions: rmse vs float64 {cand_err:.3g} "
-            + ("<=" if cand_err <= allowed else ">")
-            + f" allowed {allowed:.3g}"
-            + (" (allclose to the reference at tol)" if close else "")
-            + (": pass" if ok else ": fail")
-        )
-        justification = (
-            f"reference's own logprob error vs its float64 run: rmse {ref_err:.3g}"
-            + (f" (run-to-run {noise:.3g})" if repeat_lp else "")
-            + f"; allowed = {multiplier:g} x {max(ref_err, noise):.3g} + tol/10 ({tol / 10:.3g}), "
-            f"as torch._dynamo.utils.same derives it; allclose(atol=rtol={tol:g}) passes outright"
-        )
-    else:
-        ok = close
-        metrics.update(rmse=rmse_vs_ref, allowed_rmse=0.0)
-        reasons.append(
-            f"logprobs on {n} agreeing positions: max |diff| {metrics['max_abs_logprob_diff']:.3g}, "
-            f"allclose at tol {tol:g}" + (": pass" if ok else ": fail")
-        )
-        justification = (
-            f"no float64 run of the reference: logprobs judged by allclose(atol=rtol={tol:g}) alone"
-            if n
-            else "no positions where both paths agree: logprobs not compared"
-        )
+    ok, reason, justification = _logprob_rule(lp, multiplier, tol, close, metrics)
+    reasons.append(reason)
     if not ok:
         metrics["logprobs_failed"] = True
-    passed = not finding and not bad and ok
+    passed = not finding and all(s.passed for s in checks) and ok
     if not passed and not finding:
         finding = "wrong but stable" if candidate_repeat else "wrong"
     justification += f"; near-tie rule: at the first divergence each token in the other's top-{top_k}"

@@ -212,47 +212,66 @@ def _walk(conn: Connection, key: bytes, anchor: Anchor | None) -> Verification:
     for row in conn.execute(select(AUDIT).order_by(AUDIT.c.seq)).yield_per(2000):
         rec = _record(row)
         checked += 1
-        expected_prev = prev.hash if prev else GENESIS
-        expected_seq = prev.seq + 1 if prev else 1
-        recomputed = row_hash(
-            key,
-            rec.seq,
-            rec.at_us,
-            rec.actor,
-            rec.action,
-            rec.resource,
-            rec.outcome,
-            rec.detail_json,
-            rec.prev_hash,
-        )
         if rec.seq > int(head.seq) and (anchor is None or rec.seq > anchor.seq):
             # Beyond the head the service last wrote: not written through the service.
             return _broken(checked, rec.seq, "inserted", f"row {rec.seq} is beyond the head {head.seq}")
-        if not hmac.compare_digest(recomputed, rec.hash):
-            if rec.hash == unkeyed_hash(rec):
-                return _broken(
-                    checked, rec.seq, "unkeyed", f"row {rec.seq} was rehashed without the audit key"
-                )
-            return _broken(checked, rec.seq, "altered", f"row {rec.seq} does not match its HMAC")
-        if rec.prev_hash != expected_prev:
-            if prev is not None and rec.prev_hash == before_prev_hash:
-                # This row links past `prev`: `prev` was put in between afterwards.
-                return _broken(checked, prev.seq, "inserted", f"row {prev.seq} was put in afterwards")
-            if rec.seq != expected_seq:
-                gone = f"rows {expected_seq}..{rec.seq - 1} are gone"
-                return _broken(checked, expected_seq, "deleted", gone)
-            # Self-consistent row whose successor no longer links to it: rewritten and rehashed.
-            seq = prev.seq if prev else rec.seq
-            return _broken(checked, seq, "altered", f"row {seq} was rewritten")
-        if rec.seq != expected_seq:
-            # Links fine but seqs jump: rows were removed and the chain re-stitched.
-            return _broken(checked, expected_seq, "deleted", f"rows {expected_seq}..{rec.seq - 1} are gone")
+        broken = _row_break(key, rec, prev, before_prev_hash, checked)
+        if broken is not None:
+            return broken
         if anchor is not None and rec.seq == anchor.seq:
             anchored_hash = rec.hash
-        before_prev_hash = expected_prev
+        before_prev_hash = prev.hash if prev else GENESIS
         prev = rec
     last_seq, last_hash = (prev.seq, prev.hash) if prev else (0, GENESIS)
-    if anchor is not None and anchor.seq > last_seq:
+    if anchor is not None:
+        broken = _anchor_break(checked, last_seq, anchor, anchored_hash)
+        if broken is not None:
+            return broken
+    return _head_break(checked, last_seq, last_hash, int(head.seq), head.hash) or Verification(True, checked)
+
+
+def _row_break(
+    key: bytes, rec: AuditRecord, prev: AuditRecord | None, before_prev_hash: str, checked: int
+) -> Verification | None:
+    """What is wrong with `rec` given the row before it (None: nothing)."""
+    expected_prev = prev.hash if prev else GENESIS
+    expected_seq = prev.seq + 1 if prev else 1
+    recomputed = row_hash(
+        key,
+        rec.seq,
+        rec.at_us,
+        rec.actor,
+        rec.action,
+        rec.resource,
+        rec.outcome,
+        rec.detail_json,
+        rec.prev_hash,
+    )
+    if not hmac.compare_digest(recomputed, rec.hash):
+        if rec.hash == unkeyed_hash(rec):
+            return _broken(checked, rec.seq, "unkeyed", f"row {rec.seq} was rehashed without the audit key")
+        return _broken(checked, rec.seq, "altered", f"row {rec.seq} does not match its HMAC")
+    if rec.prev_hash != expected_prev:
+        if prev is not None and rec.prev_hash == before_prev_hash:
+            # This row links past `prev`: `prev` was put in between afterwards.
+            return _broken(checked, prev.seq, "inserted", f"row {prev.seq} was put in afterwards")
+        if rec.seq != expected_seq:
+            gone = f"rows {expected_seq}..{rec.seq - 1} are gone"
+            return _broken(checked, expected_seq, "deleted", gone)
+        # Self-consistent row whose successor no longer links to it: rewritten and rehashed.
+        seq = prev.seq if prev else rec.seq
+        return _broken(checked, seq, "altered", f"row {seq} was rewritten")
+    if rec.seq != expected_seq:
+        # Links fine but seqs jump: rows were removed and the chain re-stitched.
+        return _broken(checked, expected_seq, "deleted", f"rows {expected_seq}..{rec.seq - 1} are gone")
+    return None
+
+
+def _anchor_break(
+    checked: int, last_seq: int, anchor: Anchor, anchored_hash: str | None
+) -> Verification | None:
+    """The trail's end against the signed head digest."""
+    if anchor.seq > last_seq:
         if last_seq == 0:
             return _broken(
                 checked, 1, "truncated", f"the trail is empty; the head digest names {anchor.seq} rows"
@@ -263,14 +282,21 @@ def _walk(conn: Connection, key: bytes, anchor: Anchor | None) -> Verification:
             "deleted",
             f"rows {last_seq + 1}..{anchor.seq} (the tail) are gone; the head digest names them",
         )
-    if anchor is not None and anchor.seq > 0 and anchored_hash != anchor.hash:
+    if anchor.seq > 0 and anchored_hash != anchor.hash:
         return _broken(checked, anchor.seq, "altered", f"row {anchor.seq} differs from the head digest")
-    if int(head.seq) > last_seq:
+    return None
+
+
+def _head_break(
+    checked: int, last_seq: int, last_hash: str, head_seq: int, head_hash: str
+) -> Verification | None:
+    """The trail's end against the head row the service keeps."""
+    if head_seq > last_seq:
         if last_seq == 0:
-            return _broken(checked, 1, "truncated", f"the trail is empty; its head names {head.seq} rows")
-        return _broken(checked, last_seq + 1, "deleted", f"rows {last_seq + 1}..{head.seq} are gone")
-    if int(head.seq) < last_seq:
-        return _broken(checked, int(head.seq) + 1, "inserted", f"rows after {head.seq} are beyond the head")
-    if head.hash != last_hash:
+            return _broken(checked, 1, "truncated", f"the trail is empty; its head names {head_seq} rows")
+        return _broken(checked, last_seq + 1, "deleted", f"rows {last_seq + 1}..{head_seq} are gone")
+    if head_seq < last_seq:
+        return _broken(checked, head_seq + 1, "inserted", f"rows after {head_seq} are beyond the head")
+    if head_hash != last_hash:
         return _broken(checked, last_seq, "altered", f"the head row does not match row {last_seq}")
-    return Verification(True, checked)
+    return None

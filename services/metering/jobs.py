@@ -162,17 +162,8 @@ def job_cost(conn: Connection, job_id: str) -> JobCostInfo:
     return JobCostInfo(job_info(job), total, currency, lines, unpriced)
 
 
-def record_trial(
-    conn: Connection,
-    actor: Actor,
-    trial_id: str,
-    workflow_id: str,
-    model: str,
-    status: str,
-    spec_json: str,
-    report_json: str,
-    verdicts: dict[str, str],
-    now_us: int,
+def _check_trial(
+    trial_id: str, status: str, spec_json: str, report_json: str, verdicts: dict[str, str]
 ) -> None:
     check_key(trial_id, "trial_id")
     if status not in TRIAL_STATUSES:
@@ -186,6 +177,21 @@ def record_trial(
     for path, verdict in verdicts.items():
         if verdict not in VERDICTS:
             raise BadInput(f"verdict {verdict!r} for {path} is not one of {', '.join(VERDICTS)}")
+
+
+def record_trial(
+    conn: Connection,
+    actor: Actor,
+    trial_id: str,
+    workflow_id: str,
+    model: str,
+    status: str,
+    spec_json: str,
+    report_json: str,
+    verdicts: dict[str, str],
+    now_us: int,
+) -> None:
+    _check_trial(trial_id, status, spec_json, report_json, verdicts)
     verdicts_json = json.dumps(verdicts, sort_keys=True)
     old = conn.execute(select(TRIALS).where(TRIALS.c.trial_id == trial_id)).first()
     values: dict[str, Any] = dict(workflow_id=workflow_id, model=model, status=status, spec_json=spec_json)

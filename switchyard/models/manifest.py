@@ -270,6 +270,38 @@ def parse_model_toml(data: Mapping[str, Any], model: str, partial: bool = False)
     `partial`: a model.toml a user hands to `models add`, which may leave out the versions
     (add writes them), the inputs and outputs (completed from the artifact) and the format."""
     top = _Table(data, "", model)
+    fmt = _format(top, data, partial)
+    inputs, outputs = _tensors(top, "inputs", partial), _tensors(top, "outputs", partial)
+    factory, hf, export = _format_entry(top, fmt, model, len(outputs))
+    batching = _batching(top)
+    precision = _precision(top)
+    generation: tuple[tuple[str, Any], ...] = ()
+    if (g := top.table("generation")) is not None:
+        generation = tuple(sorted(g.data.items()))
+    versions = _versions(top, model, partial)
+    default = top.text("default_version", "")
+    if default and not partial and default not in {v.name for v in versions}:
+        raise top.fail("default_version", f"{default!r} is not one of the versions")
+    parsed = ModelToml(
+        name=model,
+        format=fmt,
+        inputs=inputs,
+        outputs=outputs,
+        versions=tuple(versions),
+        description=top.text("description", ""),
+        default_version=default,
+        batching=batching,
+        precision=precision,
+        factory=factory,
+        hf=hf,
+        torch_export=export,
+        generation=generation,
+    )
+    top.done()
+    return parsed
+
+
+def _format(top: _Table, data: Mapping[str, Any], partial: bool) -> str:
     fmt = top.text("format", "" if partial else None)
     if partial and not fmt:
         fmt = next((f for f in FORMATS if f in data), "")
@@ -277,8 +309,13 @@ def parse_model_toml(data: Mapping[str, Any], model: str, partial: bool = False)
             raise top.fail("format", f"is missing; use one of {', '.join(FORMATS)}")
     if fmt not in FORMATS:
         raise top.fail("format", f"is {fmt!r}; use one of {', '.join(FORMATS)}")
-    inputs, outputs = _tensors(top, "inputs", partial), _tensors(top, "outputs", partial)
-    factory = hf = export = None
+    return fmt
+
+
+def _format_entry(
+    top: _Table, fmt: str, model: str, n_outputs: int
+) -> tuple[FactoryEntry | None, HFEntry | None, ExportEntry | None]:
+    """The table of the model's format ([factory], [hf] or [torch_export]); no other's."""
     section = top.table(fmt)
     for other in FORMATS:
         if other != fmt and top.table(other) is not None:
@@ -294,7 +331,8 @@ def parse_model_toml(data: Mapping[str, Any], model: str, partial: bool = False)
             weights=section.text("weights", "model.safetensors"),
         )
         section.done()
-    elif fmt == "hf":
+        return factory, None, None
+    if fmt == "hf":
         section = section or _Table({}, "hf", model)
         hf = HFEntry(
             model_class=section.text("class", "AutoModel"),
@@ -303,19 +341,27 @@ def parse_model_toml(data: Mapping[str, Any], model: str, partial: bool = False)
         )
         if not re.match(r"^[A-Za-z_]\w*$", hf.model_class):
             raise section.fail("class", f"{hf.model_class!r} must be a transformers class name")
-        if hf.outputs and len(hf.outputs) != len(outputs):
-            raise section.fail("outputs", f"names {len(hf.outputs)} attributes for {len(outputs)} outputs")
+        if hf.outputs and len(hf.outputs) != n_outputs:
+            raise section.fail("outputs", f"names {len(hf.outputs)} attributes for {n_outputs} outputs")
         section.done()
-    else:
-        section = section or _Table({}, "torch_export", model)
-        export = ExportEntry(section.text("file", "model.pt2"))
-        section.done()
-    batching = Batching()
-    if (b := top.table("batching")) is not None:
-        batching = Batching(b.ints("buckets", []), int(b.get("max_queue_delay_us", int, -1)))
-        if any(x < 1 or x > 1024 for x in batching.buckets):
-            raise b.fail("buckets", f"{list(batching.buckets)} must be batch sizes from 1 to 1024")
-        b.done()
+        return None, hf, None
+    section = section or _Table({}, "torch_export", model)
+    export = ExportEntry(section.text("file", "model.pt2"))
+    section.done()
+    return None, None, export
+
+
+def _batching(top: _Table) -> Batching:
+    if (b := top.table("batching")) is None:
+        return Batching()
+    batching = Batching(b.ints("buckets", []), int(b.get("max_queue_delay_us", int, -1)))
+    if any(x < 1 or x > 1024 for x in batching.buckets):
+        raise b.fail("buckets", f"{list(batching.buckets)} must be batch sizes from 1 to 1024")
+    b.done()
+    return batching
+
+
+def _precision(top: _Table) -> tuple[tuple[str, str], ...]:
     precision: list[tuple[str, str]] = []
     if (p := top.table("precision")) is not None:
         for backend in list(p.data):
@@ -323,9 +369,10 @@ def parse_model_toml(data: Mapping[str, Any], model: str, partial: bool = False)
             if value not in PRECISIONS:
                 raise p.fail(backend, f"is {value!r}; use one of {', '.join(PRECISIONS)}")
             precision.append((backend, value))
-    generation: tuple[tuple[str, Any], ...] = ()
-    if (g := top.table("generation")) is not None:
-        generation = tuple(sorted(g.data.items()))
+    return tuple(precision)
+
+
+def _versions(top: _Table, model: str, partial: bool) -> list[Version]:
     versions_table = top.table("versions")
     if partial and versions_table is None:
         versions_table = _Table({}, "versions", model)
@@ -336,26 +383,7 @@ def parse_model_toml(data: Mapping[str, Any], model: str, partial: bool = False)
         sub = versions_table.table(name)
         assert sub is not None
         versions.append(_version(str(name), sub))
-    default = top.text("default_version", "")
-    if default and not partial and default not in {v.name for v in versions}:
-        raise top.fail("default_version", f"{default!r} is not one of the versions")
-    parsed = ModelToml(
-        name=model,
-        format=fmt,
-        inputs=inputs,
-        outputs=outputs,
-        versions=tuple(versions),
-        description=top.text("description", ""),
-        default_version=default,
-        batching=batching,
-        precision=tuple(precision),
-        factory=factory,
-        hf=hf,
-        torch_export=export,
-        generation=generation,
-    )
-    top.done()
-    return parsed
+    return versions
 
 
 def read_model_toml(folder: Path, partial: bool = False, name: str = "") -> ModelToml:
@@ -378,22 +406,40 @@ def read_model_toml(folder: Path, partial: bool = False, name: str = "") -> Mode
 # ---- writing --------------------------------------------------------------------------------
 def to_document(m: ModelToml) -> dict[str, Any]:
     """The TOML document of `m` (parse_model_toml(to_document(m), m.name) == m)."""
-
-    def tensor(s: TensorSpec) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": s.name, "datatype": s.datatype, "dims": list(s.dims)}
-        if s.max_dims:
-            out["max_dims"] = list(s.max_dims)
-        if s.example_range:
-            out["example_range"] = list(s.example_range)
-        return out
-
     doc: dict[str, Any] = {"format": m.format}
     if m.description:
         doc["description"] = m.description
     if m.default_version:
         doc["default_version"] = m.default_version
-    doc["inputs"] = [tensor(s) for s in m.inputs]
-    doc["outputs"] = [tensor(s) for s in m.outputs]
+    doc["inputs"] = [_tensor_doc(s) for s in m.inputs]
+    doc["outputs"] = [_tensor_doc(s) for s in m.outputs]
+    doc.update(_format_doc(m))
+    if m.batching != Batching():
+        doc["batching"] = {}
+        if m.batching.buckets:
+            doc["batching"]["buckets"] = list(m.batching.buckets)
+        if m.batching.max_queue_delay_us >= 0:
+            doc["batching"]["max_queue_delay_us"] = m.batching.max_queue_delay_us
+    if m.precision:
+        doc["precision"] = dict(m.precision)
+    if m.generation:
+        doc["generation"] = dict(m.generation)
+    doc["versions"] = {v.name: _version_doc(v) for v in m.versions}
+    return doc
+
+
+def _tensor_doc(s: TensorSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": s.name, "datatype": s.datatype, "dims": list(s.dims)}
+    if s.max_dims:
+        out["max_dims"] = list(s.max_dims)
+    if s.example_range:
+        out["example_range"] = list(s.example_range)
+    return out
+
+
+def _format_doc(m: ModelToml) -> dict[str, Any]:
+    """The format's table: [factory], [hf] or [torch_export]."""
+    doc: dict[str, Any] = {}
     if m.factory is not None:
         f = m.factory
         doc["factory"] = {"function": f.function}
@@ -408,26 +454,17 @@ def to_document(m: ModelToml) -> dict[str, Any]:
             doc["hf"]["outputs"] = list(m.hf.outputs)
     if m.torch_export is not None:
         doc["torch_export"] = {"file": m.torch_export.file}
-    if m.batching != Batching():
-        doc["batching"] = {}
-        if m.batching.buckets:
-            doc["batching"]["buckets"] = list(m.batching.buckets)
-        if m.batching.max_queue_delay_us >= 0:
-            doc["batching"]["max_queue_delay_us"] = m.batching.max_queue_delay_us
-    if m.precision:
-        doc["precision"] = dict(m.precision)
-    if m.generation:
-        doc["generation"] = dict(m.generation)
-    doc["versions"] = {}
-    for v in m.versions:
-        entry: dict[str, Any] = {}
-        if v.description:
-            entry["description"] = v.description
-        if v.perturb_seed is not None:
-            entry["perturb_seed"] = v.perturb_seed
-        entry["files"] = dict(v.files)
-        doc["versions"][v.name] = entry
     return doc
+
+
+def _version_doc(v: Version) -> dict[str, Any]:
+    entry: dict[str, Any] = {}
+    if v.description:
+        entry["description"] = v.description
+    if v.perturb_seed is not None:
+        entry["perturb_seed"] = v.perturb_seed
+    entry["files"] = dict(v.files)
+    return entry
 
 
 def _value(v: Any) -> str:

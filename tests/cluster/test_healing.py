@@ -90,11 +90,8 @@ async def _load(
         await client.close()
 
 
-def test_executor_killed_under_load_is_restarted_and_a_killed_supervisor_leaves_nothing(
-    tmp_path: Path,
-) -> None:
-    supervised, spare = free_port(HOST), free_port(HOST)
-    state = tmp_path / "state"
+def _write_config(tmp_path: Path, state: Path, supervised: int, spare: int) -> Path:
+    """A cluster whose CPU executor (on `supervised`) fails over to an unsupervised spare."""
     routes = tmp_path / "routes.toml"
     routes.write_text(
         f'[router]\nspool_dir = "{state / "spool"}"\n\n'
@@ -109,6 +106,63 @@ def test_executor_killed_under_load_is_restarted_and_a_killed_supervisor_leaves_
         f'[router]\nport = 0\nroutes_file = "{routes}"\n'
         f'[executors.cpu]\nport = {supervised}\nmodels = ["mlp"]\n[executors.xla]\nenabled = false\n'
     )
+    return config
+
+
+async def _kill_and_recover(
+    router: str, key: str, executor_pid: int, supervised: int, answered: dict[str, int], errors: list[str]
+) -> float:
+    """Under load, SIGKILL the supervised executor; seconds until it is SERVING again (and the
+    router sends it requests again)."""
+    stop = asyncio.Event()
+    load = asyncio.ensure_future(_load(router, key, stop, answered, errors))
+    try:
+        while answered.get("cpu-supervised", 0) < 20:
+            assert not load.done(), load
+            await asyncio.sleep(0.05)
+        killed_at = time.monotonic()
+        os.kill(executor_pid, signal.SIGKILL)
+        # back: SERVING again on its port, which the executor reports once mlp is warm
+        while True:
+            back = await health.grpc_health(f"{HOST}:{supervised}", timeout_s=0.5)
+            if back == health.SERVING:
+                break
+            assert time.monotonic() - killed_at < 30, "the executor did not come back"
+            await asyncio.sleep(0.1)
+        back_after = time.monotonic() - killed_at
+        served_before = answered.get("cpu-supervised", 0)
+        # the router re-admits it and routes to it again
+        until = time.monotonic() + 20
+        while answered.get("cpu-supervised", 0) <= served_before + 5 and time.monotonic() < until:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        return back_after
+    finally:
+        stop.set()
+        await load
+
+
+def _assert_status_shows_the_restart(
+    config: Path, env: dict[str, str], up_log: Path, state_file: Path, executor_pid: int
+) -> None:
+    """`switchyard up status` and cluster.json show one restart and why."""
+    status = subprocess.run(
+        [sys.executable, "-m", "switchyard", "up", "status", "--config", str(config)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stdout + status.stderr
+    row = next(line for line in status.stdout.splitlines() if line.startswith("executor-cpu"))
+    assert "SERVING" in row and " 1 " in row and "killed by SIGKILL" in row, status.stdout
+    assert "restarting in" in up_log.read_text()
+    restarted = json.loads(state_file.read_text())["services"]["executor-cpu"]
+    assert restarted["pid"] != executor_pid and restarted["restarts"] == 1
+
+
+def test_executor_killed_under_load_is_restarted_and_a_killed_supervisor_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    supervised, spare = free_port(HOST), free_port(HOST)
+    state = tmp_path / "state"
+    config = _write_config(tmp_path, state, supervised, spare)
     env = _env()
     spare_log = (tmp_path / "spare.log").open("wb")
     spare_proc = subprocess.Popen(
@@ -136,34 +190,9 @@ def test_executor_killed_under_load_is_restarted_and_a_killed_supervisor_leaves_
         answered: dict[str, int] = {}
         errors: list[str] = []
 
-        async def scenario() -> float:
-            stop = asyncio.Event()
-            load = asyncio.ensure_future(_load(router, team.key, stop, answered, errors))
-            try:
-                while answered.get("cpu-supervised", 0) < 20:
-                    assert not load.done(), load
-                    await asyncio.sleep(0.05)
-                killed_at = time.monotonic()
-                os.kill(executor_pid, signal.SIGKILL)
-                # back: SERVING again on its port, which the executor reports once mlp is warm
-                while True:
-                    back = await health.grpc_health(f"{HOST}:{supervised}", timeout_s=0.5)
-                    if back == health.SERVING:
-                        break
-                    assert time.monotonic() - killed_at < 30, "the executor did not come back"
-                    await asyncio.sleep(0.1)
-                back_after = time.monotonic() - killed_at
-                served_before = answered.get("cpu-supervised", 0)
-                # the router re-admits it and routes to it again
-                until = time.monotonic() + 20
-                while answered.get("cpu-supervised", 0) <= served_before + 5 and time.monotonic() < until:  # noqa: ASYNC110
-                    await asyncio.sleep(0.1)
-                return back_after
-            finally:
-                stop.set()
-                await load
-
-        back_after = asyncio.run(scenario())
+        back_after = asyncio.run(
+            _kill_and_recover(router, team.key, executor_pid, supervised, answered, errors)
+        )
         assert errors == [], errors[:5]
         # Back within 10 s: detection, back-off, the new process's start (imports, model load,
         # warm-up) and the health probe together.
@@ -179,16 +208,7 @@ def test_executor_killed_under_load_is_restarted_and_a_killed_supervisor_leaves_
         assert answered.get("cpu-spare", 0) > 0, answered  # the router failed over meanwhile
         assert answered.get("cpu-supervised", 0) > 25, answered  # and came back to it
 
-        status = subprocess.run(
-            [sys.executable, "-m", "switchyard", "up", "status", "--config", str(config)],
-            env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert status.returncode == 0, status.stdout + status.stderr
-        row = next(line for line in status.stdout.splitlines() if line.startswith("executor-cpu"))
-        assert "SERVING" in row and " 1 " in row and "killed by SIGKILL" in row, status.stdout
-        assert "restarting in" in up_log.read_text()
-        restarted = json.loads(state_file.read_text())["services"]["executor-cpu"]
-        assert restarted["pid"] != executor_pid and restarted["restarts"] == 1
+        _assert_status_shows_the_restart(config, env, up_log, state_file, executor_pid)
 
         # The supervisor SIGKILLed: the kernel takes its children (PR_SET_PDEATHSIG) and theirs.
         started = descendants(up.pid)

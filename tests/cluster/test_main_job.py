@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.local_cluster.demo import Endpoints, run_main_job
+from clients.local_cluster.demo import Endpoints, MainJobResult, run_main_job
 from tests.cluster.processes import alive, descendants
 from tests.conftest import IN_CI, ROOT
 
@@ -50,6 +50,35 @@ def _wait_for_state(proc: subprocess.Popen[bytes], state_file: Path, log: Path) 
             return dict(json.loads(state_file.read_text()))
         time.sleep(0.5)
     pytest.fail(f"cluster not up after {STARTUP_S}s:\n{log.read_text()[-4000:]}")
+
+
+def _assert_main_job(result: MainJobResult, ep: Endpoints) -> None:
+    """What the main job must have done: served, trialled, and costed every request."""
+    # Inference with a key: every request answered, through the router, by the CPU path.
+    sent = sum(t.sent for t in result.traffic)
+    assert sent == 200
+    assert sum(t.ok for t in result.traffic) == sent, [t.errors for t in result.traffic]
+    assert {p for t in result.traffic for p in t.answered_by} == {ep.paths["cpu"]}
+
+    # The trial reached its verdict, with a verdict for the candidate path.
+    assert result.trial is not None
+    assert result.trial.status == "completed"
+    assert result.trial.verdicts.get("xla") in ("ADOPT", "REJECT", "INCONCLUSIVE"), result.trial.report
+    assert result.trial.reasons["xla"], "a verdict comes with its reasons per criterion"
+    assert result.reports["trial"].read_text().lstrip().lower().startswith("<!doctype html")
+    # Serving continues after the trial, for every model.
+    assert [(t.model, t.ok) for t in result.after_trial] == [("mlp", 16), ("tiny-lm", 16)]
+
+    # The finance report: the requests are completed jobs of cpu-eager, with idle time shown.
+    rows = {r.path: r for r in result.finance}
+    cpu = rows[ep.paths["cpu"]]
+    assert cpu.jobs_completed >= sent
+    assert cpu.total_micros > 0
+    assert cpu.total_micros == cpu.busy_micros + cpu.idle_micros + cpu.prepare_micros
+    assert abs(cpu.cost_per_completed_job_micros - cpu.total_micros / cpu.jobs_completed) <= 0.5
+    assert 0.0 < cpu.idle_share < 1.0
+    assert ep.paths["xla"] in rows  # the trial's and the shadow's cost of the XLA path
+    assert result.reports["finance"].read_text().lstrip().lower().startswith("<!doctype html")
 
 
 def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
@@ -87,31 +116,7 @@ def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
             run_main_job(ep, tmp_path / "reports", requests=200, concurrency=8, tell=lines.append)
         )
 
-        # Inference with a key: every request answered, through the router, by the CPU path.
-        sent = sum(t.sent for t in result.traffic)
-        assert sent == 200
-        assert sum(t.ok for t in result.traffic) == sent, [t.errors for t in result.traffic]
-        assert {p for t in result.traffic for p in t.answered_by} == {ep.paths["cpu"]}
-
-        # The trial reached its verdict, with a verdict for the candidate path.
-        assert result.trial is not None
-        assert result.trial.status == "completed"
-        assert result.trial.verdicts.get("xla") in ("ADOPT", "REJECT", "INCONCLUSIVE"), result.trial.report
-        assert result.trial.reasons["xla"], "a verdict comes with its reasons per criterion"
-        assert result.reports["trial"].read_text().lstrip().lower().startswith("<!doctype html")
-        # Serving continues after the trial, for every model.
-        assert [(t.model, t.ok) for t in result.after_trial] == [("mlp", 16), ("tiny-lm", 16)]
-
-        # The finance report: the requests are completed jobs of cpu-eager, with idle time shown.
-        rows = {r.path: r for r in result.finance}
-        cpu = rows[ep.paths["cpu"]]
-        assert cpu.jobs_completed >= sent
-        assert cpu.total_micros > 0
-        assert cpu.total_micros == cpu.busy_micros + cpu.idle_micros + cpu.prepare_micros
-        assert abs(cpu.cost_per_completed_job_micros - cpu.total_micros / cpu.jobs_completed) <= 0.5
-        assert 0.0 < cpu.idle_share < 1.0
-        assert ep.paths["xla"] in rows  # the trial's and the shadow's cost of the XLA path
-        assert result.reports["finance"].read_text().lstrip().lower().startswith("<!doctype html")
+        _assert_main_job(result, ep)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

@@ -78,6 +78,35 @@ def exact_total(length: int, prices: list[tuple[int, int]]) -> int:
     return whole + (1 if total - whole >= Fraction(1, 2) else 0)
 
 
+def _job_events(tag: str, path: str, sc: Scenario) -> list[UsageEvent]:
+    """The scenario's jobs as usage events inside the reservation; the last of a job ends it."""
+    events = []
+    dealt = iter(sc.tokens * 24)
+    for j, (busies, (status, quality)) in enumerate(sc.jobs):
+        for n, busy in enumerate(busies):
+            start = T0 + (j * 7919 + n * 104729) % sc.length
+            last = n == len(busies) - 1
+            prompt, output = next(dealt, (0, 0))
+            events.append(
+                UsageEvent(
+                    f"{tag}-{j}-{n}",
+                    path,
+                    model="m",
+                    team="t",
+                    job_id=f"{tag}-job{j}",
+                    kind="trial",
+                    status=status if last else "",
+                    met_quality=quality if last else False,
+                    busy_us=busy,
+                    started_us=start,
+                    ended_us=start + busy,
+                    prompt_tokens=prompt,
+                    output_tokens=output,
+                )
+            )
+    return events
+
+
 def run_scenario(ledger: Ledger, sc: Scenario) -> None:
     tag = uuid.uuid4().hex[:10]
     key, path = f"price-{tag}", f"path-{tag}"
@@ -102,30 +131,7 @@ def run_scenario(ledger: Ledger, sc: Scenario) -> None:
     if early:
         ledger.record_usage(early)
     res = ledger.open_reservation(ACTOR, f"res-{tag}", path, T0, "")
-    events = []
-    dealt = iter(sc.tokens * 24)
-    for j, (busies, (status, quality)) in enumerate(sc.jobs):
-        for n, busy in enumerate(busies):
-            start = T0 + (j * 7919 + n * 104729) % length
-            last = n == len(busies) - 1
-            prompt, output = next(dealt, (0, 0))
-            events.append(
-                UsageEvent(
-                    f"{tag}-{j}-{n}",
-                    path,
-                    model="m",
-                    team="t",
-                    job_id=f"{tag}-job{j}",
-                    kind="trial",
-                    status=status if last else "",
-                    met_quality=quality if last else False,
-                    busy_us=busy,
-                    started_us=start,
-                    ended_us=start + busy,
-                    prompt_tokens=prompt,
-                    output_tokens=output,
-                )
-            )
+    events = _job_events(tag, path, sc)
     if events:
         ledger.record_usage(events)
     for j in sorted(sc.corrections):

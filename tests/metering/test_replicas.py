@@ -59,145 +59,101 @@ async def outcome(call: Any) -> tuple[str, Any]:
         return exc.code().name, exc.details()
 
 
-async def test_two_replicas_conserve_cost_and_keep_one_audit_chain(replicas: list[RunningMetering]) -> None:
-    async with (
-        grpc.aio.insecure_channel(replicas[0].address) as ch_a,
-        grpc.aio.insecure_channel(replicas[1].address) as ch_b,
-    ):
-        a, b = pb_grpc.MeteringStub(ch_a), pb_grpc.MeteringStub(ch_b)
-        both = (a, b)
-        await a.SetPrice(
-            pb.SetPriceRequest(
-                price_key="std", micros_per_hour=PER_HOUR, currency="USD", effective_from_unix_us=T0
-            )
-        )
-        for path in ("usage@h1", "res@h2"):
-            await b.RegisterPath(
-                pb.RegisterPathRequest(path=path, backend="cpu", resource_class="c", price_key="std")
-            )
-        seeds = [
-            event(f"seed-{i}", T0 + i * 1000, 400, path="usage@h1", job_id=f"seed-{i}") for i in range(SEEDS)
+async def _verify_all_along(
+    both: tuple[Any, Any], stop_verifying: asyncio.Event, verdicts: list[pb.VerifyAuditResponse]
+) -> None:
+    while not stop_verifying.is_set():
+        verdicts.extend(await asyncio.gather(*(s.VerifyAudit(pb.VerifyAuditRequest()) for s in both)))
+        await asyncio.sleep(0.02)
+
+
+async def _usage(both: tuple[Any, Any]) -> list[tuple[str, Any]]:
+    out = []
+    for n in range(BATCHES):
+        start = T0 + 10 * HOUR + n * PER_BATCH * 1000
+        evs = [
+            event(f"u{n}-{i}", start + i * 1000, 300, path="usage@h1", job_id=f"u{n}-{i}")
+            for i in range(PER_BATCH)
         ]
-        await a.RecordUsage(pb.RecordUsageRequest(events=seeds))
+        req = pb.RecordUsageRequest(events=evs)
+        out += await asyncio.gather(*(outcome(s.RecordUsage(req)) for s in both))
+    return out
 
-        stop_verifying = asyncio.Event()
-        verdicts: list[pb.VerifyAuditResponse] = []
 
-        async def verify_all_along() -> None:
-            while not stop_verifying.is_set():
-                verdicts.extend(await asyncio.gather(*(s.VerifyAudit(pb.VerifyAuditRequest()) for s in both)))
-                await asyncio.sleep(0.02)
-
-        async def usage() -> list[tuple[str, Any]]:
-            out = []
-            for n in range(BATCHES):
-                start = T0 + 10 * HOUR + n * PER_BATCH * 1000
-                evs = [
-                    event(f"u{n}-{i}", start + i * 1000, 300, path="usage@h1", job_id=f"u{n}-{i}")
-                    for i in range(PER_BATCH)
-                ]
-                req = pb.RecordUsageRequest(events=evs)
-                out += await asyncio.gather(*(outcome(s.RecordUsage(req)) for s in both))
-            return out
-
-        async def reversals() -> list[tuple[str, Any]]:
-            out = []
-            for i in range(SEEDS):
-                calls = [
-                    outcome(
-                        s.ReverseUsage(
-                            pb.ReverseUsageRequest(
-                                idempotency_key=f"fix-{i}-{n}", reverses_key=f"seed-{i}", reason="race"
-                            )
-                        )
-                    )
-                    for n, s in enumerate(both)
-                ]
-                out += await asyncio.gather(*calls)
-            return out
-
-        async def reservations() -> list[dict[str, Any]]:
-            rounds = []
-            for r in range(ROUNDS):
-                start = T0 + 100 * HOUR + r * 2 * RES_LEN
-                opened = await asyncio.gather(
-                    *(
-                        outcome(
-                            s.OpenReservation(
-                                pb.OpenReservationRequest(
-                                    idempotency_key=f"res-{r}-{n}", path="res@h2", start_unix_us=start
-                                )
-                            )
-                        )
-                        for n, s in enumerate(both)
+async def _reversals(both: tuple[Any, Any]) -> list[tuple[str, Any]]:
+    out = []
+    for i in range(SEEDS):
+        calls = [
+            outcome(
+                s.ReverseUsage(
+                    pb.ReverseUsageRequest(
+                        idempotency_key=f"fix-{i}-{n}", reverses_key=f"seed-{i}", reason="race"
                     )
                 )
-                winners = [reply for code, reply in opened if code == "ok"]
-                rid = winners[0].reservation_id if winners else ""
-                evs = [
-                    event(f"r{r}-{i}", start + i * 60_000_000, 20_000_000, path="res@h2", job_id=f"r{r}-{i}")
-                    for i in range(30)
-                ]
-                writer, closer = both[r % 2], both[(r + 1) % 2]
-                first, rest = evs[:10], evs[10:]
-                await writer.RecordUsage(pb.RecordUsageRequest(events=first))
-                results = await asyncio.gather(
-                    *(outcome(writer.RecordUsage(pb.RecordUsageRequest(events=[ev]))) for ev in rest),
-                    outcome(
-                        writer.ReverseUsage(
-                            pb.ReverseUsageRequest(
-                                idempotency_key=f"rfix-{r}", reverses_key=f"r{r}-0", reason="race"
-                            )
-                        )
-                    ),
-                    outcome(
-                        closer.CloseReservation(
-                            pb.CloseReservationRequest(reservation_id=rid, end_unix_us=start + RES_LEN)
-                        )
-                    ),
-                )
-                rounds.append({"opened": opened, "rid": rid, "results": results})
-            return rounds
+            )
+            for n, s in enumerate(both)
+        ]
+        out += await asyncio.gather(*calls)
+    return out
 
-        async def audits() -> list[tuple[str, Any]]:
-            calls = [
+
+async def _reservations(both: tuple[Any, Any]) -> list[dict[str, Any]]:
+    rounds = []
+    for r in range(ROUNDS):
+        start = T0 + 100 * HOUR + r * 2 * RES_LEN
+        opened = await asyncio.gather(
+            *(
                 outcome(
-                    both[i % 2].AppendAudit(
-                        pb.AppendAuditRequest(action="test.append", resource=f"thing/{i}", outcome="ok")
+                    s.OpenReservation(
+                        pb.OpenReservationRequest(
+                            idempotency_key=f"res-{r}-{n}", path="res@h2", start_unix_us=start
+                        )
                     )
                 )
-                for i in range(AUDITS)
-            ]
-            return list(await asyncio.gather(*calls))
-
-        verifier = asyncio.create_task(verify_all_along())
-        usage_out, reversal_out, res_out, audit_out = await asyncio.gather(
-            usage(), reversals(), reservations(), audits()
+                for n, s in enumerate(both)
+            )
         )
-        stop_verifying.set()
-        await verifier
-        assert verdicts and all(v.ok for v in verdicts), [v for v in verdicts if not v.ok][:3]
+        winners = [reply for code, reply in opened if code == "ok"]
+        rid = winners[0].reservation_id if winners else ""
+        evs = [
+            event(f"r{r}-{i}", start + i * 60_000_000, 20_000_000, path="res@h2", job_id=f"r{r}-{i}")
+            for i in range(30)
+        ]
+        writer, closer = both[r % 2], both[(r + 1) % 2]
+        first, rest = evs[:10], evs[10:]
+        await writer.RecordUsage(pb.RecordUsageRequest(events=first))
+        results = await asyncio.gather(
+            *(outcome(writer.RecordUsage(pb.RecordUsageRequest(events=[ev]))) for ev in rest),
+            outcome(
+                writer.ReverseUsage(
+                    pb.ReverseUsageRequest(idempotency_key=f"rfix-{r}", reverses_key=f"r{r}-0", reason="race")
+                )
+            ),
+            outcome(
+                closer.CloseReservation(
+                    pb.CloseReservationRequest(reservation_id=rid, end_unix_us=start + RES_LEN)
+                )
+            ),
+        )
+        rounds.append({"opened": opened, "rid": rid, "results": results})
+    return rounds
 
-        # Usage: each batch went to both replicas; each event is stored once.
-        assert all(code == "ok" for code, _ in usage_out), usage_out
-        assert sum(r.accepted for _, r in usage_out) == BATCHES * PER_BATCH
-        assert sum(r.duplicates for _, r in usage_out) == BATCHES * PER_BATCH
-        # Reversals: each line reversed from both replicas with two keys; exactly one wins.
-        codes = [code for code, _ in reversal_out]
-        assert codes.count("ok") == SEEDS and codes.count("FAILED_PRECONDITION") == SEEDS, codes
-        # Reservations: one opener per round; usage either made it in before the close or was refused.
-        for rnd in res_out:
-            assert sorted(code for code, _ in rnd["opened"]) == ["FAILED_PRECONDITION", "ok"], rnd["opened"]
-            close_code, closed = rnd["results"][-1]
-            assert close_code == "ok", closed
-            assert {code for code, _ in rnd["results"][:-1]} <= {"ok", "FAILED_PRECONDITION"}
-        assert all(code == "ok" for code, _ in audit_out)
 
-        await asyncio.sleep(0.3)  # a digest round after the last write
-        final = await asyncio.gather(*(s.VerifyAudit(pb.VerifyAuditRequest()) for s in both))
-        assert all(v.ok for v in final), final
+async def _audits(both: tuple[Any, Any]) -> list[tuple[str, Any]]:
+    calls = [
+        outcome(
+            both[i % 2].AppendAudit(
+                pb.AppendAuditRequest(action="test.append", resource=f"thing/{i}", outcome="ok")
+            )
+        )
+        for i in range(AUDITS)
+    ]
+    return list(await asyncio.gather(*calls))
 
-    ledger = replicas[0].ledger
+
+def _assert_ledger(replica: RunningMetering, res_out: list[dict[str, Any]]) -> None:
+    """The ledger after the race: every key once, conservation per reservation, one audit row per write."""
+    ledger = replica.ledger
 
     def facts(conn: Any) -> dict[str, Any]:
         lines = conn.execute(select(LINES)).all()
@@ -230,3 +186,57 @@ async def test_two_replicas_conserve_cost_and_keep_one_audit_chain(replicas: lis
     assert got["audit"].get("usage.reverse") == SEEDS + sum(
         1 for rnd in res_out if rnd["results"][-2][0] == "ok"
     )
+
+
+async def test_two_replicas_conserve_cost_and_keep_one_audit_chain(replicas: list[RunningMetering]) -> None:
+    async with (
+        grpc.aio.insecure_channel(replicas[0].address) as ch_a,
+        grpc.aio.insecure_channel(replicas[1].address) as ch_b,
+    ):
+        a, b = pb_grpc.MeteringStub(ch_a), pb_grpc.MeteringStub(ch_b)
+        both = (a, b)
+        await a.SetPrice(
+            pb.SetPriceRequest(
+                price_key="std", micros_per_hour=PER_HOUR, currency="USD", effective_from_unix_us=T0
+            )
+        )
+        for path in ("usage@h1", "res@h2"):
+            await b.RegisterPath(
+                pb.RegisterPathRequest(path=path, backend="cpu", resource_class="c", price_key="std")
+            )
+        seeds = [
+            event(f"seed-{i}", T0 + i * 1000, 400, path="usage@h1", job_id=f"seed-{i}") for i in range(SEEDS)
+        ]
+        await a.RecordUsage(pb.RecordUsageRequest(events=seeds))
+
+        stop_verifying = asyncio.Event()
+        verdicts: list[pb.VerifyAuditResponse] = []
+
+        verifier = asyncio.create_task(_verify_all_along(both, stop_verifying, verdicts))
+        usage_out, reversal_out, res_out, audit_out = await asyncio.gather(
+            _usage(both), _reversals(both), _reservations(both), _audits(both)
+        )
+        stop_verifying.set()
+        await verifier
+        assert verdicts and all(v.ok for v in verdicts), [v for v in verdicts if not v.ok][:3]
+
+        # Usage: each batch went to both replicas; each event is stored once.
+        assert all(code == "ok" for code, _ in usage_out), usage_out
+        assert sum(r.accepted for _, r in usage_out) == BATCHES * PER_BATCH
+        assert sum(r.duplicates for _, r in usage_out) == BATCHES * PER_BATCH
+        # Reversals: each line reversed from both replicas with two keys; exactly one wins.
+        codes = [code for code, _ in reversal_out]
+        assert codes.count("ok") == SEEDS and codes.count("FAILED_PRECONDITION") == SEEDS, codes
+        # Reservations: one opener per round; usage either made it in before the close or was refused.
+        for rnd in res_out:
+            assert sorted(code for code, _ in rnd["opened"]) == ["FAILED_PRECONDITION", "ok"], rnd["opened"]
+            close_code, closed = rnd["results"][-1]
+            assert close_code == "ok", closed
+            assert {code for code, _ in rnd["results"][:-1]} <= {"ok", "FAILED_PRECONDITION"}
+        assert all(code == "ok" for code, _ in audit_out)
+
+        await asyncio.sleep(0.3)  # a digest round after the last write
+        final = await asyncio.gather(*(s.VerifyAudit(pb.VerifyAuditRequest()) for s in both))
+        assert all(v.ok for v in final), final
+
+    _assert_ledger(replicas[0], res_out)

@@ -59,6 +59,74 @@ def _criteria(report: dict[str, Any], path: str) -> dict[str, dict[str, str]]:
     return criteria
 
 
+def _assert_bias(report: dict[str, Any], lines: str) -> None:
+    """A constant bias: wrong, but the same every run."""
+    verdicts = report["verdicts"]
+    bias = _criteria(report, "bias")
+    assert verdicts["bias"]["verdict"] == "REJECT", lines
+    assert bias["correctness"]["result"] == "fail"
+    assert bias["correctness"]["reason"].startswith("wrong but stable: y: "), bias["correctness"]
+    assert bias["correctness"]["figure"].startswith("wrong but stable: rmse ")
+    assert bias["compatibility"]["result"] == "pass" and bias["latency"]["result"] == "skipped"
+
+
+def _assert_noise(report: dict[str, Any], lines: str) -> None:
+    """Fresh noise per call: named non-deterministic, with the repeat error."""
+    verdicts = report["verdicts"]
+    noise = _criteria(report, "noise")
+    assert verdicts["noise"]["verdict"] == "REJECT", lines
+    assert noise["correctness"]["reason"].startswith("non-deterministic: "), noise["correctness"]
+    noise_out = report["paths"]["noise"]["correctness"]["outputs"][0]
+    repeat = noise_out["metrics"]["candidate_repeat_max_abs"]
+    assert repeat > planted.NOISE_STD and noise_out["finding"] == "non-deterministic"
+    assert noise["correctness"]["figure"] == f"non-deterministic: repeats differ by up to {repeat:.3g}"
+    assert noise["compatibility"]["result"] == "pass"
+
+
+def _assert_median(report: dict[str, Any], lines: str) -> None:
+    """An op with no XLA lowering: correct, but REJECTED on compatibility, the op named per request."""
+    verdicts = report["verdicts"]
+    median = _criteria(report, "median")
+    assert verdicts["median"]["verdict"] == "REJECT", lines
+    assert median["correctness"]["result"] == "pass", median["correctness"]
+    assert median["compatibility"]["result"] == "fail"
+    assert "aten::median.dim_values 1 call per request" in median["compatibility"]["reason"]
+    assert "aten::median.dim_values 1/request" in median["compatibility"]["figure"]
+    assert median["latency"]["result"] in ("pass", "fail")
+    # a regression that coincides with the fallback says so (on a busy host the reference's
+    # few timings can be the slower ones: then there is no regression to explain)
+    p95 = {p: report["paths"][p]["performance"]["scenarios"][0]["p95_ms"] for p in ("cpu-eager", "median")}
+    named = "coincides with host fallback: aten::median.dim_values 1 call per request"
+    assert (named in median["latency"]["reason"]) == (p95["median"] > p95["cpu-eager"]), median["latency"]
+
+
+def _assert_shapes(report: dict[str, Any], lines: str) -> None:
+    """Data-dependent shapes: correct values, but XLA recompiles on the trial's own inputs."""
+    verdicts = report["verdicts"]
+    shapes = _criteria(report, "shapes")
+    assert verdicts["shapes"]["verdict"] == "REJECT", lines
+    assert shapes["correctness"]["result"] == "pass", shapes["correctness"]
+    assert "aten::nonzero" in shapes["compatibility"]["reason"]
+    assert (
+        "on the trial's inputs after warm-up (a shape that depends on the data"
+        in (shapes["compatibility"]["reason"])
+    )
+    assert report["paths"]["shapes"]["compatibility"]["compilations_on_inputs"] >= 1
+    assert shapes["latency"]["result"] == "inconclusive"
+    assert "recompile(s) while measuring" in shapes["latency"]["reason"]
+
+
+def _assert_sleep(report: dict[str, Any], lines: str) -> None:
+    """A sleep: correct and compatible, REJECTED on latency, with no fallback to blame."""
+    verdicts = report["verdicts"]
+    sleep = _criteria(report, "sleep")
+    assert verdicts["sleep"]["verdict"] == "REJECT", lines
+    assert sleep["correctness"]["result"] == "pass" and sleep["compatibility"]["result"] == "pass"
+    assert sleep["latency"]["result"] == "fail" and "fallback" not in sleep["latency"]["reason"]
+    p95 = report["paths"]["sleep"]["performance"]["scenarios"][0]["p95_ms"]
+    assert p95 >= planted.SLEEP_S * 1000
+
+
 async def test_planted_defects_get_their_verdicts_and_named_reasons(
     stack: Stack, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -82,58 +150,11 @@ async def test_planted_defects_get_their_verdicts_and_named_reasons(
     assert honest["compatibility"]["result"] == "pass", lines
     assert honest["compatibility"]["figure"] == "0 host-fallback ops, 0 graph breaks"
 
-    # a constant bias: wrong, but the same every run
-    bias = _criteria(report, "bias")
-    assert verdicts["bias"]["verdict"] == "REJECT", lines
-    assert bias["correctness"]["result"] == "fail"
-    assert bias["correctness"]["reason"].startswith("wrong but stable: y: "), bias["correctness"]
-    assert bias["correctness"]["figure"].startswith("wrong but stable: rmse ")
-    assert bias["compatibility"]["result"] == "pass" and bias["latency"]["result"] == "skipped"
-
-    # fresh noise per call: named non-deterministic, with the repeat error
-    noise = _criteria(report, "noise")
-    assert verdicts["noise"]["verdict"] == "REJECT", lines
-    assert noise["correctness"]["reason"].startswith("non-deterministic: "), noise["correctness"]
-    noise_out = report["paths"]["noise"]["correctness"]["outputs"][0]
-    repeat = noise_out["metrics"]["candidate_repeat_max_abs"]
-    assert repeat > planted.NOISE_STD and noise_out["finding"] == "non-deterministic"
-    assert noise["correctness"]["figure"] == f"non-deterministic: repeats differ by up to {repeat:.3g}"
-    assert noise["compatibility"]["result"] == "pass"
-
-    # an op with no XLA lowering: correct, but REJECTED on compatibility, the op named per request
-    median = _criteria(report, "median")
-    assert verdicts["median"]["verdict"] == "REJECT", lines
-    assert median["correctness"]["result"] == "pass", median["correctness"]
-    assert median["compatibility"]["result"] == "fail"
-    assert "aten::median.dim_values 1 call per request" in median["compatibility"]["reason"]
-    assert "aten::median.dim_values 1/request" in median["compatibility"]["figure"]
-    assert median["latency"]["result"] in ("pass", "fail")
-    # a regression that coincides with the fallback says so (on a busy host the reference's
-    # few timings can be the slower ones: then there is no regression to explain)
-    p95 = {p: report["paths"][p]["performance"]["scenarios"][0]["p95_ms"] for p in ("cpu-eager", "median")}
-    named = "coincides with host fallback: aten::median.dim_values 1 call per request"
-    assert (named in median["latency"]["reason"]) == (p95["median"] > p95["cpu-eager"]), median["latency"]
-
-    # data-dependent shapes: correct values, but XLA recompiles on the trial's own inputs
-    shapes = _criteria(report, "shapes")
-    assert verdicts["shapes"]["verdict"] == "REJECT", lines
-    assert shapes["correctness"]["result"] == "pass", shapes["correctness"]
-    assert "aten::nonzero" in shapes["compatibility"]["reason"]
-    assert (
-        "on the trial's inputs after warm-up (a shape that depends on the data"
-        in (shapes["compatibility"]["reason"])
-    )
-    assert report["paths"]["shapes"]["compatibility"]["compilations_on_inputs"] >= 1
-    assert shapes["latency"]["result"] == "inconclusive"
-    assert "recompile(s) while measuring" in shapes["latency"]["reason"]
-
-    # a sleep: correct and compatible, REJECTED on latency, with no fallback to blame
-    sleep = _criteria(report, "sleep")
-    assert verdicts["sleep"]["verdict"] == "REJECT", lines
-    assert sleep["correctness"]["result"] == "pass" and sleep["compatibility"]["result"] == "pass"
-    assert sleep["latency"]["result"] == "fail" and "fallback" not in sleep["latency"]["reason"]
-    p95 = report["paths"]["sleep"]["performance"]["scenarios"][0]["p95_ms"]
-    assert p95 >= planted.SLEEP_S * 1000
+    _assert_bias(report, lines)
+    _assert_noise(report, lines)
+    _assert_median(report, lines)
+    _assert_shapes(report, lines)
+    _assert_sleep(report, lines)
 
     # the report: four criteria per verdict, the compatibility rows linked to their details
     page = render(report, "html")

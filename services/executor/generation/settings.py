@@ -59,17 +59,7 @@ _NEUTRAL = {
 
 def parse_sampling(raw: str | bytes | dict[str, Any], vocab_size: int) -> SamplingParams:
     """`sampling_parameters` JSON (or an already decoded object) -> SamplingParams."""
-    if isinstance(raw, str | bytes):
-        if not raw:
-            return SamplingParams()
-        try:
-            obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidArgument(f"sampling_parameters is not JSON: {exc}") from None
-    else:
-        obj = raw
-    if not isinstance(obj, dict):
-        raise InvalidArgument("sampling_parameters must be a JSON object")
+    obj = _decode_sampling(raw)
     values: dict[str, Any] = {}
     for key, value in obj.items():
         if value is None:
@@ -81,44 +71,63 @@ def parse_sampling(raw: str | bytes | dict[str, Any], vocab_size: int) -> Sampli
                     f"send {_NEUTRAL[key]!r} or omit it"
                 )
             continue
-        if key in _FLOATS:
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise InvalidArgument(f"sampling parameter {key!r} must be a number, got {value!r}")
-            values[key] = float(value)
-        elif key in _INTS:
-            if isinstance(value, str) and value.lstrip("-").isdigit():
-                value = int(value)  # Triton's examples send numbers as strings
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidArgument(f"sampling parameter {key!r} must be an integer, got {value!r}")
-            values[key] = value
-        elif key == "stop":
-            stops = [value] if isinstance(value, str) else value
-            if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-                raise InvalidArgument(
-                    "sampling parameter 'stop' must be a string or a list of non-empty strings"
-                )
-            values[key] = tuple(stops)
-        elif key == "stop_token_ids":
-            if not isinstance(value, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in value
-            ):
-                raise InvalidArgument("sampling parameter 'stop_token_ids' must be a list of integers")
-            bad = [t for t in value if not 0 <= t < vocab_size]
-            if bad:
-                raise InvalidArgument(
-                    f"sampling parameter 'stop_token_ids' has ids {bad} outside 0..{vocab_size - 1}"
-                )
-            values[key] = tuple(value)
-        elif key == "ignore_eos":
-            if not isinstance(value, bool):
-                raise InvalidArgument(f"sampling parameter 'ignore_eos' must be true or false, got {value!r}")
-            values[key] = value
-        else:
-            known = sorted({*_FLOATS, *_INTS, "stop", "stop_token_ids", "ignore_eos", *_NEUTRAL})
-            raise InvalidArgument(f"unknown sampling parameter {key!r}; known: {', '.join(known)}")
+        values[key] = _sampling_value(key, value, vocab_size)
     params = SamplingParams(**values)
     _check_ranges(params, vocab_size)
     return params
+
+
+def _decode_sampling(raw: str | bytes | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(raw, str | bytes):
+        if not raw:
+            return {}
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidArgument(f"sampling_parameters is not JSON: {exc}") from None
+    else:
+        obj = raw
+    if not isinstance(obj, dict):
+        raise InvalidArgument("sampling_parameters must be a JSON object")
+    return obj
+
+
+def _sampling_value(key: str, value: Any, vocab_size: int) -> Any:
+    """One parameter's value, checked for its type (its range: `_check_ranges`)."""
+    if key in _FLOATS:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise InvalidArgument(f"sampling parameter {key!r} must be a number, got {value!r}")
+        return float(value)
+    if key in _INTS:
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            value = int(value)  # Triton's examples send numbers as strings
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgument(f"sampling parameter {key!r} must be an integer, got {value!r}")
+        return value
+    if key == "stop":
+        stops = [value] if isinstance(value, str) else value
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise InvalidArgument("sampling parameter 'stop' must be a string or a list of non-empty strings")
+        return tuple(stops)
+    if key == "stop_token_ids":
+        return _stop_token_ids(value, vocab_size)
+    if key == "ignore_eos":
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"sampling parameter 'ignore_eos' must be true or false, got {value!r}")
+        return value
+    known = sorted({*_FLOATS, *_INTS, "stop", "stop_token_ids", "ignore_eos", *_NEUTRAL})
+    raise InvalidArgument(f"unknown sampling parameter {key!r}; known: {', '.join(known)}")
+
+
+def _stop_token_ids(value: Any, vocab_size: int) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise InvalidArgument("sampling parameter 'stop_token_ids' must be a list of integers")
+    bad = [t for t in value if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidArgument(
+            f"sampling parameter 'stop_token_ids' has ids {bad} outside 0..{vocab_size - 1}"
+        )
+    return tuple(value)
 
 
 def _check_ranges(p: SamplingParams, vocab_size: int) -> None:
