@@ -5,7 +5,9 @@ share of each path's cost, and unpriced usage. Figures are exact micro-units ren
 decimals; a path-day with no completed job has no point rather than a zero. Costs per job
 come from the exact total / jobs, shown per job or, where one job costs under a micro-unit,
 per 1,000 or 1,000,000 jobs (switchyard.money), in the chart and in the table alike.
-Every mark that carries a figure has a `data-value` attribute (the tests count them).
+Every mark that carries a figure has a `data-value` attribute (the tests count them). Where
+the ledger has generation tokens, a table gives them per path with the cost per completed
+generation job and per million output and prompt tokens, exact as the CLI table gives them.
 """
 
 from __future__ import annotations
@@ -134,6 +136,40 @@ def _table(by_path: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
+def _per_million(cost: int, tokens: int, currency: str) -> str:
+    return money.per_million_tokens_text(cost, tokens, currency) if tokens > 0 else "n/a"
+
+
+def _generation(by_path: list[dict[str, Any]]) -> str:
+    """Tokens and the cost of generation per path (docs/ledger.md "Tokens"); '' without tokens."""
+    rows = [r for r in by_path if r["prompt_tokens"] or r["output_tokens"]]
+    if not rows:
+        return ""
+    head = (
+        "path", "prompt tokens", "output tokens", "generation jobs completed",
+        "per completed generation job", "per 1M output tokens", "per 1M prompt tokens",
+    )  # fmt: skip
+    out = ["<h2>Generation by path</h2><table><tr>", *(f"<th>{h}</th>" for h in head), "</tr>"]
+    for r in rows:
+        cost, currency, jobs = r["generation_micros"], r["currency"], r["generation_jobs_completed"]
+        cells = (
+            r["path"],
+            str(r["prompt_tokens"]),
+            str(r["output_tokens"]),
+            str(jobs),
+            money.per_job_text(cost, jobs, currency) if jobs else "n/a (none completed)",
+            money.per_million_tokens_text(cost, r["output_tokens"], currency)
+            if r["output_tokens"] > 0
+            else "n/a",
+            money.per_million_tokens_text(cost, r["prompt_tokens"], currency)
+            if r["prompt_tokens"] > 0
+            else "n/a",
+        )
+        out += ["<tr>", *(f"<td>{escape(str(c))}</td>" for c in cells), "</tr>"]
+    out.append("</table>")
+    return "".join(out)
+
+
 def render(by_day: list[dict[str, Any]], by_path: list[dict[str, Any]], generated: datetime) -> str:
     unpriced = [r for r in by_path if r["unpriced_events"]]
     unpriced_html = (
@@ -155,6 +191,7 @@ Cost per completed job = all cost of the path (busy, idle, preparation, failed w
 <h2>Cost per completed job per path, by day</h2>{_line_chart(by_day)}
 <h2>Idle share of cost (red) by path</h2>{_idle_bars(by_path)}
 <h2>Totals by path</h2>{_table(by_path)}
+{_generation(by_path)}
 <h2>Unpriced usage (not counted as zero)</h2>{unpriced_html}
 </body></html>
 """

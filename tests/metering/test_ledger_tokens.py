@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -170,7 +171,9 @@ def test_per_million_text_is_exact() -> None:
     )
 
 
-def test_finance_cli_shows_generation_costs(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_finance_cli_shows_generation_costs(
+    db_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     served = Background(db_url)
     try:
         ledger = served.running.ledger
@@ -198,6 +201,10 @@ def test_finance_cli_shows_generation_costs(db_url: str, capsys: pytest.CaptureF
         cost = gen["generation_micros"]
         assert per_million_tokens_text(cost, 12, "USD") in line
         assert per_million_tokens_text(cost, 21, "USD") in line
+        page = tmp_path / "ledger.html"
+        assert cli(served, "ledger", "html", "-o", str(page)) == 0
+        html = page.read_text()
+        assert "Generation by path" in html and per_million_tokens_text(cost, 12, "USD") in html
     finally:
         served.stop()
 
