@@ -163,8 +163,15 @@ async def test_the_focus_export_of_a_real_ledger_passes_focus_validator(
     )
     events = [event(f"e{i}", T0 + i * 1_000_000, 1_500 + i, job_id=f"j{i}") for i in range(20)]
     events.append(event("bad", T0 + 40_000_000, 900, status="failed", met_quality=False))
+    # a generation request (its tokens in x_PromptTokens / x_OutputTokens), later reversed
+    events.append(
+        event("gen", T0 + 45_000_000, 2_500, model="tiny-lm-gen", prompt_tokens=9, output_tokens=31)
+    )
     await stub.RecordUsage(pb.RecordUsageRequest(events=events))
     await stub.ReverseUsage(pb.ReverseUsageRequest(idempotency_key="fix-1", reverses_key="e3", reason="test"))
+    await stub.ReverseUsage(
+        pb.ReverseUsageRequest(idempotency_key="fix-2", reverses_key="gen", reason="test")
+    )
     await stub.CompleteJob(
         pb.CompleteJobRequest(
             job_id="prep", path="cpu-eager@h1", status="completed", met_quality=True, prepare_us=7_000_000,
@@ -203,6 +210,10 @@ async def test_the_focus_export_of_a_real_ledger_passes_focus_validator(
     assert (unpriced["BilledCost"], unpriced["x_Unpriced"]) == ("0.000000", "true")
     assert '"x_unpriced": "true"' in unpriced["Tags"]
     assert unpriced["BillingPeriodStart"] == "2025-12-01T00:00:00Z"
+    gen = {r["x_CostBasis"]: r for r in rows if r["x_JobId"] == "gen"}
+    assert (gen["busy"]["x_PromptTokens"], gen["busy"]["x_OutputTokens"]) == ("9", "31")
+    assert (gen["reversal"]["x_PromptTokens"], gen["reversal"]["x_OutputTokens"]) == ("-9", "-31")
+    assert {r["x_OutputTokens"] for r in rows if r["x_JobId"] not in ("gen",)} == {"0"}
     month_end = next(r for r in rows if r["x_JobId"] == "month-end")
     assert (month_end["BillingPeriodStart"], month_end["BillingPeriodEnd"]) == (
         "2026-01-01T00:00:00Z",
