@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from services.metering import access, audit, auditkey, jobs, reports, reservations, route_changes, usage
+from services.metering import audit, auditkey, jobs, reports, reservations, route_changes, usage
 from services.metering.db import Engines, make_engines, migrate
-from services.metering.metering_errors import AuthFailed
+from services.metering.ledger_access import LedgerAccess
 from services.metering.records import Actor, JobCostInfo, JobInfo, ReservationInfo, UsageEvent, UsageResult
 
 T = TypeVar("T")
@@ -34,8 +34,10 @@ def now_us() -> int:
 DEFAULT_ANCHOR = Path("<default>")
 
 
-class Ledger:
-    """Owns the engines and the audit key; safe to share between threads."""
+class Ledger(LedgerAccess):
+    """Owns the engines and the audit key; safe to share between threads. Usage, reservations,
+    jobs, prices, paths, reports, trials and route changes here; access and audit in
+    LedgerAccess (services/metering/ledger_access.py)."""
 
     def __init__(
         self,
@@ -197,80 +199,6 @@ class Ledger:
 
     def route_changes(self, fleet: str) -> list[Any]:
         return self.read(lambda conn: route_changes.latest(conn, fleet))
-
-    # -- access -------------------------------------------------------------------------
-    def create_principal(self, actor: Actor, name: str, kind: str, team: str) -> access.PrincipalInfo:
-        def run(conn: Connection, now: int) -> access.PrincipalInfo:
-            who = access.create_principal(conn, name, kind, team, now)
-            audit.append(
-                conn, actor, "principal.create", f"principal/{who.name}", "ok", now, {"kind": who.kind}
-            )
-            return who
-
-        return self.write(run)
-
-    def create_key(self, actor: Actor, principal: str, expires_us: int) -> access.NewKey:
-        def run(conn: Connection, now: int) -> access.NewKey:
-            who, key = access.create_key(conn, principal, expires_us, now)
-            audit.append(conn, actor, "key.create", f"key/{key.key_id}", "ok", now, {"principal": who.name})
-            return key
-
-        return self.write(run)
-
-    def revoke_key(self, actor: Actor, key_id: str) -> None:
-        def run(conn: Connection, now: int) -> None:
-            pid = access.revoke_key(conn, key_id, now)
-            audit.append(conn, actor, "key.revoke", f"key/{key_id}", "ok", now, {"principal_id": pid})
-
-        self.write(run)
-
-    def grant_role(self, actor: Actor, principal: str, role: str, scope: str) -> None:
-        def run(conn: Connection, now: int) -> None:
-            who = access.grant_role(conn, principal, role, scope, now)
-            detail = {"role": role, "scope": scope or "*"}
-            audit.append(conn, actor, "role.grant", f"principal/{who.name}", "ok", now, detail)
-
-        self.write(run)
-
-    def revoke_role(self, actor: Actor, principal: str, role: str, scope: str) -> None:
-        def run(conn: Connection, now: int) -> None:
-            who = access.revoke_role(conn, principal, role, scope)
-            detail = {"role": role, "scope": scope or "*"}
-            audit.append(conn, actor, "role.revoke", f"principal/{who.name}", "ok", now, detail)
-
-        self.write(run)
-
-    def authenticate(self, key: str, actor: Actor | None = None) -> access.Identity:
-        try:
-            return self.read(lambda conn: access.authenticate(conn, key, self.clock()))
-        except AuthFailed:
-            key_id = key.partition(".")[0][:40]  # never the secret
-            self.append_audit(actor or Actor(), "auth.denied", f"key/{key_id}", "denied", {})
-            raise
-
-    # -- audit --------------------------------------------------------------------------
-    def append_audit(
-        self, actor: Actor, action: str, resource: str, outcome: str, detail: dict[str, Any]
-    ) -> audit.AuditRecord:
-        return self.write(lambda conn, now: audit.append(conn, actor, action, resource, outcome, now, detail))
-
-    def query_audit(
-        self, action: str, principal: str, since_us: int, until_us: int, limit: int
-    ) -> list[audit.AuditRecord]:
-        reports.check_window(since_us, until_us)
-        return audit.query(self.engines.read, action, principal, since_us, until_us, limit)
-
-    def verify_audit(self) -> audit.Verification:
-        return audit.verify(self.engines.read, self.audit_key, self.anchor_path)
-
-    def write_anchor(self) -> bool:
-        """Sign the committed head into the anchor file (if one is configured and it moved)."""
-        if self.anchor_path is None:
-            return False
-        seq, digest = audit.head(self.engines.read)
-        if seq == 0:
-            return False
-        return auditkey.write_anchor(self.anchor_path, self.audit_key, seq, digest, self.clock())
 
 
 def _retryable(exc: DBAPIError) -> bool:

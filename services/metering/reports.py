@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, case, func, literal, literal_column, select
+from sqlalchemy import Engine, Select, case, func, literal, literal_column, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from services.metering.costmodel import round_div
@@ -115,7 +115,37 @@ def cost_report(
 ) -> list[CostRow]:
     groups = check_groups(group_by)
     check_window(since_us, until_us)
-    dialect = engine.dialect.name
+    lines, jobs = _cost_queries(groups, engine.dialect.name, since_us, until_us, trial_id)
+    rows: dict[tuple[str, ...], dict[str, Any]] = {}
+    with engine.connect() as conn:
+        for r in conn.execute(lines):
+            key = tuple(str(getattr(r, g) or "") for g in groups)
+            rows[key] = dict(currency=r.currency, total_micros=int(r.total), busy_micros=int(r.busy))
+            rows[key].update(
+                idle_micros=int(r.idle), prepare_micros=int(r.prepare), unpriced_events=int(r.unpriced or 0)
+            )
+            rows[key].update(
+                prompt_tokens=int(r.prompt_tokens),
+                output_tokens=int(r.output_tokens),
+                generation_micros=int(r.generation),
+            )
+        for r in conn.execute(jobs):
+            if r.total is None:  # aggregate over no rows without GROUP BY
+                continue
+            key = tuple(str(getattr(r, g) or "") for g in groups)
+            entry = rows.setdefault(key, {})
+            entry.update(jobs_completed=int(r.completed), jobs_failed=int(r.failed), jobs_total=int(r.total))
+            entry.update(
+                generation_jobs_completed=int(r.generation_completed),
+                generation_jobs_total=int(r.generation_total),
+            )
+    return [CostRow(dict(zip(groups, k, strict=True)), **v) for k, v in sorted(rows.items())]
+
+
+def _cost_queries(
+    groups: list[str], dialect: str, since_us: int, until_us: int, trial_id: str
+) -> tuple[Select[Any], Select[Any]]:
+    """The two aggregates of a cost report: the journal's money per group, and its jobs."""
     amount = LINES.c.amount_micros
 
     def by(basis: tuple[str, ...]) -> ColumnElement[Any]:
@@ -155,30 +185,7 @@ def cost_report(
         # By output label: PostgreSQL and SQLite both accept it, and the day expression is not repeated.
         lines = lines.group_by(*[literal_column(g) for g in groups])
         jobs = jobs.group_by(*[literal_column(g) for g in groups])
-    rows: dict[tuple[str, ...], dict[str, Any]] = {}
-    with engine.connect() as conn:
-        for r in conn.execute(lines):
-            key = tuple(str(getattr(r, g) or "") for g in groups)
-            rows[key] = dict(currency=r.currency, total_micros=int(r.total), busy_micros=int(r.busy))
-            rows[key].update(
-                idle_micros=int(r.idle), prepare_micros=int(r.prepare), unpriced_events=int(r.unpriced or 0)
-            )
-            rows[key].update(
-                prompt_tokens=int(r.prompt_tokens),
-                output_tokens=int(r.output_tokens),
-                generation_micros=int(r.generation),
-            )
-        for r in conn.execute(jobs):
-            if r.total is None:  # aggregate over no rows without GROUP BY
-                continue
-            key = tuple(str(getattr(r, g) or "") for g in groups)
-            entry = rows.setdefault(key, {})
-            entry.update(jobs_completed=int(r.completed), jobs_failed=int(r.failed), jobs_total=int(r.total))
-            entry.update(
-                generation_jobs_completed=int(r.generation_completed),
-                generation_jobs_total=int(r.generation_total),
-            )
-    return [CostRow(dict(zip(groups, k, strict=True)), **v) for k, v in sorted(rows.items())]
+    return lines, jobs
 
 
 CSV_COLUMNS = (
