@@ -1,15 +1,15 @@
-"""Trial activities: one class, its dependencies (connections, clock) injected by the worker.
+"""Path activities: one class, its dependencies (connections, clock) injected by the worker.
 
 Each activity does one phase step for one path and heartbeats while it waits, with details
-an operator can read in the Temporal UI (phase, progress). Measurement (performance.py) and
-ledger writes (ledger_activities.py) live in their own modules; this one prepares paths,
-runs the fixed inputs and asks the evaluator.
+an operator can read in the Temporal UI (phase, progress). Measurement (performance.py),
+comparison (comparison_activities.py), training (training_activities.py) and ledger writes
+(ledger_activities.py) live in their own modules; this one prepares paths and runs the fixed
+inputs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,18 +18,12 @@ import grpc
 from temporalio import activity
 
 from switchyard.gen.inference import grpc_service_pb2 as oip
-from switchyard.gen.switchyard.v1 import evaluator_pb2 as epb
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
-from workflows import distributed_training, payloads
+from workflows import payloads
 from workflows.connections import Connections, grpc_errors
-from workflows.spec import TrainingPlan
 from workflows.types import (
-    CompareRequest,
-    CorrectnessResult,
     InputsCompatibility,
     LoadCompatibility,
-    LossComparison,
-    OutputVerdict,
     PathInfo,
     PrepareResult,
     RunRequest,
@@ -37,8 +31,6 @@ from workflows.types import (
     ServingConfig,
     Target,
     TensorData,
-    TrainRequest,
-    TrainResult,
 )
 
 T = TypeVar("T")
@@ -272,156 +264,3 @@ class PathActivities:
         except grpc.aio.AioRpcError:
             return None
         return status.models[0].compatibility if status.models else None
-
-    @activity.defn(name="compare_outputs")
-    async def compare_outputs(self, request: CompareRequest) -> CorrectnessResult:
-        golden = {t.name: t for t in request.golden}
-        repeat = {t.name: t for t in request.reference_repeat}
-        candidate = {t.name: t for t in request.candidate}
-        candidate_repeat = {t.name: t for t in request.candidate_repeat}
-        c = request.criteria
-        wanted = list(c.outputs or [t.name for t in request.reference])
-        criteria = epb.Criteria(
-            precision=request.target.precision,
-            error_multiplier=c.error_multiplier,
-            min_cosine=c.min_cosine,
-            min_top1_agreement=c.min_top1_agreement,
-            min_topk_agreement=c.min_topk_agreement,
-            top_k=c.top_k,
-            max_kl=c.max_kl,
-            logits=c.logits,
-            atol_floor=c.atol_floor,
-        )
-        verdicts: list[OutputVerdict] = []
-        for ref in request.reference:
-            if ref.name not in wanted:
-                continue
-            cand = candidate.get(ref.name)
-            if cand is None:
-                verdicts.append(OutputVerdict(ref.name, False, {}, [f"output {ref.name} missing"], ""))
-                continue
-
-            def tensor(t: TensorData | None) -> epb.Tensor | None:
-                return (
-                    None
-                    if t is None
-                    else epb.Tensor(datatype=t.datatype, shape=t.shape, data=payloads.raw(t))
-                )
-
-            with grpc_errors(f"Compare {ref.name} of {request.target.path}"):
-                r = await self.connections.evaluator().Compare(
-                    epb.CompareRequest(
-                        output_name=ref.name,
-                        reference=tensor(ref),
-                        candidate=tensor(cand),
-                        golden=tensor(golden.get(ref.name)),
-                        reference_repeat=tensor(repeat.get(ref.name)),
-                        criteria=criteria,
-                        candidate_repeat=tensor(candidate_repeat.get(ref.name)),
-                    ),
-                    timeout=120,
-                )
-            metrics = {f.name: getattr(r.metrics, f.name) for f in r.metrics.DESCRIPTOR.fields}
-            verdicts.append(
-                OutputVerdict(ref.name, r.passed, metrics, list(r.reasons), r.justification, r.finding)
-            )
-        return CorrectnessResult(bool(verdicts) and all(v.passed for v in verdicts), verdicts)
-
-    async def _train_call(self, target: Target, request: xpb.TrainRequest, what: str) -> xpb.TrainResponse:
-        started = self.clock()
-        with grpc_errors(f"{what} {target.model} on {target.path}"):
-            response: xpb.TrainResponse = await heartbeating(
-                self.connections.control(target.executor).Train(request),
-                lambda: {
-                    "phase": "training",
-                    "path": target.path,
-                    "run": what,
-                    "elapsed_s": round(self.clock() - started, 1),
-                },
-            )
-        return response
-
-    async def _compare_loss(
-        self, target: Target, plan: TrainingPlan, reference: list[float], candidate: list[float]
-    ) -> LossComparison:
-        with grpc_errors(f"CompareLoss for {target.path}"):
-            c = await self.connections.evaluator().CompareLoss(
-                epb.CompareLossRequest(
-                    reference=reference,
-                    candidate=candidate,
-                    target_loss=plan.target_loss,
-                    max_relative_deviation=plan.max_relative_deviation,
-                    precision=target.precision,
-                ),
-                timeout=60,
-            )
-        return LossComparison(
-            passed=c.passed,
-            deviation=list(c.deviation),
-            max_relative_deviation=c.max_relative_deviation,
-            reference_steps_to_target=c.reference_steps_to_target,
-            candidate_steps_to_target=c.candidate_steps_to_target,
-            reasons=list(c.reasons),
-            justification=c.justification,
-        )
-
-    @activity.defn(name="train_path")
-    async def train_path(self, request: TrainRequest) -> TrainResult:
-        target, plan = request.target, request.plan
-        if plan.distributed is not None:
-            return await self._train_distributed(request)
-        response = await self._train_call(
-            target,
-            xpb.TrainRequest(
-                model_name=target.model,
-                version=target.version,
-                steps=plan.steps,
-                lr=plan.lr,
-                seed=plan.seed,
-                batch_size=plan.batch_size,
-            ),
-            "Train",
-        )
-        result = TrainResult(list(response.loss), list(response.step_seconds), response.total_s)
-        if request.reference_loss:
-            result.comparison = await self._compare_loss(target, plan, request.reference_loss, result.loss)
-        return result
-
-    async def _train_distributed(self, request: TrainRequest) -> TrainResult:
-        """Single-process run, then the distributed run, on this path (distributed_training)."""
-        target, plan = request.target, request.plan
-        assert plan.distributed is not None
-        world = plan.distributed.world_size
-        label = f"{target.trial_id}/{target.path}"
-        single = await self._train_call(
-            target,
-            distributed_training.request(target.model, target.version, plan, 1, label),
-            "Train world 1",
-        )
-        distributed_training.check(single, target.path, "the single-process run")
-        multi = await self._train_call(
-            target,
-            distributed_training.request(target.model, target.version, plan, world, label),
-            f"Train world {world}",
-        )
-        distributed_training.check(multi, target.path, "the distributed run")
-        one, many = distributed_training.summary(single), distributed_training.summary(multi)
-        own = await self._compare_loss(target, plan, list(single.loss), list(multi.loss))
-        report = {
-            "single_process": one,
-            "distributed": many,
-            "scaling": distributed_training.scaling(one, many),
-            "against_single_process": dataclasses.asdict(own),
-        }
-        result = TrainResult(
-            list(multi.loss), list(multi.step_seconds), single.total_s + multi.total_s, distributed=report
-        )
-        if request.reference_loss:
-            result.comparison = await self._compare_loss(target, plan, request.reference_loss, result.loss)
-        # a distributed curve that leaves its own single-process curve fails the path's training
-        if not own.passed:
-            c = result.comparison or LossComparison(False, [], 0.0, 0, 0, [], "")
-            why = "distributed curve differs from the single-process curve on this path: "
-            c.passed, c.reasons = False, [*c.reasons, why + "; ".join(own.reasons)]
-            result.comparison = c
-        return result

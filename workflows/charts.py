@@ -57,8 +57,7 @@ def bar_chart(title: str, unit: str, groups: list[str], series: dict[str, list[f
                 f'<text x="{x + bar_w / 2:.1f}" y="{TOP + plot_h - h - 3:.1f}" font-size="9" '
                 f'text-anchor="middle">{_fmt(v)}</text>'
             )
-    parts.append(_legend(list(series)))
-    return _frame(title, "".join(parts))
+    return _with_legend(title, parts, list(series))
 
 
 def _legend(names: list[str]) -> str:
@@ -104,8 +103,7 @@ def line_chart(title: str, x_label: str, y_label: str, series: dict[str, list[fl
             f'stroke-width="2"{dash}>'
             f"<title>{escape(name)}</title></polyline>"
         )
-    parts.append(_legend(list(series)))
-    return _frame(title, "".join(parts))
+    return _with_legend(title, parts, list(series))
 
 
 def histogram(title: str, edges: list[float], counts: list[int], color_index: int = 0) -> str:
@@ -130,3 +128,7 @@ def histogram(title: str, edges: list[float], counts: list[int], color_index: in
                  f'text-anchor="end">{_fmt(edges[-1])} ms '
                  "(log scale)</text>")  # fmt: skip
     return _frame(title, "".join(parts), height)
+
+
+def _with_legend(title: str, parts: list[str], names: list[str]) -> str:
+    return _frame(title, "".join(parts) + _legend(names))

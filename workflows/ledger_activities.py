@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import grpc
 from temporalio import activity
@@ -29,11 +30,27 @@ from workflows.types import (
     Registration,
     ReservationRequest,
     ReservationResult,
+    Target,
     TrialRecord,
     UsageRecord,
 )
 
 ACTOR = mpb.Actor(source="trial-worker")
+
+
+def usage_event(target: Target, key: str, kind: str, **fields: Any) -> mpb.UsageEvent:
+    """A usage event of the trial on `target`'s path; `key` makes a retried write idempotent."""
+    return mpb.UsageEvent(
+        idempotency_key=key,
+        path=target.ledger_path,
+        model=target.model,
+        model_version=target.version,
+        team=target.team,
+        kind=kind,
+        trial_id=target.trial_id,
+        arm=target.path,
+        **fields,
+    )
 
 
 class LedgerActivities:
@@ -53,16 +70,9 @@ class LedgerActivities:
     async def register_path(self, info: PathInfo) -> Registration:
         """Register the path; the problem is "" when registered, else why its cost cannot be known."""
         try:
+            described = {k: getattr(info, k) for k in ("backend", "resource_class", "price_key", "host")}
             await self.connections.metering().RegisterPath(
-                mpb.RegisterPathRequest(
-                    path=info.ledger_path,
-                    backend=info.backend,
-                    resource_class=info.resource_class,
-                    price_key=info.price_key,
-                    host=info.host,
-                    actor=self._actor(),
-                ),
-                timeout=30,
+                mpb.RegisterPathRequest(path=info.ledger_path, actor=self._actor(), **described), timeout=30
             )
         except grpc.aio.AioRpcError as err:
             if err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS):
@@ -94,18 +104,13 @@ class LedgerActivities:
         """Golden, correctness and training runs: device time of the trial, charged to the path."""
         t = record.target
         run = activity.info().workflow_run_id
-        event = mpb.UsageEvent(
-            idempotency_key=f"{run}/{t.path}/{record.phase}",
-            path=t.ledger_path,
-            model=t.model,
-            model_version=t.version,
-            team=t.team,
-            kind="prepare",
+        event = usage_event(
+            t,
+            f"{run}/{t.path}/{record.phase}",
+            "prepare",
             busy_us=min(record.busy_us, max(record.ended_unix_us - record.started_unix_us, 0)),
             started_unix_us=record.started_unix_us,
             ended_unix_us=record.ended_unix_us,
-            trial_id=t.trial_id,
-            arm=t.path,
             tags={"phase": record.phase},
         )
         with grpc_errors(f"RecordUsage ({record.phase}) for {t.ledger_path}"):
@@ -180,16 +185,6 @@ class LedgerActivities:
     @activity.defn(name="record_trial")
     async def record_trial(self, record: TrialRecord) -> None:
         with grpc_errors(f"RecordTrial {record.trial_id}"):
-            await self.connections.metering().RecordTrial(
-                mpb.RecordTrialRequest(
-                    trial_id=record.trial_id,
-                    workflow_id=record.workflow_id,
-                    model=record.model,
-                    status=record.status,
-                    spec_json=record.spec_json,
-                    report_json=record.report_json,
-                    verdicts=record.verdicts,
-                    actor=self._actor(),
-                ),
-                timeout=60,
-            )
+            # TrialRecord's fields are the request's, one for one
+            request = mpb.RecordTrialRequest(**dataclasses.asdict(record), actor=self._actor())
+            await self.connections.metering().RecordTrial(request, timeout=60)

@@ -141,11 +141,16 @@ def outputs_of(response: oip.ModelInferResponse) -> list[TensorData]:
                 output.name, output.datatype, list(output.shape), base64.b64encode(raw).decode("ascii")
             )
         )
+    return _fitting(tensors, "the correctness inputs", "use a smaller inputs batch or shape")
+
+
+def _fitting(tensors: list[TensorData], what: str, fix: str) -> list[TensorData]:
+    """`tensors`, if they fit in a Temporal payload (else a non-retryable error saying the fix)."""
     size = sum(len(t.data_b64) for t in tensors)
     if size > MAX_OUTPUT_PAYLOAD:
         raise ApplicationError(
-            f"outputs of the correctness inputs are {size} bytes encoded, over the {MAX_OUTPUT_PAYLOAD} "
-            "a Temporal payload carries; use a smaller inputs batch or shape",
+            f"outputs of {what} are {size} bytes encoded, over the {MAX_OUTPUT_PAYLOAD} a Temporal "
+            f"payload carries; {fix}",
             type="OutputsTooLarge",
             non_retryable=True,
         )
@@ -164,15 +169,8 @@ def combine(runs: list[list[TensorData]]) -> list[TensorData]:
         out.append(
             TensorData(first.name, first.datatype, [rows, last], base64.b64encode(b"".join(blobs)).decode())
         )
-    size = sum(len(t.data_b64) for t in out)
-    if size > MAX_OUTPUT_PAYLOAD:
-        raise ApplicationError(
-            f"outputs of the replayed workload are {size} bytes encoded, over the {MAX_OUTPUT_PAYLOAD} a "
-            "Temporal payload carries; export a smaller workload (fewer requests) for correctness",
-            type="OutputsTooLarge",
-            non_retryable=True,
-        )
-    return out
+    fix = "export a smaller workload (fewer requests) for correctness"
+    return _fitting(out, "the replayed workload", fix)
 
 
 def raw(tensor: TensorData) -> bytes:

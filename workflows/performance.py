@@ -25,6 +25,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from workflows import payloads
 from workflows.activities import Clock
 from workflows.connections import Connections, grpc_errors
+from workflows.ledger_activities import usage_event
 from workflows.types import PerformanceRequest, PerformanceResult, ScenarioResult
 
 USAGE_BATCH = 500
@@ -39,6 +40,41 @@ class _Sample:
     ok: bool
     prompt_tokens: int = 0  # a generation request's tokens, metered with it (0 otherwise)
     output_tokens: int = 0
+
+
+def _summary(
+    name: str,
+    batch: int,
+    concurrency: int,
+    samples: list[_Sample],
+    elapsed: float,
+    sizes: dict[str, list[int]],
+) -> ScenarioResult:
+    """One scenario's figures from its samples (latency of the completed requests only)."""
+    good = [s for s in samples if s.ok]
+    lat = np.array([s.latency_s * 1e3 for s in good])
+    edges = np.geomspace(max(lat.min(), 1e-3), max(lat.max(), lat.min() * 1.01, 1e-3), 21)
+    counts, _ = np.histogram(lat, bins=edges)
+    pct = {q: float(np.percentile(lat, q)) for q in (50, 90, 95, 99)}
+    return ScenarioResult(
+        scenario=name,
+        batch_size=batch,
+        concurrency=concurrency,
+        iterations=len(good),
+        seconds=elapsed,
+        p50_ms=pct[50],
+        p90_ms=pct[90],
+        p95_ms=pct[95],
+        p99_ms=pct[99],
+        mean_ms=float(lat.mean()),
+        compute_p50_ms=float(np.percentile([s.compute_us / 1e3 for s in good], 50)),
+        throughput=len(good) * batch / elapsed,
+        throughput_unit="samples/s",
+        input_sizes=sizes,
+        histogram_ms=[float(e) for e in edges],
+        histogram_counts=[int(c) for c in counts],
+        failed=len(samples) - len(good),
+    )
 
 
 class PerformanceActivities:
@@ -180,37 +216,11 @@ class PerformanceActivities:
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - begin
-        good = [s for s in samples if s.ok]
-        if not good:
+        if not any(s.ok for s in samples):
             raise ApplicationError(
                 f"every request of {name} batch {batch} on {t.path} failed", type="AllFailed"
             )
-        lat = np.array([s.latency_s * 1e3 for s in good])
-        edges = np.geomspace(max(lat.min(), 1e-3), max(lat.max(), lat.min() * 1.01, 1e-3), 21)
-        counts, _ = np.histogram(lat, bins=edges)
-        pct = {q: float(np.percentile(lat, q)) for q in (50, 90, 95, 99)}
-        return (
-            ScenarioResult(
-                scenario=name,
-                batch_size=batch,
-                concurrency=concurrency,
-                iterations=len(good),
-                seconds=elapsed,
-                p50_ms=pct[50],
-                p90_ms=pct[90],
-                p95_ms=pct[95],
-                p99_ms=pct[99],
-                mean_ms=float(lat.mean()),
-                compute_p50_ms=float(np.percentile([s.compute_us / 1e3 for s in good], 50)),
-                throughput=len(good) * batch / elapsed,
-                throughput_unit="samples/s",
-                input_sizes=payloads.sizes(inputs),
-                histogram_ms=[float(e) for e in edges],
-                histogram_counts=[int(c) for c in counts],
-                failed=len(samples) - len(good),
-            ),
-            samples,
-        )
+        return _summary(name, batch, concurrency, samples, elapsed, payloads.sizes(inputs)), samples
 
     async def _record(
         self, request: PerformanceRequest, name: str, batch: int, attempt: int, samples: list[_Sample]
@@ -221,20 +231,15 @@ class PerformanceActivities:
             return
         run = activity.info().workflow_run_id
         events = [
-            mpb.UsageEvent(
-                idempotency_key=f"{run}/{t.path}/{name}-b{batch}/a{attempt}/{i}",
-                path=t.ledger_path,
-                model=t.model,
-                model_version=t.version,
-                team=t.team,
-                kind="trial",
+            usage_event(
+                t,
+                f"{run}/{t.path}/{name}-b{batch}/a{attempt}/{i}",
+                "trial",
                 status="completed" if s.ok else "failed",
                 met_quality=s.ok and request.met_quality,
                 busy_us=s.compute_us,
                 started_unix_us=s.started_us,
                 ended_unix_us=s.ended_us,
-                trial_id=t.trial_id,
-                arm=t.path,
                 tags={"scenario": name, "batch_size": str(batch)},
                 prompt_tokens=s.prompt_tokens,
                 output_tokens=s.output_tokens,

@@ -107,7 +107,14 @@ def markdown(report: dict[str, Any]) -> str:
                f"({report['duration_s']:.1f} s). Reference path: **{report['reference']}**.")  # fmt: skip
     if report.get("cancel_reason"):
         out.append(f"Cancelled: {report['cancel_reason']}.")
-    out += ["", "## Verdicts", ""]
+    out += _md_verdicts(report) + _md_system(report)
+    for name, s in _rows(report):
+        out += _md_path(name, s)
+    return "\n".join(out) + "\n"
+
+
+def _md_verdicts(report: dict[str, Any]) -> list[str]:
+    out = ["", "## Verdicts", ""]
     out += [f"- **{path}**: {line_of(v)}" for path, v in report["verdicts"].items()]
     out += [
         "",
@@ -122,11 +129,15 @@ def markdown(report: dict[str, Any]) -> str:
             out.append(
                 f"| {path} | **{v['verdict']}** | {name} | {c['result']} | {c.get('figure', '')} | {reason} |"
             )
+    return out
+
+
+def _md_system(report: dict[str, Any]) -> list[str]:
     inputs = report["inputs"]
     tensors = (
         ", ".join(f"{t['name']} {t['datatype']} {t['shape']}" for t in inputs["tensors"]) or inputs["file"]
     )
-    out += ["", "## System and inputs", "", f"Inputs: seed {inputs['seed']}; {tensors}.", ""]
+    out = ["", "## System and inputs", "", f"Inputs: seed {inputs['seed']}; {tensors}.", ""]
     out += [
         "| path | host | backend | device | mode | precision | torch | resource class |",
         "|" + "---|" * 8,
@@ -142,75 +153,92 @@ def markdown(report: dict[str, Any]) -> str:
     out.append("")
     out.append("Placement (paths on one host were measured one after another): " + "; ".join(
         f"{h}: {', '.join(p)}" for h, p in report["placement"].items()))  # fmt: skip
-    for name, s in _rows(report):
-        out += ["", f"## {name} ({s['role']})", ""]
-        p = s.get("prepare") or {}
-        if p:
-            out.append(
-                f"- prepare: checkpoint load {p['checkpoint_load_s']:.3f} s, to-device "
-                f"{p['to_device_s']:.3f} s, "
-                f"compile/warm-up {p['compile_s']:.3f} s, total {p['total_s']:.3f} s"
-            )
-        out += ["", f"### Compatibility: {name}", "", "| finding | value |", "|---|---|"]
-        out += [f"| {k} | {v.replace('|', '/')} |" for k, v in _compat_rows(s)]
-        out.append("")
-        corr = s.get("correctness") or {}
-        for o in (corr.get("against_float64") or {}).get("outputs", []):
-            m = o["metrics"]
-            out.append(
-                f"- own error against the float64 run `{o['output']}`: rmse {m['reference_rmse']:.3g}, "
-                f"deterministic {m['reference_deterministic']} (repeat max abs diff "
-                f"{m['reference_repeat_max_abs']:.3g})"
-            )
-        for o in corr.get("outputs", []):
-            m = o["metrics"]
-            out.append(
-                f"- correctness `{o['output']}`: {'PASS' if o['passed'] else 'FAIL'}; max abs "
-                f"{m['max_abs_error']:.3g}, "
-                f"rmse {m['rmse']:.3g} (allowed {m['allowed_rmse']:.3g}), cosine {m['cosine']:.6f}"
-            )
-            out.append(f"  - tolerance: {o['justification']}")
-        out += [f"- performance: {line}" for line in _perf_lines(s)]
-        tr = s.get("training") or {}
-        if tr.get("loss"):
-            out.append(
-                f"- training: {len(tr['loss'])} steps, final loss {tr['loss'][-1]:.5f}, {tr['total_s']:.2f} s"
-            )
-        out += _distributed_lines(tr.get("distributed") or {})
-        e = s.get("economics") or {}
-        if "total_micros" in e:
-            out.append(
-                f"- economics: total {_money(e['total_micros'], e['currency'])} (busy "
-                f"{_money(e['busy_micros'])}, "
-                f"idle {_money(e['idle_micros'])}, preparation {_money(e['prepare_micros'])}); "
-                f"{e['jobs_completed']} jobs completed, {e['jobs_failed']} failed; cost per completed job "
-                + (
-                    # exact: per 1,000 or 1,000,000 jobs when one costs under a micro-unit
-                    money.per_job_text(e["total_micros"], e["jobs_completed"], e["currency"])
-                    if e["jobs_completed"]
-                    else "n/a"
-                )
-            )
-            done, failed = e["jobs_completed"], e["jobs_failed"]
-            adaptations = (p.get("compatibility") or {}).get("adaptations") or [] if p else []
-            out.append(
-                f"- availability {done / (done + failed):.2%} of {done + failed} requests; "
-                if done + failed
-                else "- availability: no requests; "
-            )
-            out[-1] += f"adaptations the path needed (effort): {len(adaptations)}" + (
-                f" ({'; '.join(adaptations)})" if adaptations else ""
-            )
-        elif e:
-            out.append(f"- economics: unpriced ({e.get('problem', '')})")
-        if s.get("timeline"):
-            out.append("- timeline: " + ", ".join(
-                f"{phase} {span[0][11:19]}-{span[-1][11:19]}"
-                for phase, span in sorted(s["timeline"].items(), key=lambda kv: kv[1][0])))  # fmt: skip
-        for phase, err in s.get("errors", {}).items():
-            out.append(f"- error in {phase}: {err}")
-        out += [f"- note: {n}" for n in s.get("notes", [])]
-    return "\n".join(out) + "\n"
+    artifacts = report.get("artifacts") or {}
+    if artifacts.get("paths"):
+        agree = "all paths of a version agree" if artifacts.get("consistent") else "paths DISAGREE"
+        out += ["", f"Artifacts checked before measuring ({agree}): " + "; ".join(
+            f"{path} {a['model']}:{a['version'] or 'default'} sha256 {a['sha256'] or 'not loaded'}"
+            for path, a in artifacts["paths"].items())]  # fmt: skip
+    return out
+
+
+def _md_path(name: str, s: dict[str, Any]) -> list[str]:
+    out = ["", f"## {name} ({s['role']})", ""]
+    p = s.get("prepare") or {}
+    if p:
+        out.append(
+            f"- prepare: checkpoint load {p['checkpoint_load_s']:.3f} s, to-device "
+            f"{p['to_device_s']:.3f} s, "
+            f"compile/warm-up {p['compile_s']:.3f} s, total {p['total_s']:.3f} s"
+        )
+    out += ["", f"### Compatibility: {name}", "", "| finding | value |", "|---|---|"]
+    out += [f"| {k} | {v.replace('|', '/')} |" for k, v in _compat_rows(s)]
+    out.append("")
+    out += _md_correctness(s.get("correctness") or {})
+    out += [f"- performance: {line}" for line in _perf_lines(s)]
+    tr = s.get("training") or {}
+    if tr.get("loss"):
+        out.append(
+            f"- training: {len(tr['loss'])} steps, final loss {tr['loss'][-1]:.5f}, {tr['total_s']:.2f} s"
+        )
+    out += _distributed_lines(tr.get("distributed") or {})
+    out += _md_economics(s.get("economics") or {}, p)
+    if s.get("timeline"):
+        out.append("- timeline: " + ", ".join(
+            f"{phase} {span[0][11:19]}-{span[-1][11:19]}"
+            for phase, span in sorted(s["timeline"].items(), key=lambda kv: kv[1][0])))  # fmt: skip
+    for phase, err in s.get("errors", {}).items():
+        out.append(f"- error in {phase}: {err}")
+    out += [f"- note: {n}" for n in s.get("notes", [])]
+    return out
+
+
+def _md_correctness(corr: dict[str, Any]) -> list[str]:
+    out = []
+    for o in (corr.get("against_float64") or {}).get("outputs", []):
+        m = o["metrics"]
+        out.append(
+            f"- own error against the float64 run `{o['output']}`: rmse {m['reference_rmse']:.3g}, "
+            f"deterministic {m['reference_deterministic']} (repeat max abs diff "
+            f"{m['reference_repeat_max_abs']:.3g})"
+        )
+    for o in corr.get("outputs", []):
+        m = o["metrics"]
+        out.append(
+            f"- correctness `{o['output']}`: {'PASS' if o['passed'] else 'FAIL'}; max abs "
+            f"{m['max_abs_error']:.3g}, "
+            f"rmse {m['rmse']:.3g} (allowed {m['allowed_rmse']:.3g}), cosine {m['cosine']:.6f}"
+        )
+        out.append(f"  - tolerance: {o['justification']}")
+    return out
+
+
+def _md_economics(e: dict[str, Any], p: dict[str, Any]) -> list[str]:
+    if "total_micros" not in e:
+        return [f"- economics: unpriced ({e.get('problem', '')})"] if e else []
+    out = [
+        f"- economics: total {_money(e['total_micros'], e['currency'])} (busy "
+        f"{_money(e['busy_micros'])}, "
+        f"idle {_money(e['idle_micros'])}, preparation {_money(e['prepare_micros'])}); "
+        f"{e['jobs_completed']} jobs completed, {e['jobs_failed']} failed; cost per completed job "
+        + (
+            # exact: per 1,000 or 1,000,000 jobs when one costs under a micro-unit
+            money.per_job_text(e["total_micros"], e["jobs_completed"], e["currency"])
+            if e["jobs_completed"]
+            else "n/a"
+        )
+    ]
+    done, failed = e["jobs_completed"], e["jobs_failed"]
+    adaptations = (p.get("compatibility") or {}).get("adaptations") or [] if p else []
+    out.append(
+        f"- availability {done / (done + failed):.2%} of {done + failed} requests; "
+        if done + failed
+        else "- availability: no requests; "
+    )
+    out[-1] += f"adaptations the path needed (effort): {len(adaptations)}" + (
+        f" ({'; '.join(adaptations)})" if adaptations else ""
+    )
+    return out
 
 
 def line_of(verdict: dict[str, Any]) -> str:
@@ -223,6 +251,25 @@ def line_of(verdict: dict[str, Any]) -> str:
 
 def _charts(report: dict[str, Any]) -> list[str]:
     rows = _rows(report)
+    svgs = _latency_charts(rows)
+    losses = {name: s["training"]["loss"] for name, s in rows if (s.get("training") or {}).get("loss")}
+    if losses:
+        svgs.append(charts.line_chart("Training loss per step", "step", "loss", losses))
+    svgs.append(_cost_chart(rows))
+    prep = {
+        name: [(s.get("prepare") or {}).get(k) for k in ("checkpoint_load_s", "to_device_s", "compile_s")]
+        for name, s in rows
+    }
+    svgs.append(
+        charts.bar_chart(
+            "Preparation by phase", "s", ["checkpoint load", "to device", "compile/warm-up"], prep
+        )
+    )
+    return svgs
+
+
+def _latency_charts(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Percentiles per scenario across paths, then each path's single-stream histogram."""
     svgs: list[str] = []
     scenario_keys: list[tuple[str, int]] = []
     for _, s in rows:
@@ -244,9 +291,10 @@ def _charts(report: dict[str, Any]) -> list[str]:
             if sc["scenario"] == "single-stream":
                 svgs.append(charts.histogram(f"Latency distribution, {name} single-stream batch 1",
                                              sc["histogram_ms"], sc["histogram_counts"], i))  # fmt: skip
-    losses = {name: s["training"]["loss"] for name, s in rows if (s.get("training") or {}).get("loss")}
-    if losses:
-        svgs.append(charts.line_chart("Training loss per step", "step", "loss", losses))
+    return svgs
+
+
+def _cost_chart(rows: list[tuple[str, dict[str, Any]]]) -> str:
     # From the exact total / jobs (not the per-job figure rounded to a micro-unit, which is 0
     # for a job that costs less), per 1, 1,000 or 1,000,000 jobs so that every bar shows.
     exact: dict[str, Any] = {}
@@ -261,24 +309,12 @@ def _charts(report: dict[str, Any]) -> list[str]:
         name: [float(exact[name] * scale) / 1e6 if name in exact else None] for name, _ in rows
     }
     label = money.per_label(scale)
-    svgs.append(
-        charts.bar_chart(
-            f"Cost per completed job ({label})",
-            f"{currency} {label}" if currency else "unpriced",
-            [f"cost {label}"],
-            cost,
-        )
+    return charts.bar_chart(
+        f"Cost per completed job ({label})",
+        f"{currency} {label}" if currency else "unpriced",
+        [f"cost {label}"],
+        cost,
     )
-    prep = {
-        name: [(s.get("prepare") or {}).get(k) for k in ("checkpoint_load_s", "to_device_s", "compile_s")]
-        for name, s in rows
-    }
-    svgs.append(
-        charts.bar_chart(
-            "Preparation by phase", "s", ["checkpoint load", "to device", "compile/warm-up"], prep
-        )
-    )
-    return svgs
 
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}

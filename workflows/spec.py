@@ -101,8 +101,8 @@ class TrainingPlan:
     lr: float = 0.01
     seed: int = 0
     batch_size: int = 4
-    target_loss: float = 0.0
-    max_relative_deviation: float = 0.0
+    target_loss: float = 0.0  # 0 = none
+    max_relative_deviation: float = 0.0  # 0 = the evaluator's: 1% in fp32, 5% in bf16 and fp16
     distributed: DistributedPlan | None = None
 
 

@@ -23,9 +23,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows import authorization
     from workflows.authorization import AuthorizationActivities
     from workflows.ledger_activities import LedgerActivities
-    from workflows.pipeline import PathRun, TrialContext
+    from workflows.pipeline import PathRun
     from workflows.report import TrialRun, build_report
     from workflows.spec import SpecError, TrialSpec, batch_buckets, parse_spec
+    from workflows.trial_context import TrialContext
     from workflows.trial_io import TrialInput, TrialReport
     from workflows.types import PHASES, PathInfo, Target, TrialRecord
     from workflows.verdict import overall_verdict
@@ -147,7 +148,7 @@ class TrialWorkflow:
             cancelled = True
             self.status = "cancelled"
             # cleanup must finish even though the trial was cancelled
-            await asyncio.shield(asyncio.gather(*(r.cleanup() for r in self.runs.values())))
+            await asyncio.shield(asyncio.gather(*(r.ledger.cleanup() for r in self.runs.values())))
         return cancelled
 
     async def _run_paths(self) -> None:

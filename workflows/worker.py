@@ -21,9 +21,11 @@ from temporalio.worker import Worker
 
 from workflows.activities import PathActivities
 from workflows.authorization import AuthorizationActivities
+from workflows.comparison_activities import ComparisonActivities
 from workflows.connections import Connections, WorkerConfig
 from workflows.ledger_activities import LedgerActivities
 from workflows.performance import PerformanceActivities
+from workflows.training_activities import TrainingActivities
 from workflows.trial import SEARCH_ATTRIBUTES, TrialWorkflow
 from workflows.trial_io import TRIAL_CONVERTER, TrialPayloadConverter
 
@@ -74,6 +76,8 @@ def with_trial_converter(client: Client) -> Client:
 def activities(connections: Connections) -> Sequence[Any]:
     path = PathActivities(connections)
     perf = PerformanceActivities(connections)
+    training = TrainingActivities(connections)
+    comparison = ComparisonActivities(connections)
     ledger = LedgerActivities(connections)
     authorization = AuthorizationActivities(connections)
     return [
@@ -82,8 +86,8 @@ def activities(connections: Connections) -> Sequence[Any]:
         path.serving_config,
         path.prepare_path,
         path.run_inputs,
-        path.compare_outputs,
-        path.train_path,
+        comparison.compare_outputs,
+        training.train_path,
         perf.measure_performance,
         ledger.register_path,
         ledger.open_reservation,

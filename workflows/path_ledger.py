@@ -1,0 +1,61 @@
+"""One path's account in the ledger, from inside the workflow: the reservation it holds for
+its pipeline, the non-job usage charged inside it (golden, correctness, training), its cost
+read back at the end, and the cleanup that closes the reservation and hands back the
+executor's serving set-up. Runs in the workflow sandbox; the writes are LedgerActivities.
+"""
+
+from __future__ import annotations
+
+from temporalio.exceptions import ActivityError
+
+from workflows.ledger_activities import LedgerActivities
+from workflows.path_state import PathState
+from workflows.trial_context import TrialContext, now_us, reason_of
+from workflows.types import CloseRequest, EconomicsRequest, ReservationRequest, Target, UsageRecord
+
+
+class PathLedger:
+    def __init__(self, ctx: TrialContext, target: Target, state: PathState) -> None:
+        self.ctx = ctx
+        self.target = target
+        self.state = state
+
+    async def open(self) -> None:
+        """Hold a reservation for the pipeline (none if the path could not be registered)."""
+        if self.state.ledger_problem:
+            return
+        # the start comes from the workflow so a retried activity sends the same request
+        r = await self.ctx.call(LedgerActivities.open_reservation, ReservationRequest(self.target, now_us()))
+        self.state.reservation_id, self.state.reservation_open = r.reservation_id, True
+
+    async def usage(self, phase: str, busy_us: int, started: int, ended: int) -> None:
+        if self.state.reservation_open:
+            record = UsageRecord(self.target, phase, busy_us, started, ended, self.state.reservation_id)
+            await self.ctx.call(LedgerActivities.record_path_usage, record)
+
+    async def economics(self) -> None:
+        """Close the reservation and read the path's cost per completed job."""
+        if not self.state.reservation_open:
+            self.state.economics_unpriced = True
+            return
+        request = EconomicsRequest(self.target, self.state.reservation_id, 0, now_us())
+        try:
+            self.state.economics = await self.ctx.call(LedgerActivities.economics, request)
+            self.state.reservation_open = False
+        except ActivityError as err:
+            self.state.errors["economics"] = reason_of(err)
+            self.state.status = "failed"
+
+    async def cleanup(self) -> None:
+        """Close the reservation (if still open) and hand back the serving set-up (or unload
+        what only the trial loaded); safe to call twice."""
+        if not self.state.reservation_open and not self.state.loaded:
+            return
+        reservation = self.state.reservation_id if self.state.reservation_open else ""
+        request = CloseRequest(self.target, reservation, now_us(), restore=self.state.restore)
+        try:
+            await self.ctx.call(LedgerActivities.close_path, request)
+            self.state.reservation_open = False
+            self.state.loaded = False
+        except ActivityError as err:
+            self.state.notes.append(f"cleanup failed: {reason_of(err)}")
