@@ -2,7 +2,7 @@
 and the bookkeeping of its reservation and serving set-up.
 
 The workflow keeps a `PathState` per path, `verdict.judge` reads it, and `to_json` gives the
-path's entry of the report in the report's JSON shape (docs/trial-spec.md#the-report): a phase
+path's entry of the report in the report's JSON shape (docs/trial-spec.md#what-the-trial-writes): a phase
 that did not run is `{}`, a skipped one `{"skipped": why}`, so readers of stored reports see
 the same keys as before the state was typed. Pure: it runs inside the workflow sandbox.
 """

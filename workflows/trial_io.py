@@ -118,7 +118,7 @@ class TrialConfiguration:
 
 @dataclass
 class TrialReport:
-    """The trial's result; `dataclasses.asdict` of it is the report (docs/trial-spec.md#the-report)."""
+    """The trial's result; `to_json()` is the report (docs/trial-spec.md#what-the-trial-writes)."""
 
     report_version: int
     trial_id: str
