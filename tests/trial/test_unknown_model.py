@@ -56,7 +56,8 @@ async def test_an_unknown_model_is_refused_before_any_reservation_or_load(stack:
     assert "NOT_FOUND: model 'no-such-model' is not in the model repository of cpu" in cause.message
     assert "tiny-lm" in cause.message and "fix model.name" in cause.message  # what it holds, what to fix
     scheduled = _scheduled(await handle.fetch_history())
-    assert set(scheduled) == {"record_trial", "describe_path"}, scheduled  # nothing loaded or reserved
+    # nothing loaded or reserved: only the role check, the trial's record and Describe ran
+    assert set(scheduled) == {"authorize_trial", "record_trial", "describe_path"}, scheduled
     state = ledger_state(stack, handle.id)
     assert state["trial"].status == "failed" and not state["reservations"]
 
