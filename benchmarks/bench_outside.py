@@ -287,6 +287,7 @@ class Server:
 def executor_server(
     name: str, repo: Path, model: str, buckets: str, env: dict[str, str] | None = None
 ) -> Server:
+    # frames on (the default, --frames-port 0): a router on this host reaches it over them
     args = [
         "-m",
         "switchyard",
@@ -296,8 +297,6 @@ def executor_server(
         "serve",
         "--port",
         "0",
-        "--frames-port",
-        "-1",
         "--models",
         model,
         "--model-repository",
