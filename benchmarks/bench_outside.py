@@ -312,7 +312,12 @@ def executor_server(
 
 
 def kserve_python() -> str | None:
-    """The KServe venv's interpreter when `make setup-kserve` built it."""
+    """The KServe venv's interpreter when `make setup-kserve` built it, or
+    SWITCHYARD_KSERVE_PYTHON: an env built from the same pins under another hash (the env's
+    folder is named by requirements/kserve.txt's hash, which a comment edit changes too)."""
+    given = os.environ.get("SWITCHYARD_KSERVE_PYTHON", "")
+    if given:
+        return given if Path(given).exists() else None
     found = subprocess.run(["make", "-s", "-C", str(ROOT), "kserve-python"], capture_output=True, text=True)
     path = found.stdout.strip()
     return path if path and Path(path).exists() and (Path(path).parent.parent / ".ready").exists() else None
