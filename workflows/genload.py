@@ -141,6 +141,48 @@ def poisson_offsets(n: int, rate: float, seed: int) -> list[float]:
     return [float(t) for t in np.cumsum(gaps) - gaps[0]]  # the first request at once
 
 
+async def _send(
+    stream: Streamer, request: GenRequest, record: RequestRecord, since: Callable[[], float]
+) -> None:
+    """One streamed request into `record`: the time of each chunk that carries new tokens."""
+    try:
+        async for chunk in stream(request):
+            if chunk.output_tokens > record.output_tokens:  # a response that carries new tokens
+                record.chunk_s.append(since())
+                record.output_tokens = chunk.output_tokens
+            record.prompt_tokens = chunk.prompt_tokens or record.prompt_tokens
+            record.compute_us = chunk.compute_us
+    except Exception as exc:  # a failed request is counted as failed, not a crash
+        record.ok, record.error = False, f"{type(exc).__name__}: {exc}"[:300]
+    if record.ok and not record.chunk_s:
+        record.ok, record.error = False, "no tokens"
+
+
+async def _poisson(
+    send: Callable[[GenRequest], Awaitable[None]],
+    requests: list[GenRequest],
+    load: dict[str, Any],
+    seed: int,
+    since: Callable[[], float],
+) -> None:
+    """Open loop: each request at its Poisson arrival time, at most max_concurrency in flight."""
+    limit = int(load.get("max_concurrency") or 0)
+    gate = asyncio.Semaphore(limit) if limit else None
+    offsets = poisson_offsets(len(requests), float(load["request_rate"]), seed)
+
+    async def at(offset: float, request: GenRequest) -> None:
+        delay = offset - since()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if gate is None:
+            await send(request)
+            return
+        async with gate:
+            await send(request)
+
+    await asyncio.gather(*(at(o, r) for o, r in zip(offsets, requests, strict=True)))
+
+
 async def run_load(
     stream: Streamer,
     requests: list[GenRequest],
@@ -155,40 +197,19 @@ async def run_load(
     begin = clock()
     records: list[RequestRecord] = []
 
+    def since() -> float:
+        return clock() - begin
+
     async def one(request: GenRequest) -> None:
-        record = RequestRecord(prompt_tokens=len(request.prompt), sent_s=clock() - begin)
+        record = RequestRecord(prompt_tokens=len(request.prompt), sent_s=since())
         records.append(record)
-        try:
-            async for chunk in stream(request):
-                if chunk.output_tokens > record.output_tokens:  # a response that carries new tokens
-                    record.chunk_s.append(clock() - begin)
-                    record.output_tokens = chunk.output_tokens
-                record.prompt_tokens = chunk.prompt_tokens or record.prompt_tokens
-                record.compute_us = chunk.compute_us
-        except Exception as exc:  # a failed request is counted as failed, not a crash
-            record.ok, record.error = False, f"{type(exc).__name__}: {exc}"[:300]
-        if record.ok and not record.chunk_s:
-            record.ok, record.error = False, "no tokens"
+        await _send(stream, request, record, since)
         if progress is not None:
             await progress(len(records))
 
     if load["arrival"] == "poisson":
-        limit = int(load.get("max_concurrency") or 0)
-        gate = asyncio.Semaphore(limit) if limit else None
-        offsets = poisson_offsets(len(requests), float(load["request_rate"]), seed)
-
-        async def at(offset: float, request: GenRequest) -> None:
-            delay = offset - (clock() - begin)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if gate is None:
-                await one(request)
-                return
-            async with gate:
-                await one(request)
-
-        await asyncio.gather(*(at(o, r) for o, r in zip(offsets, requests, strict=True)))
-    else:
+        await _poisson(one, requests, load, seed, since)
+    else:  # closed loop: `concurrency` workers, each sends the next request when one is done
         queue = list(reversed(requests))
 
         async def worker() -> None:
@@ -197,4 +218,4 @@ async def run_load(
 
         await asyncio.gather(*(worker() for _ in range(int(load["concurrency"]))))
     ends = [r.chunk_s[-1] for r in records if r.chunk_s]
-    return records, max(ends, default=clock() - begin)
+    return records, max(ends, default=since())
