@@ -1,0 +1,150 @@
+"""A small asyncio HTTP/1.1 server on h11 (the protocol state machine, no framework).
+
+It reads each request of a keep-alive connection whole (its body bounded by `max_body`: over
+it, 413) and hands it to `handle` with an `HttpExchange` to answer on: a JSON response, or a
+stream of server-sent events. A malformed request is answered 400 and the connection closed.
+`openai_api` serves OpenAI's API on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+import h11
+
+log = logging.getLogger(__name__)
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+class HttpExchange:
+    """One request's answer on a connection."""
+
+    def __init__(self, conn: h11.Connection, writer: asyncio.StreamWriter) -> None:
+        self.conn = conn
+        self.writer = writer
+
+    @property
+    def started(self) -> bool:
+        """Whether the response's head went out (an error can then only go into its body)."""
+        return self.conn.our_state is not h11.SEND_RESPONSE
+
+    @property
+    def streaming(self) -> bool:
+        return self.conn.our_state is h11.SEND_BODY
+
+    async def send(self, *events: Any) -> None:
+        for event in events:
+            data = self.conn.send(event)
+            if data:
+                self.writer.write(data)
+        await self.writer.drain()
+
+    async def json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
+        await self.send(
+            h11.Response(status_code=status, headers=headers), h11.Data(data=data), h11.EndOfMessage()
+        )
+
+    async def start_events(self) -> None:
+        headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
+        await self.send(h11.Response(status_code=200, headers=headers))
+
+    async def event(self, data: Any, end: bool = False) -> None:
+        """One server-sent event (`data: <json>`, or the text as is); `end`: the last."""
+        text = data if isinstance(data, str) else json.dumps(data)
+        events: list[Any] = [h11.Data(data=b"data: " + text.encode() + b"\n\n")]
+        if end:
+            events.append(h11.EndOfMessage())
+        await self.send(*events)
+
+
+class Http1Server:
+    """Serves HTTP/1.1 connections; subclasses answer requests in `handle`."""
+
+    def __init__(self, max_body: int) -> None:
+        self.max_body = max_body
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    async def handle(self, exchange: HttpExchange, request: h11.Request, body: bytes, peer: str) -> None:
+        raise NotImplementedError
+
+    def error_body(self, error: HttpError) -> Any:
+        """The JSON body of an error answer."""
+        return {"error": error.message}
+
+    async def start(self, host: str, port: int) -> int:
+        self._server = await asyncio.start_server(self._serve, host, port)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+        exchange = HttpExchange(conn, writer)
+        peer = "ipv4:{}:{}".format(*writer.get_extra_info("peername")[:2])
+        try:
+            while isinstance(request := await _next(conn, reader), h11.Request):
+                body = await self._body(conn, reader)
+                if body is None:
+                    return
+                await self.handle(exchange, request, body, peer)
+                if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
+                    break
+                conn.start_next_cycle()
+        except HttpError as exc:
+            with contextlib.suppress(Exception):
+                await exchange.json(exc.status, self.error_body(exc))
+        except (h11.RemoteProtocolError, h11.LocalProtocolError) as exc:
+            with contextlib.suppress(Exception):
+                await exchange.json(400, self.error_body(HttpError(400, f"bad HTTP request: {exc}")))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _body(self, conn: h11.Connection, reader: asyncio.StreamReader) -> bytes | None:
+        """The request's body, whole; None if the connection closed before its end."""
+        body = bytearray()
+        while not isinstance(part := await _next(conn, reader), h11.EndOfMessage):
+            if isinstance(part, h11.Data):
+                body += part.data
+                if len(body) > self.max_body:
+                    raise HttpError(413, f"the request body is over {self.max_body} bytes")
+            elif isinstance(part, h11.ConnectionClosed):
+                return None
+        return bytes(body)
+
+
+async def _next(conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
+    while True:
+        event = conn.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        data = await reader.read(65536)
+        conn.receive_data(data)  # b"" marks the end
