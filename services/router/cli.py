@@ -14,6 +14,11 @@ from typing import Any
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     router = sub.add_parser("router", help="the OIP front door: routing, failover, shadow, auth, usage")
     commands = router.add_subparsers(dest="router_command", required=True, metavar="SUBCOMMAND")
+    _add_serve(commands)
+    _add_admin(commands)
+
+
+def _add_serve(commands: argparse._SubParsersAction[Any]) -> None:
     serve = commands.add_parser("serve", help="serve OIP on --port, forwarding to the configured executors")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8001)
@@ -44,6 +49,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     serve.set_defaults(func=_serve)
 
+
+def _add_admin(commands: argparse._SubParsersAction[Any]) -> None:
     def admin(name: str, help: str) -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
         parser.add_argument("--address", default="127.0.0.1:8001", help="router (default 127.0.0.1:8001)")

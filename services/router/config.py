@@ -173,14 +173,7 @@ def validate_route(route: Route, deployments: tuple[Deployment, ...]) -> Route:
     for t in (*route.targets, *(route.shadow.candidates if route.shadow else ())):
         if t.deployment not in names:
             raise InvalidArgument(f"{where}: unknown deployment {t.deployment!r}; known: {sorted(names)}")
-    if route.policy is Policy.PINNED and len(route.targets) != 1:
-        raise InvalidArgument(f"{where}: policy pinned takes exactly one target, got {len(route.targets)}")
-    if route.policy is Policy.WEIGHTED and any(t.weight <= 0 for t in route.targets):
-        raise InvalidArgument(f"{where}: weighted targets need a weight > 0")
-    if route.policy is Policy.CHEAPEST:
-        unpriced = [t.deployment for t in route.targets if names[t.deployment].price_micros_per_hour <= 0]
-        if unpriced:
-            raise InvalidArgument(f"{where}: policy cheapest needs price_micros_per_hour on {unpriced}")
+    _check_policy(route, names, where)
     if route.shadow is not None:
         if not 0.0 <= route.shadow.share <= 1.0:
             raise InvalidArgument(f"{where}: shadow share must be within 0..1, got {route.shadow.share}")
@@ -189,6 +182,20 @@ def validate_route(route: Route, deployments: tuple[Deployment, ...]) -> Route:
     if route.max_in_flight < 0:
         raise InvalidArgument(f"{where}: max_in_flight must be >= 0")
     return route
+
+
+def _check_policy(route: Route, deployments: Mapping[str, Deployment], where: str) -> None:
+    """Refuses targets the route's policy cannot choose among."""
+    if route.policy is Policy.PINNED and len(route.targets) != 1:
+        raise InvalidArgument(f"{where}: policy pinned takes exactly one target, got {len(route.targets)}")
+    if route.policy is Policy.WEIGHTED and any(t.weight <= 0 for t in route.targets):
+        raise InvalidArgument(f"{where}: weighted targets need a weight > 0")
+    if route.policy is Policy.CHEAPEST:
+        unpriced = [
+            t.deployment for t in route.targets if deployments[t.deployment].price_micros_per_hour <= 0
+        ]
+        if unpriced:
+            raise InvalidArgument(f"{where}: policy cheapest needs price_micros_per_hour on {unpriced}")
 
 
 def route_table(route: Route) -> dict[str, Any]:

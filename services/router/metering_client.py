@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 import grpc
 
 from services.router.auth import Identity
 from services.router.executor_pool import CHANNEL_OPTIONS
-from services.router.route_store import Change
+from services.router.route_store import Change, RouteChange
 from switchyard import errors, telemetry, tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
@@ -87,21 +86,17 @@ class MeteringClient:
             raise as_error(exc) from None
         return reply
 
-    async def save_route_change(
-        self,
-        fleet: str,
-        model: str,
-        table: dict[str, Any] | None,
-        previous: dict[str, Any] | None,
-        principal: str,
-        request_id: str,
-    ) -> int:
+    async def save_route_change(self, change: RouteChange) -> int:
         actor = mpb.Actor(
-            principal=principal, source="router", request_id=request_id, trace_id=telemetry.current_trace_id()
+            principal=change.principal,
+            source="router",
+            request_id=change.request_id,
+            trace_id=telemetry.current_trace_id(),
         )
+        table, previous = change.table, change.previous
         request = mpb.SaveRouteChangeRequest(
-            fleet=fleet,
-            model=model,
+            fleet=change.fleet,
+            model=change.model,
             route_json=json.dumps(table, sort_keys=True) if table is not None else "",
             deleted=table is None,
             actor=actor,

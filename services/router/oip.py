@@ -113,60 +113,23 @@ class OipServicer:
         metadata = context.invocation_metadata() or ()
         peer = context.peer()
         await self.path.admission.identify(metadata, "stream:ModelStreamInfer", ids.time_ordered_hex(), peer)
-        out: asyncio.Queue[bytes | None] = asyncio.Queue()
-        window = asyncio.Semaphore(STREAM_WINDOW)
-        tasks: set[asyncio.Task[None]] = set()
-        last: asyncio.Task[None] | None = None  # the previous ordered answer
-
-        async def ordered(raw: bytes, before: asyncio.Task[None] | None) -> None:
-            try:
-                answer = await self._stream_answer(raw, metadata, context.time_remaining(), peer)
-                if before is not None:
-                    await asyncio.wait({before})  # answers keep the order of their requests
-                out.put_nowait(answer)
-            finally:
-                window.release()
-
-        async def decoupled(raw: bytes) -> None:
-            try:
-                async for answer in self._stream_generation(raw, metadata, context.time_remaining(), peer):
-                    out.put_nowait(answer)
-            finally:
-                window.release()
-
-        async def read() -> None:
-            nonlocal last
-            try:
-                async for raw in requests:
-                    await window.acquire()
-                    if await self._is_decoupled(raw):
-                        task = asyncio.create_task(decoupled(raw))
-                    else:
-                        task = last = asyncio.create_task(ordered(raw, last))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                if tasks:
-                    await asyncio.wait(set(tasks))
-            finally:
-                out.put_nowait(None)
-
-        reader = asyncio.create_task(read())
+        answers = _StreamAnswers(self, metadata, peer, context)
+        reader = asyncio.create_task(answers.read(requests))
         try:
-            while (item := await out.get()) is not None:
+            while (item := await answers.out.get()) is not None:
                 yield item
             await reader  # the caller's stream broke: its error ends ours
         finally:
             reader.cancel()
-            for task in list(tasks):
-                task.cancel()  # a caller that left: its work is dropped at the executors
+            answers.cancel()  # a caller that left: its work is dropped at the executors
 
-    async def _is_decoupled(self, raw: bytes) -> bool:
+    async def is_decoupled(self, raw: bytes) -> bool:
         try:
             return await self.path.is_decoupled(wire.read_header(raw).model_name)
         except SwitchyardError:
             return False  # the one-answer path answers with the error
 
-    async def _stream_generation(
+    async def stream_generation(
         self, raw: bytes, metadata: Any, time_remaining: float | None, peer: str
     ) -> AsyncIterator[bytes]:
         try:
@@ -177,7 +140,7 @@ class OipServicer:
             message = inband_status.encode_error(exc, f"/{SERVICE}/ModelStreamInfer")
         yield inband_status.error_response(message, _request_id(raw), final=True).SerializeToString()
 
-    async def _stream_answer(
+    async def stream_answer(
         self, raw: bytes, metadata: Any, time_remaining: float | None, peer: str
     ) -> bytes:
         # with tracing on, each message is a span of the trace the stream's metadata names
@@ -192,6 +155,59 @@ class OipServicer:
         except Exception as exc:  # one bad request must not end the stream the others share
             message = inband_status.encode_error(exc, f"/{SERVICE}/ModelStreamInfer")
         return wire.stream_error(message, _request_id(raw))
+
+
+class _StreamAnswers:
+    """One ModelStreamInfer call's requests in the router: each answered on its own task, at most
+    STREAM_WINDOW at once; ordinary ones in request order, generations as their responses come."""
+
+    def __init__(self, servicer: OipServicer, metadata: Any, peer: str, context: Ctx) -> None:
+        self._servicer = servicer
+        self._metadata = metadata
+        self._peer = peer
+        self._context = context
+        self.out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._window = asyncio.Semaphore(STREAM_WINDOW)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last: asyncio.Task[None] | None = None  # the previous ordered answer
+
+    async def read(self, requests: AsyncIterator[bytes]) -> None:
+        try:
+            async for raw in requests:
+                await self._window.acquire()
+                if await self._servicer.is_decoupled(raw):
+                    task = asyncio.create_task(self._decoupled(raw))
+                else:
+                    task = self._last = asyncio.create_task(self._ordered(raw, self._last))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            if self._tasks:
+                await asyncio.wait(set(self._tasks))
+        finally:
+            self.out.put_nowait(None)
+
+    def cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _ordered(self, raw: bytes, before: asyncio.Task[None] | None) -> None:
+        try:
+            time_remaining = self._context.time_remaining()
+            answer = await self._servicer.stream_answer(raw, self._metadata, time_remaining, self._peer)
+            if before is not None:
+                await asyncio.wait({before})  # answers keep the order of their requests
+            self.out.put_nowait(answer)
+        finally:
+            self._window.release()
+
+    async def _decoupled(self, raw: bytes) -> None:
+        try:
+            time_remaining = self._context.time_remaining()
+            answers = self._servicer.stream_generation(raw, self._metadata, time_remaining, self._peer)
+            async for answer in answers:
+                self.out.put_nowait(answer)
+        finally:
+            self._window.release()
 
 
 def _request_id(raw: bytes) -> str:

@@ -43,18 +43,25 @@ class Change:
     revision: int = 0  # metering's; 0: kept only in this router's file
 
 
+@dataclass(frozen=True)
+class RouteChange:
+    """One change to share with the fleet: the route's new table (None: deleted) and the one it
+    replaces (for the audit trail), by whom, under which request id."""
+
+    fleet: str
+    model: str
+    table: dict[str, Any] | None
+    previous: dict[str, Any] | None
+    principal: str = ""
+    request_id: str = ""
+
+
 class SharedRoutes(Protocol):
     """Where a fleet's route changes are shared (metering)."""
 
-    async def save_route_change(
-        self,
-        fleet: str,
-        model: str,
-        table: dict[str, Any] | None,
-        previous: dict[str, Any] | None,
-        principal: str,
-        request_id: str,
-    ) -> int: ...
+    async def save_route_change(self, change: RouteChange) -> int:
+        """Keeps the change for the fleet; returns its revision."""
+        ...
 
     async def route_changes(self, fleet: str) -> dict[str, Change]: ...
 
@@ -129,9 +136,8 @@ class RouteStore:
         else:
             try:
                 old = route_table(previous) if previous is not None else None
-                revision = await self.shared.save_route_change(
-                    self.fleet, model, table, old, principal, request_id
-                )
+                change = RouteChange(self.fleet, model, table, old, principal, request_id)
+                revision = await self.shared.save_route_change(change)
             except Unavailable as exc:
                 raise Unavailable(
                     f"could not save the route change in metering ({exc}); the route is unchanged"

@@ -20,7 +20,7 @@ from services.router.administration import RouterAdministration
 from services.router.admission import Admission
 from services.router.auth import Authenticator
 from services.router.capture import Capturer
-from services.router.config import RouterConfig
+from services.router.config import RouterConfig, Settings
 from services.router.evaluator_client import EvaluatorComparer
 from services.router.executor_pool import ExecutorPool
 from services.router.forwarder import Forwarder
@@ -96,71 +96,16 @@ async def start_router(
             "require_auth = false under [router] for a trusted local setup"
         )
     metering = MeteringClient(metering_address, security=security) if metering_address else None
-    auth = (
-        Authenticator(metering, settings.auth_cache_ttl_s, settings.auth_stale_s, settings.auth_cache_entries)
-        if metering is not None and settings.require_auth
-        else None
-    )
-    spool = None
-    if metering is not None:
-        spool = Spool(
-            metering,
-            spool_dir or Path(settings.spool_dir),
-            settings.usage_flush_s,
-            settings.usage_batch,
-            max_bytes=settings.spool_max_mb << 20,
-            alarm_fraction=settings.spool_alarm_fraction,
-        )
-        spool.start()
-        if spool.backlog:
-            log.info("replaying %d spooled usage segments from an earlier run", spool.backlog)
-    else:
-        log.warning("no metering address: usage is not recorded")
+    spool_dir = spool_dir or Path(settings.spool_dir)
+    spool = _start_spool(metering, settings, spool_dir)
     pool = ExecutorPool(config.deployments, settings, security)
     await pool.start()
-    evaluator = EvaluatorComparer(settings.evaluator, security=security) if settings.evaluator else None
-    # admin changes: kept across restarts, and shared by the fleet through metering
-    store = RouteStore(spool_dir or Path(settings.spool_dir), metering, settings.fleet)
-    # every deployment's ledger path, registered from what its executor describes (`paths`)
-    registrar = PathRegistrar(metering, config.deployments, pool.channels) if metering is not None else None
-    router = _request_path(
-        config, pool, auth, spool, RouteTable(config.routes, config.deployments, store, registrar), evaluator
-    )
-    if registrar is not None:
-        registrar.want(d.name for d in config.deployments)
-        registrar.start()
-    _start_captures(router, config, Path(settings.workloads_dir))
-    if metering is not None:
-        try:
-            await router.table.sync()  # the fleet's changes before the first request
-        except SwitchyardError as exc:
-            log.warning("serving without the fleet's latest route changes until metering answers: %s", exc)
-        if settings.route_sync_s > 0:
-            router.table.start_sync(settings.route_sync_s)
-    registrations: list[Registration] = [
-        (oip.add_to_server, oip.OipServicer(router), oip.SERVICE),
-        (
-            router_pb2_grpc.add_RouterAdminServicer_to_server,
-            AdminServicer(RouterAdministration(router)),
-            "switchyard.v1.RouterAdmin",
-        ),
-    ]
+    router = await _start_request_path(config, pool, metering, spool, spool_dir, security)
     # every servicer maps its own errors: no interceptor on the request path
     options = dataclasses.replace(
         options or ServerOptions(), map_errors_in_servicers=True, public=True, security=security
     )
-    server = await start_server(registrations, options)
-    if spool is not None:
-        spool.set_ready = server.set_serving  # a spool near its bound takes the router out of rotation
-        if spool.under_pressure:
-            await server.set_serving(False)
-    log.info(
-        "router serving on %s (%d routes, %d deployments; %s)",
-        server.address,
-        len(router.routes),
-        len(pool.states),
-        server.describe_security(),
-    )
+    server = await _start_fronts(router, options)
     running = RunningRouter(server, router, metering)
     if settings.openai_port >= 0:
         running.openai = OpenAIServer(router)
@@ -170,6 +115,87 @@ async def start_router(
             await running.stop(0)
             raise
     return running
+
+
+def _start_spool(metering: MeteringClient | None, settings: Settings, directory: Path) -> Spool | None:
+    """Usage and audit events' way to metering (None without metering: not recorded)."""
+    if metering is None:
+        log.warning("no metering address: usage is not recorded")
+        return None
+    spool = Spool(
+        metering,
+        directory,
+        settings.usage_flush_s,
+        settings.usage_batch,
+        max_bytes=settings.spool_max_mb << 20,
+        alarm_fraction=settings.spool_alarm_fraction,
+    )
+    spool.start()
+    if spool.backlog:
+        log.info("replaying %d spooled usage segments from an earlier run", spool.backlog)
+    return spool
+
+
+async def _start_request_path(
+    config: RouterConfig,
+    pool: ExecutorPool,
+    metering: MeteringClient | None,
+    spool: Spool | None,
+    spool_dir: Path,
+    security: tls.Security,
+) -> RequestPath:
+    """The stages, started: the route table synced with the fleet, paths registering, captures."""
+    settings = config.settings
+    auth = (
+        Authenticator(metering, settings.auth_cache_ttl_s, settings.auth_stale_s, settings.auth_cache_entries)
+        if metering is not None and settings.require_auth
+        else None
+    )
+    evaluator = EvaluatorComparer(settings.evaluator, security=security) if settings.evaluator else None
+    # admin changes: kept across restarts, and shared by the fleet through metering
+    store = RouteStore(spool_dir, metering, settings.fleet)
+    # every deployment's ledger path, registered from what its executor describes (`paths`)
+    registrar = PathRegistrar(metering, config.deployments, pool.channels) if metering is not None else None
+    table = RouteTable(config.routes, config.deployments, store, registrar)
+    router = _request_path(config, pool, auth, spool, table, evaluator)
+    if registrar is not None:
+        registrar.want(d.name for d in config.deployments)
+        registrar.start()
+    _start_captures(router, config, Path(settings.workloads_dir))
+    if metering is not None:
+        try:
+            await table.sync()  # the fleet's changes before the first request
+        except SwitchyardError as exc:
+            log.warning("serving without the fleet's latest route changes until metering answers: %s", exc)
+        if settings.route_sync_s > 0:
+            table.start_sync(settings.route_sync_s)
+    return router
+
+
+async def _start_fronts(router: RequestPath, options: ServerOptions) -> RunningServer:
+    """The OIP and RouterAdmin servicers on the router's port."""
+    registrations: list[Registration] = [
+        (oip.add_to_server, oip.OipServicer(router), oip.SERVICE),
+        (
+            router_pb2_grpc.add_RouterAdminServicer_to_server,
+            AdminServicer(RouterAdministration(router)),
+            "switchyard.v1.RouterAdmin",
+        ),
+    ]
+    server = await start_server(registrations, options)
+    spool = router.spool
+    if spool is not None:
+        spool.set_ready = server.set_serving  # a spool near its bound takes the router out of rotation
+        if spool.under_pressure:
+            await server.set_serving(False)
+    log.info(
+        "router serving on %s (%d routes, %d deployments; %s)",
+        server.address,
+        len(router.routes),
+        len(router.pool.states),
+        server.describe_security(),
+    )
+    return server
 
 
 def _request_path(

@@ -15,7 +15,6 @@ import time
 import tomllib
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -26,7 +25,7 @@ from services.router import config, wire
 from services.router.auth import Authenticator, Identity, authorize, bearer_key
 from services.router.config import Deployment, Policy, Route, Settings, Target, route_table
 from services.router.policies import DeploymentState, plan
-from services.router.route_store import Change, RouteStore
+from services.router.route_store import Change, RouteChange, RouteStore
 from switchyard.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
@@ -346,19 +345,11 @@ class FleetStore:
         self.revision = 0
         self.down = False
 
-    async def save_route_change(
-        self,
-        fleet: str,
-        model: str,
-        table: dict[str, Any] | None,
-        previous: dict[str, Any] | None,
-        principal: str,
-        request_id: str,
-    ) -> int:
+    async def save_route_change(self, change: RouteChange) -> int:
         if self.down:
             raise Unavailable("metering did not answer")
         self.revision += 1
-        self.changes[model] = Change(table, self.revision)
+        self.changes[change.model] = Change(change.table, self.revision)
         return self.revision
 
     async def route_changes(self, fleet: str) -> dict[str, Change]:
