@@ -172,7 +172,12 @@ async def _report(args: argparse.Namespace) -> int:
             )
         if not stored.report_json:
             print(
-                f"trial {args.trial_id} is {stored.status}; its report is written when it ends",
+                f"trial {args.trial_id} is {stored.status}; "
+                + (
+                    "it was refused before it measured: `switchyard trial status ID` says why"
+                    if stored.status == "failed"
+                    else "its report is written when it ends"
+                ),
                 file=sys.stderr,
             )
             return 1

@@ -136,7 +136,7 @@ class TrialWorkflow:
         except TrialRefused as refused:
             self.status = record.status = "failed"
             workflow.upsert_search_attributes([VERDICT.value_set("REFUSED")])
-            record.report_json = json.dumps({"refused": str(refused), "field": refused.field})
+            # no report: nothing was measured; the failure (trial status) says why
             await self._record(ctx, record, "could not record the refusal")
             raise ApplicationError(
                 str(refused), {"field": refused.field}, type="UnknownModel", non_retryable=True

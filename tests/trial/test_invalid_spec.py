@@ -55,3 +55,48 @@ async def test_invalid_spec_fails_the_workflow_at_once_naming_the_field(
     status = argparse.Namespace(trial_id=workflow_id, temporal=address, namespace="default")
     assert await trial_commands._status(status) == 1
     assert "FAILED: invalid trial spec: paths[1].mode" in capsys.readouterr().out
+
+
+async def test_a_misspelt_top_level_key_from_the_ui_is_named_not_dropped(
+    temporal_env: WorkflowEnvironment, evaluator: RunningServer
+) -> None:
+    # Temporal's dataclass conversion drops keys TrialInput does not define; the worker's
+    # payload converter keeps them so the spec parser names the misspelling
+    spec: dict[str, Any] = {
+        "model": {"name": "tiny-lm"},
+        "inputs": {"seed": 1, "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 4]}]},
+        "paths": [
+            {"name": "a", "executor": "cpu", "mode": "eager"},
+            {"name": "b", "executor": "cpu", "mode": "eager"},
+        ],
+        "reference": "a",
+        "polcy": {"min_cost_saving": 0.1},
+    }
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    connections = Connections(WorkerConfig(evaluator=evaluator.address, metering="127.0.0.1:1"))
+    async with build_worker(temporal_env.client, connections, task_queue=queue):
+        handle = await temporal_env.client.start_workflow(
+            "TrialWorkflow", spec, id=f"typo-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        with pytest.raises(WorkflowFailureError) as err:
+            await handle.result()
+    await connections.close()
+    cause = err.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "InvalidTrialSpec"
+    assert cause.message.startswith("invalid trial spec: polcy: is not a known field here")
+    assert cause.details == ({"field": "polcy"},)
+
+
+def test_trial_input_is_the_spec_object_both_ways() -> None:
+    from temporalio.converter import DataConverter
+
+    from workflows.trial_io import TRIAL_CONVERTER, TrialInput
+
+    spec = {"model": {"name": "tiny-lm"}, "reference": "a", "team": "", "polcy": 1}
+    trial = TrialInput.from_json(spec)
+    assert trial.unknown == {"polcy": 1} and trial.to_json() == spec
+    # sent by a client with Temporal's default converter, read by the worker's: the same spec
+    for sender in (DataConverter.default, TRIAL_CONVERTER):
+        payloads = sender.payload_converter.to_payloads([trial])
+        (read,) = TRIAL_CONVERTER.payload_converter.from_payloads(payloads, [TrialInput])
+        assert read.to_json() == spec

@@ -60,6 +60,7 @@ async def test_an_unknown_model_is_refused_before_any_reservation_or_load(stack:
     assert set(scheduled) == {"authorize_trial", "record_trial", "describe_path"}, scheduled
     state = ledger_state(stack, handle.id)
     assert state["trial"].status == "failed" and not state["reservations"]
+    assert not state["trial"].report_json  # nothing half-written: no report of a trial that never ran
 
 
 async def test_an_unknown_version_of_the_reference_is_refused_naming_the_field(stack: Stack) -> None:
