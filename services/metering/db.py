@@ -44,6 +44,7 @@ RUNTIME_GRANTS = {
     "role_bindings": "SELECT, INSERT, DELETE",
     "trials": "SELECT, INSERT, UPDATE",
     "route_changes": "SELECT, INSERT",
+    "limit_changes": "SELECT, INSERT",
     "alembic_version": "SELECT",
     "v_cost_per_completed_job": "SELECT",
     "v_idle_by_path": "SELECT",

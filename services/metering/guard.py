@@ -13,8 +13,8 @@ sends `authorization: Bearer <key>`, the key's principal as well:
   route changes);
 - Authorize takes any valid key (it checks the roles the work needs itself) and the operator's
   certificate; VerifyGrant, the check of a trial's grant, is the trial worker's;
-- Authenticate is the router's; a route change (SaveRouteChange) comes from the router on
-  behalf of the admin whose key it checked, or from an admin.
+- Authenticate is the router's; a route or limit change (SaveRouteChange, SaveLimitChange)
+  comes from the router on behalf of the admin whose key it checked, or from an admin.
 
 A key that does not authenticate gets UNAUTHENTICATED (audited once, as `auth.denied`, by
 the ledger's authenticate); a caller with neither a key nor a switchyard identity gets
@@ -49,6 +49,7 @@ READ_RPCS = frozenset(
         "Export",
         "GetTrialReport",
         "ListRouteChanges",
+        "ListLimitChanges",
         "QueryAudit",
         "VerifyAudit",
         "ListPaths",
@@ -71,6 +72,8 @@ SERVICE_RPCS: dict[str, frozenset[str]] = {
             *USAGE_WRITES,
             "SaveRouteChange",
             "ListRouteChanges",
+            "SaveLimitChange",
+            "ListLimitChanges",
         )
     ),
     tls.WORKER: frozenset(
@@ -90,7 +93,15 @@ SERVICE_RPCS: dict[str, frozenset[str]] = {
     # jobs on it still come only from the router and the worker.
     tls.OPERATOR: ADMIN_RPCS
     | READ_RPCS
-    | {"RegisterPath", "SaveRouteChange", "RecordTrial", "OpenReservation", "CloseReservation", "Authorize"},
+    | {
+        "RegisterPath",
+        "SaveRouteChange",
+        "SaveLimitChange",
+        "RecordTrial",
+        "OpenReservation",
+        "CloseReservation",
+        "Authorize",
+    },
 }
 # Any valid key may ask about itself (Authorize checks the roles the work needs).
 KEY_RPCS = frozenset(("Authorize",))
@@ -106,7 +117,9 @@ def _role_rpcs(roles: tuple[tuple[str, str], ...]) -> frozenset[str]:
         if scope not in ("*", ""):
             continue
         if role == "admin":
-            granted |= ADMIN_RPCS | READ_RPCS | {"RegisterPath", "SaveRouteChange", "RecordTrial"}
+            granted |= (
+                ADMIN_RPCS | READ_RPCS | {"RegisterPath", "SaveRouteChange", "SaveLimitChange", "RecordTrial"}
+            )
         elif role == "ledger:read":
             granted |= READ_RPCS
     return frozenset(granted - DATA_PLANE)

@@ -17,7 +17,16 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from services.metering import audit, auditkey, jobs, reports, reservations, route_changes, usage
+from services.metering import (
+    audit,
+    auditkey,
+    jobs,
+    limit_changes,
+    reports,
+    reservations,
+    route_changes,
+    usage,
+)
 from services.metering.db import Engines, make_engines, migrate
 from services.metering.ledger_access import LedgerAccess
 from services.metering.records import Actor, JobCostInfo, JobInfo, ReservationInfo, UsageEvent, UsageResult
@@ -199,6 +208,26 @@ class Ledger(LedgerAccess):
 
     def route_changes(self, fleet: str) -> list[Any]:
         return self.read(lambda conn: route_changes.latest(conn, fleet))
+
+    # -- per-principal limits, shared by a fleet of routers ------------------------------
+    def save_limit_change(
+        self,
+        actor: Actor,
+        fleet: str,
+        principal_id: str,
+        rate_per_s: float,
+        burst: int,
+        max_in_flight: int,
+        reset: bool,
+    ) -> Any:
+        return self.write(
+            lambda conn, now: limit_changes.save(
+                conn, actor, fleet, principal_id, rate_per_s, burst, max_in_flight, reset, now
+            )
+        )
+
+    def limit_changes(self, fleet: str) -> list[Any]:
+        return self.read(lambda conn: limit_changes.latest(conn, fleet))
 
 
 def _retryable(exc: DBAPIError) -> bool:

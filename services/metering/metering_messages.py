@@ -115,6 +115,20 @@ def route_change_msg(r: Any) -> pb.RouteChange:
     )
 
 
+def limit_change_msg(r: Any) -> pb.LimitChange:
+    return pb.LimitChange(
+        fleet=r.fleet,
+        principal_id=r.principal_id,
+        rate_per_s=r.rate_per_s,
+        burst=r.burst,
+        max_in_flight=r.max_in_flight,
+        reset=r.reset,
+        revision=r.id,
+        changed_unix_us=r.changed_us,
+        principal=r.principal,
+    )
+
+
 def authorized_msg(done: Authorized) -> pb.AuthorizeResponse:
     p = done.principal
     return pb.AuthorizeResponse(

@@ -12,6 +12,7 @@ from services.metering.metering_errors import BadInput
 from services.metering.metering_messages import (
     actor_of,
     event_of,
+    limit_change_msg,
     price_msg,
     reservation_msg,
     route_change_msg,
@@ -26,7 +27,7 @@ MAX_BATCH = 50_000
 
 class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
     """The Metering service: the writes of usage, reservations, jobs, prices, paths, trials and
-    route changes here; access, authorization and audit in AccessRpcs, the reads in ReportRpcs."""
+    route and limit changes here; access, authorization and audit in AccessRpcs, the reads in ReportRpcs."""
 
     async def RecordUsage(self, request: pb.RecordUsageRequest, context: Any) -> pb.RecordUsageResponse:
         if len(request.events) > MAX_BATCH:
@@ -153,3 +154,18 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
             )
         )
         return route_change_msg(row)
+
+    async def SaveLimitChange(self, request: pb.SaveLimitChangeRequest, context: Any) -> pb.LimitChange:
+        r = request
+        row = await self._w(
+            lambda: self.ledger.save_limit_change(
+                actor_of(r.actor, context),
+                r.fleet,
+                r.principal_id,
+                r.rate_per_s,
+                r.burst,
+                r.max_in_flight,
+                r.reset,
+            )
+        )
+        return limit_change_msg(row)

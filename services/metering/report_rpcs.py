@@ -10,13 +10,14 @@ from typing import Any
 
 from services.metering.ledger_calls import LedgerCalls
 from services.metering.metering_messages import (
+    limit_change_msg,
     route_change_msg,
 )
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 
 
 class ReportRpcs(LedgerCalls):
-    """GetJobCost, CostReport, Export, ListPaths, GetTrialReport, ListRouteChanges."""
+    """GetJobCost, CostReport, Export, ListPaths, GetTrialReport, ListRouteChanges, ListLimitChanges."""
 
     async def GetJobCost(self, request: pb.GetJobCostRequest, context: Any) -> pb.JobCost:
         cost = await self._r(lambda: self.ledger.job_cost(request.job_id))
@@ -114,3 +115,9 @@ class ReportRpcs(LedgerCalls):
     ) -> pb.ListRouteChangesResponse:
         rows = await self._r(lambda: self.ledger.route_changes(request.fleet))
         return pb.ListRouteChangesResponse(changes=[route_change_msg(r) for r in rows])
+
+    async def ListLimitChanges(
+        self, request: pb.ListLimitChangesRequest, context: Any
+    ) -> pb.ListLimitChangesResponse:
+        rows = await self._r(lambda: self.ledger.limit_changes(request.fleet))
+        return pb.ListLimitChangesResponse(changes=[limit_change_msg(r) for r in rows])

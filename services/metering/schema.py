@@ -16,6 +16,7 @@ from typing import cast
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -255,6 +256,27 @@ class RouteChangeRow(Base):
     request_id: Mapped[str] = mapped_column(String(200))
 
 
+class LimitChangeRow(Base):
+    """A principal's limits set through a router's RouterAdmin, shared by the routers of its
+    fleet. Append-only history; the latest row per fleet and principal (highest id) is in force,
+    and `reset` means back to the routers' configured defaults.
+    """
+
+    __tablename__ = "limit_changes"
+    __table_args__ = (Index(None, "fleet", "principal_id", "id"),)
+
+    id: Mapped[int] = mapped_column(SerialId, primary_key=True, autoincrement=True)
+    fleet: Mapped[str] = mapped_column(String(200))
+    principal_id: Mapped[str] = mapped_column(String(200))
+    rate_per_s: Mapped[float] = mapped_column(Float)
+    burst: Mapped[int] = mapped_column(Integer)
+    max_in_flight: Mapped[int] = mapped_column(Integer)
+    reset: Mapped[bool] = mapped_column(Boolean)
+    changed_us: Mapped[int] = mapped_column(BigInteger)
+    principal: Mapped[str] = mapped_column(String(200))
+    request_id: Mapped[str] = mapped_column(String(200))
+
+
 # Core handles on the tables (the hot paths use Core statements, not ORM sessions).
 PRICES = cast(Table, PriceRow.__table__)
 PATHS = cast(Table, PathRow.__table__)
@@ -268,3 +290,4 @@ AUDIT = cast(Table, AuditRow.__table__)
 HEAD = cast(Table, AuditHeadRow.__table__)
 TRIALS = cast(Table, TrialRow.__table__)
 ROUTE_CHANGES = cast(Table, RouteChangeRow.__table__)
+LIMIT_CHANGES = cast(Table, LimitChangeRow.__table__)

@@ -114,7 +114,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
         msg = request.limit
         caller = await self._caller(context, f"limit:{msg.principal_id[:200]}", need_admin=True)
         asked = Limit(msg.rate_per_s, msg.burst, msg.max_in_flight)
-        now = self.admin.set_limit(msg.principal_id, asked, request.reset, caller)
+        now = await self.admin.set_limit(msg.principal_id, asked, request.reset, caller)
         return _limit_msg(msg.principal_id, now)
 
     async def ListPrincipalLimits(

@@ -3,7 +3,8 @@
 Changing the router (a route, a principal's limit) needs a key with role `admin`; reading needs
 any valid key. A denied attempt is audited by admission; a route change by metering, in the
 transaction that saves it for the fleet (`route_store`), with the old and the new route as
-detail; a limit change here, since limits are kept on each router only. A route is validated
+detail; a limit change likewise when metering shares it with the fleet (`fleet_limits`), else
+here. A route is validated
 whole (the same rules as the routes file) before it replaces the old one. `admin_servicer`
 converts RouterAdmin's messages to and from these calls.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from services.router.admission import Metadata
 from services.router.auth import Identity
 from services.router.config import Route, validate_route
+from services.router.fleet_limits import FleetLimits
 from services.router.limits import Limit, PrincipalLimits
 from services.router.policies import DeploymentState
 from services.router.request_path import RequestPath
@@ -36,8 +38,10 @@ class Caller:
 
 
 class RouterAdministration:
-    def __init__(self, path: RequestPath) -> None:
+    def __init__(self, path: RequestPath, fleet_limits: FleetLimits | None = None) -> None:
         self.path = path
+        # limits set here: for the fleet through metering, else on this router only
+        self.fleet_limits = fleet_limits or FleetLimits(path.admission.limits)
 
     @property
     def limits(self) -> PrincipalLimits:
@@ -66,17 +70,22 @@ class RouterAdministration:
         pool = self.path.pool
         return [(state, pool.transport(state.deployment.name)) for state in pool.states.values()]
 
-    def set_limit(self, principal: str, limit: Limit, reset: bool, caller: Caller) -> Limit:
-        """Overrides one principal's limits on this router (`reset`: back to the defaults);
-        audited. Returns the limits now in force for it."""
+    async def set_limit(self, principal: str, limit: Limit, reset: bool, caller: Caller) -> Limit:
+        """Overrides one principal's limits (`reset`: back to the defaults) on every router of
+        the fleet, through metering (`fleet_limits`), else on this router; audited either way.
+        Returns the limits now in force for it."""
         if not principal or len(principal) > MAX_PRINCIPAL_ID:
             raise InvalidArgument(
                 f"limit.principal_id must name a principal (1..{MAX_PRINCIPAL_ID} characters)"
             )
         if limit.rate_per_s < 0 or limit.burst < 0 or limit.max_in_flight < 0:
             raise InvalidArgument("limits must be >= 0 (0 = unlimited)")
-        self.limits.set(principal, None if reset else limit)
+        shared = await self.fleet_limits.set(
+            principal, None if reset else limit, caller.identity.principal_id, caller.request_id
+        )
         now = self.limits.limit_for(principal)
+        if shared:
+            return now  # audited by metering, in the transaction that saved it
         detail = json.dumps(
             {
                 "rate_per_s": now.rate_per_s,

@@ -2,7 +2,7 @@
 
 Defaults come from `[router] principal_rate_per_s`, `principal_burst` and
 `principal_max_in_flight` (0 = no limit); RouterAdmin.SetPrincipalLimit overrides them for one
-principal on this router (kept in memory: set it on each router of a fleet). A request over a
+principal (for the whole fleet through metering: services/router/fleet_limits.py). A request over a
 limit is refused with RESOURCE_EXHAUSTED and the trailing metadata `retry-after-ms` (when a
 token is due, or a short pause for in-flight), and nothing is written to the ledger for it:
 refusals are counted here (`refused`), so one tenant hammering the router cannot flood

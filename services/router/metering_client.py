@@ -13,6 +13,7 @@ import grpc
 
 from services.router.auth import Identity
 from services.router.executor_pool import CHANNEL_OPTIONS
+from services.router.limits import Limit
 from services.router.route_store import Change, RouteChange
 from switchyard import errors, telemetry, tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
@@ -122,6 +123,39 @@ class MeteringClient:
             except ValueError as exc:  # metering checks JSON on the way in; a row edited since
                 log.warning("skipping route change %d for %r: not JSON (%s)", c.revision, c.model, exc)
         return out
+
+    async def save_limit_change(
+        self, fleet: str, principal_id: str, limit: Limit | None, principal: str, request_id: str
+    ) -> int:
+        actor = mpb.Actor(
+            principal=principal, source="router", request_id=request_id, trace_id=telemetry.current_trace_id()
+        )
+        request = mpb.SaveLimitChangeRequest(
+            fleet=fleet, principal_id=principal_id, reset=limit is None, actor=actor
+        )
+        if limit is not None:
+            request.rate_per_s, request.burst, request.max_in_flight = (
+                limit.rate_per_s,
+                limit.burst,
+                limit.max_in_flight,
+            )
+        try:
+            reply = await self._stub.SaveLimitChange(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise as_error(exc) from None
+        return reply.revision
+
+    async def limit_changes(self, fleet: str) -> dict[str, tuple[Limit | None, int]]:
+        try:
+            reply = await self._stub.ListLimitChanges(
+                mpb.ListLimitChangesRequest(fleet=fleet), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise as_error(exc) from None
+        return {
+            c.principal_id: (None if c.reset else Limit(c.rate_per_s, c.burst, c.max_in_flight), c.revision)
+            for c in reply.changes
+        }
 
     async def close(self) -> None:
         await self._channel.close()

@@ -23,6 +23,7 @@ from services.router.capture import Capturer
 from services.router.config import RouterConfig, Settings
 from services.router.evaluator_client import EvaluatorComparer
 from services.router.executor_pool import ExecutorPool
+from services.router.fleet_limits import FleetLimits
 from services.router.forwarder import Forwarder
 from services.router.limits import Limit
 from services.router.metering_client import MeteringClient
@@ -48,6 +49,7 @@ class RunningRouter:
     router: RequestPath
     metering: MeteringClient | None
     openai: OpenAIServer | None = None  # the OpenAI-compatible HTTP API, when [router] openai_port >= 0
+    fleet_limits: FleetLimits | None = None  # per-principal limits, shared through metering
 
     @property
     def address(self) -> str:
@@ -64,6 +66,8 @@ class RunningRouter:
         if self.openai is not None:
             await self.openai.close()
         await self.server.drain(grace_s)
+        if self.fleet_limits is not None:
+            await self.fleet_limits.close()
         await self.router.close()
         if spool is not None:
             await spool.close()
@@ -101,12 +105,13 @@ async def start_router(
     pool = ExecutorPool(config.deployments, settings, security)
     await pool.start()
     router = await _start_request_path(config, pool, metering, spool, spool_dir, security)
+    fleet_limits = await _start_fleet_limits(router, metering, settings)
     # every servicer maps its own errors: no interceptor on the request path
     options = dataclasses.replace(
         options or ServerOptions(), map_errors_in_servicers=True, public=True, security=security
     )
-    server = await _start_fronts(router, options)
-    running = RunningRouter(server, router, metering)
+    server = await _start_fronts(router, options, fleet_limits)
+    running = RunningRouter(server, router, metering, fleet_limits=fleet_limits)
     if settings.openai_port >= 0:
         running.openai = OpenAIServer(router)
         try:
@@ -172,13 +177,30 @@ async def _start_request_path(
     return router
 
 
-async def _start_fronts(router: RequestPath, options: ServerOptions) -> RunningServer:
+async def _start_fleet_limits(
+    router: RequestPath, metering: MeteringClient | None, settings: Settings
+) -> FleetLimits:
+    """Per-principal limits set through RouterAdmin, synced with the fleet's (`fleet_limits`)."""
+    fleet_limits = FleetLimits(router.admission.limits, metering, settings.fleet)
+    if metering is not None:
+        try:
+            await fleet_limits.sync()  # the fleet's limits before the first request
+        except SwitchyardError as exc:
+            log.warning("serving without the fleet's principal limits until metering answers: %s", exc)
+        if settings.route_sync_s > 0:
+            fleet_limits.start_sync(settings.route_sync_s)
+    return fleet_limits
+
+
+async def _start_fronts(
+    router: RequestPath, options: ServerOptions, fleet_limits: FleetLimits
+) -> RunningServer:
     """The OIP and RouterAdmin servicers on the router's port."""
     registrations: list[Registration] = [
         (oip.add_to_server, oip.OipServicer(router), oip.SERVICE),
         (
             router_pb2_grpc.add_RouterAdminServicer_to_server,
-            AdminServicer(RouterAdministration(router)),
+            AdminServicer(RouterAdministration(router, fleet_limits)),
             "switchyard.v1.RouterAdmin",
         ),
     ]

@@ -9,6 +9,7 @@ the limit at run time.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import grpc
@@ -20,6 +21,7 @@ from services.router.auth import Authenticator, Identity
 from services.router.limits import Limit, PrincipalLimits, RateLimited
 from switchyard.errors import DeadlineExceeded, Unauthenticated, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as ipb
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
 from tests.router.conftest import Metering, RouterFactory, routes_config
@@ -120,6 +122,61 @@ async def test_rate_and_in_flight_limits_per_principal(
     # one ledger line per admitted request; none for the refusals
     assert all(counts.get(request_id) == 1 for request_id in admitted)
     assert len(counts) - lines_before == len(admitted)
+
+
+async def test_a_limit_set_on_one_router_holds_on_every_router_of_its_fleet(
+    metering: Metering, executors: list[RunningExecutor], make_router: RouterFactory
+) -> None:
+    """SetPrincipalLimit goes to metering first (audited there once, as limit.set), and each
+    router of the fleet applies it within route_sync_s; a reset goes the same way."""
+    cfg = routes_config(
+        {"a": executors[0].address}, {"mlp": {"policy": "pinned", "targets": ["a"]}}, route_sync_s=0.1
+    )
+    first = await make_router(cfg, metering.running.address)
+    second = await make_router(cfg, metering.running.address)
+    elsewhere = await make_router(  # another fleet: untouched
+        routes_config(
+            {"a": executors[0].address}, {"mlp": {"policy": "pinned", "targets": ["a"]}}, route_sync_s=0.1
+        ),
+        metering.running.address,
+    )
+    hog, _ = await metering.key("fleet-hog", "t", "infer")
+    admin, _ = await metering.key("fleet-admin", "t", "admin")
+    auth = (("authorization", f"Bearer {admin}"),)
+    assert second.router.admission.auth is not None
+    principal = (await second.router.admission.auth.identify(hog)).principal_id
+    async with grpc.aio.insecure_channel(first.address) as channel:
+        await rgrpc.RouterAdminStub(channel).SetPrincipalLimit(
+            rpb.SetPrincipalLimitRequest(
+                limit=rpb.PrincipalLimit(principal_id=principal, rate_per_s=0.01, burst=1)
+            ),
+            metadata=auth,
+        )
+    async with grpc.aio.insecure_channel(second.address) as channel:
+        stub = rgrpc.RouterAdminStub(channel)
+        for _ in range(100):  # the next poll of the second router
+            listed = await stub.ListPrincipalLimits(rpb.ListPrincipalLimitsRequest(), metadata=auth)
+            if listed.overrides:
+                break
+            await asyncio.sleep(0.05)
+        assert [(o.principal_id, o.rate_per_s, o.burst) for o in listed.overrides] == [(principal, 0.01, 1)]
+        assert (await _infer(channel, hog))[0] == grpc.StatusCode.OK  # the burst of one
+        code, detail, trailers = await _infer(channel, hog)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "over its rate of 0.01" in detail
+        assert int(trailers["retry-after-ms"]) > 1000
+        await stub.SetPrincipalLimit(  # a reset on the second router reaches the first
+            rpb.SetPrincipalLimitRequest(limit=rpb.PrincipalLimit(principal_id=principal), reset=True),
+            metadata=auth,
+        )
+    for _ in range(100):
+        if principal not in first.router.admission.limits.overrides:
+            break
+        await asyncio.sleep(0.05)
+    assert principal not in first.router.admission.limits.overrides
+    assert principal not in elsewhere.router.admission.limits.overrides
+    audit = await metering.stub.QueryAudit(mpb.QueryAuditRequest(action="limit.set", limit=1000))
+    mine = sorted((r for r in audit.records if r.resource == f"principal/{principal}"), key=lambda r: r.seq)
+    assert [json.loads(r.detail_json)["reset"] for r in mine] == [False, True]  # once per change
 
 
 async def test_token_bucket_and_in_flight_units() -> None:

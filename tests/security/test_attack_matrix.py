@@ -290,6 +290,7 @@ async def test_metering_admits_each_rpc_for_the_identities_allowed(cluster: Clus
         "Export",
         "GetTrialReport",
         "ListRouteChanges",
+        "ListLimitChanges",
         "QueryAudit",
         "VerifyAudit",
         "ListPaths",
@@ -304,7 +305,9 @@ async def test_metering_admits_each_rpc_for_the_identities_allowed(cluster: Clus
         "ReverseUsage",
     }
     allowed_by_key = {  # Authorize: any valid key may ask which roles it holds
-        "admin key": admin | reads | {"RegisterPath", "SaveRouteChange", "RecordTrial", "Authorize"},
+        "admin key": admin
+        | reads
+        | {"RegisterPath", "SaveRouteChange", "SaveLimitChange", "RecordTrial", "Authorize"},
         "reader key": reads | {"Authorize"},
     }
     for label, (security, key) in callers.items():

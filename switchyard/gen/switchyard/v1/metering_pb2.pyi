@@ -1147,6 +1147,134 @@ class ListRouteChangesResponse(_message.Message):
 Global___ListRouteChangesResponse: _TypeAlias = ListRouteChangesResponse  # noqa: Y015
 
 @_typing.final
+class LimitChange(_message.Message):
+    """One principal's limits at the routers of a fleet (0 = unlimited); reset: back to the
+    routers' configured defaults.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLEET_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    RATE_PER_S_FIELD_NUMBER: _builtins.int
+    BURST_FIELD_NUMBER: _builtins.int
+    MAX_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    RESET_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    CHANGED_UNIX_US_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    fleet: _builtins.str
+    principal_id: _builtins.str
+    rate_per_s: _builtins.float
+    burst: _builtins.int
+    max_in_flight: _builtins.int
+    reset: _builtins.bool
+    revision: _builtins.int
+    """increases with every change"""
+    changed_unix_us: _builtins.int
+    principal: _builtins.str
+    """who changed it"""
+    def __init__(
+        self,
+        *,
+        fleet: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        rate_per_s: _builtins.float = ...,
+        burst: _builtins.int = ...,
+        max_in_flight: _builtins.int = ...,
+        reset: _builtins.bool = ...,
+        revision: _builtins.int = ...,
+        changed_unix_us: _builtins.int = ...,
+        principal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["burst", b"burst", "changed_unix_us", b"changed_unix_us", "fleet", b"fleet", "max_in_flight", b"max_in_flight", "principal", b"principal", "principal_id", b"principal_id", "rate_per_s", b"rate_per_s", "reset", b"reset", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LimitChange: _TypeAlias = LimitChange  # noqa: Y015
+
+@_typing.final
+class SaveLimitChangeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLEET_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    RATE_PER_S_FIELD_NUMBER: _builtins.int
+    BURST_FIELD_NUMBER: _builtins.int
+    MAX_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    RESET_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    fleet: _builtins.str
+    principal_id: _builtins.str
+    rate_per_s: _builtins.float
+    burst: _builtins.int
+    max_in_flight: _builtins.int
+    reset: _builtins.bool
+    @_builtins.property
+    def actor(self) -> Global___Actor: ...
+    def __init__(
+        self,
+        *,
+        fleet: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        rate_per_s: _builtins.float = ...,
+        burst: _builtins.int = ...,
+        max_in_flight: _builtins.int = ...,
+        reset: _builtins.bool = ...,
+        actor: Global___Actor | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "burst", b"burst", "fleet", b"fleet", "max_in_flight", b"max_in_flight", "principal_id", b"principal_id", "rate_per_s", b"rate_per_s", "reset", b"reset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SaveLimitChangeRequest: _TypeAlias = SaveLimitChangeRequest  # noqa: Y015
+
+@_typing.final
+class ListLimitChangesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLEET_FIELD_NUMBER: _builtins.int
+    fleet: _builtins.str
+    def __init__(
+        self,
+        *,
+        fleet: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fleet", b"fleet"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLimitChangesRequest: _TypeAlias = ListLimitChangesRequest  # noqa: Y015
+
+@_typing.final
+class ListLimitChangesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitChange]:
+        """the latest change per principal, by principal id"""
+
+    def __init__(
+        self,
+        *,
+        changes: _abc.Iterable[Global___LimitChange] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLimitChangesResponse: _TypeAlias = ListLimitChangesResponse  # noqa: Y015
+
+@_typing.final
 class GetTrialReportRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -109,6 +109,16 @@ class MeteringStub:
                 request_serializer=switchyard_dot_v1_dot_metering__pb2.ListRouteChangesRequest.SerializeToString,
                 response_deserializer=switchyard_dot_v1_dot_metering__pb2.ListRouteChangesResponse.FromString,
                 _registered_method=True)
+        self.SaveLimitChange = channel.unary_unary(
+                '/switchyard.v1.Metering/SaveLimitChange',
+                request_serializer=switchyard_dot_v1_dot_metering__pb2.SaveLimitChangeRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_metering__pb2.LimitChange.FromString,
+                _registered_method=True)
+        self.ListLimitChanges = channel.unary_unary(
+                '/switchyard.v1.Metering/ListLimitChanges',
+                request_serializer=switchyard_dot_v1_dot_metering__pb2.ListLimitChangesRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_metering__pb2.ListLimitChangesResponse.FromString,
+                _registered_method=True)
         self.CreatePrincipal = channel.unary_unary(
                 '/switchyard.v1.Metering/CreatePrincipal',
                 request_serializer=switchyard_dot_v1_dot_metering__pb2.CreatePrincipalRequest.SerializeToString,
@@ -267,6 +277,21 @@ class MeteringServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaveLimitChange(self, request, context):
+        """Per-principal limits set through RouterAdmin.SetPrincipalLimit, shared the same way: saved
+        here first (audited as limit.set in the same transaction), polled by every router of the
+        fleet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLimitChanges(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreatePrincipal(self, request, context):
         """Access.
         """
@@ -417,6 +442,16 @@ def add_MeteringServicer_to_server(servicer, server):
                     servicer.ListRouteChanges,
                     request_deserializer=switchyard_dot_v1_dot_metering__pb2.ListRouteChangesRequest.FromString,
                     response_serializer=switchyard_dot_v1_dot_metering__pb2.ListRouteChangesResponse.SerializeToString,
+            ),
+            'SaveLimitChange': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveLimitChange,
+                    request_deserializer=switchyard_dot_v1_dot_metering__pb2.SaveLimitChangeRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_metering__pb2.LimitChange.SerializeToString,
+            ),
+            'ListLimitChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLimitChanges,
+                    request_deserializer=switchyard_dot_v1_dot_metering__pb2.ListLimitChangesRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_metering__pb2.ListLimitChangesResponse.SerializeToString,
             ),
             'CreatePrincipal': grpc.unary_unary_rpc_method_handler(
                     servicer.CreatePrincipal,
@@ -879,6 +914,60 @@ class Metering:
             '/switchyard.v1.Metering/ListRouteChanges',
             switchyard_dot_v1_dot_metering__pb2.ListRouteChangesRequest.SerializeToString,
             switchyard_dot_v1_dot_metering__pb2.ListRouteChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveLimitChange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.Metering/SaveLimitChange',
+            switchyard_dot_v1_dot_metering__pb2.SaveLimitChangeRequest.SerializeToString,
+            switchyard_dot_v1_dot_metering__pb2.LimitChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLimitChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.Metering/ListLimitChanges',
+            switchyard_dot_v1_dot_metering__pb2.ListLimitChangesRequest.SerializeToString,
+            switchyard_dot_v1_dot_metering__pb2.ListLimitChangesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -59,6 +59,12 @@ class MeteringStub:
     and every router of the fleet polls the latest per model.
     """
     ListRouteChanges: _grpc.UnaryUnaryMultiCallable[_metering_pb2.ListRouteChangesRequest, _metering_pb2.ListRouteChangesResponse]
+    SaveLimitChange: _grpc.UnaryUnaryMultiCallable[_metering_pb2.SaveLimitChangeRequest, _metering_pb2.LimitChange]
+    """Per-principal limits set through RouterAdmin.SetPrincipalLimit, shared the same way: saved
+    here first (audited as limit.set in the same transaction), polled by every router of the
+    fleet.
+    """
+    ListLimitChanges: _grpc.UnaryUnaryMultiCallable[_metering_pb2.ListLimitChangesRequest, _metering_pb2.ListLimitChangesResponse]
     CreatePrincipal: _grpc.UnaryUnaryMultiCallable[_metering_pb2.CreatePrincipalRequest, _metering_pb2.Principal]
     """Access."""
     CreateKey: _grpc.UnaryUnaryMultiCallable[_metering_pb2.CreateKeyRequest, _metering_pb2.CreateKeyResponse]
@@ -107,6 +113,12 @@ class MeteringAsyncStub(MeteringStub):
     and every router of the fleet polls the latest per model.
     """
     ListRouteChanges: _aio.UnaryUnaryMultiCallable[_metering_pb2.ListRouteChangesRequest, _metering_pb2.ListRouteChangesResponse]  # type: ignore[assignment]
+    SaveLimitChange: _aio.UnaryUnaryMultiCallable[_metering_pb2.SaveLimitChangeRequest, _metering_pb2.LimitChange]  # type: ignore[assignment]
+    """Per-principal limits set through RouterAdmin.SetPrincipalLimit, shared the same way: saved
+    here first (audited as limit.set in the same transaction), polled by every router of the
+    fleet.
+    """
+    ListLimitChanges: _aio.UnaryUnaryMultiCallable[_metering_pb2.ListLimitChangesRequest, _metering_pb2.ListLimitChangesResponse]  # type: ignore[assignment]
     CreatePrincipal: _aio.UnaryUnaryMultiCallable[_metering_pb2.CreatePrincipalRequest, _metering_pb2.Principal]  # type: ignore[assignment]
     """Access."""
     CreateKey: _aio.UnaryUnaryMultiCallable[_metering_pb2.CreateKeyRequest, _metering_pb2.CreateKeyResponse]  # type: ignore[assignment]
@@ -242,6 +254,24 @@ class MeteringServicer(metaclass=_abc_1.ABCMeta):
         request: _metering_pb2.ListRouteChangesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_metering_pb2.ListRouteChangesResponse, _abc.Awaitable[_metering_pb2.ListRouteChangesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SaveLimitChange(
+        self,
+        request: _metering_pb2.SaveLimitChangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metering_pb2.LimitChange, _abc.Awaitable[_metering_pb2.LimitChange]]:
+        """Per-principal limits set through RouterAdmin.SetPrincipalLimit, shared the same way: saved
+        here first (audited as limit.set in the same transaction), polled by every router of the
+        fleet.
+        """
+
+    @_abc_1.abstractmethod
+    def ListLimitChanges(
+        self,
+        request: _metering_pb2.ListLimitChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_metering_pb2.ListLimitChangesResponse, _abc.Awaitable[_metering_pb2.ListLimitChangesResponse]]: ...
 
     @_abc_1.abstractmethod
     def CreatePrincipal(

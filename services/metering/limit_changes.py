@@ -1,0 +1,84 @@
+"""Per-principal limits shared by the routers of a fleet (`limit_changes`).
+
+Each RouterAdmin.SetPrincipalLimit is one appended row, audited in the same transaction
+(`limit.set`, with the limits and the fleet); the latest row per fleet and principal is in
+force, and every router of the fleet polls for it (services/router/fleet_limits.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from services.metering import audit
+from services.metering.metering_errors import BadInput
+from services.metering.records import MAX_KEY, Actor
+from services.metering.schema import LIMIT_CHANGES
+
+MAX_RATE = 1e9
+MAX_COUNT = 1 << 30
+
+
+def _check(fleet: str, principal_id: str, rate_per_s: float, burst: int, max_in_flight: int) -> None:
+    for value, what in ((fleet, "fleet name"), (principal_id, "principal_id")):
+        if not value or len(value) > MAX_KEY:
+            raise BadInput(f"{what} has {len(value)} characters; give 1..{MAX_KEY}")
+    if not math.isfinite(rate_per_s) or not 0 <= rate_per_s <= MAX_RATE:
+        raise BadInput(f"rate_per_s must be 0..{MAX_RATE:g} (0 = unlimited), got {rate_per_s}")
+    for count, what in ((burst, "burst"), (max_in_flight, "max_in_flight")):
+        if not 0 <= count <= MAX_COUNT:
+            raise BadInput(f"{what} must be 0..{MAX_COUNT} (0 = unlimited), got {count}")
+
+
+def save(
+    conn: Connection,
+    actor: Actor,
+    fleet: str,
+    principal_id: str,
+    rate_per_s: float,
+    burst: int,
+    max_in_flight: int,
+    reset: bool,
+    now_us: int,
+) -> Any:
+    """Appends one change and its audit row; returns the change."""
+    _check(fleet, principal_id, rate_per_s, burst, max_in_flight)
+    if reset:
+        rate_per_s, burst, max_in_flight = 0.0, 0, 0
+    insert = LIMIT_CHANGES.insert().values(
+        fleet=fleet,
+        principal_id=principal_id,
+        rate_per_s=rate_per_s,
+        burst=burst,
+        max_in_flight=max_in_flight,
+        reset=reset,
+        changed_us=now_us,
+        principal=actor.principal,
+        request_id=actor.request_id,
+    )
+    row = conn.execute(insert.returning(LIMIT_CHANGES)).one()
+    detail = {
+        "fleet": fleet,
+        "revision": row.id,
+        "rate_per_s": rate_per_s,
+        "burst": burst,
+        "max_in_flight": max_in_flight,
+        "reset": reset,
+    }
+    audit.append(conn, actor, "limit.set", f"principal/{principal_id}", "ok", now_us, detail)
+    return row
+
+
+def latest(conn: Connection, fleet: str) -> list[Any]:
+    """The fleet's change in force for each principal (its highest id), ordered by principal."""
+    if not fleet or len(fleet) > MAX_KEY:
+        raise BadInput(f"fleet name has {len(fleet)} characters; give 1..{MAX_KEY}")
+    newest = (
+        select(func.max(LIMIT_CHANGES.c.id))
+        .where(LIMIT_CHANGES.c.fleet == fleet)
+        .group_by(LIMIT_CHANGES.c.principal_id)
+    )
+    query = select(LIMIT_CHANGES).where(LIMIT_CHANGES.c.id.in_(newest)).order_by(LIMIT_CHANGES.c.principal_id)
+    return list(conn.execute(query))

@@ -1,0 +1,101 @@
+"""Per-principal limits for a fleet of routers: what RouterAdmin.SetPrincipalLimit sets.
+
+With metering, a change is saved there first (`limit_changes`, audited as `limit.set` in the
+same transaction) and refused UNAVAILABLE when metering cannot take it, as route changes are
+(`route_store`); every router of the fleet (`[router] fleet`) polls for the latest change per
+principal every `route_sync_s` and applies those newer than what it holds, so a limit set on
+one replica holds on all. Without metering, the change applies to this router only and the
+router audits it itself. The defaults stay `[router] principal_*` from each router's
+configuration; a reset returns a principal to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from services.router.limits import Limit, PrincipalLimits
+from switchyard.errors import SwitchyardError, Unavailable
+
+log = logging.getLogger(__name__)
+
+
+class SharedLimits(Protocol):
+    """Where a fleet's limit changes are shared (metering)."""
+
+    async def save_limit_change(
+        self, fleet: str, principal_id: str, limit: Limit | None, principal: str, request_id: str
+    ) -> int: ...
+
+    async def limit_changes(self, fleet: str) -> dict[str, tuple[Limit | None, int]]: ...
+
+
+class FleetLimits:
+    def __init__(
+        self, limits: PrincipalLimits, shared: SharedLimits | None = None, fleet: str = "default"
+    ) -> None:
+        self.limits = limits
+        self.shared = shared
+        self.fleet = fleet
+        self.revisions: dict[str, int] = {}  # principal -> metering's revision applied here
+        self._sync: asyncio.Task[None] | None = None
+
+    async def set(self, principal_id: str, limit: Limit | None, principal: str, request_id: str) -> bool:
+        """Sets (None: resets) `principal_id`'s limits; True when metering kept (and audited) it
+        for the fleet, False when it holds on this router only."""
+        if self.shared is None:
+            self.limits.set(principal_id, limit)
+            return False
+        try:
+            revision = await self.shared.save_limit_change(
+                self.fleet, principal_id, limit, principal, request_id
+            )
+        except Unavailable as exc:
+            raise Unavailable(
+                f"could not save the limit in metering ({exc}); the limits are unchanged"
+            ) from None
+        self._apply(principal_id, limit, revision)
+        return True
+
+    def _apply(self, principal_id: str, limit: Limit | None, revision: int) -> bool:
+        if revision <= self.revisions.get(principal_id, 0):
+            return False
+        self.revisions[principal_id] = revision
+        self.limits.set(principal_id, limit)
+        return True
+
+    async def sync(self) -> int:
+        """Applies the fleet's newer changes; returns how many. Raises Unavailable while
+        metering does not answer."""
+        if self.shared is None:
+            return 0
+        changes = await self.shared.limit_changes(self.fleet)
+        applied = sum(self._apply(p, limit, revision) for p, (limit, revision) in sorted(changes.items()))
+        if applied:
+            log.info("applied %d of the fleet's principal limit changes", applied)
+        return applied
+
+    def start_sync(self, interval_s: float) -> None:
+        self._sync = asyncio.create_task(self._sync_every(interval_s), name="limit-sync")
+
+    async def _sync_every(self, interval_s: float) -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.sync()
+            except SwitchyardError as exc:
+                if not failing:
+                    log.warning("cannot fetch the fleet's principal limits from metering, retrying: %s", exc)
+                failing = True
+                continue
+            except Exception:  # a bug here must not stop the polling for good
+                log.exception("fetching the fleet's principal limits failed; retrying")
+                continue
+            failing = False
+
+    async def close(self) -> None:
+        if self._sync is not None:
+            self._sync.cancel()
+            await asyncio.gather(self._sync, return_exceptions=True)
