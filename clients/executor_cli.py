@@ -6,6 +6,7 @@ Registration is cheap; torch and grpc are imported inside the command functions.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: cores - 1)")
     serve.add_argument("--metrics-port", type=int, default=None)  # help: switchyard.cli_help
     serve.add_argument(
-        "--metering", default="", help="metering address, where refused calls are audited (default: log only)"
+        "--metering",
+        default=os.environ.get("SWITCHYARD_METERING", ""),
+        help="metering address, where refused calls are audited (default SWITCHYARD_METERING, else log only)",
     )
     serve.add_argument(
         "--oip-identities",

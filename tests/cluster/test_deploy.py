@@ -348,8 +348,9 @@ def test_internal_services_accept_only_router_and_worker_pods(overlay: str) -> N
                 for peer in rule["from"]:
                     assert set(peer) == {"podSelector"}, (name, peer)  # no namespace or IP blocks
                     names = _admitted_names(peer["podSelector"])
+                    executors = {n for n in names if n.startswith("executor-")}  # their audits
                     allowed = {"router", "trial-worker"} | (
-                        {"switchyard-admin"} if name == "metering" else set()
+                        {"switchyard-admin", *executors} if name == "metering" else set()
                     )
                     assert names <= allowed, (name, names)
                     assert callers <= names, name
@@ -363,6 +364,37 @@ def test_internal_services_accept_only_router_and_worker_pods(overlay: str) -> N
             for r in p["spec"]["ingress"]
         ]
         assert not any(_selects(peer["podSelector"], evaluator) for r in rules for peer in r.get("from", []))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_executors_audit_their_refusals_to_metering(overlay: str) -> None:
+    """Every executor is started with --metering (its refusals go to the audit trail, not only
+    its log), and metering's NetworkPolicy lets its pods through."""
+    docs = render(overlay)
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    metering = {d["metadata"]["name"]: _pod_labels(d) for d in workloads(docs)}["metering"]
+    ingress = [
+        peer
+        for p in policies
+        if _selects(p["spec"]["podSelector"], metering)
+        for rule in p["spec"]["ingress"]
+        for peer in rule.get("from", [])
+    ]
+    executors = [d for d in workloads(docs) if d["metadata"]["name"].startswith("executor-")]
+    assert executors
+    for doc in executors:
+        (container,) = [c for c in doc["spec"]["template"]["spec"]["containers"] if "executor" in c["args"]]
+        args = container["args"]
+        assert "--metering" in args, doc["metadata"]["name"]
+        assert args[args.index("--metering") + 1] == "metering:8201"
+        assert any(_selects(peer["podSelector"], _pod_labels(doc)) for peer in ingress), doc["metadata"][
+            "name"
+        ]
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    for name, svc in compose["services"].items():
+        if name.startswith("executor-"):
+            command = svc["command"]
+            assert command[command.index("--metering") + 1] == "metering:8201", name
 
 
 def _env_of(container: dict[str, Any]) -> dict[str, Any]:
