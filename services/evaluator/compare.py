@@ -177,12 +177,8 @@ def compare(
     diff = np.abs(cand - ref)
     mismatch = ~np.isclose(ref, cand, rtol=tol, atol=tol)  # as torch.allclose(ref, res)
     allclose = finite and not bool(mismatch.any())
-    repeat_max = repeat_rmse = 0.0
-    deterministic = True
-    if reference_repeat is not None:
-        repeat_max = float(np.max(np.abs(reference_repeat.values - ref))) if ref.size else 0.0
-        repeat_rmse = _rmse(reference_repeat.values, ref)
-        deterministic = repeat_max == 0.0
+    repeat_max, repeat_rmse = _reference_noise(reference_repeat, ref)
+    deterministic = repeat_max == 0.0
 
     multiplier = c.error_multiplier
     if criteria.error_multiplier == 0.0 and ref.size < SMALL_TENSOR:
@@ -191,30 +187,16 @@ def compare(
     reasons = [rule.reason]
     if not finite:
         reasons.append("finite: candidate has NaN or Inf: fail")
-    cosine = _cosine(ref, cand) if finite else 0.0
-    cos_ok = allclose or cosine >= c.min_cosine
-    reasons.append(f"cosine {cosine:.6f} >= {c.min_cosine:g}: {'pass' if cos_ok else 'fail'}")
-    passed = finite and rule.ok and cos_ok
-    top1 = topk = 1.0
-    kl = 0.0
-    if c.logits:
-        top1, topk, kl, logits_ok = _logit_checks(ref, cand, c, finite, reasons)
-        passed = passed and logits_ok
+    cosine, top1, topk, kl, agree = _agreement(ref, cand, c, finite, allclose, reasons)
+    passed = finite and rule.ok and agree
     if not deterministic:
         reasons.append(f"reference not deterministic: two runs differ by up to {repeat_max:.3g} (noted)")
-    cand_stable, cand_repeat_max, cand_repeat_rmse = True, 0.0, 0.0
-    if candidate_repeat is not None:
-        cand_stable, cand_repeat_max, cand_repeat_rmse, text = _repeatable(
-            cand, candidate_repeat, tol, multiplier * repeat_rmse + tol / 10.0, c.precision
-        )
-        # named first: a candidate that differs from itself is not "wrong by an amount"
-        reasons.insert(0, text)
-        passed = passed and cand_stable
-    denom = np.maximum(np.abs(ref), tol)
+    cand_stable, cand_repeat_max, cand_repeat_rmse = _candidate_repeat(
+        cand, candidate_repeat, tol, multiplier * repeat_rmse + tol / 10.0, c.precision, reasons
+    )
+    passed = passed and cand_stable
     metrics = Metrics(
-        max_abs_error=float(diff.max()) if diff.size else 0.0,
-        max_rel_error=float((diff / denom).max()) if diff.size else 0.0,
-        mismatch_share=float(mismatch.mean()) if mismatch.size else 0.0,
+        **_error_figures(diff, mismatch, ref, tol),
         rmse=rule.cand_err,
         reference_rmse=rule.ref_err,
         cosine=cosine,
@@ -234,6 +216,58 @@ def compare(
     )
     finding = "" if passed else "non-deterministic" if not cand_stable else _wrong(candidate_repeat)
     return Comparison(metrics, passed, reasons, rule.justification, finding)
+
+
+def _candidate_repeat(
+    cand: Array,
+    candidate_repeat: DecodedTensor | None,
+    tol: float,
+    noise_allowance: float,
+    precision: str,
+    reasons: list[str],
+) -> tuple[bool, float, float]:
+    """(stable, max abs, rmse) of the candidate against its own repeat run; the reason comes
+    first: a candidate that differs from itself is not "wrong by an amount"."""
+    if candidate_repeat is None:
+        return True, 0.0, 0.0
+    stable, repeat_max, repeat_rmse, text = _repeatable(
+        cand, candidate_repeat, tol, noise_allowance, precision
+    )
+    reasons.insert(0, text)
+    return stable, repeat_max, repeat_rmse
+
+
+def _error_figures(diff: Array, mismatch: npt.NDArray[np.bool_], ref: Array, tol: float) -> dict[str, float]:
+    denom = np.maximum(np.abs(ref), tol)
+    return {
+        "max_abs_error": float(diff.max()) if diff.size else 0.0,
+        "max_rel_error": float((diff / denom).max()) if diff.size else 0.0,
+        "mismatch_share": float(mismatch.mean()) if mismatch.size else 0.0,
+    }
+
+
+def _reference_noise(reference_repeat: DecodedTensor | None, ref: Array) -> tuple[float, float]:
+    """(max abs, rmse) between the reference and its repeat run; zeros without a repeat."""
+    if reference_repeat is None:
+        return 0.0, 0.0
+    repeat_max = float(np.max(np.abs(reference_repeat.values - ref))) if ref.size else 0.0
+    return repeat_max, _rmse(reference_repeat.values, ref)
+
+
+def _agreement(
+    ref: Array, cand: Array, c: Criteria, finite: bool, allclose: bool, reasons: list[str]
+) -> tuple[float, float, float, float, bool]:
+    """Cosine similarity, and for logits top-1/top-k agreement and KL divergence; each adds its
+    reason. (cosine, top1, topk, kl, all passed)."""
+    cosine = _cosine(ref, cand) if finite else 0.0
+    ok = allclose or cosine >= c.min_cosine
+    reasons.append(f"cosine {cosine:.6f} >= {c.min_cosine:g}: {'pass' if ok else 'fail'}")
+    top1 = topk = 1.0
+    kl = 0.0
+    if c.logits:
+        top1, topk, kl, logits_ok = _logit_checks(ref, cand, c, finite, reasons)
+        ok = ok and logits_ok
+    return cosine, top1, topk, kl, ok
 
 
 def _check_inputs(

@@ -291,6 +291,31 @@ def _token_reason(checks: list[SequenceCheck], top_k: int, identical: int) -> st
     return f"{summary}: pass"
 
 
+def _generation_metrics(
+    reference: list[Generated],
+    checks: list[SequenceCheck],
+    lp: _Logprobs,
+    diff: Any,
+    top_k: int,
+    tol: float,
+    multiplier: float,
+) -> dict[str, Any]:
+    n = len(lp.ref)
+    return {
+        "prompts": len(reference),
+        "tokens": sum(len(r.tokens) for r in reference),
+        "identical": sum(1 for s in checks if s.first_divergence < 0),
+        "diverged": sum(1 for s in checks if s.first_divergence >= 0),
+        "first_divergence": min((s.first_divergence for s in checks if s.first_divergence >= 0), default=-1),
+        "logprob_positions": n,
+        "max_abs_logprob_diff": float(diff.max()) if n else 0.0,
+        "logprob_rmse_vs_reference": _rmse(lp.cand, lp.ref),
+        "top_k": top_k,
+        "tol": tol,
+        "error_multiplier": multiplier,
+    }
+
+
 def compare_generations(
     reference: list[Generated],
     candidate: list[Generated],
@@ -314,19 +339,7 @@ def compare_generations(
     multiplier = max(c.error_multiplier, 3.0) if n < SMALL_TENSOR else c.error_multiplier
     diff = np.abs(np.asarray(lp.cand) - np.asarray(lp.ref)) if n else np.zeros(0)
     close = bool(np.all(diff <= tol + tol * np.abs(np.asarray(lp.ref)))) if n else True
-    metrics: dict[str, Any] = {
-        "prompts": len(reference),
-        "tokens": sum(len(r.tokens) for r in reference),
-        "identical": sum(1 for s in checks if s.first_divergence < 0),
-        "diverged": sum(1 for s in checks if s.first_divergence >= 0),
-        "first_divergence": min((s.first_divergence for s in checks if s.first_divergence >= 0), default=-1),
-        "logprob_positions": n,
-        "max_abs_logprob_diff": float(diff.max()) if n else 0.0,
-        "logprob_rmse_vs_reference": _rmse(lp.cand, lp.ref),
-        "top_k": top_k,
-        "tol": tol,
-        "error_multiplier": multiplier,
-    }
+    metrics = _generation_metrics(reference, checks, lp, diff, top_k, tol, multiplier)
     reasons: list[str] = []
     finding = ""
     # 4. determinism of the candidate, named first

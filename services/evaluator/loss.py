@@ -53,8 +53,9 @@ def steps_to_target(curve: list[float], target: float) -> int:
     return -1
 
 
-def compare_loss(reference: list[float], candidate: list[float], criteria: LossCriteria) -> LossComparison:
-    precision = criteria.precision or "fp32"
+def _check_curves(
+    reference: list[float], candidate: list[float], criteria: LossCriteria, precision: str
+) -> None:
     if precision not in DEFAULT_DEVIATION:
         raise BadCriteria(f"precision {precision!r} is not one of {', '.join(DEFAULT_DEVIATION)}")
     if not reference:
@@ -70,6 +71,11 @@ def compare_loss(reference: list[float], candidate: list[float], criteria: LossC
         value = getattr(criteria, name)
         if not math.isfinite(value) or value < 0:
             raise BadCriteria(f"{name} must be a finite number >= 0, got {value}")
+
+
+def compare_loss(reference: list[float], candidate: list[float], criteria: LossCriteria) -> LossComparison:
+    precision = criteria.precision or "fp32"
+    _check_curves(reference, candidate, criteria, precision)
     limit = criteria.max_relative_deviation or DEFAULT_DEVIATION[precision]
     ratio = criteria.max_steps_to_target_ratio or DEFAULT_STEPS_RATIO
     deviation = [

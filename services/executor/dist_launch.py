@@ -171,37 +171,10 @@ def run_distributed(
         }
         (job_dir / "job.json").write_text(json.dumps(job))
         prepare_launch(config)
-        launchers = [-1] if config.launch == "xla_launch" else list(range(config.world_size))
         procs: dict[int, subprocess.Popen[bytes]] = {}
-        failed, error = -1, ""
         try:
-            for rank in launchers:
-                env = {**os.environ, **launch_env(config, max(rank, 0)), "PYTHONPATH": str(ROOT)}
-                if config.launch != "xla_launch":
-                    env.pop("CPU_NUM_DEVICES", None)
-                command = [sys.executable, "-m", "services.executor.dist_rank", str(job_dir), str(rank)]
-                if label:
-                    command += ["--label", label]
-                with (job_dir / f"launch-{rank}.log").open("wb") as log:
-                    procs[rank] = subprocess.Popen(
-                        command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                        start_new_session=True,
-                    )  # fmt: skip
-            limit = time.monotonic() + STARTUP_ALLOWANCE_S + config.timeout_s + steps * config.timeout_s / 10
-            while True:
-                codes = {r: p.poll() for r, p in procs.items()}
-                bad = [(r, c) for r, c in codes.items() if c not in (None, 0)]
-                if bad:
-                    rank, code = bad[0]
-                    failed, error = _failure(job_dir, procs, rank, code)
-                    break
-                if all(c == 0 for c in codes.values()):
-                    break
-                if time.monotonic() > limit:
-                    done = {p.stem: p.read_text() for p in job_dir.glob("rank-*.progress")}
-                    error = f"the run passed its limit and was stopped (steps per rank: {done or 'none'})"
-                    break
-                time.sleep(POLL_S)
+            _launch(job_dir, config, label, procs)
+            failed, error = _wait_for_ranks(job_dir, config, steps, procs)
         finally:
             _kill(procs)
         results = {}
@@ -210,29 +183,70 @@ def run_distributed(
             results[int(data["rank"])] = data
         if not error and len(results) != config.world_size:
             error = f"ranks {sorted(set(range(config.world_size)) - set(results))} wrote no result"
-        ranks = [
-            RankResult(
-                rank=r,
-                step_seconds=list(results[r]["step_seconds"]),
-                comm_seconds=list(results[r]["comm_seconds"]),
-                peak_memory_bytes=int(results[r]["peak_memory_bytes"]),
-                memory_source=str(results[r]["memory_source"]),
-                device=str(results[r]["device"]),
-            )
-            if r in results
-            else RankResult(rank=r, error=error if r == failed else "torn down after another rank failed")
-            for r in range(config.world_size)
-        ]
         loss = list(results[0]["loss"]) if 0 in results and not error else []
         return DistributedRun(
             config=config,
             per_rank_batch=per_rank_batch,
             tokens_per_sample=_tokens_per_sample(train_batch),
             loss=loss,
-            ranks=ranks,
+            ranks=_rank_results(results, config.world_size, failed, error),
             comm_measured=bool(results and all(d["comm_measured"] for d in results.values())),
             total_s=time.perf_counter() - begin,
             ok=not error,
             failed_rank=failed,
             error=error,
         )
+
+
+def _launch(
+    job_dir: Path, config: DistributedConfig, label: str, procs: dict[int, subprocess.Popen[bytes]]
+) -> None:
+    """One process per rank (or one xla_launch process for all), each in its own session."""
+    launchers = [-1] if config.launch == "xla_launch" else list(range(config.world_size))
+    for rank in launchers:
+        env = {**os.environ, **launch_env(config, max(rank, 0)), "PYTHONPATH": str(ROOT)}
+        if config.launch != "xla_launch":
+            env.pop("CPU_NUM_DEVICES", None)
+        command = [sys.executable, "-m", "services.executor.dist_rank", str(job_dir), str(rank)]
+        if label:
+            command += ["--label", label]
+        with (job_dir / f"launch-{rank}.log").open("wb") as log:
+            procs[rank] = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True,
+            )  # fmt: skip
+
+
+def _wait_for_ranks(
+    job_dir: Path, config: DistributedConfig, steps: int, procs: dict[int, subprocess.Popen[bytes]]
+) -> tuple[int, str]:
+    """Until every rank exits 0, one fails, or the run passes its limit: (failed rank, error)."""
+    limit = time.monotonic() + STARTUP_ALLOWANCE_S + config.timeout_s + steps * config.timeout_s / 10
+    while True:
+        codes = {r: p.poll() for r, p in procs.items()}
+        bad = [(r, c) for r, c in codes.items() if c not in (None, 0)]
+        if bad:
+            rank, code = bad[0]
+            return _failure(job_dir, procs, rank, code)
+        if all(c == 0 for c in codes.values()):
+            return -1, ""
+        if time.monotonic() > limit:
+            done = {p.stem: p.read_text() for p in job_dir.glob("rank-*.progress")}
+            return -1, f"the run passed its limit and was stopped (steps per rank: {done or 'none'})"
+        time.sleep(POLL_S)
+
+
+def _rank_results(results: dict[int, Any], world_size: int, failed: int, error: str) -> list[RankResult]:
+    return [
+        RankResult(
+            rank=r,
+            step_seconds=list(results[r]["step_seconds"]),
+            comm_seconds=list(results[r]["comm_seconds"]),
+            peak_memory_bytes=int(results[r]["peak_memory_bytes"]),
+            memory_source=str(results[r]["memory_source"]),
+            device=str(results[r]["device"]),
+        )
+        if r in results
+        else RankResult(rank=r, error=error if r == failed else "torn down after another rank failed")
+        for r in range(world_size)
+    ]

@@ -10,26 +10,25 @@ computations never overlap on the device (timings stay honest).
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
-from services.executor import distributed
 from services.executor.backends.base import PRECISIONS, Backend, DeviceDescription, host_id
 from services.executor.batching import Batcher, BatchPolicy, BatchResult, QueuedRequest
-from services.executor.dist_launch import DistributedRun, run_distributed, split_objective
 from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_training import ExecutorTraining
 from services.executor.generation.engine import GenerationEngine, GenerationStream
 from services.executor.generation.settings import SamplingParams
 from services.executor.generation.tokenizer import load_tokenizer
 from services.executor.loaded_model import LoadedModel, LoadOptions
 from switchyard.codec import WireTensor
-from switchyard.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from switchyard.errors import InvalidArgument, NotFound, Unavailable
 from switchyard.models.repository import ModelNotFound, Repository
 
 log = logging.getLogger(__name__)
@@ -57,13 +56,6 @@ class Draining(Unavailable):
 
 
 @dataclass(frozen=True)
-class TrainResult:
-    loss: list[float]
-    step_seconds: list[float]
-    total_s: float
-
-
-@dataclass(frozen=True)
 class Description:
     device: DeviceDescription
     torch_version: str
@@ -81,7 +73,7 @@ class Load:
     draining: bool
 
 
-class Executor:
+class Executor(ExecutorTraining):
     def __init__(self, config: ExecutorConfig, backend: Backend, registry: Repository) -> None:
         self.config = config
         self.backend = backend
@@ -139,30 +131,12 @@ class Executor:
             dynamic_batching=c.dynamic_batching,
         )
 
-    def check_options(self, options: LoadOptions) -> LoadOptions:
-        if options.mode not in self.backend.modes:
-            raise InvalidArgument(
-                f"mode {options.mode!r} is not offered by backend {self.backend.name}; "
-                f"use one of {list(self.backend.modes)}"
-            )
-        if options.precision not in PRECISIONS or options.precision not in self.backend.precisions:
-            raise InvalidArgument(
-                f"precision {options.precision!r} is not supported on {self.backend.name}; "
-                f"use one of {list(self.backend.precisions)}"
-            )
-        buckets = tuple(sorted(set(options.batch_buckets)))
-        if not buckets or buckets[0] < 1 or buckets[-1] > 1024:
-            raise InvalidArgument(f"batch buckets {list(options.batch_buckets)} must be between 1 and 1024")
-        if options.max_queue_size < 1 or options.max_queue_delay_us < 0:
-            raise InvalidArgument("max_queue_size must be >= 1 and max_queue_delay_us >= 0")
-        return LoadOptions(**{**options.__dict__, "batch_buckets": buckets})
-
     async def load_model(self, name: str, version: str, options: LoadOptions) -> LoadedModel:
         """Loads and warms a model; replaces a loaded one of the same name and version."""
         if self.draining:
             raise Draining("executor is draining; load the model on another executor")
         spec = self.registry.get(name, version)
-        options = self.check_options(options)
+        options = check_options(self.backend, options)
         model = LoadedModel(spec, self.backend, options)
         key = (spec.name, spec.version)
         async with self._load_lock:
@@ -177,21 +151,7 @@ class Executor:
                 raise
             finally:
                 self.loading.pop(key, None)
-            if model.generation is not None:
-                tokenizer = load_tokenizer(model.generation.settings.tokenizer, spec.folder)
-                model.engine = GenerationEngine(model.generation, tokenizer, self.on_device)
-            policy = BatchPolicy(
-                max_batch=model.max_batch,
-                max_queue_delay_us=options.max_queue_delay_us,
-                max_queue_size=options.max_queue_size,
-                dynamic_batching=options.dynamic_batching,
-            )
-
-            async def run_batch(batch: list[QueuedRequest]) -> Any:
-                return await self.run_batch(model, batch)
-
-            model.batcher = Batcher(policy, run_batch)
-            model.state = "READY"
+            _start_serving(model, self.on_device, self.run_batch)
             old = self.models.get((spec.name, spec.version))
             self.models[(spec.name, spec.version)] = model
         if old is not None and old.batcher is not None:
@@ -295,73 +255,6 @@ class Executor:
             not self.draining and not self.loading and all(m.state == "READY" for m in self.models.values())
         )
 
-    # ---- training ------------------------------------------------------------------------
-    async def train(
-        self, name: str, version: str, steps: int, lr: float, seed: int, batch_size: int
-    ) -> TrainResult:
-        model = self.find(name, version)
-        if model.spec.train_loss is None:
-            raise FailedPrecondition(
-                f"model {model.spec.name!r} has no training objective; train mlp or tiny-lm"
-            )
-        if not 1 <= steps <= 10_000 or not 1 <= batch_size <= 1024 or not lr > 0:
-            raise InvalidArgument("steps must be 1..10000, batch_size 1..1024 and lr > 0")
-        return await self.on_device(self._train, model, steps, lr, seed, batch_size)  # type: ignore[no-any-return]
-
-    def _train(self, model: LoadedModel, steps: int, lr: float, seed: int, batch_size: int) -> TrainResult:
-        """Trains a copy of the loaded weights so serving is not changed by training."""
-        assert model.prepared is not None and model.spec.train_loss is not None
-        module = copy.deepcopy(model.prepared.module).train()
-        optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9)
-        device = self.backend.device()
-        losses: list[float] = []
-        seconds: list[float] = []
-        begin = time.perf_counter()
-        for _ in range(steps):
-            start = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            # the same seeded batch every step: a curve that must fall on every correct path
-            generator = torch.Generator().manual_seed(seed)
-            loss = model.spec.train_loss(module, batch_size, generator, model.dtype, device)
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-            self.backend.synchronize()
-            losses.append(float(loss.detach().to("cpu", torch.float64)))
-            seconds.append(time.perf_counter() - start)
-        return TrainResult(losses, seconds, time.perf_counter() - begin)
-
-    async def train_distributed(
-        self, name: str, version: str, steps: int, lr: float, seed: int, world_size: int,
-        strategy: str, per_rank_batch: int, timeout_s: float, label: str = "",
-    ) -> DistributedRun:  # fmt: skip
-        """Trains a copy of the loaded weights across `world_size` ranks this executor starts.
-
-        Runs on the device thread, so nothing else computes on this executor meanwhile. A rank's
-        failure comes back in the result (ok false, the rank and its error), not as an error.
-        """
-        model = self.find(name, version)
-        spec = model.spec
-        objective = split_objective(spec.train_loss)
-        if objective is None:
-            raise FailedPrecondition(
-                f"model {spec.name!r} has no distributed training objective (train_batch and "
-                "batch_loss beside its train_loss); train mlp or tiny-lm"
-            )
-        train_batch, batch_loss = objective
-        if not 1 <= steps <= 10_000 or not 1 <= per_rank_batch <= 1024 or not lr > 0:
-            raise InvalidArgument("steps must be 1..10000, per_rank_batch 1..1024 and lr > 0")
-        config = distributed.plan(self.backend.name, world_size, strategy, timeout_s)
-        assert model.prepared is not None
-        module = model.prepared.module
-
-        def run() -> DistributedRun:
-            return run_distributed(
-                module, train_batch, batch_loss, model.dtype, config, steps, lr, seed,
-                per_rank_batch, label,
-            )  # fmt: skip
-
-        return await self.on_device(run)  # type: ignore[no-any-return]
-
     # ---- description -------------------------------------------------------------------
     def describe(self) -> Description:
         resource_class = self.backend.resource_class()
@@ -382,3 +275,47 @@ class Executor:
             if model.engine is not None:
                 await model.engine.close()
         self._device.shutdown(wait=False, cancel_futures=True)
+
+
+def check_options(backend: Backend, options: LoadOptions) -> LoadOptions:
+    """`options` if `backend` can load with them (buckets sorted and deduplicated)."""
+    if options.mode not in backend.modes:
+        raise InvalidArgument(
+            f"mode {options.mode!r} is not offered by backend {backend.name}; "
+            f"use one of {list(backend.modes)}"
+        )
+    if options.precision not in PRECISIONS or options.precision not in backend.precisions:
+        raise InvalidArgument(
+            f"precision {options.precision!r} is not supported on {backend.name}; "
+            f"use one of {list(backend.precisions)}"
+        )
+    buckets = tuple(sorted(set(options.batch_buckets)))
+    if not buckets or buckets[0] < 1 or buckets[-1] > 1024:
+        raise InvalidArgument(f"batch buckets {list(options.batch_buckets)} must be between 1 and 1024")
+    if options.max_queue_size < 1 or options.max_queue_delay_us < 0:
+        raise InvalidArgument("max_queue_size must be >= 1 and max_queue_delay_us >= 0")
+    return LoadOptions(**{**options.__dict__, "batch_buckets": buckets})
+
+
+def _start_serving(
+    model: LoadedModel,
+    on_device: Callable[..., Awaitable[Any]],
+    run_batch: Callable[[LoadedModel, list[QueuedRequest]], Awaitable[Any]],
+) -> None:
+    """A warmed model's batcher (and generation engine, for a causal LM); then it is READY."""
+    options = model.options
+    if model.generation is not None:
+        tokenizer = load_tokenizer(model.generation.settings.tokenizer, model.spec.folder)
+        model.engine = GenerationEngine(model.generation, tokenizer, on_device)
+    policy = BatchPolicy(
+        max_batch=model.max_batch,
+        max_queue_delay_us=options.max_queue_delay_us,
+        max_queue_size=options.max_queue_size,
+        dynamic_batching=options.dynamic_batching,
+    )
+
+    async def run(batch: list[QueuedRequest]) -> Any:
+        return await run_batch(model, batch)
+
+    model.batcher = Batcher(policy, run)
+    model.state = "READY"

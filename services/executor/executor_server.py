@@ -93,6 +93,42 @@ class RunningExecutor(OnServer):
         await self.server.wait_for_signal(stop, self.stop)
 
 
+def _server_options(
+    config: ExecutorConfig, security: tls.Security, audit: authz.MeteringAudit | None
+) -> ServerOptions:
+    guard = None if security.insecure else executor_guard(config, security, audit)
+    return ServerOptions(
+        host=config.host,
+        port=config.port,
+        max_receive_bytes=config.max_message_bytes,
+        max_send_bytes=config.max_message_bytes,
+        drain_grace_s=config.drain_grace_s,
+        map_errors_in_servicers=True,  # no per-call interceptor on the hot path
+        security=security,
+        guard=guard,
+    )
+
+
+async def _frames_and_models(
+    running: RunningExecutor, inference: InferenceServicer, config: ExecutorConfig, security: tls.Security
+) -> None:
+    """The frame server (unless off), then every configured model, loaded and warmed."""
+    executor = running.executor
+    if config.frames_port >= 0:
+        running.frames = FrameServer(
+            inference,
+            config.max_message_bytes,
+            security,
+            config.oip_identities,
+            running.audit,
+            config.frames_max_in_flight,
+        )
+        executor.frames_port = await running.frames.start(config.host, config.frames_port)
+    for entry in config.models:
+        name, _, version = entry.partition(":")
+        await executor.load_model(name, version, executor.default_options(name, version))
+
+
 async def start_executor(config: ExecutorConfig, security: tls.Security | None = None) -> RunningExecutor:
     """`security`: mTLS identity, or explicit plaintext (None: the process's, from the environment)."""
     security = tls.resolve(security)
@@ -104,17 +140,7 @@ async def start_executor(config: ExecutorConfig, security: tls.Security | None =
         if config.metering and not security.insecure
         else None
     )
-    guard = None if security.insecure else executor_guard(config, security, audit)
-    options = ServerOptions(
-        host=config.host,
-        port=config.port,
-        max_receive_bytes=config.max_message_bytes,
-        max_send_bytes=config.max_message_bytes,
-        drain_grace_s=config.drain_grace_s,
-        map_errors_in_servicers=True,  # no per-call interceptor on the hot path
-        security=security,
-        guard=guard,
-    )
+    options = _server_options(config, security, audit)
     inference = InferenceServicer(executor)
     server = await start_server(
         [
@@ -132,19 +158,7 @@ async def start_executor(config: ExecutorConfig, security: tls.Security | None =
         executor.executor_id = f"{executor.executor_id}:{server.port}"
     running = RunningExecutor(executor, server, audit=audit)
     try:
-        if config.frames_port >= 0:
-            running.frames = FrameServer(
-                inference,
-                config.max_message_bytes,
-                security,
-                config.oip_identities,
-                audit,
-                config.frames_max_in_flight,
-            )
-            executor.frames_port = await running.frames.start(config.host, config.frames_port)
-        for entry in config.models:
-            name, _, version = entry.partition(":")
-            await executor.load_model(name, version, executor.default_options(name, version))
+        await _frames_and_models(running, inference, config, security)
     except BaseException:
         await running.stop(0)
         raise

@@ -17,20 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from services.executor.batching import BatchCounters
 from services.executor.executor_runtime import Executor
 from services.executor.generation import generation_oip as gen_oip
 from services.executor.loaded_model import LoadedModel
+from services.executor.metadata_rpcs import MetadataRpcs
 from switchyard import codec, inband_status, oip_params, telemetry
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument, ResourceExhausted, SwitchyardError, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from switchyard.gen.inference import model_config_pb2 as mc
 from switchyard.grpcio import ServicerContext
-
-SERVER_NAME = "switchyard-executor"
-SERVER_VERSION = "0.1.0"
+from switchyard.streams import StreamReplies
 
 
 def _check_shared_memory(params: Any, where: str) -> None:
@@ -102,68 +99,6 @@ def bytes_elements(request: pb.ModelInferRequest) -> int:
     return total
 
 
-def model_metadata(model: LoadedModel) -> pb.ModelMetadataResponse:
-    spec = model.spec
-    return pb.ModelMetadataResponse(
-        name=spec.name,
-        versions=[spec.version],
-        platform=spec.platform,
-        inputs=[
-            pb.ModelMetadataResponse.TensorMetadata(
-                name=s.name, datatype=model.wire_datatype(s), shape=[-1, *s.dims]
-            )
-            for s in spec.inputs
-        ],
-        outputs=[
-            pb.ModelMetadataResponse.TensorMetadata(
-                name=s.name, datatype=model.wire_datatype(s), shape=[-1, *s.dims]
-            )
-            for s in spec.outputs
-        ],
-    )
-
-
-def model_config(model: LoadedModel) -> mc.ModelConfig:
-    spec, options = model.spec, model.options
-    config = mc.ModelConfig(
-        name=spec.name,
-        platform=spec.platform,
-        backend=model.backend.name,
-        max_batch_size=model.max_batch,
-        input=[
-            mc.ModelInput(name=s.name, data_type=_config_type(model.wire_datatype(s)), dims=list(s.dims))
-            for s in spec.inputs
-        ],
-        output=[
-            mc.ModelOutput(name=s.name, data_type=_config_type(model.wire_datatype(s)), dims=list(s.dims))
-            for s in spec.outputs
-        ],
-        instance_group=[mc.ModelInstanceGroup(name=spec.name, count=1, kind=_instance_kind(model))],
-    )
-    if model.spec.generation is not None:
-        config.model_transaction_policy.decoupled = True  # many responses per request
-    if options.dynamic_batching:
-        config.dynamic_batching.preferred_batch_size.extend(options.batch_buckets)
-        config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
-    for key, value in (
-        ("mode", options.mode),
-        ("precision", options.precision),
-        ("checkpoint_sha256", model.sha256),
-        ("max_queue_size", str(options.max_queue_size)),
-    ):
-        config.parameters[key].string_value = value
-    return config
-
-
-def _config_type(datatype: str) -> mc.DataType.ValueType:
-    """Triton's config names BYTES tensors TYPE_STRING."""
-    return mc.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
-
-
-def _instance_kind(model: LoadedModel) -> mc.ModelInstanceGroup.Kind.ValueType:
-    return mc.ModelInstanceGroup.KIND_CPU if model.backend.name == "cpu" else mc.ModelInstanceGroup.KIND_GPU
-
-
 _INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 _STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
@@ -187,28 +122,7 @@ def _deadline(request: pb.ModelInferRequest, remaining: float | None) -> float |
     return deadline
 
 
-def model_statistics(c: BatchCounters, stats: pb.ModelStatistics) -> None:
-    """Triton's statistics of one model from its batcher's counters: per request (success,
-    fail, queue, compute input/infer/output; a request is charged its batch's phases), and per
-    executed batch size (batch_stats), so perf_analyzer prints its server-side section."""
-    stats.last_inference = c.last_inference_ms
-    stats.inference_count = c.rows
-    stats.execution_count = c.executions
-    s = stats.inference_stats
-    s.success.count, s.success.ns = c.success, c.success_ns
-    s.fail.count = c.failures
-    s.queue.count, s.queue.ns = c.success, c.queue_ns
-    s.compute_input.count, s.compute_input.ns = c.success, c.request_input_ns
-    s.compute_infer.count, s.compute_infer.ns = c.success, c.request_infer_ns
-    s.compute_output.count, s.compute_output.ns = c.success, c.request_output_ns
-    for size, (n, input_ns, infer_ns, output_ns) in sorted(c.by_batch_size.items()):
-        b = stats.batch_stats.add(batch_size=size)
-        b.compute_input.count, b.compute_input.ns = n, input_ns
-        b.compute_infer.count, b.compute_infer.ns = n, infer_ns
-        b.compute_output.count, b.compute_output.ns = n, output_ns
-
-
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
         self._templates: dict[int, tuple[LoadedModel, pb.ModelInferResponse]] = {}
@@ -233,86 +147,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _has_bytes(request: pb.ModelInferRequest) -> bool:
         return any(tensor.datatype == "BYTES" for tensor in request.inputs)
 
-    async def ServerLive(
-        self, request: pb.ServerLiveRequest, context: ServicerContext
-    ) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=True)
-
-    async def ServerReady(
-        self, request: pb.ServerReadyRequest, context: ServicerContext
-    ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.executor.ready())
-
-    async def ModelReady(
-        self, request: pb.ModelReadyRequest, context: ServicerContext
-    ) -> pb.ModelReadyResponse:
-        model = self.executor.find(request.name, request.version)
-        return pb.ModelReadyResponse(ready=model.state == "READY" and not self.executor.draining)
-
-    async def ServerMetadata(
-        self, request: pb.ServerMetadataRequest, context: ServicerContext
-    ) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(
-            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration", "statistics"]
-        )
-
-    async def ModelMetadata(
-        self, request: pb.ModelMetadataRequest, context: ServicerContext
-    ) -> pb.ModelMetadataResponse:
-        return model_metadata(self.executor.find(request.name, request.version))
-
-    async def ModelConfig(
-        self, request: pb.ModelConfigRequest, context: ServicerContext
-    ) -> pb.ModelConfigResponse:
-        return pb.ModelConfigResponse(config=model_config(self.executor.find(request.name, request.version)))
-
-    async def ModelStatistics(
-        self, request: pb.ModelStatisticsRequest, context: ServicerContext
-    ) -> pb.ModelStatisticsResponse:
-        if request.name:
-            models = [self.executor.find(request.name, request.version)]
-        else:
-            models = list(self.executor.models.values())
-        response = pb.ModelStatisticsResponse()
-        for model in models:
-            stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
-            if model.batcher is not None:
-                model_statistics(model.batcher.counters, stats)
-        return response
-
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request answered in order; an error goes into error_message and the stream goes on.
         A generation (a causal LM's request) is decoupled: it runs beside the stream's other
         requests and sends its responses as its tokens come (`generation.generation_oip`)."""
-        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        generations: set[asyncio.Task[None]] = set()
+        stream: StreamReplies[pb.ModelStreamInferResponse] = StreamReplies()
 
         async def read() -> None:
-            try:
-                async for request in request_iterator:
-                    model = self._generative(request)
-                    if model is None:
-                        out.put_nowait(await self.answer(request, context.time_remaining()))
-                        continue
-                    task = asyncio.create_task(self._stream_generation(model, request, out, context))
-                    generations.add(task)
-                    task.add_done_callback(generations.discard)
-                if generations:
-                    await asyncio.wait(set(generations))
-            finally:
-                out.put_nowait(None)
+            async for request in request_iterator:
+                model = self._generative(request)
+                if model is None:
+                    stream.put(await self.answer(request, context.time_remaining()))
+                    continue
+                # a caller that leaves cancels it: the generation's slot is freed
+                stream.start(self._stream_generation(model, request, stream.out, context))
 
-        reader = asyncio.create_task(read())
-        try:
-            while (item := await out.get()) is not None:
-                yield item
-            await reader  # the caller's stream broke: its error ends ours
-        finally:
-            reader.cancel()
-            for task in list(generations):
-                task.cancel()  # a caller that left: each generation's slot is freed
+        async with contextlib.aclosing(stream.replies(read)) as replies:  # closed as the caller leaves
+            async for reply in replies:
+                yield reply
 
     def _generative(self, request: pb.ModelInferRequest) -> LoadedModel | None:
         """The causal LM a stream request is for, unless the router asked for one answer."""

@@ -197,50 +197,10 @@ class LoadedModel:
         order = self._valid_signatures.get(signature)
         if order is not None:
             return [inputs[i].array for i in order], inputs[0].shape[0]
-        arrays, rows = self._validate(inputs)
+        arrays, rows = _check_inputs(self, inputs)
         if len(self._valid_signatures) < 1024:
             position = {t.name: i for i, t in enumerate(inputs)}
             self._valid_signatures[signature] = tuple(position[s.name] for s in self.spec.inputs)
-        return arrays, rows
-
-    def _validate(self, inputs: list[WireTensor]) -> tuple[list[np.ndarray], int]:
-        by_name = {t.name: t for t in inputs}
-        if len(by_name) != len(inputs):
-            raise InvalidArgument("an input name appears twice; send each input once")
-        declared = {s.name for s in self.spec.inputs}
-        extra = sorted(set(by_name) - declared)
-        if extra:
-            raise InvalidArgument(f"unexpected input(s) {extra}; {self.spec.name} takes {sorted(declared)}")
-        arrays: list[np.ndarray] = []
-        rows = -1
-        for s in self.spec.inputs:
-            t = by_name.get(s.name)
-            if t is None:
-                raise InvalidArgument(f"missing input {s.name!r}; {self.spec.name} takes {sorted(declared)}")
-            allowed = {self.wire_datatype(s), "FP32"} if s.floating else {s.datatype}
-            if t.datatype not in allowed:
-                raise InvalidArgument(
-                    f"input {s.name!r} has datatype {t.datatype}; send {' or '.join(sorted(allowed))}"
-                )
-            want = f"[batch, {', '.join(str(d) for d in s.dims)}]".replace(", ]", "]")
-            if len(t.shape) != len(s.dims) + 1:
-                raise InvalidArgument(
-                    f"input {s.name!r} has rank {len(t.shape)} {list(t.shape)}; expected {want}"
-                )
-            for axis, (got, dim) in enumerate(zip(t.shape[1:], s.dims, strict=True), start=1):
-                limit = s.max_dims[axis - 1] if s.max_dims else None
-                if (dim >= 0 and got != dim) or got == 0 or (limit is not None and got > limit):
-                    bound = f" (at most {limit})" if limit is not None and dim < 0 else ""
-                    raise InvalidArgument(
-                        f"input {s.name!r} has shape {list(t.shape)}; expected {want}{bound}, "
-                        f"dimension {axis} is wrong"
-                    )
-            if rows not in (-1, t.shape[0]):
-                raise InvalidArgument(f"inputs disagree on the batch dimension ({rows} vs {t.shape[0]})")
-            rows = t.shape[0]
-            arrays.append(t.array)
-        if rows < 1 or rows > self.max_batch:
-            raise InvalidArgument(f"batch dimension is {rows}; this model accepts 1 to {self.max_batch} rows")
         return arrays, rows
 
     def expected_compute_s(self, rows: int) -> float:
@@ -311,3 +271,46 @@ class LoadedModel:
         if device.type == "cpu":  # .to("cpu") and detach cost a dispatch even as no-ops
             return [o.detach() if o.requires_grad else o for o in outs]
         return [o.detach().to("cpu") for o in outs]
+
+
+def _check_inputs(model: LoadedModel, inputs: list[WireTensor]) -> tuple[list[np.ndarray], int]:
+    """The full check of a request's inputs against the model's declaration (names, datatypes,
+    ranks, dims, one batch size); the arrays in declared order and the rows."""
+    by_name = {t.name: t for t in inputs}
+    if len(by_name) != len(inputs):
+        raise InvalidArgument("an input name appears twice; send each input once")
+    declared = {s.name for s in model.spec.inputs}
+    extra = sorted(set(by_name) - declared)
+    if extra:
+        raise InvalidArgument(f"unexpected input(s) {extra}; {model.spec.name} takes {sorted(declared)}")
+    arrays: list[np.ndarray] = []
+    rows = -1
+    for s in model.spec.inputs:
+        t = by_name.get(s.name)
+        if t is None:
+            raise InvalidArgument(f"missing input {s.name!r}; {model.spec.name} takes {sorted(declared)}")
+        allowed = {model.wire_datatype(s), "FP32"} if s.floating else {s.datatype}
+        if t.datatype not in allowed:
+            raise InvalidArgument(
+                f"input {s.name!r} has datatype {t.datatype}; send {' or '.join(sorted(allowed))}"
+            )
+        want = f"[batch, {', '.join(str(d) for d in s.dims)}]".replace(", ]", "]")
+        if len(t.shape) != len(s.dims) + 1:
+            raise InvalidArgument(
+                f"input {s.name!r} has rank {len(t.shape)} {list(t.shape)}; expected {want}"
+            )
+        for axis, (got, dim) in enumerate(zip(t.shape[1:], s.dims, strict=True), start=1):
+            limit = s.max_dims[axis - 1] if s.max_dims else None
+            if (dim >= 0 and got != dim) or got == 0 or (limit is not None and got > limit):
+                bound = f" (at most {limit})" if limit is not None and dim < 0 else ""
+                raise InvalidArgument(
+                    f"input {s.name!r} has shape {list(t.shape)}; expected {want}{bound}, "
+                    f"dimension {axis} is wrong"
+                )
+        if rows not in (-1, t.shape[0]):
+            raise InvalidArgument(f"inputs disagree on the batch dimension ({rows} vs {t.shape[0]})")
+        rows = t.shape[0]
+        arrays.append(t.array)
+    if rows < 1 or rows > model.max_batch:
+        raise InvalidArgument(f"batch dimension is {rows}; this model accepts 1 to {model.max_batch} rows")
+    return arrays, rows

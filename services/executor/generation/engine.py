@@ -239,6 +239,32 @@ class EngineCounters:
     compute_ns: int = 0
 
 
+def check_prompt(s: GenerationSettings, vocab: int, prompt: list[int], params: SamplingParams) -> int:
+    """The request's max_tokens, or INVALID_ARGUMENT with the lengths that do not fit."""
+    if not prompt:
+        raise InvalidArgument("the prompt is empty; send at least one token of text_input or input_ids")
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise InvalidArgument(f"input_ids {bad[:5]} are outside the vocabulary 0..{vocab - 1}")
+    if len(prompt) > s.max_prompt:
+        raise InvalidArgument(
+            f"the prompt has {len(prompt)} tokens, over this model's longest prompt of {s.max_prompt} "
+            f"tokens (context {s.max_context}); shorten it"
+        )
+    if params.max_tokens is not None and params.max_tokens > s.max_new_tokens:
+        raise InvalidArgument(
+            f"max_tokens is {params.max_tokens}, over this model's limit of {s.max_new_tokens}"
+        )
+    room = s.max_context - len(prompt)
+    wanted = params.max_tokens if params.max_tokens is not None else min(16, s.max_new_tokens, room)
+    if len(prompt) + wanted > s.max_context:
+        raise InvalidArgument(
+            f"the prompt has {len(prompt)} tokens and max_tokens is {wanted}: {len(prompt) + wanted} "
+            f"tokens, over this model's context of {s.max_context}; lower max_tokens to {room} or less"
+        )
+    return wanted
+
+
 class GenerationEngine:
     def __init__(self, runtime: GenerationRuntime, tokenizer: Tokenizer, run_on_device: RunOnDevice) -> None:
         self.runtime = runtime
@@ -262,39 +288,12 @@ class GenerationEngine:
     def running(self) -> int:
         return len(self._running)
 
-    def check_prompt(self, prompt: list[int], params: SamplingParams) -> int:
-        """The request's max_tokens, or INVALID_ARGUMENT with the lengths that do not fit."""
-        s = self.settings
-        if not prompt:
-            raise InvalidArgument("the prompt is empty; send at least one token of text_input or input_ids")
-        vocab = self.runtime.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise InvalidArgument(f"input_ids {bad[:5]} are outside the vocabulary 0..{vocab - 1}")
-        if len(prompt) > s.max_prompt:
-            raise InvalidArgument(
-                f"the prompt has {len(prompt)} tokens, over this model's longest prompt of {s.max_prompt} "
-                f"tokens (context {s.max_context}); shorten it"
-            )
-        if params.max_tokens is not None and params.max_tokens > s.max_new_tokens:
-            raise InvalidArgument(
-                f"max_tokens is {params.max_tokens}, over this model's limit of {s.max_new_tokens}"
-            )
-        room = s.max_context - len(prompt)
-        wanted = params.max_tokens if params.max_tokens is not None else min(16, s.max_new_tokens, room)
-        if len(prompt) + wanted > s.max_context:
-            raise InvalidArgument(
-                f"the prompt has {len(prompt)} tokens and max_tokens is {wanted}: {len(prompt) + wanted} "
-                f"tokens, over this model's context of {s.max_context}; lower max_tokens to {room} or less"
-            )
-        return wanted
-
     def submit(
         self, prompt: list[int], params: SamplingParams, with_text: bool, deadline: float | None = None
     ) -> GenerationStream:
         if self._closed:
             raise Unavailable("the model is being unloaded; retry on another executor")
-        max_tokens = self.check_prompt(prompt, params)
+        max_tokens = check_prompt(self.settings, self.runtime.vocab_size, prompt, params)
         if self._slots.free == 0 and len(self._waiting) >= self.settings.max_queue:
             self.counters.rejected_full += 1
             raise EngineFull(

@@ -1,0 +1,151 @@
+"""The executor's OIP metadata and statistics RPCs (ServerLive, ServerReady, ModelReady,
+ServerMetadata, ModelMetadata, ModelConfig, ModelStatistics), as Triton answers them.
+"""
+
+from __future__ import annotations
+
+from services.executor.batching import BatchCounters
+from services.executor.executor_runtime import Executor
+from services.executor.loaded_model import LoadedModel
+from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.gen.inference import model_config_pb2 as mc
+from switchyard.grpcio import ServicerContext
+
+SERVER_NAME = "switchyard-executor"
+SERVER_VERSION = "0.1.0"
+
+
+def model_metadata(model: LoadedModel) -> pb.ModelMetadataResponse:
+    spec = model.spec
+    return pb.ModelMetadataResponse(
+        name=spec.name,
+        versions=[spec.version],
+        platform=spec.platform,
+        inputs=[
+            pb.ModelMetadataResponse.TensorMetadata(
+                name=s.name, datatype=model.wire_datatype(s), shape=[-1, *s.dims]
+            )
+            for s in spec.inputs
+        ],
+        outputs=[
+            pb.ModelMetadataResponse.TensorMetadata(
+                name=s.name, datatype=model.wire_datatype(s), shape=[-1, *s.dims]
+            )
+            for s in spec.outputs
+        ],
+    )
+
+
+def model_config(model: LoadedModel) -> mc.ModelConfig:
+    spec, options = model.spec, model.options
+    config = mc.ModelConfig(
+        name=spec.name,
+        platform=spec.platform,
+        backend=model.backend.name,
+        max_batch_size=model.max_batch,
+        input=[
+            mc.ModelInput(name=s.name, data_type=_config_type(model.wire_datatype(s)), dims=list(s.dims))
+            for s in spec.inputs
+        ],
+        output=[
+            mc.ModelOutput(name=s.name, data_type=_config_type(model.wire_datatype(s)), dims=list(s.dims))
+            for s in spec.outputs
+        ],
+        instance_group=[mc.ModelInstanceGroup(name=spec.name, count=1, kind=_instance_kind(model))],
+    )
+    if model.spec.generation is not None:
+        config.model_transaction_policy.decoupled = True  # many responses per request
+    if options.dynamic_batching:
+        config.dynamic_batching.preferred_batch_size.extend(options.batch_buckets)
+        config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    for key, value in (
+        ("mode", options.mode),
+        ("precision", options.precision),
+        ("checkpoint_sha256", model.sha256),
+        ("max_queue_size", str(options.max_queue_size)),
+    ):
+        config.parameters[key].string_value = value
+    return config
+
+
+def _config_type(datatype: str) -> mc.DataType.ValueType:
+    """Triton's config names BYTES tensors TYPE_STRING."""
+    return mc.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
+
+
+def _instance_kind(model: LoadedModel) -> mc.ModelInstanceGroup.Kind.ValueType:
+    return mc.ModelInstanceGroup.KIND_CPU if model.backend.name == "cpu" else mc.ModelInstanceGroup.KIND_GPU
+
+
+def model_statistics(c: BatchCounters, stats: pb.ModelStatistics) -> None:
+    """Triton's statistics of one model from its batcher's counters: per request (success,
+    fail, queue, compute input/infer/output; a request is charged its batch's phases), and per
+    executed batch size (batch_stats), so perf_analyzer prints its server-side section."""
+    stats.last_inference = c.last_inference_ms
+    stats.inference_count = c.rows
+    stats.execution_count = c.executions
+    s = stats.inference_stats
+    s.success.count, s.success.ns = c.success, c.success_ns
+    s.fail.count = c.failures
+    s.queue.count, s.queue.ns = c.success, c.queue_ns
+    s.compute_input.count, s.compute_input.ns = c.success, c.request_input_ns
+    s.compute_infer.count, s.compute_infer.ns = c.success, c.request_infer_ns
+    s.compute_output.count, s.compute_output.ns = c.success, c.request_output_ns
+    for size, (n, input_ns, infer_ns, output_ns) in sorted(c.by_batch_size.items()):
+        b = stats.batch_stats.add(batch_size=size)
+        b.compute_input.count, b.compute_input.ns = n, input_ns
+        b.compute_infer.count, b.compute_infer.ns = n, infer_ns
+        b.compute_output.count, b.compute_output.ns = n, output_ns
+
+
+class MetadataRpcs:
+    """Mixed into InferenceServicer: what a client asks about the server and its models."""
+
+    executor: Executor
+
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: ServicerContext
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: ServicerContext
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.executor.ready())
+
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: ServicerContext
+    ) -> pb.ModelReadyResponse:
+        model = self.executor.find(request.name, request.version)
+        return pb.ModelReadyResponse(ready=model.state == "READY" and not self.executor.draining)
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: ServicerContext
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration", "statistics"]
+        )
+
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: ServicerContext
+    ) -> pb.ModelMetadataResponse:
+        return model_metadata(self.executor.find(request.name, request.version))
+
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: ServicerContext
+    ) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=model_config(self.executor.find(request.name, request.version)))
+
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: ServicerContext
+    ) -> pb.ModelStatisticsResponse:
+        if request.name:
+            models = [self.executor.find(request.name, request.version)]
+        else:
+            models = list(self.executor.models.values())
+        response = pb.ModelStatisticsResponse()
+        for model in models:
+            stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
+            if model.batcher is not None:
+                model_statistics(model.batcher.counters, stats)
+        return response
