@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import random
-import signal
 import subprocess
 import tempfile
 import threading
@@ -49,6 +48,7 @@ import torch
 from benchmarks.common import write_report
 from switchyard import codec, oip_params, tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
+from tests.processes import stop_child
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 GENERATION = {
@@ -258,12 +258,7 @@ class XlaExecutor:
         raise SystemExit(f"the xla executor did not serve within {timeout_s:.0f} s")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        stop_child(self.process)
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:

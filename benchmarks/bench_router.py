@@ -388,6 +388,14 @@ async def run(scale: float, capture_share: float = CAPTURE_SHARE) -> dict[str, A
         for script, name, arg, child_env in children
     ]
     operator = ids["operator"]
+
+    async def spawn_router(name: str, routes: str, metering: str, child_env: dict[str, str]) -> Any:
+        return await spawn(
+            "-m", "switchyard", "router", "serve", "--port", str(ports[name]),
+            "--config", str(tmp / f"routes-{routes}.toml"), "--metering", metering,
+            "--spool-dir", str(tmp / f"spool-{name}"), env=child_env, log=tmp / f"{name}.log",
+        )  # fmt: skip
+
     try:
         await asyncio.gather(
             wait_serving(addr["executor"]),
@@ -409,44 +417,10 @@ async def run(scale: float, capture_share: float = CAPTURE_SHARE) -> dict[str, A
         )
         key = await setup_key(addr["metering"], tls.Security.plaintext())
         key_mtls = await setup_key(addr["metering_mtls"], operator)
-        procs.append(
-            await spawn(
-                "-m",
-                "switchyard",
-                "router",
-                "serve",
-                "--port",
-                str(ports["router_mtls"]),
-                "--config",
-                str(tmp / "routes-mtls.toml"),
-                "--metering",
-                addr["metering_mtls"],
-                "--spool-dir",
-                str(tmp / "spool-router_mtls"),
-                env=mtls_env("router"),
-                log=tmp / "router_mtls.log",
-            )
-        )
+        procs.append(await spawn_router("router_mtls", "mtls", addr["metering_mtls"], mtls_env("router")))
         await wait_serving(addr["router_mtls"])
         for name, (settings, transport) in ROUTERS.items():
-            procs.append(
-                await spawn(
-                    "-m",
-                    "switchyard",
-                    "router",
-                    "serve",
-                    "--port",
-                    str(ports[name]),
-                    "--config",
-                    str(tmp / f"routes-{transport}.toml"),
-                    "--metering",
-                    addr["metering"],
-                    "--spool-dir",
-                    str(tmp / f"spool-{name}"),
-                    env={**env, **settings},
-                    log=tmp / f"{name}.log",
-                )
-            )
+            procs.append(await spawn_router(name, transport, addr["metering"], {**env, **settings}))
             await wait_serving(addr[name])
         auth = [("authorization", f"Bearer {key}")]
         results: list[Result] = []

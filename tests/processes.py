@@ -1,7 +1,9 @@
-"""Process checks the cluster tests share."""
+"""Process checks and stops that tests and benchmarks share."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from pathlib import Path
 
 
@@ -31,3 +33,15 @@ def descendants(pid: int) -> set[int]:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return found
+
+
+def stop_child(process: subprocess.Popen[str]) -> int:
+    """SIGTERM (a service drains on it), up to 30 s to exit, then SIGKILL; the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode

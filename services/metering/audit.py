@@ -56,18 +56,9 @@ class Verification:
     message: str = ""
 
 
-def _fields(
-    seq: int,
-    at_us: int,
-    actor: Actor,
-    action: str,
-    resource: str,
-    outcome: str,
-    detail_json: str,
-    prev_hash: str,
-) -> bytes:
-    fields = [seq, at_us, actor.principal, actor.source, actor.request_id, actor.trace_id]
-    fields += [action, resource, outcome, detail_json, prev_hash]
+def _fields(seq: int, at_us: int, actor: Actor, *texts: str) -> bytes:
+    """The hashed bytes of a row; `texts`: action, resource, outcome, detail_json, prev_hash."""
+    fields = [seq, at_us, actor.principal, actor.source, actor.request_id, actor.trace_id, *texts]
     return json.dumps(fields, separators=(",", ":")).encode()
 
 

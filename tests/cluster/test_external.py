@@ -23,8 +23,8 @@ import pytest
 from clients.local_cluster import health
 from clients.local_cluster.traffic import create_team_key
 from switchyard.net import free_port
-from tests.cluster.processes import alive, descendants
 from tests.conftest import IN_CI, ROOT
+from tests.processes import alive, descendants
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"

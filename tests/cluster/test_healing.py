@@ -27,8 +27,8 @@ import pytest
 from clients.local_cluster import health
 from clients.local_cluster.traffic import create_team_key
 from switchyard.net import free_port
-from tests.cluster.processes import alive, descendants
 from tests.conftest import ROOT
+from tests.processes import alive, descendants
 
 pytestmark = pytest.mark.slow
 HOST = "127.0.0.1"

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from clients.local_cluster.demo import Endpoints, MainJobResult, run_main_job
-from tests.cluster.processes import alive, descendants
 from tests.conftest import IN_CI, ROOT
+from tests.processes import alive, descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.xla]
 

@@ -14,8 +14,8 @@ from clients.local_cluster import health
 from clients.local_cluster.plan import ServiceSpec
 from clients.local_cluster.supervisor import RestartPolicy, StartupFailed, Supervisor
 from switchyard.net import free_port
-from tests.cluster.processes import alive
 from tests.conftest import ROOT
+from tests.processes import alive
 
 ENV = {"PYTHONPATH": str(ROOT), "SWITCHYARD_SECURITY_INSECURE": "true"}
 

@@ -22,6 +22,7 @@ import pytest
 
 from switchyard.models.repository import seed_builtins
 from tests.conftest import IN_CI, ROOT
+from tests.processes import stop_child
 
 XLA_PYTHON = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
 BUCKETS = "1,4,8"
@@ -48,14 +49,7 @@ class ExecutorProcess:
     lines: list[str]
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop_child(self.process)
 
 
 def spawn(python: str, backend: str, models: str, *extra: str) -> subprocess.Popen[str]:
