@@ -9,6 +9,7 @@ workflow can run it inside Temporal's sandbox. docs/trial-spec.md documents ever
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,9 @@ from workflows.specfields import Fields, SpecError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("eager", "compile", "lazy", "strict", "debug", "defer_and_fuse")
-SCENARIOS = ("single-stream", "offline")
+SCENARIOS = ("single-stream", "offline", "generation")
+DEFAULT_SCENARIOS = ("single-stream", "offline")
+DISTRIBUTIONS = ("fixed", "uniform", "normal")
 STRATEGIES = ("ddp", "fsdp")
 COMPATIBILITY_ACTIONS = ("reject", "warn")
 DATATYPES = ("FP64", "FP32", "FP16", "BF16", "INT64", "INT32", "INT16", "INT8", "UINT8", "BOOL")
@@ -44,6 +47,31 @@ class InputTensor:
 
 
 @dataclass(frozen=True)
+class Lengths:
+    """Token lengths: fixed (`value`), uniform in [min, max], or normal (mean, std), clipped."""
+
+    distribution: str = "fixed"
+    value: int = 16
+    min: int = 1
+    max: int = 1
+    mean: float = 0.0
+    std: float = 0.0
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """A generative model's correctness prompts: seeded token ids in [low, high) of `length`
+    tokens, or the given `texts`; each greedy for `max_tokens` new tokens (EOS ignored)."""
+
+    count: int = 4
+    length: Lengths = field(default_factory=Lengths)
+    max_tokens: int = 16
+    low: int = 0
+    high: int = 0
+    texts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Inputs:
     seed: int
     tensors: tuple[InputTensor, ...] = ()
@@ -51,6 +79,7 @@ class Inputs:
     file_sha256: str = ""
     workload: str = ""  # a workload captured at the router, replayed in order
     workload_sha256: str = ""
+    prompts: Prompts | None = None  # a generative model's prompts (performance: generation)
 
 
 @dataclass(frozen=True)
@@ -76,14 +105,33 @@ class Criteria:
 
 
 @dataclass(frozen=True)
+class GenerationPlan:
+    """The generation scenario: `requests` streamed requests per load level; a level per
+    `concurrency` (closed loop) and per `request_rates` entry (Poisson, seeded)."""
+
+    requests: int = 16
+    concurrency: tuple[int, ...] = (1, 4)
+    request_rates: tuple[float, ...] = ()
+    max_concurrency: int = 0  # caps Poisson arrivals in flight; 0 = no cap
+    seed: int = 0
+    prompt_len: Lengths = field(default_factory=lambda: Lengths("uniform", 16, 4, 16))
+    output_len: Lengths = field(default_factory=lambda: Lengths("fixed", 16))
+    low: int = 0  # prompt token ids in [low, high); 0, 0 = inputs.prompts' range
+    high: int = 0
+    workload: str = ""  # lengths (and prompts) from a workload captured at the router
+    workload_sha256: str = ""
+
+
+@dataclass(frozen=True)
 class PerformancePlan:
     warmup: int = 5
     min_iterations: int = 50
     min_seconds: float = 2.0
-    scenarios: tuple[str, ...] = SCENARIOS
+    scenarios: tuple[str, ...] = DEFAULT_SCENARIOS
     batch_sizes: tuple[int, ...] = (1, 8)
     offline_concurrency: int = 4
     batch_buckets: tuple[int, ...] = ()  # () = batch_sizes plus the correctness batch
+    generation: GenerationPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +163,13 @@ class Policy:
     max_fallback_ops: int = 0  # distinct ops a candidate may run on the host instead of its device
     max_graph_breaks: int = 0
     compatibility_action: str = "reject"  # beyond a maximum: "reject" or "warn"
+    # generation trials: latency is p99 TTFT and TPOT, cost is per million output tokens
+    max_ttft_p99_regression: float = 0.1
+    max_tpot_p99_regression: float = 0.1
+    min_output_token_cost_saving: float = 0.0
+    slo_ttft_ms: float = 0.0  # goodput: a request counts if it meets every SLO set (0 = unset)
+    slo_tpot_ms: float = 0.0
+    slo_e2el_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -149,6 +204,10 @@ class TrialSpec:
     def candidates(self) -> tuple[PathSpec, ...]:
         return tuple(p for p in self.paths if p.name != self.reference)
 
+    @property
+    def generative(self) -> bool:
+        return self.inputs.prompts is not None
+
 
 def _model(f: Fields) -> ModelRef:
     sha = f.text("checkpoint_sha256", default="")
@@ -178,7 +237,62 @@ def _input_tensor(f: Fields) -> InputTensor:
     return tensor
 
 
+def _lengths(f: Fields, default: Lengths, limit: str) -> Lengths:
+    kind = f.choice("distribution", DISTRIBUTIONS, default=default.distribution)
+    if kind == "fixed":
+        out = Lengths(kind, value=f.integer("value", default.value, minimum=1))
+    elif kind == "uniform":
+        low = f.integer("min", default.min, minimum=1)
+        out = Lengths(kind, min=low, max=f.integer("max", max(default.max, low), minimum=1))
+        if out.max < out.min:
+            raise SpecError(f.at("max"), f"must be >= min ({out.min})")
+    else:
+        out = Lengths(kind, mean=f.number("mean", minimum=1.0), std=f.number("std", minimum=0.0))
+    top = out.value if kind == "fixed" else out.max if kind == "uniform" else out.mean
+    if top > 65536:
+        raise SpecError(f.path, f"{limit} of {top:g} tokens is beyond any model's context")
+    f.done()
+    return out
+
+
+def _prompts(f: Fields) -> Prompts:
+    texts = tuple(f.strs("texts", []))
+    if texts:
+        if any(not t for t in texts):
+            raise SpecError(f.at("texts"), "an empty prompt cannot be generated from")
+        f.seen.update({"count", "length", "low", "high"})
+        out = Prompts(len(texts), Lengths(), f.integer("max_tokens", 16, minimum=1), texts=texts)
+    else:
+        out = Prompts(
+            count=f.integer("count", 4, minimum=1),
+            length=_lengths(f.obj("length"), Lengths("fixed", 8), "a prompt"),
+            max_tokens=f.integer("max_tokens", 16, minimum=1),
+            low=f.integer("low", 0, minimum=0),
+            high=f.integer("high"),
+        )
+        if out.high <= out.low:
+            raise SpecError(
+                f.at("high"), f"must be greater than low ({out.low}): token ids are drawn from [low, high)"
+            )
+    if out.count > 256:
+        raise SpecError(f.at("count"), "must be at most 256 (their tokens travel through Temporal)")
+    if out.max_tokens > 4096:
+        raise SpecError(f.at("max_tokens"), "must be at most 4096")
+    f.done()
+    return out
+
+
 def _inputs(f: Fields) -> Inputs:
+    if f.has("prompts"):
+        prompts = _prompts(f.obj("prompts"))
+        seed = f.integer("seed", 0, minimum=0)
+        for other in ("tensors", "file", "workload"):
+            if f.has(other):
+                raise SpecError(f.at(other), "a generation trial's inputs are its prompts: give no "
+                                f"{other} with them")  # fmt: skip
+        f.done()
+        return Inputs(seed, prompts=prompts)
+    f.seen.add("prompts")
     workload = f.text("workload", default="")
     seed = f.integer("seed", default=0, minimum=0) if workload else f.integer("seed", minimum=0)
     tensors = tuple(_input_tensor(t) for t in f.objects("tensors", default=[]))
@@ -244,8 +358,46 @@ def _criteria(f: Fields) -> Criteria:
     return criteria
 
 
-def _performance(f: Fields) -> PerformancePlan:
+def _generation(f: Fields, seed: int) -> GenerationPlan:
+    d = GenerationPlan()
+    raw_rates = f.items("request_rates", [])
+    for i, r in enumerate(raw_rates):
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0 or r > 10000:
+            raise SpecError(
+                f"{f.at('request_rates')}[{i}]", f"must be a rate in (0, 10000] requests/s, got {r!r}"
+            )
+    rates = tuple(float(r) for r in raw_rates)
+    workload = f.text("workload", default="")
+    workload_sha = f.text("sha256", default="")
+    if workload and not _SHA.match(workload_sha):
+        raise SpecError(f.at("sha256"), "a workload needs its sha256 (`switchyard workloads list` shows it)")
+    plan = GenerationPlan(
+        requests=f.integer("requests", d.requests, minimum=1),
+        concurrency=tuple(f.ints("concurrency", [] if rates else list(d.concurrency), minimum=1)),
+        request_rates=rates,
+        max_concurrency=f.integer("max_concurrency", 0, minimum=0),
+        seed=f.integer("seed", seed, minimum=0),
+        prompt_len=_lengths(f.obj("prompt_len"), d.prompt_len, "a prompt"),
+        output_len=_lengths(f.obj("output_len"), d.output_len, "an output"),
+        low=f.integer("low", 0, minimum=0),
+        high=f.integer("high", 0, minimum=0),
+        workload=workload,
+        workload_sha256=workload_sha,
+    )
+    if not plan.concurrency and not plan.request_rates:
+        raise SpecError(f.at("concurrency"), "needs a concurrency level or a request rate to measure at")
+    if plan.requests > 100_000:
+        raise SpecError(f.at("requests"), "must be at most 100000 per load level")
+    if plan.high and plan.high <= plan.low:
+        raise SpecError(f.at("high"), f"must be greater than low ({plan.low})")
+    f.done()
+    return plan
+
+
+def _performance(f: Fields, seed: int = 0) -> PerformancePlan:
     d = PerformancePlan()
+    generation = _generation(f.obj("generation"), seed) if f.has("generation") else None
+    f.seen.add("generation")
     plan = PerformancePlan(
         warmup=f.integer("warmup", d.warmup, minimum=0),
         min_iterations=f.integer("min_iterations", d.min_iterations, minimum=1),
@@ -254,7 +406,17 @@ def _performance(f: Fields) -> PerformancePlan:
         batch_sizes=tuple(f.ints("batch_sizes", list(d.batch_sizes), minimum=1)),
         offline_concurrency=f.integer("offline_concurrency", d.offline_concurrency, minimum=1),
         batch_buckets=tuple(f.ints("batch_buckets", [], minimum=1)),
+        generation=generation,
     )
+    if generation is not None and "generation" not in plan.scenarios:
+        plan = dataclasses.replace(plan, scenarios=("generation",))
+    if "generation" in plan.scenarios and len(plan.scenarios) > 1:
+        raise SpecError(
+            f.at("scenarios"),
+            "generation is measured alone (single-stream and offline are for one-pass models)",
+        )
+    if "generation" in plan.scenarios and generation is None:
+        plan = dataclasses.replace(plan, generation=GenerationPlan(seed=seed))
     if not plan.scenarios:
         raise SpecError(f.at("scenarios"), f"needs at least one of {', '.join(SCENARIOS)}")
     if not plan.batch_sizes:
@@ -309,7 +471,18 @@ def _policy(f: Fields) -> Policy:
         max_fallback_ops=f.integer("max_fallback_ops", 0, minimum=0),
         max_graph_breaks=f.integer("max_graph_breaks", 0, minimum=0),
         compatibility_action=f.choice("compatibility_action", COMPATIBILITY_ACTIONS, default="reject"),
+        max_ttft_p99_regression=f.number("max_ttft_p99_regression", 0.1, minimum=0.0),
+        max_tpot_p99_regression=f.number("max_tpot_p99_regression", 0.1, minimum=0.0),
+        min_output_token_cost_saving=f.number("min_output_token_cost_saving", 0.0),
+        slo_ttft_ms=f.number("slo_ttft_ms", 0.0, minimum=0.0),
+        slo_tpot_ms=f.number("slo_tpot_ms", 0.0, minimum=0.0),
+        slo_e2el_ms=f.number("slo_e2el_ms", 0.0, minimum=0.0),
     )
+    if not -1.0 < policy.min_output_token_cost_saving < 1.0:
+        raise SpecError(
+            f.at("min_output_token_cost_saving"),
+            "is a share of the reference's cost per million output tokens, between -1 and 1",
+        )
     if not -1.0 < policy.min_cost_saving < 1.0:
         raise SpecError(f.at("min_cost_saving"), "is a share of the reference's cost, between -1 and 1")
     f.done()
@@ -350,13 +523,27 @@ def parse_spec(data: Any) -> TrialSpec:
         paths=paths,
         reference=reference,
         criteria=_criteria(f.obj("criteria")),
-        performance=_performance(f.obj("performance")),
+        performance=_performance(f.obj("performance"), inputs.seed),
         training=training,
         policy=_policy(f.obj("policy")),
         timeouts=_timeouts(f.obj("timeouts")),
         team=f.text("team", default=""),
         description=f.text("description", default=""),
     )
+    generation = "generation" in spec.performance.scenarios
+    if generation != spec.generative:
+        raise SpecError(
+            "inputs.prompts" if generation else "performance.scenarios",
+            "a generation scenario needs inputs.prompts (the correctness prompts)"
+            if generation
+            else "inputs.prompts are for a generative model: measure it with the generation scenario",
+        )
+    gen = spec.performance.generation
+    prompts = spec.inputs.prompts
+    if gen is not None and prompts is not None and not (gen.workload or gen.high or prompts.high):
+        raise SpecError("performance.generation.high", "give the prompt token id range [low, high)")
+    if spec.generative and spec.training is not None:
+        raise SpecError("training", "a generation trial has no training phase")
     if spec.policy.require_training and spec.training is None:
         raise SpecError("policy.require_training", "is true but the spec has no training plan")
     f.done()

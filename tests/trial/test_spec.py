@@ -123,3 +123,85 @@ def test_compatibility_policy_defaults_and_settings() -> None:
     data["policy"] = {"max_fallback_ops": 2, "max_graph_breaks": 1, "compatibility_action": "warn"}
     policy = parse_spec(data).policy
     assert (policy.max_fallback_ops, policy.max_graph_breaks, policy.compatibility_action) == (2, 1, "warn")
+
+
+GENERATION: dict[str, Any] = {
+    "model": {"name": "llama-tiny"},
+    "inputs": {"seed": 3, "prompts": {"count": 2, "max_tokens": 8, "high": 320}},
+    "paths": [
+        {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
+        {"name": "xla", "executor": "xla", "mode": "lazy"},
+    ],
+    "reference": "cpu-eager",
+    "performance": {"scenarios": ["generation"]},
+}
+
+
+def test_generation_spec_defaults() -> None:
+    spec = parse_spec(GENERATION)
+    assert spec.generative and spec.performance.scenarios == ("generation",)
+    gen = spec.performance.generation
+    assert gen is not None and gen.concurrency == (1, 4) and gen.seed == 3
+    assert gen.prompt_len.distribution == "uniform" and gen.output_len.value == 16
+    prompts = spec.inputs.prompts
+    assert prompts is not None and prompts.count == 2 and prompts.length.value == 8
+    assert spec.policy.max_ttft_p99_regression == 0.1 and spec.policy.slo_ttft_ms == 0.0
+    rates = copy.deepcopy(GENERATION)
+    normal = {"distribution": "normal", "mean": 8, "std": 2}
+    rates["performance"] = {"generation": {"request_rates": [2.5], "output_len": normal}}
+    gen = parse_spec(rates).performance.generation
+    assert gen is not None and gen.request_rates == (2.5,) and gen.concurrency == ()
+    assert gen.output_len.mean == 8.0
+
+
+@pytest.mark.parametrize(
+    ("change", "value", "field", "words"),
+    [
+        ("performance.scenarios", ["generation", "offline"], "performance.scenarios", "measured alone"),
+        ("performance.generation", {"request_rates": [0]}, "performance.generation.request_rates[0]", "rate"),
+        ("performance.generation", {"concurrency": []}, "performance.generation.concurrency", "request rate"),
+        (
+            "performance.generation",
+            {"prompt_len": {"distribution": "zipf"}},
+            "performance.generation.prompt_len.distribution",
+            "fixed, uniform, normal",
+        ),
+        (
+            "performance.generation",
+            {"prompt_len": {"distribution": "uniform", "min": 9, "max": 3}},
+            "performance.generation.prompt_len.max",
+            ">= min",
+        ),
+        ("performance.generation", {"workload": "w.1"}, "performance.generation.sha256", "sha256"),
+        ("inputs.prompts", {"count": 2}, "inputs.prompts.high", "required"),
+        ("inputs.prompts", {"texts": ["hi", ""]}, "inputs.prompts.texts", "empty prompt"),
+        ("inputs.prompts", {"high": 5, "maxtokens": 3}, "inputs.prompts.maxtokens", "not a known field"),
+        ("performance.scenarios", ["offline"], "performance.scenarios", "generation scenario"),
+        (
+            "policy.min_output_token_cost_saving",
+            1.5,
+            "policy.min_output_token_cost_saving",
+            "between -1 and 1",
+        ),
+        ("training", {"steps": 2}, "training", "no training phase"),
+    ],
+)
+def test_bad_generation_fields_are_named(change: str, value: Any, field: str, words: str) -> None:
+    data = copy.deepcopy(GENERATION)
+    node: Any = data
+    keys = change.split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    with pytest.raises(SpecError) as err:
+        parse_spec(data)
+    assert err.value.field == field, err.value
+    assert words in str(err.value)
+
+
+def test_prompts_need_the_generation_scenario() -> None:
+    data = copy.deepcopy(BASE)
+    data["inputs"] = {"seed": 1, "prompts": {"high": 9}}
+    with pytest.raises(SpecError) as err:
+        parse_spec(data)
+    assert err.value.field == "performance.scenarios"
