@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from workflows.generation_types import GenerationCompareResult, GenerationPerformanceResult
+from workflows.genmetrics import DEFINITIONS
 from workflows.types import (
     CorrectnessResult,
     EconomicsResult,
@@ -62,6 +64,11 @@ class PathState:
     loaded: bool = False
     restore: ServingConfig | None = None  # serving config before the trial; None = unload after
     timeline: dict[str, list[str]] = field(default_factory=dict)  # phase -> [start, end] (ISO)
+    # a generation trial (docs/trial-spec.md#generation): the divergence rule's verdict (the
+    # reference's is its own run against its float64 run), and the generation scenario
+    generative: bool = False
+    generation: GenerationCompareResult | None = None
+    generation_performance: GenerationPerformanceResult | None = None
 
     @property
     def is_reference(self) -> bool:
@@ -87,7 +94,7 @@ class PathState:
             else {},
             "performance": {"skipped": self.performance_skipped}
             if self.performance_skipped
-            else _json(self.performance),
+            else self._performance_json(),
             "training": {"skipped": self.training_skipped}
             if self.training_skipped
             else (self.training.to_json() if self.training else {}),
@@ -102,7 +109,21 @@ class PathState:
             "timeline": {phase: list(span) for phase, span in self.timeline.items()},
         }
 
+    def _performance_json(self) -> dict[str, Any]:
+        if self.generation_performance is None:
+            return _json(self.performance)
+        return {**_json(self.generation_performance), "definitions": dict(DEFINITIONS)}
+
     def _correctness_json(self) -> dict[str, Any]:
+        if self.generative:
+            if self.generation is None:
+                return (
+                    {"role": "reference", "golden": self.golden, "passed": True} if self.correctness else {}
+                )
+            rule = {"rule": "generation", **_json(self.generation)}
+            if self.is_reference:
+                return {"role": "reference", "golden": self.golden, "passed": True, "against_float64": rule}
+            return rule
         if self.correctness is None:
             return {}
         out: dict[str, Any]

@@ -18,6 +18,7 @@ from temporalio.exceptions import ActivityError
 
 from workflows.activities import PathActivities
 from workflows.comparison_activities import ComparisonActivities
+from workflows.generation_pipeline import GenerationSteps
 from workflows.ledger_activities import LedgerActivities
 from workflows.path_ledger import PathLedger
 from workflows.path_state import PathState
@@ -64,6 +65,10 @@ class PathRun:
         self.outputs_ready = asyncio.Event()
         self.loss: list[float] = []
         self.loss_ready = asyncio.Event()
+        # a generative model's golden, correctness and performance steps (prompts, not tensors)
+        self.generation = (
+            GenerationSteps(ctx, target, self.state, self.ledger) if ctx.spec.generative else None
+        )
 
     async def describe(self) -> PathInfo | None:
         """Describe the executor and register the path; refuse a model it does not hold."""
@@ -156,6 +161,9 @@ class PathRun:
                     raise PathProblem(problem)
 
     async def _golden(self) -> None:
+        if self.generation is not None:
+            await self.generation.golden()
+            return
         request = RunRequest(self.target, self.ctx.inputs(), 1, golden=True)
         try:
             golden = await self.ctx.call(PathActivities.run_inputs, request)
@@ -169,6 +177,10 @@ class PathRun:
         await self.ledger.usage("golden", golden.busy_us, golden.started_unix_us, golden.ended_unix_us)
 
     async def _correctness(self, reference: PathRun) -> bool:
+        if self.generation is not None and reference.generation is not None:
+            return await self.generation.correctness(
+                reference.generation, reference.outputs_ready, self.outputs_ready
+            )
         # both sides run twice: a candidate that differs from itself is named non-deterministic
         run = await self.ctx.call(PathActivities.run_inputs, RunRequest(self.target, self.ctx.inputs(), 2))
         self.state.compatibility_on_inputs = run.compatibility
@@ -204,6 +216,9 @@ class PathRun:
     async def _performance(self, passed: bool) -> None:
         if not passed:
             self.state.performance_skipped = "failed correctness: no speed verdict"
+            return
+        if self.generation is not None:
+            await self.generation.performance()
             return
         request = PerformanceRequest(
             self.target,

@@ -14,7 +14,7 @@ from typing import Any
 from markdown_it import MarkdownIt
 
 from switchyard import money
-from workflows import charts
+from workflows import charts, render_generation
 
 CRITERIA_ORDER = ("trial", "correctness", "compatibility", "latency", "training", "cost")
 
@@ -110,6 +110,8 @@ def markdown(report: dict[str, Any]) -> str:
     out += _md_verdicts(report) + _md_system(report)
     for name, s in _rows(report):
         out += _md_path(name, s)
+    if any((st.get("performance") or {}).get("levels") for _, st in _rows(report)):
+        out += render_generation.definitions_lines()
     return "\n".join(out) + "\n"
 
 
@@ -137,6 +139,8 @@ def _md_system(report: dict[str, Any]) -> list[str]:
     tensors = (
         ", ".join(f"{t['name']} {t['datatype']} {t['shape']}" for t in inputs["tensors"]) or inputs["file"]
     )
+    if inputs.get("prompts"):
+        tensors = render_generation.prompts_text(inputs["prompts"])
     out = ["", "## System and inputs", "", f"Inputs: seed {inputs['seed']}; {tensors}.", ""]
     out += [
         "| path | host | backend | device | mode | precision | torch | resource class |",
@@ -175,7 +179,9 @@ def _md_path(name: str, s: dict[str, Any]) -> list[str]:
     out += [f"| {k} | {v.replace('|', '/')} |" for k, v in _compat_rows(s)]
     out.append("")
     out += _md_correctness(s.get("correctness") or {})
+    out += render_generation.correctness_lines(s.get("correctness") or {})
     out += [f"- performance: {line}" for line in _perf_lines(s)]
+    out += render_generation.performance_lines(s.get("performance") or {})
     tr = s.get("training") or {}
     if tr.get("loss"):
         out.append(
@@ -183,6 +189,7 @@ def _md_path(name: str, s: dict[str, Any]) -> list[str]:
         )
     out += _distributed_lines(tr.get("distributed") or {})
     out += _md_economics(s.get("economics") or {}, p)
+    out += [line for line in [render_generation.cost_line(s)] if line]
     if s.get("timeline"):
         out.append("- timeline: " + ", ".join(
             f"{phase} {span[0][11:19]}-{span[-1][11:19]}"

@@ -98,6 +98,7 @@ def build_report(run: TrialRun, states: dict[str, PathState]) -> TrialReport:
                 "file_sha256": inputs.file_sha256,
                 "workload": inputs.workload,
                 "workload_sha256": inputs.workload_sha256,
+                "prompts": dataclasses.asdict(inputs.prompts) if inputs.prompts else None,
                 # request count, shapes and sizes of the replayed workload (from the reference run)
                 "workload_distribution": reference.workload if inputs.workload else {},
             }

@@ -20,6 +20,8 @@ from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    # the sandbox resolves an activity result's type hints in the modules it imported itself
+    import workflows.generation_types  # noqa: F401
     from workflows import authorization
     from workflows.authorization import AuthorizationActivities
     from workflows.ledger_activities import LedgerActivities

@@ -17,6 +17,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from workflows.compatibility import fallback_summary, findings, judge_compatibility
+from workflows.generation_verdict import judge_generation
 from workflows.path_state import PathState
 from workflows.spec import Policy
 from workflows.trial_io import Criterion, Verdict
@@ -50,13 +51,17 @@ def cost_per_job(econ: EconomicsResult | None, policy: Policy) -> Fraction:
 
 def judge(reference: PathState, candidate: PathState, policy: Policy, training: bool) -> Verdict:
     """The verdict of one candidate path against the reference path."""
-    criteria: Criteria = {"correctness": _correctness(candidate)}
-    criteria["compatibility"] = judge_compatibility(candidate, policy)
-    correct = criteria["correctness"].result == PASS
-    criteria["latency"] = _latency(reference, candidate, policy, correct)
-    if training:
-        criteria["training"] = _training(candidate, policy, correct)
-    criteria["cost"] = _cost(reference, candidate, policy, correct)
+    criteria: Criteria
+    if candidate.generative:  # a generative model: the divergence rule, TTFT/TPOT, cost per token
+        criteria = judge_generation(reference, candidate, policy)
+    else:
+        criteria = {"correctness": _correctness(candidate)}
+        criteria["compatibility"] = judge_compatibility(candidate, policy)
+        correct = criteria["correctness"].result == PASS
+        criteria["latency"] = _latency(reference, candidate, policy, correct)
+        if training:
+            criteria["training"] = _training(candidate, policy, correct)
+        criteria["cost"] = _cost(reference, candidate, policy, correct)
     results = [c.result for c in criteria.values()]
     if FAIL in results:
         verdict = "REJECT"

@@ -23,6 +23,7 @@ from workflows.activities import PathActivities
 from workflows.authorization import AuthorizationActivities
 from workflows.comparison_activities import ComparisonActivities
 from workflows.connections import Connections, WorkerConfig
+from workflows.generation_activities import GenerationActivities
 from workflows.ledger_activities import LedgerActivities
 from workflows.performance import PerformanceActivities
 from workflows.training_activities import TrainingActivities
@@ -80,6 +81,7 @@ def activities(connections: Connections) -> Sequence[Any]:
     comparison = ComparisonActivities(connections)
     ledger = LedgerActivities(connections)
     authorization = AuthorizationActivities(connections)
+    generation = GenerationActivities(connections)
     return [
         authorization.authorize_trial,
         path.describe_path,
@@ -89,6 +91,9 @@ def activities(connections: Connections) -> Sequence[Any]:
         comparison.compare_outputs,
         training.train_path,
         perf.measure_performance,
+        generation.run_generation,
+        generation.compare_generation,
+        generation.measure_generation,
         ledger.register_path,
         ledger.open_reservation,
         ledger.record_path_usage,

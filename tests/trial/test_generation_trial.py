@@ -1,0 +1,226 @@
+"""Generation trials end to end on a real Temporal dev server, real executors (cpu in-process,
+xla in its own environment on PJRT CPU), evaluator and ledger: the Llama-style test model
+(tests/gen_models.py) as `llama-tiny`, greedy under the divergence rule, every serving metric
+of vLLM's `bench serve`, cost per million output tokens; a perturbed variant is REJECTED with
+its first diverging position named."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from switchyard.models.manifest import file_sha256
+from tests.conftest import IN_CI
+from tests.gen_models import add_generative, build_llama
+from tests.trial.stack import ROOT, Stack
+from tests.trial.trial_helpers import connections, run_trial
+from workflows.render import render
+from workflows.worker import build_worker
+
+TEMPORAL = Path(sys.executable).with_name("temporal")
+# one prefill bucket and one decode width: two graphs to compile on the xla path
+GENERATION = {
+    "max_context": 64,
+    "max_new_tokens": 40,
+    "prompt_buckets": [16],
+    "decode_slots": 4,
+    "decode_buckets": [4],
+}
+METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+
+
+@pytest.fixture(scope="module")
+def llama(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """`llama-tiny` (version 1, and `perturbed`: the same weights plus seeded noise) in the
+    repository both executors read."""
+    if (stack.repository / "llama-tiny").exists():
+        return "llama-tiny"
+    directory = build_llama(tmp_path_factory.mktemp("llama") / "weights")
+    add_generative(stack.repository, "llama-tiny", directory, GENERATION, "hf")
+    toml = stack.repository / "llama-tiny" / "model.toml"
+    files = "\n".join(f'"{f.name}" = "{file_sha256(f)}"' for f in sorted(directory.iterdir()) if f.is_file())
+    (stack.repository / "llama-tiny" / "perturbed").mkdir()
+    for f in directory.iterdir():
+        if f.is_file():
+            (stack.repository / "llama-tiny" / "perturbed" / f.name).write_bytes(f.read_bytes())
+    toml.write_text(
+        toml.read_text()
+        + f"\n[versions.perturbed]\nperturb_seed = 1234\n\n[versions.perturbed.files]\n{files}\n"
+    )
+    return "llama-tiny"
+
+
+def generation_spec(paths: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"name": "llama-tiny"},
+        "inputs": {
+            "seed": 11,
+            "prompts": {
+                "count": 4,
+                "length": {"distribution": "uniform", "min": 4, "max": 12},
+                "max_tokens": 12,
+                "low": 1,
+                "high": 320,
+            },
+        },
+        "paths": paths,
+        "reference": paths[0]["name"],
+        "criteria": {"top_k": 5},
+        "performance": {
+            "warmup": 2,
+            "generation": {
+                "requests": 8,
+                "concurrency": [1, 4],
+                "request_rates": [8.0],
+                "prompt_len": {"distribution": "uniform", "min": 4, "max": 16},
+                "output_len": {"distribution": "normal", "mean": 10, "std": 3},
+            },
+        },
+        # latency is not the subject here (a shared 2-core host); correctness and the metrics are
+        "policy": {
+            "max_ttft_p99_regression": 100.0,
+            "max_tpot_p99_regression": 100.0,
+            "min_output_token_cost_saving": -0.99,
+            "slo_ttft_ms": 2000,
+            "slo_tpot_ms": 500,
+        },
+        "timeouts": {"heartbeat_s": 30, "activity_s": 900, "max_attempts": 2},
+        "team": "test",
+    }
+    spec.update(extra)
+    return spec
+
+
+def check_metrics(report: dict[str, Any], path: str, levels: int) -> None:
+    perf = report["paths"][path]["performance"]
+    assert set(perf["definitions"]) >= {"ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "request_goodput"}
+    assert "(e2e - ttft) / (output_tokens - 1)" in perf["definitions"]["tpot_ms"]
+    assert len(perf["levels"]) == levels, perf
+    for level in perf["levels"]:
+        assert level["completed"] == 8 and level["failed"] == 0, level
+        assert level["load"]["arrival"] in ("concurrency", "poisson")
+        for metric in METRICS:
+            stats = level[metric]
+            assert 0 < stats["p50"] <= stats["p90"] <= stats["p99"], (metric, stats)
+        assert level["ttft_ms"]["p50"] < level["e2el_ms"]["p50"]
+        assert level["request_throughput"] > 0 and level["output_throughput"] > 0
+        assert level["total_token_throughput"] > level["output_throughput"]
+        assert 4 <= level["input_tokens"]["min"] <= level["input_tokens"]["max"] <= 16
+        assert level["output_tokens"]["min"] >= 1  # ignore_eos: every request generated
+        assert level["goodput"]["slo"] == {"ttft_ms": 2000.0, "tpot_ms": 500.0}
+        assert level["goodput"]["request_goodput"] is not None
+    assert perf["compilations_after"] == perf["compilations_before"]
+    assert perf["output_tokens"] == sum(lv["output_tokens"]["total"] for lv in perf["levels"])
+    econ = report["paths"][path]["economics"]
+    assert econ["jobs_completed"] >= 8 * levels  # every generation request is a job
+    # the ledger counted the tokens the trial's jobs generated, and prices them
+    assert econ["output_tokens"] == perf["output_tokens"] and econ["prompt_tokens"] == perf["prompt_tokens"]
+    assert econ["cost_per_million_output_tokens_micros"] > 0
+
+
+def check_perturbed(report: dict[str, Any], path: str) -> None:
+    verdict = report["verdicts"][path]
+    assert verdict["verdict"] == "REJECT", verdict["line"]
+    corr = verdict["criteria"]["correctness"]
+    assert corr["result"] == "fail" and "first divergence at position" in corr["figure"], corr
+    rule = report["paths"][path]["correctness"]
+    assert rule["rule"] == "generation" and not rule["passed"]
+    assert rule["first_divergence"] >= 0 and rule["diverged"]
+    failed = [s for s in rule["sequences"] if not s["passed"]]
+    assert failed, rule["sequences"]
+    first = min(failed, key=lambda s: s["first_divergence"])
+    assert f"position {first['first_divergence']}" in corr["figure"]
+    assert f"position {first['first_divergence']}: reference token" in first["reason"]
+    assert verdict["criteria"]["latency"]["result"] == "skipped"
+
+
+async def test_cpu_generation_trial_applies_the_rule_and_measures(stack: Stack, llama: str) -> None:
+    spec = generation_spec(
+        [
+            {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
+            {"name": "cpu-again", "executor": "cpu", "mode": "eager"},
+            {"name": "cpu-perturbed", "executor": "cpu", "mode": "eager", "version": "perturbed"},
+        ]
+    )
+    report = await run_trial(stack, spec, "gen-cpu")
+    assert report["status"] == "completed", report
+    for name in ("cpu-eager", "cpu-again"):
+        assert not report["paths"][name]["errors"], report["paths"][name]["errors"]
+        check_metrics(report, name, 3)
+    same = report["verdicts"]["cpu-again"]
+    assert same["criteria"]["correctness"]["result"] == "pass", same["line"]
+    assert same["criteria"]["correctness"]["figure"].startswith("tokens identical"), same["line"]
+    assert same["criteria"]["latency"]["result"] == "pass" and "p99" in same["criteria"]["latency"]["figure"]
+    assert "per million output tokens" in same["criteria"]["cost"]["figure"], same["line"]
+    own = report["paths"]["cpu-eager"]["correctness"]
+    assert own["golden"] and own["against_float64"]["passed"], own
+    assert own["against_float64"]["metrics"]["logprob_positions"] > 0
+    check_perturbed(report, "cpu-perturbed")
+    page = render(report, "md")
+    for text in ("TTFT", "TPOT", "ITL", "E2E", "goodput", "concurrency 4", "Poisson 8 req/s",
+                 "cost per million output tokens", "first divergence", "bench serve"):  # fmt: skip
+        assert text in page, text
+
+
+async def _cli(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        str(TEMPORAL), *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 1500)
+    return int(process.returncode or 0), out.decode(), err.decode()
+
+
+async def test_xla_generation_trial_from_the_temporal_cli(stack: Stack, llama: str, tmp_path: Path) -> None:
+    if not stack.xla:
+        if IN_CI:
+            pytest.fail("no XLA executor: the XLA environment or backend is missing (make setup-xla)")
+        pytest.skip("NOTICE: no XLA executor here (XLA environment or backend missing)")
+    spec = generation_spec(
+        [
+            {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
+            {"name": "xla", "executor": "xla", "mode": "lazy"},
+            {"name": "xla-perturbed", "executor": "xla", "mode": "lazy", "version": "perturbed"},
+        ]
+    )
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    queue, trial_id = f"gen-{uuid.uuid4().hex[:8]}", f"gen-xla-{uuid.uuid4().hex[:8]}"
+    conns = connections(stack)
+    try:
+        async with build_worker(stack.env.client, conns, task_queue=queue):
+            address = ("--address", stack.temporal)
+            code, out, err = await _cli(
+                "workflow", "start", *address, "--task-queue", queue, "--type", "TrialWorkflow",
+                "--workflow-id", trial_id, "--input-file", str(path),
+            )  # fmt: skip
+            assert code == 0, out + err
+            code, out, err = await _cli(
+                "workflow", "result", *address, "--workflow-id", trial_id, "-o", "json"
+            )
+            assert code == 0, out[-3000:] + err[-3000:]
+    finally:
+        await conns.close()
+    result = json.loads(out)
+    report = result.get("result", result)
+    assert report["status"] == "completed"
+    for name in ("cpu-eager", "xla"):
+        assert not report["paths"][name]["errors"], report["paths"][name]["errors"]
+        check_metrics(report, name, 3)
+    xla = report["verdicts"]["xla"]
+    assert xla["criteria"]["correctness"]["result"] == "pass", xla["line"]
+    rule = report["paths"]["xla"]["correctness"]
+    assert rule["rule"] == "generation" and rule["metrics"]["logprob_positions"] > 0
+    assert rule["metrics"]["allowed_rmse"] > 0 and "float64" in rule["justification"]
+    assert (
+        xla["criteria"]["latency"]["result"] in ("pass", "fail")
+        and "p99" in xla["criteria"]["latency"]["figure"]
+    )
+    assert xla["criteria"]["cost"]["result"] in ("pass", "fail"), xla["line"]
+    check_perturbed(report, "xla-perturbed")
+    print("\n".join(f"{p}: {v['line']}" for p, v in report["verdicts"].items()))
