@@ -142,6 +142,15 @@ class AdminServicer(rgrpc.RouterAdminServicer):
                     mean_max_abs_error=s.mean_max_abs_error,
                     min_cosine=s.min_cosine,
                     comparer=s.comparer,
+                    generations=s.generations,
+                    token_divergences=s.token_divergences,
+                    rule_failures=s.rule_failures,
+                    unchecked=s.unchecked,
+                    sampled=s.sampled,
+                    first_divergence_min=s.first_divergence_min,
+                    first_divergence_mean=s.first_divergence_mean,
+                    first_divergences=s.first_divergences,
+                    last_reasons=s.last_reasons,
                 )
                 for s in self.admin.shadow_stats(request.model)
             ]

@@ -170,6 +170,21 @@ class Forwarder:
             outcome.status = "completed"
             return
 
+    async def stream_on(
+        self, target: Target, header: wire.Header, raw: bytes, timeout_s: float, outcome: Outcome
+    ) -> AsyncGenerator[pb.ModelInferResponse]:
+        """A decoupled request's responses from one given target (a shadow candidate): no plan,
+        no retry; the tokens and device time so far kept in `outcome`."""
+        state = self.fleet.states[target.deployment]
+        async for response in self.fleet.stream(target.deployment, body(raw, header, target), timeout_s):
+            params = response.parameters
+            outcome.prompt_tokens = _int(params, oip_params.NUM_INPUT_TOKENS)
+            outcome.output_tokens = _int(params, oip_params.NUM_OUTPUT_TOKENS)
+            outcome.busy_us = _int(params, oip_params.COMPUTE_US)
+            state.report_load(_int(params, oip_params.IN_FLIGHT), _int(params, oip_params.QUEUE_DEPTH))
+            yield response
+        outcome.status = "completed"
+
     async def ask(
         self, route: Route, method: str, request: Message, reply_type: type[Reply], timeout_s: float
     ) -> Reply:

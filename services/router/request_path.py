@@ -129,6 +129,7 @@ class RequestPath:
         then, status cancelled)."""
         charge = await self._admit(raw, metadata, peer)
         outcome = Outcome()
+        kept: list[pb.ModelInferResponse] | None = [] if charge.route.shadow is not None else None
         with self._route_slot(charge):
             responses = self.forwarder.stream(charge.route, charge.header, raw, time_remaining, outcome)
             try:
@@ -137,6 +138,8 @@ class RequestPath:
                         response.model_name = charge.route.model
                         response.parameters["path"].string_param = outcome.path
                         response.parameters["request_id"].string_param = charge.request_id
+                        if kept is not None:
+                            kept.append(response)  # the whole generation, for the shadow mirror
                         yield response
             except BaseException:
                 if outcome.status != "completed":
@@ -144,6 +147,8 @@ class RequestPath:
                 raise
             finally:
                 self.meter.record(charge, outcome)
+        if kept is not None and outcome.status == "completed":
+            self.mirror.offer_generation(charge, raw, kept, time_remaining)
 
     async def ask(
         self,

@@ -6,15 +6,27 @@ so shadowing can never slow the primary path down without limit). Each pair is c
 output by output; `divergence` is the small shared comparison used when no evaluator
 service is configured (max absolute error, cosine similarity, share of elements outside
 atol + rtol·|reference|).
+
+A generative model's pair (the primary's streamed or unary completion and the candidate's) is
+judged by the generation divergence rule instead (`generation_divergence`, the trial's own
+implementation in services/evaluator/divergence.py): tokens equal up to the first divergence,
+each side's token in the other's top-k there, logprobs within the precision's tolerance.
+Only greedy requests are compared (a sampled one may differ by design); the top-k condition
+needs the logprobs the caller asked for, and a divergence without them is counted as
+unchecked, not as a failure.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from services.evaluator.compare import Criteria
+from services.evaluator.divergence import Generated, compare_generations
+from switchyard import oip_params
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 _NUMPY: dict[str, str] = {
@@ -112,6 +124,76 @@ def divergence(
     return worst
 
 
+def _first_bytes(raw: bytes) -> bytes:
+    n = int.from_bytes(raw[:4], "little") if len(raw) >= 4 else 0
+    return raw[4 : 4 + n]
+
+
+def greedy_request(request: pb.ModelInferRequest) -> bool:
+    """Whether a generation request decodes greedily (temperature 0, or top_k 1), so that two
+    paths' answers should agree; vLLM's default temperature is 1 (sampled)."""
+    for i, tensor in enumerate(request.inputs):
+        if tensor.name != "sampling_parameters" or i >= len(request.raw_input_contents):
+            continue
+        try:
+            params = json.loads(_first_bytes(request.raw_input_contents[i]) or b"{}")
+        except ValueError:
+            return False
+        return isinstance(params, dict) and (params.get("temperature") == 0 or params.get("top_k") == 1)
+    return False
+
+
+def generated(responses: list[pb.ModelInferResponse]) -> Generated:
+    """One generation from its responses (one per token when streamed, else one): the new token
+    ids (the last `num_output_tokens` of what `output_ids` carried, so a prepended prompt is
+    left out) with the logprobs and top-k, where the caller asked for them."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    top: list[tuple[tuple[int, float], ...]] = []
+    produced = 0
+    for r in responses:
+        for i, output in enumerate(r.outputs):
+            if output.name == "output_ids" and i < len(r.raw_output_contents):
+                ids += [int(t) for t in np.frombuffer(r.raw_output_contents[i], dtype="<i8")]
+        if oip_params.NUM_OUTPUT_TOKENS in r.parameters:
+            produced = int(r.parameters[oip_params.NUM_OUTPUT_TOKENS].int64_param)
+        if oip_params.LOGPROBS in r.parameters:
+            for entry in json.loads(r.parameters[oip_params.LOGPROBS].string_param):
+                logprobs.append(float(entry["logprob"]))
+                top.append(tuple((int(e[0]), float(e[1])) for e in entry["top"]))  # [id, logprob, text]
+    tokens = ids[-produced:] if produced else []
+    return Generated(tuple(tokens), tuple(logprobs), tuple(top))
+
+
+def is_generation(response: pb.ModelInferResponse) -> bool:
+    return oip_params.NUM_OUTPUT_TOKENS in response.parameters and any(
+        o.name == "output_ids" for o in response.outputs
+    )
+
+
+@dataclass(frozen=True)
+class GenerationDivergence:
+    """One mirrored generation under the divergence rule."""
+
+    first_divergence: int  # -1: identical tokens
+    passed: bool  # the rule holds (identical, or a near-tie with logprobs within tolerance)
+    checked: bool  # false: the tokens diverged but no logprobs allowed the top-k check
+    tokens: int
+    reason: str
+
+
+def generation_divergence(
+    primary: Generated, candidate: Generated, precision: str = "fp32", top_k: int = 0
+) -> GenerationDivergence:
+    """The trial's divergence rule on one pair (no float64 run online: logprobs by allclose)."""
+    k = top_k or (len(primary.top[0]) if primary.top and primary.top[0] else 5)  # what the caller asked
+    v = compare_generations([primary], [candidate], Criteria(precision=precision, top_k=k))
+    s = v.sequences[0]
+    unchecked = s.first_divergence >= 0 and not (primary.top and candidate.top)
+    reason = "; ".join(v.reasons) if not v.passed else s.reason
+    return GenerationDivergence(s.first_divergence, v.passed, not unchecked, len(primary.tokens), reason)
+
+
 @dataclass
 class ShadowStats:
     model: str
@@ -125,6 +207,37 @@ class ShadowStats:
     min_cosine: float = 1.0
     comparer: str = "local"
     last_reasons: list[str] = field(default_factory=list)
+    # generations (a decoupled model's pairs), under the divergence rule
+    generations: int = 0
+    token_divergences: int = 0  # pairs whose tokens diverged at some position
+    rule_failures: int = 0  # pairs that fail the rule (checked)
+    unchecked: int = 0  # diverged, but without logprobs for the top-k check
+    sampled: int = 0  # not compared: the request sampled (temperature > 0)
+    first_divergence_min: int = -1
+    first_divergence_sum: int = 0
+    first_divergences: list[int] = field(default_factory=list)  # the latest, oldest first
+
+    def add_generation(self, d: GenerationDivergence) -> None:
+        self.pairs += 1
+        self.generations += 1
+        failed = d.checked and not d.passed  # identical tokens with logprobs off count too
+        self.rule_failures += int(failed)
+        self.diverged += int(failed)
+        if failed and d.first_divergence < 0:
+            self.last_reasons = [*self.last_reasons[-4:], d.reason]
+        if d.first_divergence < 0:
+            return
+        self.token_divergences += 1
+        self.unchecked += int(not d.checked)
+        self.first_divergence_sum += d.first_divergence
+        best = self.first_divergence_min
+        self.first_divergence_min = d.first_divergence if best < 0 else min(best, d.first_divergence)
+        self.first_divergences = [*self.first_divergences[-15:], d.first_divergence]
+        self.last_reasons = [*self.last_reasons[-4:], d.reason]
+
+    @property
+    def first_divergence_mean(self) -> float:
+        return self.first_divergence_sum / self.token_divergences if self.token_divergences else -1.0
 
     def add(self, d: Divergence) -> None:
         self.pairs += 1

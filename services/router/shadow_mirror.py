@@ -8,6 +8,12 @@ statistics per route and candidate are kept for RouterAdmin.ShadowReport. Every 
 metered as its own usage event on the candidate's path (arm "shadow", tagged with the
 primary's request id, the candidate and the comparison), so a trial can see what shadowing
 cost and what it found.
+
+A generative model's copy (streamed, or unary) is compared by the trial's divergence rule
+(`shadow.generation_divergence`): tokens equal up to the first divergence, each side's token
+in the other's top-k there; the first diverging position goes into the statistics. Only
+greedy requests are mirrored (a sampled one may differ by design; it is counted as sampled,
+and no copy is sent).
 """
 
 from __future__ import annotations
@@ -15,11 +21,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from services.router.config import Settings, Target
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
 from services.router.forwarder import Forwarder
-from services.router.shadow import Divergence, ShadowStats, divergence
+from services.router.shadow import (
+    Divergence,
+    ShadowStats,
+    divergence,
+    generated,
+    generation_divergence,
+    greedy_request,
+    is_generation,
+)
 from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us
 from switchyard.errors import SwitchyardError, UpstreamError
 from switchyard.gen.inference import grpc_service_pb2 as pb
@@ -47,6 +63,17 @@ class ShadowMirror:
 
     def offer(self, charge: Charge, raw: bytes, primary: bytes, time_remaining: float | None) -> None:
         """Mirrors the request to each candidate of the route, for its sampled share."""
+        self._spawn(charge, lambda c, s: self._one(charge, raw, primary, time_remaining, c, s))
+
+    def offer_generation(
+        self, charge: Charge, raw: bytes, primary: list[pb.ModelInferResponse], time_remaining: float | None
+    ) -> None:
+        """Mirrors a completed streamed generation (its responses as the caller got them)."""
+        self._spawn(charge, lambda c, s: self._one_generation(charge, raw, primary, time_remaining, c, s))
+
+    def _spawn(
+        self, charge: Charge, work: Callable[[Target, ShadowStats], Coroutine[Any, Any, None]]
+    ) -> None:
         shadow = charge.route.shadow
         if shadow is None or self.rng.random() >= shadow.share:
             return
@@ -57,9 +84,51 @@ class ShadowMirror:
                 stats.skipped += 1
                 continue
             self._pending += 1
-            task = asyncio.create_task(self._one(charge, raw, primary, time_remaining, candidate, stats))
+            task = asyncio.create_task(work(candidate, stats))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _one_generation(
+        self,
+        charge: Charge,
+        raw: bytes,
+        primary: list[pb.ModelInferResponse],
+        time_remaining: float | None,
+        candidate: Target,
+        stats: ShadowStats,
+    ) -> None:
+        if not greedy_request(pb.ModelInferRequest.FromString(raw)):
+            stats.sampled += 1  # sampled tokens may differ by design: not mirrored, not charged
+            self._pending -= 1
+            return
+        outcome = Outcome(path=self.forwarder.fleet.states[candidate.deployment].deployment.path)
+        copy = Charge(charge.route, charge.identity, charge.request_id, charge.header, now_us())
+        tags: dict[str, str] = {"shadow_of": charge.request_id, "candidate": stats.candidate}
+        try:
+            budget = self.settings.default_timeout_s if time_remaining is None else max(time_remaining, 1.0)
+            answers = self.forwarder.stream_on(candidate, charge.header, raw, budget, outcome)
+            mirrored = [response async for response in answers]
+            self._judge_generation(stats, tags, generated(primary), generated(mirrored))
+        except UpstreamError as exc:
+            stats.failures += 1
+            tags["error"] = exc.status.value
+        except (SwitchyardError, ValueError, KeyError) as exc:
+            stats.failures += 1
+            tags["error"] = f"comparison failed: {exc}"
+        finally:
+            self._pending -= 1
+            self.meter.record(copy, outcome, "shadow", tags)
+
+    @staticmethod
+    def _judge_generation(stats: ShadowStats, tags: dict[str, str], primary: Any, mirrored: Any) -> None:
+        d = generation_divergence(primary, mirrored)
+        stats.comparer = "generation"
+        stats.add_generation(d)
+        tags.update(
+            first_divergence=str(d.first_divergence),
+            diverged=str(d.checked and not d.passed).lower(),
+            comparer="generation" if d.checked else "generation-unchecked",
+        )
 
     async def _one(
         self,
@@ -70,15 +139,22 @@ class ShadowMirror:
         candidate: Target,
         stats: ShadowStats,
     ) -> None:
+        first = pb.ModelInferResponse.FromString(primary)
+        if is_generation(first) and not greedy_request(pb.ModelInferRequest.FromString(raw)):
+            stats.sampled += 1  # a sampled generation answered unary: not mirrored, not charged
+            self._pending -= 1
+            return
         outcome = Outcome(path=self.forwarder.fleet.states[candidate.deployment].deployment.path)
         copy = Charge(charge.route, charge.identity, charge.request_id, charge.header, now_us())
         tags: dict[str, str] = {"shadow_of": charge.request_id, "candidate": stats.candidate}
         try:
             budget = self.settings.default_timeout_s if time_remaining is None else max(time_remaining, 1.0)
             reply = await self.forwarder.infer_on(candidate, charge.header, raw, budget, outcome)
-            d, comparer = await self._compare(
-                pb.ModelInferResponse.FromString(primary), pb.ModelInferResponse.FromString(reply)
-            )
+            if is_generation(first):  # a generative model answered unary: the divergence rule
+                answer = pb.ModelInferResponse.FromString(reply)
+                self._judge_generation(stats, tags, generated([first]), generated([answer]))
+                return
+            d, comparer = await self._compare(first, pb.ModelInferResponse.FromString(reply))
             stats.comparer = comparer
             stats.add(d)
             tags.update(

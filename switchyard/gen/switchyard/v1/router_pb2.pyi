@@ -325,6 +325,15 @@ class ShadowStats(_message.Message):
     MEAN_MAX_ABS_ERROR_FIELD_NUMBER: _builtins.int
     MIN_COSINE_FIELD_NUMBER: _builtins.int
     COMPARER_FIELD_NUMBER: _builtins.int
+    GENERATIONS_FIELD_NUMBER: _builtins.int
+    TOKEN_DIVERGENCES_FIELD_NUMBER: _builtins.int
+    RULE_FAILURES_FIELD_NUMBER: _builtins.int
+    UNCHECKED_FIELD_NUMBER: _builtins.int
+    SAMPLED_FIELD_NUMBER: _builtins.int
+    FIRST_DIVERGENCE_MIN_FIELD_NUMBER: _builtins.int
+    FIRST_DIVERGENCE_MEAN_FIELD_NUMBER: _builtins.int
+    FIRST_DIVERGENCES_FIELD_NUMBER: _builtins.int
+    LAST_REASONS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     candidate: _builtins.str
     """deployment/model:version of the candidate"""
@@ -337,7 +346,31 @@ class ShadowStats(_message.Message):
     mean_max_abs_error: _builtins.float
     min_cosine: _builtins.float
     comparer: _builtins.str
-    """evaluator | local"""
+    """evaluator | local | generation"""
+    generations: _builtins.int
+    """generations (a decoupled model), under the trial's divergence rule (docs/router.md)
+    mirrored generations compared
+    """
+    token_divergences: _builtins.int
+    """... whose tokens diverged at some position"""
+    rule_failures: _builtins.int
+    """... that fail the rule (also counted in `diverged`)"""
+    unchecked: _builtins.int
+    """diverged without logprobs for the top-k check"""
+    sampled: _builtins.int
+    """not mirrored: the request sampled (temperature > 0)"""
+    first_divergence_min: _builtins.int
+    """earliest first diverging position; -1 = none"""
+    first_divergence_mean: _builtins.float
+    """mean first diverging position of the diverged; -1 = none"""
+    @_builtins.property
+    def first_divergences(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """the latest first diverging positions, oldest first"""
+
+    @_builtins.property
+    def last_reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the latest divergences' reasons"""
+
     def __init__(
         self,
         *,
@@ -350,10 +383,19 @@ class ShadowStats(_message.Message):
         mean_max_abs_error: _builtins.float = ...,
         min_cosine: _builtins.float = ...,
         comparer: _builtins.str = ...,
+        generations: _builtins.int = ...,
+        token_divergences: _builtins.int = ...,
+        rule_failures: _builtins.int = ...,
+        unchecked: _builtins.int = ...,
+        sampled: _builtins.int = ...,
+        first_divergence_min: _builtins.int = ...,
+        first_divergence_mean: _builtins.float = ...,
+        first_divergences: _abc.Iterable[_builtins.int] | None = ...,
+        last_reasons: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate", b"candidate", "comparer", b"comparer", "diverged", b"diverged", "failures", b"failures", "max_abs_error", b"max_abs_error", "mean_max_abs_error", b"mean_max_abs_error", "min_cosine", b"min_cosine", "model", b"model", "pairs", b"pairs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate", b"candidate", "comparer", b"comparer", "diverged", b"diverged", "failures", b"failures", "first_divergence_mean", b"first_divergence_mean", "first_divergence_min", b"first_divergence_min", "first_divergences", b"first_divergences", "generations", b"generations", "last_reasons", b"last_reasons", "max_abs_error", b"max_abs_error", "mean_max_abs_error", b"mean_max_abs_error", "min_cosine", b"min_cosine", "model", b"model", "pairs", b"pairs", "rule_failures", b"rule_failures", "sampled", b"sampled", "token_divergences", b"token_divergences", "unchecked", b"unchecked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
