@@ -1,4 +1,8 @@
-"""The `switchyard` command: one entry point whose subcommands live with their services.
+"""The `switchyard` command: one entry point whose subcommands live with the clients.
+
+Every process starts through it (`switchyard executor serve`, `switchyard up`, ...), so it stays
+in the shared package; the commands themselves are operator-side code in `clients/*_cli.py`
+(the router's, for now, in services/router).
 
 Each module in COMMAND_MODULES has `register(subparsers)`, which adds its subcommands and
 sets `func` (taking the parsed args, returning an exit code). Registration must stay cheap:

@@ -136,3 +136,16 @@ def authorized_msg(done: Authorized) -> pb.AuthorizeResponse:
         grant=done.grant,
         expires_unix_us=done.expires_us,
     )
+
+
+def path_msg(r: Any, priced: bool = False, created_unix_us: int = 0) -> pb.PathInfo:
+    """A registered path; `priced` and its creation time where the caller lists paths."""
+    return pb.PathInfo(
+        path=r.path,
+        backend=r.backend,
+        resource_class=r.resource_class,
+        price_key=r.price_key,
+        host=r.host,
+        priced=priced,
+        created_unix_us=created_unix_us,
+    )

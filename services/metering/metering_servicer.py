@@ -13,6 +13,7 @@ from services.metering.metering_messages import (
     actor_of,
     event_of,
     limit_change_msg,
+    path_msg,
     price_msg,
     reservation_msg,
     route_change_msg,
@@ -116,13 +117,7 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
                 actor_of(r.actor, context), r.path, r.backend, r.resource_class, r.price_key, r.host
             )
         )
-        return pb.PathInfo(
-            path=row.path,
-            backend=row.backend,
-            resource_class=row.resource_class,
-            price_key=row.price_key,
-            host=row.host,
-        )
+        return path_msg(row)
 
     async def RecordTrial(self, request: pb.RecordTrialRequest, context: Any) -> pb.RecordTrialResponse:
         r = request

@@ -11,6 +11,7 @@ from typing import Any
 from services.metering.ledger_calls import LedgerCalls
 from services.metering.metering_messages import (
     limit_change_msg,
+    path_msg,
     route_change_msg,
 )
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
@@ -87,18 +88,7 @@ class ReportRpcs(LedgerCalls):
     async def ListPaths(self, request: pb.ListPathsRequest, context: Any) -> pb.ListPathsResponse:
         rows = await self._r(self.ledger.list_paths)
         return pb.ListPathsResponse(
-            paths=[
-                pb.PathInfo(
-                    path=r.path,
-                    backend=r.backend,
-                    resource_class=r.resource_class,
-                    price_key=r.price_key,
-                    host=r.host,
-                    priced=priced,
-                    created_unix_us=r.created_us,
-                )
-                for r, priced in rows
-            ]
+            paths=[path_msg(r, priced=priced, created_unix_us=r.created_us) for r, priced in rows]
         )
 
     async def GetTrialReport(self, request: pb.GetTrialReportRequest, context: Any) -> pb.TrialReport:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import queue
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +16,7 @@ import pytest
 import tritonclient.grpc as triton
 
 from tests.gen_models import tiny_lm_reference
+from tests.processes import stop_child
 from tests.xla.conftest import ExecutorProcess, require_xla_env, spawn, wait_serving
 
 pytestmark = [pytest.mark.xla, pytest.mark.slow]
@@ -29,12 +28,7 @@ def xla_generation(repository: Path) -> Iterator[ExecutorProcess]:
     try:
         yield wait_serving(process)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_child(process)
 
 
 def _request(prompt: list[int], max_tokens: int) -> list[Any]:
