@@ -97,6 +97,7 @@ def load(args: argparse.Namespace) -> None:
     latencies: list[list[float]] = [[] for _ in range(args.threads)]
     batches: list[list[int]] = [[] for _ in range(args.threads)]
     errors: list[str] = []
+    answered = [0] * args.threads  # warm-up included: what the servers' CPU times cover
     headers = {"authorization": f"Bearer {args.key}"} if args.key else None
 
     def client(i: int) -> None:
@@ -110,6 +111,7 @@ def load(args: argparse.Namespace) -> None:
                 start = time.perf_counter()
                 result = c.infer(args.model, [inp], headers=headers)
                 took = time.perf_counter() - start
+                answered[i] += 1
                 if now >= begin:
                     latencies[i].append(took)
                     params = result.get_response().parameters
@@ -121,11 +123,14 @@ def load(args: argparse.Namespace) -> None:
             c.close()
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(args.threads)]
+    cpu = time.process_time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     out = {
+        "answered": sum(answered),
+        "cpu_s": time.process_time() - cpu,  # this client process's CPU while it sent them
         "latencies": [x for chunk in latencies for x in chunk],
         "batch_sizes": [x for chunk in batches for x in chunk],
         "errors": errors[:5],
