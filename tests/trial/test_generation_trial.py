@@ -13,8 +13,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import grpc
+import numpy as np
 import pytest
+import tritonclient.grpc as triton
 
+from services.router import config as router_config
+from services.router.capture import list_workloads
+from services.router.server import start_router
+from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
+from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
+from switchyard.grpcio import ServerOptions
 from switchyard.models.manifest import file_sha256
 from tests.conftest import IN_CI
 from tests.gen_models import add_generative, build_llama
@@ -166,6 +175,8 @@ async def test_cpu_generation_trial_applies_the_rule_and_measures(stack: Stack, 
     for text in ("TTFT", "TPOT", "ITL", "E2E", "goodput", "concurrency 4", "Poisson 8 req/s",
                  "cost per million output tokens", "first divergence", "bench serve"):  # fmt: skip
         assert text in page, text
+    html = render(report, "html")
+    assert html.startswith("<!DOCTYPE html>") and "TTFT" in html and "first divergence at position" in html
 
 
 async def _cli(*args: str) -> tuple[int, str, str]:
@@ -224,3 +235,72 @@ async def test_xla_generation_trial_from_the_temporal_cli(stack: Stack, llama: s
     assert xla["criteria"]["cost"]["result"] in ("pass", "fail"), xla["line"]
     check_perturbed(report, "xla-perturbed")
     print("\n".join(f"{p}: {v['line']}" for p, v in report["verdicts"].items()))
+
+
+def _send_generations(address: str, prompts: list[list[int]], max_tokens: list[int]) -> None:
+    client = triton.InferenceServerClient(address)
+    try:
+        for prompt, n in zip(prompts, max_tokens, strict=True):
+            ids = triton.InferInput("input_ids", [len(prompt)], "INT64")
+            ids.set_data_from_numpy(np.asarray(prompt, dtype=np.int64))
+            params = triton.InferInput("sampling_parameters", [1], "BYTES")
+            sampling = {"temperature": 0, "max_tokens": n, "ignore_eos": True}
+            params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
+            client.infer("llama-tiny", [ids, params])
+    finally:
+        client.close()
+
+
+async def test_lengths_from_a_captured_workload(
+    stack: Stack, llama: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generations captured at the router replayed as the generation scenario: each request's
+    prompt as captured and its captured max_tokens as the output length."""
+    async with grpc.aio.insecure_channel(stack.cpu) as channel:
+        await xgrpc.ExecutorControlStub(channel).LoadModel(
+            xpb.LoadModelRequest(model_name=llama), timeout=300
+        )
+    workloads = tmp_path / "workloads"
+    cfg = router_config.parse(
+        {
+            "router": {
+                "require_auth": False,
+                "fleet": f"gen-{uuid.uuid4().hex[:8]}",
+                "workloads_dir": str(workloads),
+            },
+            "deployments": {"cpu": {"address": stack.cpu, "path": "cpu-capture"}},
+            "routes": {llama: {"policy": "pinned", "targets": ["cpu"], "capture": {"share": 1.0}}},
+        }
+    )
+    prompts = [[5, 6, 7], [11, 12, 13, 14, 15, 16, 17, 18, 19], [40, 41, 42, 43, 44]]
+    max_tokens = [3, 7, 5]
+    router = await start_router(cfg, "", ServerOptions(), tmp_path / "spool")
+    try:
+        await asyncio.to_thread(_send_generations, router.address, prompts, max_tokens)
+    finally:
+        await router.stop(0)  # closes the capture into a workload
+    (workload,) = list_workloads(workloads)
+    monkeypatch.setenv("SWITCHYARD_WORKLOADS_DIR", str(workloads))
+    spec = generation_spec(
+        [
+            {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
+            {"name": "cpu-again", "executor": "cpu", "mode": "eager"},
+        ]
+    )
+    spec["performance"] = {
+        "warmup": 1,
+        "generation": {
+            "requests": 6,
+            "concurrency": [2],
+            "workload": workload["id"],
+            "sha256": workload["sha256"],
+        },
+    }
+    report = await run_trial(stack, spec, "gen-workload")
+    assert report["status"] == "completed", report
+    (level,) = report["paths"]["cpu-again"]["performance"]["levels"]
+    assert level["completed"] == 6 and level["load"] == {"arrival": "concurrency", "concurrency": 2}
+    # the captured requests, cycled: prompt lengths 3, 9, 5 and output lengths 3, 7, 5, twice
+    assert level["input_tokens"] == {"mean": 17 / 3, "min": 3, "max": 9, "total": 34}
+    assert level["output_tokens"] == {"mean": 5.0, "min": 3, "max": 7, "total": 30}
+    assert report["verdicts"]["cpu-again"]["criteria"]["correctness"]["result"] == "pass"
