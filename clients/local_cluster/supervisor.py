@@ -12,6 +12,13 @@ after `RestartPolicy.base_s`, doubling per consecutive crash up to `max_s`. A se
 stayed up for `stable_s` starts counting afresh; one that crashes `limit` times in a row is
 left stopped ("crash loop") and the status says so. Only Ctrl-C or SIGTERM stop the cluster.
 
+A service whose spec names modules to preload (the executors: torch and their server) has a
+standby: a process started once the cluster is up (and again after each restart) that has
+imported those modules and waits (`switchyard.standby`). A restart hands the service's
+command line to the standby instead of starting an interpreter from nothing, so the
+replacement only loads its models: a SIGKILLed CPU executor serves again in a few seconds
+even on a busy host. A standby costs one idle interpreter with torch imported per executor.
+
 Every child is started with PR_SET_PDEATHSIG (Linux prctl, through ctypes): the kernel
 SIGKILLs it when the supervisor dies, even by SIGKILL, so a killed `switchyard up` leaves no
 orphaned services behind. On other systems the children outlive a killed supervisor.
@@ -120,6 +127,9 @@ class Supervisor:
         self.policy = policy or RestartPolicy()
         self.on_change = on_change  # called after a restart or a give-up (to rewrite cluster.json)
         self.children: dict[str, Child] = {}
+        self._standbys: dict[str, asyncio.subprocess.Process] = {}
+        self._standby_ready: set[str] = set()
+        self._standby_waits: set[asyncio.Task[None]] = set()
         self._healer: asyncio.Task[None] | None = None
         self._rewatch = asyncio.Event()
         self._stopping = False
@@ -129,23 +139,86 @@ class Supervisor:
         log_path = self.log_dir / f"{spec.name}.log"
         env = {**os.environ, **spec.env}
         old = self.children.get(spec.name)
-        # a restart appends to the log, so the crash that caused it stays readable
-        with log_path.open("ab" if old is not None else "wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                *spec.argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
+        proc = await self._take_standby(spec)
+        if proc is None:
+            # a restart appends to the log, so the crash that caused it stays readable
+            with log_path.open("ab" if old is not None else "wb") as out:
+                proc = await asyncio.create_subprocess_exec(
+                    *spec.argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                )
         child = Child(spec, proc, log_path, time.monotonic())
         if old is not None:
             child.restarts, child.crashes, child.last_exit = old.restarts, old.crashes, old.last_exit
         self.children[spec.name] = child
         log.info("started %s (pid %d): %s", spec.name, proc.pid, " ".join(spec.argv))
         return child
+
+    async def _start_standby(self, spec: ServiceSpec) -> None:
+        """Starts the standby of `spec` (if it preloads anything and has none alive)."""
+        current = self._standbys.get(spec.name)
+        if not spec.preload or self._stopping or (current is not None and current.returncode is None):
+            return
+        python, dash_m, module, *args = spec.argv
+        if (dash_m, module) != ("-m", "switchyard"):
+            return  # only `python -m switchyard ...` services have a standby
+        log_path = self.log_dir / f"{spec.name}.log"
+        with log_path.open("ab") as out:
+            proc = await asyncio.create_subprocess_exec(
+                python, "-m", "switchyard.standby", ",".join(spec.preload), str(log_path), "--", *args,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=out,
+                env={**os.environ, **spec.env}, start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )  # fmt: skip
+        self._standbys[spec.name] = proc
+        self._standby_ready.discard(spec.name)
+
+        async def await_ready() -> None:
+            assert proc.stdout is not None
+            if (await proc.stdout.readline()).strip() == b"ready" and self._standbys.get(spec.name) is proc:
+                self._standby_ready.add(spec.name)
+                self._changed()
+
+        task = asyncio.create_task(await_ready())
+        self._standby_waits.add(task)
+        task.add_done_callback(self._standby_waits.discard)
+
+    def standby(self, name: str) -> str:
+        """The standby of a service: ready (imports done), starting, or "" (none)."""
+        proc = self._standbys.get(name)
+        if proc is None or proc.returncode is not None:
+            return ""
+        return "ready" if name in self._standby_ready else "starting"
+
+    async def _take_standby(self, spec: ServiceSpec) -> asyncio.subprocess.Process | None:
+        """The standby of `spec`, told to become the service; None if there is none alive."""
+        proc = self._standbys.pop(spec.name, None)
+        self._standby_ready.discard(spec.name)
+        if proc is None or proc.returncode is not None or proc.stdin is None:
+            return None
+        try:
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+            proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):  # it died meanwhile
+            return None
+        self.say(f"  {spec.name} restarted from its standby (pid {proc.pid}, imports done)")
+        return proc
+
+    async def _stop_standbys(self) -> None:
+        for task in list(self._standby_waits):
+            task.cancel()
+        for proc in self._standbys.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self._standbys.values():
+            await proc.wait()
+        self._standbys.clear()
 
     async def probe(self, spec: ServiceSpec) -> str:
         """The one-word health of a service as the status table shows it."""
@@ -244,6 +317,8 @@ class Supervisor:
 
     async def _heal(self, stop: asyncio.Event) -> None:
         restarts: set[asyncio.Task[None]] = set()
+        for child in list(self.children.values()):
+            await self._start_standby(child.spec)
         try:
             while not stop.is_set() and not self._stopping:
                 self._rewatch.clear()  # set when a restarted child runs again: watch it too
@@ -313,6 +388,7 @@ class Supervisor:
                 continue
             child.state = "running"
             self._rewatch.set()
+            await self._start_standby(child.spec)  # for the next crash, once this one is up
             self._changed()
             return
 
@@ -348,6 +424,7 @@ class Supervisor:
             self._healer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._healer
+        await self._stop_standbys()
         front = [self.children[n] for n in FRONT_FIRST if n in self.children]
         rest = [c for n, c in self.children.items() if n not in FRONT_FIRST]
         for child in front:

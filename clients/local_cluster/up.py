@@ -190,7 +190,12 @@ class LocalCluster:
         child = self.supervisor.children.get(name)
         if child is None:
             return {"state": "not started", "restarts": 0, "last_exit": ""}
-        return {"state": child.state, "restarts": child.restarts, "last_exit": child.last_exit}
+        return {
+            "state": child.state,
+            "restarts": child.restarts,
+            "last_exit": child.last_exit,
+            "standby": self.supervisor.standby(name),  # ready | starting | "" (none)
+        }
 
     async def status(self) -> list[StatusRow]:
         assert self.supervisor is not None

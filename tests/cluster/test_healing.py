@@ -5,9 +5,10 @@ One real cluster (Temporal dev server, metering, evaluator, a CPU executor, rout
 worker) started by `switchyard up` in its own process. The router's routes send `mlp` to the
 supervised executor and fail over to a spare executor the test runs itself. A client with a
 team key keeps requests in flight while the supervised executor is SIGKILLed: every request
-is answered, the executor serves again within 10 s, and `switchyard up status` shows the
-restart and why. Then `switchyard up` itself is SIGKILLed: within 5 s no process it started
-is left.
+is answered, the executor (restarted from the standby process that had its imports done)
+serves again within 10 s, and `switchyard up status` shows the restart and why. Then
+`switchyard up` itself is SIGKILLed: within 5 s no process it started is left (the new
+standby included).
 """
 
 from __future__ import annotations
@@ -109,16 +110,29 @@ def _write_config(tmp_path: Path, state: Path, supervised: int, spare: int) -> P
     return config
 
 
+def _standby(state_file: Path) -> str:
+    """The supervised executor's standby (imports done once "ready"), from cluster.json."""
+    return str(json.loads(state_file.read_text())["services"]["executor-cpu"].get("standby"))
+
+
 async def _kill_and_recover(
-    router: str, key: str, executor_pid: int, supervised: int, answered: dict[str, int], errors: list[str]
+    router: str,
+    key: str,
+    executor_pid: int,
+    supervised: int,
+    answered: dict[str, int],
+    errors: list[str],
+    state_file: Path,
 ) -> float:
-    """Under load, SIGKILL the supervised executor; seconds until it is SERVING again (and the
-    router sends it requests again)."""
+    """Under load, SIGKILL the supervised executor once its standby is ready (the cluster is up
+    once it is); seconds until it is SERVING again (and the router sends it requests again)."""
     stop = asyncio.Event()
     load = asyncio.ensure_future(_load(router, key, stop, answered, errors))
+    ready_by = time.monotonic() + 180
     try:
-        while answered.get("cpu-supervised", 0) < 20:
+        while answered.get("cpu-supervised", 0) < 20 or _standby(state_file) != "ready":
             assert not load.done(), load
+            assert time.monotonic() < ready_by, f"no ready standby: {_standby(state_file)!r}"
             await asyncio.sleep(0.05)
         killed_at = time.monotonic()
         os.kill(executor_pid, signal.SIGKILL)
@@ -153,8 +167,10 @@ def _assert_status_shows_the_restart(
     row = next(line for line in status.stdout.splitlines() if line.startswith("executor-cpu"))
     assert "SERVING" in row and " 1 " in row and "killed by SIGKILL" in row, status.stdout
     assert "restarting in" in up_log.read_text()
+    assert "executor-cpu restarted from its standby" in up_log.read_text()
     restarted = json.loads(state_file.read_text())["services"]["executor-cpu"]
     assert restarted["pid"] != executor_pid and restarted["restarts"] == 1
+    assert restarted["standby"] in ("starting", "ready")  # a new one, for the next crash
 
 
 def test_executor_killed_under_load_is_restarted_and_a_killed_supervisor_leaves_nothing(
@@ -191,11 +207,11 @@ def test_executor_killed_under_load_is_restarted_and_a_killed_supervisor_leaves_
         errors: list[str] = []
 
         back_after = asyncio.run(
-            _kill_and_recover(router, team.key, executor_pid, supervised, answered, errors)
+            _kill_and_recover(router, team.key, executor_pid, supervised, answered, errors, state_file)
         )
         assert errors == [], errors[:5]
-        # Back within 10 s: detection, back-off, the new process's start (imports, model load,
-        # warm-up) and the health probe together.
+        # Back within 10 s: detection, back-off, the standby's start as the executor (model
+        # load, warm-up) and the health probe together.
         cold_start, restart_start = _ready_after(up_log, "executor-cpu")
         assert back_after < 10.0, (
             f"executor back after {back_after:.1f}s (the restarted process's own start: "
