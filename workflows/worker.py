@@ -122,7 +122,12 @@ async def run_worker(config: WorkerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("trial worker on %s, task queue %s", config.temporal, config.task_queue)
+    log.info(  # how it talks to executors, evaluator and metering, as every service says at start
+        "trial worker on %s, task queue %s (%s)",
+        config.temporal,
+        config.task_queue,
+        connections.security.describe(),
+    )
     async with worker:
         await stop.wait()
         log.info("signal received: finishing in-flight activities")
