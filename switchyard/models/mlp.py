@@ -6,7 +6,7 @@ projection to 16. Its cost at small batch is per operator call, not per row (in 
 PyTorch on this CPU: batch 1 about 5.5 ms, batch 16 about 7 ms), which is the
 regime dynamic batching exists for: one call serves a batch for the price of a request.
 Weights are seeded and committed as safetensors under `checkpoints/` (see
-`make_checkpoints.py`).
+`tools/make_checkpoints.py`).
 """
 
 from __future__ import annotations

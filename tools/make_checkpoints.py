@@ -1,6 +1,6 @@
 """Writes the seeded reference checkpoints (run once; the files are committed).
 
-`python -m switchyard.models.make_checkpoints` rewrites `checkpoints/*.safetensors` and
+`python tools/make_checkpoints.py` rewrites `switchyard/models/checkpoints/*.safetensors` and
 prints their sha256, which `builtin/<name>/model.toml` pins. Bytes can differ across torch builds
 (initialisers change), so the committed files, not this script, are the truth.
 """
