@@ -30,7 +30,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 64 * 1024  # above one TLS record's 16 KiB: OpenSSL returns at most a record per read
+READ_SIZE = 256 * 1024  # what one data_received hands over at most
+RECORD = 16 * 1024  # the most plaintext one TLS record carries: OpenSSL returns at most one per read
 HIGH_WATER = 1 << 20  # pending output bytes at which the protocol is told to pause writing
 LOW_WATER = HIGH_WATER // 4
 ProtocolFactory = Callable[[], asyncio.Protocol]
@@ -70,27 +71,40 @@ class SocketTLSTransport(asyncio.Transport):
 
     # ---- reading ---------------------------------------------------------------------------
     def _on_readable(self) -> None:
-        while self._reading and not self._closed:
+        """Reads what has arrived, up to READ_SIZE, and hands it over in one data_received.
+
+        OpenSSL returns at most one record (16 KiB) per read and holds nothing past it. A read
+        that filled a whole record is likely followed by more, so reading goes on into the
+        same buffer (a 1 MiB frame takes a few deliveries, not 64); a short one ends it without
+        the extra read that would only raise WantRead, and the level-triggered reader fires
+        again for anything still in the kernel."""
+        filled = 0
+        ended = False  # the peer closed, or the connection failed (`failure`): end after delivery
+        failure: Exception | None = None
+        while self._reading and not self._closed and filled < READ_SIZE:
             try:
-                n = self._sock.recv_into(self._buffer)
+                n = self._sock.recv_into(self._view[filled:])
             except ssl.SSLWantReadError:
-                return
+                break
             except ssl.SSLWantWriteError:
                 self._read_wants_write = True
                 self._loop.add_writer(self._fd, self._on_writable)
-                return
+                break
             except (OSError, ssl.SSLError) as exc:
-                self._fatal(exc)
-                return
+                ended, failure = True, exc
+                break
             if not n:  # the peer closed (close_notify or EOF)
-                self._fatal(None)
-                return
-            self._protocol.data_received(self._view[:n].tobytes())
-            if not self._sock.pending():
-                # OpenSSL reads a record at a time and holds nothing past it: whatever else
-                # has arrived is still in the kernel, and the (level-triggered) reader fires
-                # again for it. Stopping here saves a read that would only raise WantRead.
-                return
+                ended = True
+                break
+            filled += n
+            if n < RECORD and not self._sock.pending():
+                break
+        if filled:
+            self._protocol.data_received(self._view[:filled].tobytes())
+        if ended:
+            self._fatal(failure)
+        elif filled >= READ_SIZE and self._reading and not self._closed:
+            self._loop.call_soon(self._on_readable)  # more may be held by OpenSSL
 
     def pause_reading(self) -> None:
         if self._reading and not self._closed:
