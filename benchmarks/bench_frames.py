@@ -5,10 +5,12 @@ A server process (uvloop, as services run) answers the same echo two ways: on a 
 executor's own FrameServer). Both parse the ModelInferRequest and answer a
 ModelStreamInferResponse carrying its tensor bytes back, so both sides do the same protobuf
 work; only the transport differs. A second server process does the same on glibc's default
-malloc settings, to show what switchyard/allocator.py saves. One client process (uvloop)
-sends one request at a time over each, alternating rounds so the machine's drifting load hits
-all alike, at 1 KB and 1 MiB. Prints round-trip p50/p99 and the ratios, writes
-out/bench/frames.json.
+malloc settings, to show what switchyard/allocator.py saves. The first also serves the stream
+over gRPC's TLS (C core) and frames over TLS on the socket (switchyard.tlssock, as deployed)
+and on the event loop's TLS, certificates as `switchyard up` issues them: what mTLS adds to the
+hop. One client process (uvloop) sends one request at a time over each, alternating rounds so
+the machine's drifting load hits all alike, at 1 KB and 1 MiB. Prints round-trip p50/p99 and
+the ratios, writes out/bench/frames.json.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_frames.py [--rounds 10] [--requests 300]
 """
@@ -21,8 +23,10 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, cast
 
 import grpc
@@ -48,7 +52,7 @@ class Echo:
         return pb.ModelStreamInferResponse(infer_response=response)
 
 
-async def serve(grpc_port: int, frame_port: int) -> None:
+async def serve(grpc_port: int, frame_port: int, tls_dir: str = "", tls_ports: tuple[int, ...] = ()) -> None:
     echo = Echo()
 
     async def stream(
@@ -71,9 +75,15 @@ async def serve(grpc_port: int, frame_port: int) -> None:
         )
     )
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
+    if tls_dir:  # the same stream over gRPC's TLS (in C), and frames over each TLS engine
+        security = tls.Security.from_dir(tls_dir)
+        server.add_secure_port(f"127.0.0.1:{tls_ports[0]}", tls.server_credentials(security))
     await server.start()
     framed = FrameServer(echo, LIMIT, tls.Security.plaintext())  # plaintext: frames cost, not TLS
     await framed.start("127.0.0.1", frame_port)
+    if tls_dir:
+        for port, on_socket in zip(tls_ports[1:], (True, False), strict=True):
+            await FrameServer(echo, LIMIT, security, tls_on_socket=on_socket).start("127.0.0.1", port)
     print("READY", flush=True)
     await server.wait_for_termination()
 
@@ -106,6 +116,36 @@ async def connect(
     return over_stream, over_frames
 
 
+async def _connect_tls(
+    ports: tuple[int, ...],
+    client: tls.Security,
+    channels: list[grpc.aio.Channel],
+    connections: list[frames.FrameChannel],
+) -> dict[str, Send]:
+    """The TLS variants of the first server: a gRPC stream on gRPC's TLS (C core), frames on TLS
+    run on the socket (switchyard.tlssock, as deployed) and on the event loop's TLS."""
+    channel = tls.aio_channel(f"127.0.0.1:{ports[0]}", OPTIONS, client)
+    call: Any = channel.stream_stream(STREAM)()
+    channels.append(channel)
+    context = tls.client_ssl_context(client)
+    out: dict[str, Send] = {}
+
+    async def over_stream(body: bytes) -> bytes:
+        await call.write(body)
+        return cast(bytes, await call.read())
+
+    out["grpc_stream_tls"] = over_stream
+    for name, port, on_socket in (("frames_tls", ports[1], True), ("frames_tls_loop", ports[2], False)):
+        connection = await frames.FrameChannel.connect("127.0.0.1", port, LIMIT, 10.0, context, on_socket)
+        connections.append(connection)
+
+        async def over_frames(body: bytes, connection: frames.FrameChannel = connection) -> bytes:
+            return await connection.request((body,), 10.0)
+
+        out[name] = over_frames
+    return out
+
+
 async def _start_servers(
     children: list[asyncio.subprocess.Process],
     channels: list[grpc.aio.Channel],
@@ -115,10 +155,14 @@ async def _start_servers(
     defaults; each reached over a gRPC stream and over frames."""
     servers = {"": {}, "_glibc_default": {"SWITCHYARD_MALLOC": "default"}}
     transports: dict[str, Send] = {}
+    pki = tls.ensure_local_pki(Path(tempfile.mkdtemp(prefix="bench-frames-")), ["executor", "router"])
+    tls_ports = tuple(free_port("127.0.0.1") for _ in range(3))
     for suffix, extra in servers.items():
         grpc_port, frame_port = free_port("127.0.0.1"), free_port("127.0.0.1")
         env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
-        serve_args = ("--serve", str(grpc_port), str(frame_port))
+        serve_args: tuple[str, ...] = ("--serve", str(grpc_port), str(frame_port))
+        if not suffix:  # the TLS variants on the server with the services' settings
+            serve_args += ("--tls", str(pki["executor"]), *map(str, tls_ports))
         child = await asyncio.create_subprocess_exec(
             sys.executable, __file__, *serve_args, stdout=asyncio.subprocess.PIPE, env=env
         )
@@ -129,6 +173,9 @@ async def _start_servers(
         over_stream, over_frames = await connect(grpc_port, frame_port, channels, connections)
         transports[f"grpc_stream{suffix}"] = over_stream
         transports[f"frames{suffix}"] = over_frames
+        if not suffix:
+            client = tls.Security.from_dir(pki["router"])
+            transports.update(await _connect_tls(tls_ports, client, channels, connections))
     return transports
 
 
@@ -160,6 +207,12 @@ def _cell(samples: dict[str, list[int]], body: bytes) -> dict[str, Any]:
     for transport in ("grpc_stream", "frames"):  # what glibc's defaults cost
         default = cell[f"{transport}_glibc_default"]["p50_us"]
         cell[f"{transport}_malloc_kept_over_default_p50"] = cell[transport]["p50_us"] / default
+    # what TLS adds to each hop's p50 (microseconds), on the same server process
+    cell["tls_added_p50_us"] = {
+        "frames_tls_on_socket": cell["frames_tls"]["p50_us"] - cell["frames"]["p50_us"],
+        "frames_tls_on_event_loop": cell["frames_tls_loop"]["p50_us"] - cell["frames"]["p50_us"],
+        "grpc_stream_tls": cell["grpc_stream_tls"]["p50_us"] - cell["grpc_stream"]["p50_us"],
+    }
     cell["message_bytes"] = len(body)
     return cell
 
@@ -179,6 +232,8 @@ def _print_cell(size: str, cell: dict[str, Any], names: list[str]) -> None:
         f"frames x{cell['frames_malloc_kept_over_default_p50']:.3f}",
         flush=True,
     )
+    added = ", ".join(f"{k} {v:+.1f} us" for k, v in cell["tls_added_p50_us"].items())
+    print(f"{size} TLS adds at p50: {added}", flush=True)
 
 
 async def measure(rounds: int, requests: int) -> dict[str, Any]:
@@ -230,9 +285,12 @@ def main() -> int:
     parser.add_argument(
         "--serve", nargs=2, type=int, metavar=("GRPC_PORT", "FRAME_PORT"), help=argparse.SUPPRESS
     )
+    parser.add_argument("--tls", nargs=4, metavar=("DIR", "GRPC", "SOCKET", "LOOP"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        run_service(serve(*args.serve))
+        tls_dir, *ports = args.tls or ("",)
+        grpc_port, frame_port = args.serve
+        run_service(serve(grpc_port, frame_port, tls_dir, tuple(int(p) for p in ports)))
         return 0
     write_report("frames", run_service(measure(args.rounds, args.requests)))
     return 0

@@ -362,7 +362,12 @@ def _write_route_files(tmp: Path, addr: dict[str, str], capture_share: float) ->
     )
 
 
-async def run(scale: float, capture_share: float = CAPTURE_SHARE) -> dict[str, Any]:
+async def run(
+    scale: float,
+    capture_share: float = CAPTURE_SHARE,
+    sizes: tuple[str, ...] = tuple(SIZES),
+    rounds_c16: int = 3,
+) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     base = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
     env = {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.INSECURE_ENV: "true"}
@@ -427,8 +432,13 @@ async def run(scale: float, capture_share: float = CAPTURE_SHARE) -> dict[str, A
         # (size, concurrency, requests per target, rounds)
         # Many short rounds at 1 KB c=1: the tail comes from the shared machine's bursts, and
         # short alternating rounds spread each burst over all targets alike.
-        plan = [("1KB", 1, 3000, 30), ("1KB", 16, 4800, 3), ("1MB", 1, 240, 3), ("1MB", 16, 480, 3)]
-        for size, concurrency, count, rounds in plan:
+        plan = [
+            ("1KB", 1, 3000, 30),
+            ("1KB", 16, 4800, rounds_c16),
+            ("1MB", 1, 240, 3),
+            ("1MB", 16, 480, rounds_c16),
+        ]
+        for size, concurrency, count, rounds in (cell for cell in plan if cell[0] in sizes):
             model, rows, cols = SIZES[size]
             x = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
             req = pb.ModelInferRequest(model_name=model)
@@ -458,21 +468,23 @@ async def run(scale: float, capture_share: float = CAPTURE_SHARE) -> dict[str, A
                 proc.terminate()
         for proc in procs:
             await proc.wait()
-    report = summarise(results, scale)
+    report = summarise(results, scale, sizes)
     from services.router.capture import list_workloads
 
     captured = sum(int(w["requests"]) for w in list_workloads(tmp / "workloads"))
-    report["capture"] = _capture_summary(results, capture_share, captured)
+    report["capture"] = _capture_summary(results, capture_share, captured, sizes)
     return report
 
 
-def _capture_summary(results: list[Result], share: float, captured: int) -> dict[str, Any]:
+def _capture_summary(
+    results: list[Result], share: float, captured: int, sizes: tuple[str, ...] = tuple(SIZES)
+) -> dict[str, Any]:
     """Capture on (router_capture) against off (router), same run, same rounds."""
     by = {(r.target, r.size, r.concurrency): r for r in results}
     ratios = {
         f"{size}_c{c}": by[("router_capture", size, c)].throughput_rps
         / by[("router", size, c)].throughput_rps
-        for size in SIZES
+        for size in sizes
         for c in (1, 16)
     }
     return {
@@ -491,10 +503,10 @@ def _added(x: Result, direct: Result) -> dict[str, float]:
     }
 
 
-def summarise(results: list[Result], scale: float) -> dict[str, Any]:
+def summarise(results: list[Result], scale: float, sizes: tuple[str, ...] = tuple(SIZES)) -> dict[str, Any]:
     by = {(r.target, r.size, r.concurrency): r for r in results}
     comparisons: list[dict[str, Any]] = []
-    for size in SIZES:
+    for size in sizes:
         for concurrency in (1, 16):
             d, r = by[("direct", size, concurrency)], by[("router", size, concurrency)]
             floor = by[("passthrough", size, concurrency)]
@@ -546,7 +558,8 @@ def summarise(results: list[Result], scale: float) -> dict[str, Any]:
             "client": "one grpc.aio process, pre-serialised requests, one channel per target; targets "
             "alternate in rounds (order rotating) and latencies are pooled over the rounds",
             "plan": "(size, concurrency, requests per target, rounds): 1KB c=1 3000/30, 1KB c=16 4800/3, "
-            "1MB c=1 240/3, 1MB c=16 480/3, times --scale",
+            "1MB c=1 240/3, 1MB c=16 480/3, times --scale; --sizes and --rounds-c16 narrow it",
+            "sizes": list(sizes),
             "processes": "executor, metering, each router and the client in its own process",
             "scale": scale,
             "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpc": grpc.__version__},
@@ -562,8 +575,24 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts (default 1.0)")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "router.json"))
     parser.add_argument("--capture-share", type=float, default=CAPTURE_SHARE, help="router_capture's share")
+    parser.add_argument(
+        "--sizes",
+        default=",".join(SIZES),
+        help="the input sizes to measure (default 1KB,1MB; 1KB alone is the faster subset the targets need)",
+    )
+    parser.add_argument(
+        "--rounds-c16",
+        type=int,
+        default=3,
+        help="rounds of the 16-client cells (default 3; more spreads a noisy machine's bursts)",
+    )
     args = parser.parse_args()
-    report = asyncio.run(run(args.scale, args.capture_share))
+    sizes = tuple(s.strip() for s in args.sizes.split(",") if s.strip())
+    unknown = sorted(set(sizes) - set(SIZES))
+    if unknown or "1KB" not in sizes:
+        parser.error(f"--sizes: give 1KB and optionally 1MB (got {args.sizes!r})")
+    report = asyncio.run(run(args.scale, args.capture_share, sizes, max(1, args.rounds_c16)))
+    report["configuration"]["rounds_c16"] = max(1, args.rounds_c16)
     for c in report["comparisons"]:
         print(
             f"{c['size']} c={c['concurrency']:2d}: mTLS on the router's hops adds p50 "
