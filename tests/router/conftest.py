@@ -70,6 +70,20 @@ async def prepare_ledger(stub: mgrpc.MeteringAsyncStub) -> None:
         )
 
 
+async def prepared_ledger_key(
+    address: str, name: str, kind: str = "service", team: str = "t", roles: tuple[str, ...] = ("infer",)
+) -> str:
+    """Prices and paths (prepare_ledger), then a principal holding `roles` on every scope, and
+    its API key."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = mgrpc.MeteringStub(channel)
+        await prepare_ledger(stub)
+        await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name=name, kind=kind, team=team))
+        for role in roles:
+            await stub.GrantRole(mpb.RoleRequest(principal=name, role=role, scope="*"))
+        return (await stub.CreateKey(mpb.CreateKeyRequest(principal=name))).key
+
+
 async def start_metering_at(url: str, port: int = 0) -> RunningMetering:
     return await start_metering(url, ServerOptions(port=port))
 

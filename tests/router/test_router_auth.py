@@ -26,11 +26,16 @@ from tritonclient.utils import InferenceServerException
 from services.executor.executor_server import RunningExecutor
 from services.router.server import start_router
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
-from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
 from switchyard.grpcio import ServerOptions
-from tests.router.conftest import Metering, RouterFactory, prepare_ledger, routes_config, start_metering_at
+from tests.router.conftest import (
+    Metering,
+    RouterFactory,
+    prepared_ledger_key,
+    routes_config,
+    start_metering_at,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -331,22 +336,11 @@ async def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float =
         await asyncio.sleep(0.05)
 
 
-async def _fleet_ops_key(metering_address: str) -> str:
-    """A prepared ledger's API key for an operator allowed to change routes and infer."""
-    async with grpc.aio.insecure_channel(metering_address) as channel:
-        stub = mgrpc.MeteringStub(channel)
-        await prepare_ledger(stub)
-        await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="fleet-ops", kind="user", team="ops"))
-        await stub.GrantRole(mpb.RoleRequest(principal="fleet-ops", role="admin", scope="*"))
-        await stub.GrantRole(mpb.RoleRequest(principal="fleet-ops", role="infer", scope="*"))
-        return (await stub.CreateKey(mpb.CreateKeyRequest(principal="fleet-ops"))).key
-
-
 async def test_route_changes_reach_every_router_of_the_fleet_and_no_other(
     executors: list[RunningExecutor], tmp_path: Path
 ) -> None:
     shared = await start_metering_at(f"sqlite:///{tmp_path / 'fleet.db'}")  # stopped below
-    key = await _fleet_ops_key(shared.address)
+    key = await prepared_ledger_key(shared.address, "fleet-ops", "user", "ops", ("admin", "infer"))
     auth = [("authorization", f"Bearer {key}")]
     deployments = {"a": executors[0].address, "b": executors[1].address}
     routes = {"mlp": {"policy": "pinned", "targets": ["a"]}, "mlp-old": {"targets": ["a"]}}

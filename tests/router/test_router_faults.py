@@ -19,12 +19,10 @@ from services.executor.executor_server import RunningExecutor
 from services.metering.schema import LINES
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
-from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
-from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from tests.router.conftest import (
     Metering,
     RouterFactory,
-    prepare_ledger,
+    prepared_ledger_key,
     routes_config,
     spawn_executor,
     start_metering_at,
@@ -153,12 +151,7 @@ async def test_metering_stopped_and_restarted_during_traffic(
     url = f"sqlite:///{tmp_path / 'restart.db'}"
     first = await start_metering_at(url)
     port = first.port
-    async with grpc.aio.insecure_channel(first.address) as channel:
-        stub = mgrpc.MeteringStub(channel)
-        await prepare_ledger(stub)
-        await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="svc-restart", kind="service", team="t"))
-        await stub.GrantRole(mpb.RoleRequest(principal="svc-restart", role="infer", scope="*"))
-        key = (await stub.CreateKey(mpb.CreateKeyRequest(principal="svc-restart"))).key
+    key = await prepared_ledger_key(first.address, "svc-restart")
     cfg = routes_config({"a": executors[0].address}, {"mlp": {"policy": "pinned", "targets": ["a"]}})
     router = await make_router(cfg, first.address)
     spool = router.router.spool

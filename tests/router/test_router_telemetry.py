@@ -34,18 +34,13 @@ from services.router.server import start_router
 from switchyard.gen.inference import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb, metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
-from tests.router.conftest import prepare_ledger, routes_config
+from tests.router.conftest import prepared_ledger_key, routes_config
 
 async def main() -> None:
     tmp = tempfile.mkdtemp()
     metering = await start_metering(f"sqlite:///{tmp}/l.db", ServerOptions())
     executor = await start_executor(ExecutorConfig(models=("mlp",)))
-    async with grpc.aio.insecure_channel(metering.address) as ch:
-        stub = mgrpc.MeteringStub(ch)
-        await prepare_ledger(stub)
-        await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="t", kind="service", team="t"))
-        await stub.GrantRole(mpb.RoleRequest(principal="t", role="infer", scope="*"))
-        key = (await stub.CreateKey(mpb.CreateKeyRequest(principal="t"))).key
+    key = await prepared_ledger_key(metering.address, "t")
     cfg = routes_config({"a": executor.address}, {"mlp": {"policy": "pinned", "targets": ["a"]}})
     spool = pathlib.Path(tmp) / "spool"
     router = await start_router(cfg, metering.address, ServerOptions(), spool)
