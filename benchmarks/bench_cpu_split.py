@@ -59,28 +59,7 @@ def load(address: str, data_file: Path, clients: int, seconds: float, warmup: fl
         outs = [Path(tmp) / f"load{i}.json" for i in range(procs_n)]
         procs = [
             subprocess.Popen(
-                [
-                    sys.executable,
-                    str(ROOT / "benchmarks" / "bench_outside.py"),
-                    "load",
-                    "--address",
-                    address,
-                    "--model",
-                    o.SMALL,
-                    "--input-name",
-                    "input",
-                    "--input",
-                    str(data_file),
-                    "--threads",
-                    str(threads),
-                    "--seconds",
-                    str(seconds),
-                    "--warmup",
-                    str(warmup),
-                    "--out",
-                    str(out),
-                ],
-                env=env,
+                o.load_command(address, o.SMALL, "input", data_file, threads, seconds, warmup, out), env=env
             )
             for threads, out in zip(per, outs, strict=True)
         ]

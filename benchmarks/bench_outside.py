@@ -88,6 +88,25 @@ async def serve_minimal(repo: Path, model: str) -> None:
 
 
 # ---- the load: tritonclient sync clients, closed loop --------------------------------------
+def load_command(
+    address: str,
+    model: str,
+    input_name: str,
+    data_file: Path,
+    threads: int,
+    seconds: float,
+    warmup: float,
+    out: Path,
+    key: str = "",
+) -> list[str]:
+    """The argv of one load process (`bench_outside.py load`), writing its figures to `out`."""
+    return [
+        sys.executable, __file__, "load", "--address", address, "--model", model,
+        "--input-name", input_name, "--input", str(data_file), "--threads", str(threads),
+        "--seconds", str(seconds), "--warmup", str(warmup), "--out", str(out), "--key", key,
+    ]  # fmt: skip
+
+
 def load(args: argparse.Namespace) -> None:
     import tritonclient.grpc as triton
 
@@ -162,29 +181,7 @@ def run_load(
         for i, threads in enumerate(per):
             out = Path(tmp) / f"load{i}.json"
             outs.append(out)
-            args = [
-                sys.executable,
-                __file__,
-                "load",
-                "--address",
-                address,
-                "--model",
-                model,
-                "--input-name",
-                input_name,
-                "--input",
-                str(data_file),
-                "--threads",
-                str(threads),
-                "--seconds",
-                str(seconds),
-                "--warmup",
-                str(warmup),
-                "--out",
-                str(out),
-                "--key",
-                key,
-            ]
+            args = load_command(address, model, input_name, data_file, threads, seconds, warmup, out, key)
             procs.append(subprocess.Popen(args, env={**os.environ, "PYTHONPATH": str(ROOT)}))
         for p in procs:
             p.wait(timeout=seconds + warmup + 120)
