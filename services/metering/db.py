@@ -48,6 +48,7 @@ RUNTIME_GRANTS = {
     "alembic_version": "SELECT",
     "v_cost_per_completed_job": "SELECT",
     "v_idle_by_path": "SELECT",
+    "v_generation_cost": "SELECT",
 }
 
 
