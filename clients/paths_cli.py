@@ -1,6 +1,6 @@
 """`switchyard paths list|register`: the ledger's accelerator paths, for operators.
 
-Routers register their deployments' paths themselves (services/router/paths.py) and the
+Routers register their deployments' paths themselves (services/router/path_registrar.py) and the
 trial worker those of its trials, so these commands are for looking, and for a path used by
 something else (a batch job that records usage itself, say).
 

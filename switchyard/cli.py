@@ -25,7 +25,7 @@ COMMAND_MODULES = (
     "clients.metering_cli",
     "clients.paths_cli",
     "clients.evaluator_cli",
-    "services.router.cli",
+    "services.router.router_cli",
     "clients.trial_cli",
     "clients.local_cluster.cluster_cli",
     "clients.models_cli",

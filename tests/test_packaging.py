@@ -43,7 +43,7 @@ from switchyard import __version__
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
-WHERE = "import switchyard, services.router.paths as p; print(switchyard.__file__, p.__name__)"
+WHERE = "import switchyard, services.router.path_registrar as p; print(switchyard.__file__, p.__name__)"
 GENERIC = ("services", "workflows", "clients", "migrations", "tests", "benchmarks", "tools")
 
 
@@ -180,7 +180,7 @@ def test_server_install_version_models_and_up_from_tmp(server_venv: Path, tmp_pa
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert str(_site_packages(server_venv)) in where.stdout, where  # the installed copy, not the checkout
-    assert "switchyard_services.router.paths" in where.stdout  # one module object, its real name
+    assert "switchyard_services.router.path_registrar" in where.stdout  # one module object, its real name
 
     def models_list() -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -1,7 +1,7 @@
 """Greedy generations compared token by token: where two paths diverge, and whether they may.
 
 One implementation for the trial's correctness phase (workflows/generation_activities.py) and
-the router's shadow of generative models (services/router/shadow.py). The rule:
+the router's shadow of generative models (services/router/shadow_divergence.py). The rule:
 
 1. Tokens must be equal up to the first divergence.
 2. At the first divergence each side's token must be in the other side's top-k at that

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 from services.router.admission import Metadata
 from services.router.auth import Identity
-from services.router.config import Route, validate_route
 from services.router.fleet_limits import FleetLimits
 from services.router.limits import Limit, PrincipalLimits
 from services.router.policies import DeploymentState
 from services.router.request_path import RequestPath
-from services.router.shadow import ShadowStats
+from services.router.router_config import Route, validate_route
+from services.router.shadow_divergence import ShadowStats
 from switchyard import ids
 from switchyard.errors import InvalidArgument
 

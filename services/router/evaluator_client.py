@@ -4,7 +4,7 @@ The evaluator is the project's judge of "same answer" (docs/architecture.md#tria
 router asks it about each mirrored pair and records its metrics and verdict. With no
 golden float64 run on live traffic the evaluator falls back to allclose at the precision's
 default tolerance, and says so in its justification. If the evaluator cannot be reached the
-router compares locally (`shadow.divergence`), so shadow data is never lost to an outage.
+router compares locally (`shadow_divergence.divergence`), so shadow data is never lost to an outage.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import grpc
 
 from services.router.executor_pool import CHANNEL_OPTIONS
-from services.router.shadow import Divergence
+from services.router.shadow_divergence import Divergence
 from switchyard import tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as epb

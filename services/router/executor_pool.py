@@ -28,11 +28,11 @@ import grpc
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.router.config import Deployment, Settings
 from services.router.executor_frames import FrameTransport
 from services.router.executor_streams import GrpcStreamTransport
 from services.router.executor_transport import Reply
 from services.router.policies import DeploymentState
+from services.router.router_config import Deployment, Settings
 from switchyard import net, tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 from google.protobuf.message import Message
 
 from services.router import wire
-from services.router.config import Route, Settings, Target
 from services.router.executor_transport import ExecutorTransport, Reply
 from services.router.policies import DeploymentState, plan
+from services.router.router_config import Route, Settings, Target
 from services.router.usage_meter import Outcome
 from switchyard import oip_params
 from switchyard.errors import DeadlineExceeded, Status, UpstreamError

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.router.config import Deployment, Policy, Route, Settings, Target
+from services.router.router_config import Deployment, Policy, Route, Settings, Target
 from switchyard.errors import Unavailable
 
 # Share of `cheapest` choices spent re-measuring another target, so measurements stay fresh.

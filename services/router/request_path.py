@@ -9,7 +9,7 @@ response: it reads the request header without decoding tensors, and appends the 
 response parameters (`path`, `router_overhead_us`, `request_id`) to the executor's bytes.
 `generate` streams a decoupled (generative) model's responses through the same stages. Each
 stage is its own module and knows nothing of the others; this one only puts them in order.
-The servicers (`oip`, `admin`, `openai_api`) convert messages and call these stages.
+The servicers (`oip_servicer`, `admin_servicer`, `openai_api`) convert messages and call these stages.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from google.protobuf.message import Message
 from services.router import wire
 from services.router.admission import Admission, Metadata
 from services.router.capture import Capturer
-from services.router.config import Route, Settings
 from services.router.executor_pool import ExecutorPool
 from services.router.executor_transport import Reply
 from services.router.forwarder import Forwarded, Forwarder
 from services.router.route_table import RouteTable
+from services.router.router_config import Route, Settings
 from services.router.shadow_mirror import ShadowMirror
 from services.router.spool import Spool
 from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us

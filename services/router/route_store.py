@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from services.router.config import Deployment, Route, route_from_table, route_table
+from services.router.router_config import Deployment, Route, route_from_table, route_table
 from switchyard.errors import SwitchyardError, Unavailable
 
 log = logging.getLogger(__name__)

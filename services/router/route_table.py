@@ -5,7 +5,7 @@ The file's routes are the base; RouterAdmin changes are kept and shared first
 change that cannot be kept is refused. Each router polls for its fleet's newer changes every
 `route_sync_s`. Applying is copy-on-write: requests already running keep the route object they
 started with. Whenever the table changes, the deployments it sends to are registered with
-metering as ledger paths (`paths.PathRegistrar`).
+metering as ledger paths (`path_registrar.PathRegistrar`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.router.config import Deployment, Route
-from services.router.paths import PathRegistrar
+from services.router.path_registrar import PathRegistrar
 from services.router.route_store import RouteStore
+from services.router.router_config import Deployment, Route
 from switchyard.errors import NotFound, SwitchyardError
 
 log = logging.getLogger(__name__)

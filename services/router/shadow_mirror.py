@@ -3,7 +3,7 @@
 The caller always gets the primary answer; the copy runs afterwards in a background task,
 bounded by `shadow_max_pending` (a copy that would exceed it is skipped and counted, so
 shadowing can never slow the primary path down without limit). Each pair is judged by the
-evaluator service when one is configured and up, else locally (`shadow.divergence`), and the
+evaluator service when one is configured and up, else locally (`shadow_divergence.divergence`), and the
 statistics per route and candidate are kept for RouterAdmin.ShadowReport. Every copy is
 metered as its own usage event on the candidate's path (arm "shadow", tagged with the
 primary's request id, the candidate and the comparison), so a trial can see what shadowing
@@ -24,10 +24,10 @@ import random
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from services.router.config import Settings, Target
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
 from services.router.forwarder import Forwarder
-from services.router.shadow import (
+from services.router.router_config import Settings, Target
+from services.router.shadow_divergence import (
     Divergence,
     ShadowStats,
     divergence,

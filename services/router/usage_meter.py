@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from services.router import wire
 from services.router.auth import Identity
-from services.router.config import Route
-from services.router.metrics import RouterStats
 from services.router.policies import DeploymentState
+from services.router.router_config import Route
+from services.router.router_metrics import RouterStats
 from services.router.spool import Spool
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 
@@ -58,7 +58,7 @@ class UsageMeter:
     def __init__(self, spool: Spool | None, states: Mapping[str, DeploymentState]) -> None:
         self.spool = spool
         self._states = states
-        self.stats = RouterStats()  # read by the Prometheus collector (services/router/metrics.py)
+        self.stats = RouterStats()  # read by the Prometheus collector (services/router/router_metrics.py)
 
     def record(
         self,

@@ -201,7 +201,7 @@ def test_compose_file_is_consistent() -> None:
         if build:
             assert (DEPLOY / "compose" / build["context"] / build["dockerfile"]).exists(), name
     assert "SWITCHYARD_DATABASE_URL" in compose["x-switchyard-env"]
-    from services.router import config as router_config
+    from services.router import router_config
 
     routes = router_config.parse(tomllib.loads((DEPLOY / "compose" / "routes.toml").read_text()))
     hosts = {d.address.rsplit(":", 1)[0] for d in routes.deployments}
@@ -237,7 +237,7 @@ def test_routes_name_replicas_that_exist(overlay: str) -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_routes_are_accepted_by_the_router(overlay: str) -> None:
     # The router's own validation (the one `router serve --config` runs at start-up).
-    from services.router import config as router_config
+    from services.router import router_config
 
     docs = render(overlay)
     config_map = next(d for d in docs if d["metadata"]["name"].startswith("switchyard-routes"))

@@ -25,8 +25,8 @@ from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import RunningExecutor, start_executor
 from services.metering.metering_server import RunningMetering, start_metering
 from services.metering.schema import LINES
-from services.router import config as router_config
-from services.router.server import RunningRouter, start_router
+from services.router import router_config
+from services.router.router_server import RunningRouter, start_router
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions

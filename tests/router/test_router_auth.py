@@ -24,7 +24,7 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 from services.executor.executor_server import RunningExecutor
-from services.router.server import start_router
+from services.router.router_server import start_router
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc

@@ -20,7 +20,7 @@ import tritonclient.grpc as triton
 
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import RunningExecutor, start_executor
-from services.router.server import RunningRouter
+from services.router.router_server import RunningRouter
 from switchyard.net import free_port
 from tests.gen_models import build_llama, reference_greedy, repository_with_llama
 from tests.router.conftest import Metering, RouterFactory, routes_config

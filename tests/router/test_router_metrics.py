@@ -19,7 +19,7 @@ import tritonclient.grpc.aio as triton
 from services.executor import executor_metrics
 from services.executor.executor_server import RunningExecutor
 from services.metering import metering_metrics
-from services.router import metrics as router_metrics
+from services.router import router_metrics
 from switchyard import metrics_endpoint as prometheus
 from tests.conftest import ROOT
 from tests.executor.test_metrics import scrape, series_names, value

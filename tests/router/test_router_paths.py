@@ -14,7 +14,7 @@ import pytest
 
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import RunningExecutor, start_executor
-from services.router.config import Policy, Route, Target
+from services.router.router_config import Policy, Route, Target
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.net import free_port
 from tests.router.conftest import Metering, RouterFactory

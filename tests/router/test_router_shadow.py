@@ -18,7 +18,7 @@ from sqlalchemy import select
 from services.evaluator.evaluator_server import start_evaluator
 from services.executor.executor_server import RunningExecutor
 from services.metering.schema import LINES
-from services.router.shadow import divergence
+from services.router.shadow_divergence import divergence
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb

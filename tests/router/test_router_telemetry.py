@@ -30,7 +30,7 @@ provider = telemetry.setup(telemetry.TelemetryConfig("test", "none"), exporter=e
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import start_executor
 from services.metering.metering_server import start_metering
-from services.router.server import start_router
+from services.router.router_server import start_router
 from switchyard.gen.inference import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb, metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions

@@ -1,4 +1,4 @@
-"""The shadow's generation comparison (services/router/shadow.py): generations read from
+"""The shadow's generation comparison (services/router/shadow_divergence.py): generations read from
 streamed and unary responses, the trial's divergence rule on each pair, and the statistics."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from services.router.shadow import (
+from services.router.shadow_divergence import (
     ShadowStats,
     generated,
     generation_divergence,

@@ -21,11 +21,12 @@ import pytest
 
 from clients.local_cluster.local_routes import render_routes
 from clients.local_cluster.plan import ServiceSpec
-from services.router import config, wire
+from services.router import router_config as config
+from services.router import wire
 from services.router.auth import Authenticator, Identity, authorize, bearer_key
-from services.router.config import Deployment, Policy, Route, Settings, Target, route_table
 from services.router.policies import DeploymentState, plan
 from services.router.route_store import Change, RouteChange, RouteStore
+from services.router.router_config import Deployment, Policy, Route, Settings, Target, route_table
 from switchyard.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as pb
 

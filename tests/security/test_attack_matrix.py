@@ -30,8 +30,8 @@ from services.executor.executor_server import RunningExecutor, start_executor
 from services.metering.guard import SERVICE_RPCS
 from services.metering.metering_server import RunningMetering, start_metering
 from services.metering.schema import AUDIT
-from services.router import config as router_config
-from services.router.server import start_router
+from services.router import router_config
+from services.router.router_server import start_router
 from switchyard import frames, net, tls
 from switchyard.gen.inference import grpc_service_pb2 as ipb
 from switchyard.gen.switchyard.v1 import executor_pb2 as epb

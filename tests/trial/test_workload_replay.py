@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from services.router import config as router_config
+from services.router import router_config
 from services.router.capture import list_workloads
-from services.router.server import start_router
+from services.router.router_server import start_router
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
 from switchyard.grpcio import ServerOptions

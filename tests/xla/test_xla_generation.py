@@ -78,8 +78,8 @@ async def test_the_openai_client_through_a_router_to_the_xla_executor(
     """Streaming and not, the completion equals tiny-lm's greedy decoding on cpu eager."""
     import openai
 
-    from services.router import config as router_config
-    from services.router.server import start_router
+    from services.router import router_config
+    from services.router.router_server import start_router
     from switchyard.grpcio import ServerOptions
 
     cfg = router_config.parse(

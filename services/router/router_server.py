@@ -14,13 +14,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.router import oip
-from services.router.admin import AdminServicer
+from services.router import oip_servicer
+from services.router.admin_servicer import AdminServicer
 from services.router.administration import RouterAdministration
 from services.router.admission import Admission
 from services.router.auth import Authenticator
 from services.router.capture import Capturer
-from services.router.config import RouterConfig, Settings
 from services.router.evaluator_client import EvaluatorComparer
 from services.router.executor_pool import ExecutorPool
 from services.router.fleet_limits import FleetLimits
@@ -28,36 +27,29 @@ from services.router.forwarder import Forwarder
 from services.router.limits import Limit
 from services.router.metering_client import MeteringClient
 from services.router.openai_api import OpenAIServer
-from services.router.paths import PathRegistrar
+from services.router.path_registrar import PathRegistrar
 from services.router.request_path import RequestPath
 from services.router.route_store import RouteStore
 from services.router.route_table import RouteTable
+from services.router.router_config import RouterConfig, Settings
 from services.router.shadow_mirror import ShadowMirror
 from services.router.spool import Spool
 from services.router.usage_meter import UsageMeter
 from switchyard import tls
 from switchyard.errors import InvalidArgument, SwitchyardError
 from switchyard.gen.switchyard.v1 import router_pb2_grpc
-from switchyard.grpcio import Registration, RunningServer, ServerOptions, start_server
+from switchyard.grpcio import OnServer, Registration, RunningServer, ServerOptions, start_server
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class RunningRouter:
+class RunningRouter(OnServer):
     server: RunningServer
     router: RequestPath
     metering: MeteringClient | None
     openai: OpenAIServer | None = None  # the OpenAI-compatible HTTP API, when [router] openai_port >= 0
     fleet_limits: FleetLimits | None = None  # per-principal limits, shared through metering
-
-    @property
-    def address(self) -> str:
-        return self.server.address
-
-    @property
-    def port(self) -> int:
-        return self.server.port
 
     async def stop(self, grace_s: float = 5.0) -> None:
         spool = self.router.spool
@@ -159,7 +151,7 @@ async def _start_request_path(
     evaluator = EvaluatorComparer(settings.evaluator, security=security) if settings.evaluator else None
     # admin changes: kept across restarts, and shared by the fleet through metering
     store = RouteStore(spool_dir, metering, settings.fleet)
-    # every deployment's ledger path, registered from what its executor describes (`paths`)
+    # every deployment's ledger path, registered from what its executor describes (`path_registrar`)
     registrar = PathRegistrar(metering, config.deployments, pool.channels) if metering is not None else None
     table = RouteTable(config.routes, config.deployments, store, registrar)
     router = _request_path(config, pool, auth, spool, table, evaluator)
@@ -197,7 +189,7 @@ async def _start_fronts(
 ) -> RunningServer:
     """The OIP and RouterAdmin servicers on the router's port."""
     registrations: list[Registration] = [
-        (oip.add_to_server, oip.OipServicer(router), oip.SERVICE),
+        (oip_servicer.add_to_server, oip_servicer.OipServicer(router), oip_servicer.SERVICE),
         (
             router_pb2_grpc.add_RouterAdminServicer_to_server,
             AdminServicer(RouterAdministration(router, fleet_limits)),

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from services.router.administration import Caller, RouterAdministration
-from services.router.config import Policy, Route, ShadowSpec, Target
 from services.router.limits import Limit
+from services.router.router_config import Policy, Route, ShadowSpec, Target
 from switchyard.errors import InvalidArgument
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc

@@ -30,7 +30,7 @@ from typing import Protocol
 
 import grpc
 
-from services.router.config import Deployment, Route
+from services.router.router_config import Deployment, Route
 from switchyard.errors import AlreadyExists, SwitchyardError, Unavailable
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb

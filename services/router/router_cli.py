@@ -8,7 +8,10 @@ SWITCHYARD_API_KEY, never a flag (flags show in `ps` and shell history). Answers
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from services.router.router_config import RouterConfig
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -95,30 +98,17 @@ def _serve(args: argparse.Namespace) -> int:
     from switchyard import transport
 
     transport.prefer_low_latency()  # before anything imports grpc
-    import dataclasses
     from pathlib import Path
 
-    from services.router import config, metrics
-    from services.router.server import start_router
+    from services.router import router_metrics
+    from services.router.router_server import start_router
     from switchyard import metrics_endpoint as prometheus
     from switchyard import telemetry
-    from switchyard.errors import InvalidArgument, SwitchyardError
+    from switchyard.errors import SwitchyardError
     from switchyard.grpcio import ServerOptions, run_service, stop_signal
 
     try:
-        if bool(args.tls_cert) != bool(args.tls_key):
-            raise InvalidArgument("give --tls-cert and --tls-key together (or neither)")
-        public_tls = (
-            (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes()) if args.tls_cert else None
-        )
-        cfg = config.load(Path(args.config))
-        if args.openai_port is not None:
-            openai = dataclasses.replace(cfg.settings, openai_port=args.openai_port)
-            cfg = dataclasses.replace(cfg, settings=openai)
-        if args.evaluator:
-            cfg = dataclasses.replace(
-                cfg, settings=dataclasses.replace(cfg.settings, evaluator=args.evaluator)
-            )
+        cfg, public_tls = _read_config(args)
     except OSError as exc:
         print(f"switchyard router: cannot read {exc.filename}: {exc.strerror}")
         return 2
@@ -136,7 +126,9 @@ def _serve(args: argparse.Namespace) -> int:
             ServerOptions(host=args.host, port=args.port, public_tls=public_tls),
             Path(args.spool_dir) if args.spool_dir else None,
         )
-        endpoint = prometheus.serve([metrics.collector(running.router)], args.host, metrics_port, "router")
+        endpoint = prometheus.serve(
+            [router_metrics.collector(running.router)], args.host, metrics_port, "router"
+        )
         print(f"router serving OIP on {running.address}", flush=True)
         if running.openai is not None:
             print(f"router serving the OpenAI API on http://{args.host}:{running.openai.port}/v1", flush=True)
@@ -150,6 +142,29 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"switchyard router: {exc}")
         return 2
     return 0
+
+
+def _read_config(args: argparse.Namespace) -> tuple[RouterConfig, tuple[bytes, bytes] | None]:
+    """The routes file with the flags' overrides, and the public port's TLS (chain, key)."""
+    import dataclasses
+    from pathlib import Path
+
+    from services.router import router_config
+    from switchyard.errors import InvalidArgument
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise InvalidArgument("give --tls-cert and --tls-key together (or neither)")
+    public_tls = (
+        (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes()) if args.tls_cert else None
+    )
+    cfg = router_config.load(Path(args.config))
+    if args.openai_port is not None:
+        cfg = dataclasses.replace(
+            cfg, settings=dataclasses.replace(cfg.settings, openai_port=args.openai_port)
+        )
+    if args.evaluator:
+        cfg = dataclasses.replace(cfg, settings=dataclasses.replace(cfg.settings, evaluator=args.evaluator))
+    return cfg, public_tls
 
 
 def _target(spec: str) -> Any:
