@@ -32,6 +32,7 @@ from services.router import wire
 from switchyard import ids
 from switchyard.errors import InvalidArgument, NotFound
 from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.models.manifest import file_sha256
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -188,7 +189,7 @@ class Capturer:
         entry = dict(self._current)
         partial = self.folder / f"{entry['id']}.rec.partial"
         final = self.folder / f"{entry['id']}.rec"
-        entry["sha256"] = _sha256(partial)
+        entry["sha256"] = file_sha256(partial)
         entry["closed_unix_s"] = time.time()
         entry["file"] = final.name
         partial.rename(final)
@@ -220,14 +221,6 @@ class Capturer:
 
 
 # ---- reading ------------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def read_manifest(folder: Path) -> dict[str, Any]:
     path = folder / MANIFEST
     if not path.exists():
