@@ -11,12 +11,12 @@ configuration; a reset returns a principal to them.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Protocol
 
+from services.router.fleet_sync import FleetPoller
 from services.router.limits import Limit, PrincipalLimits
-from switchyard.errors import SwitchyardError, Unavailable
+from switchyard.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class FleetLimits:
         self.shared = shared
         self.fleet = fleet
         self.revisions: dict[str, int] = {}  # principal -> metering's revision applied here
-        self._sync: asyncio.Task[None] | None = None
+        self.poller = FleetPoller(self.sync, "principal limits")  # started by the router's assembly
 
     async def set(self, principal_id: str, limit: Limit | None, principal: str, request_id: str) -> bool:
         """Sets (None: resets) `principal_id`'s limits; True when metering kept (and audited) it
@@ -76,26 +76,5 @@ class FleetLimits:
             log.info("applied %d of the fleet's principal limit changes", applied)
         return applied
 
-    def start_sync(self, interval_s: float) -> None:
-        self._sync = asyncio.create_task(self._sync_every(interval_s), name="limit-sync")
-
-    async def _sync_every(self, interval_s: float) -> None:
-        failing = False
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.sync()
-            except SwitchyardError as exc:
-                if not failing:
-                    log.warning("cannot fetch the fleet's principal limits from metering, retrying: %s", exc)
-                failing = True
-                continue
-            except Exception:  # a bug here must not stop the polling for good
-                log.exception("fetching the fleet's principal limits failed; retrying")
-                continue
-            failing = False
-
     async def close(self) -> None:
-        if self._sync is not None:
-            self._sync.cancel()
-            await asyncio.gather(self._sync, return_exceptions=True)
+        await self.poller.close()

@@ -10,13 +10,13 @@ metering as ledger paths (`path_registrar.PathRegistrar`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
+from services.router.fleet_sync import FleetPoller
 from services.router.path_registrar import PathRegistrar
 from services.router.route_store import RouteStore
 from services.router.router_config import Deployment, Route
-from switchyard.errors import NotFound, SwitchyardError
+from switchyard.errors import NotFound
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class RouteTable:
         self._file_routes = {r.model: r for r in file_routes}
         self.deployments = deployments
         self.routes: dict[str, Route] = {}
-        self._sync: asyncio.Task[None] | None = None
+        self.poller = FleetPoller(self.sync, "route changes")  # started by the router's assembly
         self._apply()
 
     def route_for(self, model: str) -> Route:
@@ -66,30 +66,7 @@ class RouteTable:
             self._apply()
             log.info("applied the fleet's route changes: %d routes now", len(self.routes))
 
-    def start_sync(self, interval_s: float) -> None:
-        self._sync = asyncio.create_task(self._sync_every(interval_s), name="route-sync")
-
-    async def _sync_every(self, interval_s: float) -> None:
-        failing = False
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.sync()
-            except SwitchyardError as exc:
-                if not failing:
-                    log.warning("cannot fetch the fleet's route changes from metering, retrying: %s", exc)
-                failing = True
-                continue
-            except Exception:  # a bug here must not stop the polling for good
-                log.exception("fetching the fleet's route changes failed; retrying")
-                continue
-            if failing:
-                log.info("fetching the fleet's route changes from metering again")
-            failing = False
-
     async def close(self) -> None:
-        if self._sync is not None:
-            self._sync.cancel()
-            await asyncio.gather(self._sync, return_exceptions=True)
+        await self.poller.close()
         if self.registrar is not None:
             await self.registrar.close()

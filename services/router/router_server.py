@@ -36,7 +36,7 @@ from services.router.shadow_mirror import ShadowMirror
 from services.router.spool import Spool
 from services.router.usage_meter import UsageMeter
 from switchyard import tls
-from switchyard.errors import InvalidArgument, SwitchyardError
+from switchyard.errors import InvalidArgument
 from switchyard.gen.switchyard.v1 import router_pb2_grpc
 from switchyard.grpcio import OnServer, Registration, RunningServer, ServerOptions, start_server
 
@@ -160,12 +160,7 @@ async def _start_request_path(
         registrar.start()
     _start_captures(router, config, Path(settings.workloads_dir))
     if metering is not None:
-        try:
-            await table.sync()  # the fleet's changes before the first request
-        except SwitchyardError as exc:
-            log.warning("serving without the fleet's latest route changes until metering answers: %s", exc)
-        if settings.route_sync_s > 0:
-            table.start_sync(settings.route_sync_s)
+        await table.poller.start(settings.route_sync_s)
     return router
 
 
@@ -175,12 +170,7 @@ async def _start_fleet_limits(
     """Per-principal limits set through RouterAdmin, synced with the fleet's (`fleet_limits`)."""
     fleet_limits = FleetLimits(router.admission.limits, metering, settings.fleet)
     if metering is not None:
-        try:
-            await fleet_limits.sync()  # the fleet's limits before the first request
-        except SwitchyardError as exc:
-            log.warning("serving without the fleet's principal limits until metering answers: %s", exc)
-        if settings.route_sync_s > 0:
-            fleet_limits.start_sync(settings.route_sync_s)
+        await fleet_limits.poller.start(settings.route_sync_s)
     return fleet_limits
 
 
