@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
@@ -101,14 +101,63 @@ class ShadowMirror:
             stats.sampled += 1  # sampled tokens may differ by design: not mirrored, not charged
             self._pending -= 1
             return
+
+        async def pair(outcome: Outcome, tags: dict[str, str], budget: float) -> None:
+            answers = self.forwarder.stream_on(candidate, charge.header, raw, budget, outcome)
+            mirrored = [response async for response in answers]
+            self._judge_generation(stats, tags, generated(primary), generated(mirrored))
+
+        await self._metered(charge, time_remaining, candidate, stats, pair)
+
+    async def _one(
+        self,
+        charge: Charge,
+        raw: bytes,
+        primary: bytes,
+        time_remaining: float | None,
+        candidate: Target,
+        stats: ShadowStats,
+    ) -> None:
+        first = pb.ModelInferResponse.FromString(primary)
+        if is_generation(first) and not greedy_request(pb.ModelInferRequest.FromString(raw)):
+            stats.sampled += 1  # a sampled generation answered unary: not mirrored, not charged
+            self._pending -= 1
+            return
+
+        async def pair(outcome: Outcome, tags: dict[str, str], budget: float) -> None:
+            reply = await self.forwarder.infer_on(candidate, charge.header, raw, budget, outcome)
+            if is_generation(first):  # a generative model answered unary: the divergence rule
+                answer = pb.ModelInferResponse.FromString(reply)
+                self._judge_generation(stats, tags, generated([first]), generated([answer]))
+                return
+            d, comparer = await self._compare(first, pb.ModelInferResponse.FromString(reply))
+            stats.comparer = comparer
+            stats.add(d)
+            tags.update(
+                max_abs_error=repr(d.max_abs_error),
+                cosine=repr(d.cosine),
+                diverged=str(d.diverged).lower(),
+                comparer=comparer,
+            )
+
+        await self._metered(charge, time_remaining, candidate, stats, pair)
+
+    async def _metered(
+        self,
+        charge: Charge,
+        time_remaining: float | None,
+        candidate: Target,
+        stats: ShadowStats,
+        pair: Callable[[Outcome, dict[str, str], float], Awaitable[None]],
+    ) -> None:
+        """Runs one shadow copy (`pair`: send it, judge the pair); counts its failure, and meters
+        it on the candidate's path (arm "shadow", tagged with the judgement or the error)."""
         outcome = Outcome(path=self.forwarder.fleet.states[candidate.deployment].deployment.path)
         copy = Charge(charge.route, charge.identity, charge.request_id, charge.header, now_us())
         tags: dict[str, str] = {"shadow_of": charge.request_id, "candidate": stats.candidate}
         try:
             budget = self.settings.default_timeout_s if time_remaining is None else max(time_remaining, 1.0)
-            answers = self.forwarder.stream_on(candidate, charge.header, raw, budget, outcome)
-            mirrored = [response async for response in answers]
-            self._judge_generation(stats, tags, generated(primary), generated(mirrored))
+            await pair(outcome, tags, budget)
         except UpstreamError as exc:
             stats.failures += 1
             tags["error"] = exc.status.value
@@ -129,49 +178,6 @@ class ShadowMirror:
             diverged=str(d.checked and not d.passed).lower(),
             comparer="generation" if d.checked else "generation-unchecked",
         )
-
-    async def _one(
-        self,
-        charge: Charge,
-        raw: bytes,
-        primary: bytes,
-        time_remaining: float | None,
-        candidate: Target,
-        stats: ShadowStats,
-    ) -> None:
-        first = pb.ModelInferResponse.FromString(primary)
-        if is_generation(first) and not greedy_request(pb.ModelInferRequest.FromString(raw)):
-            stats.sampled += 1  # a sampled generation answered unary: not mirrored, not charged
-            self._pending -= 1
-            return
-        outcome = Outcome(path=self.forwarder.fleet.states[candidate.deployment].deployment.path)
-        copy = Charge(charge.route, charge.identity, charge.request_id, charge.header, now_us())
-        tags: dict[str, str] = {"shadow_of": charge.request_id, "candidate": stats.candidate}
-        try:
-            budget = self.settings.default_timeout_s if time_remaining is None else max(time_remaining, 1.0)
-            reply = await self.forwarder.infer_on(candidate, charge.header, raw, budget, outcome)
-            if is_generation(first):  # a generative model answered unary: the divergence rule
-                answer = pb.ModelInferResponse.FromString(reply)
-                self._judge_generation(stats, tags, generated([first]), generated([answer]))
-                return
-            d, comparer = await self._compare(first, pb.ModelInferResponse.FromString(reply))
-            stats.comparer = comparer
-            stats.add(d)
-            tags.update(
-                max_abs_error=repr(d.max_abs_error),
-                cosine=repr(d.cosine),
-                diverged=str(d.diverged).lower(),
-                comparer=comparer,
-            )
-        except UpstreamError as exc:
-            stats.failures += 1
-            tags["error"] = exc.status.value
-        except (SwitchyardError, ValueError, KeyError) as exc:
-            stats.failures += 1
-            tags["error"] = f"comparison failed: {exc}"
-        finally:
-            self._pending -= 1
-            self.meter.record(copy, outcome, "shadow", tags)
 
     async def _compare(
         self, primary: pb.ModelInferResponse, candidate: pb.ModelInferResponse
