@@ -52,10 +52,12 @@ def check(response: xpb.TrainResponse, path: str, what: str) -> None:
     r = response.distributed
     if r.ok:
         return
-    who = f"rank {r.failed_rank}" if r.failed_rank >= 0 else "a rank"
+    # a failed rank < 0: the error names the ranks (the replicas of one process that died)
+    who = f"rank {r.failed_rank} failed: " if r.failed_rank >= 0 else ""
+    rest = "the other ranks were" if r.failed_rank >= 0 else "every rank's process was"
     raise ApplicationError(
-        f"{what} on {path} ({r.process_group_backend}, world size {r.world_size}): {who} failed: "
-        f"{r.error}; the other ranks were torn down",
+        f"{what} on {path} ({r.process_group_backend}, world size {r.world_size}): {who}"
+        f"{r.error}; {rest} torn down",
         type="RankFailed",
         non_retryable=True,
     )

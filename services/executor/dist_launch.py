@@ -3,10 +3,11 @@ tears every one of them down when one fails, when the run outlives its limit, or
 
 Each rank is a process of the executor's own interpreter (so the xla executor's ranks run in
 the XLA environment) in a session of its own, so a teardown kills the rank and anything it
-started (torch_xla.launch's replica process) with one signal. The first rank seen to fail
-names the failure; the others are killed rather than left to time out in a collective. The
-run's result carries the loss per step (the global batch's mean), step and communication
-times per rank, and peak memory per rank.
+started (on TPU, torch_xla.launch's process per chip) with one signal. On PJRT CPU the xla
+ranks are threads of one such process. The first rank seen to fail names the failure (a
+process holding every rank names them all); the others are killed rather than left to time
+out in a collective. The run's result carries the loss per step (the global batch's mean),
+step and communication times per rank, and peak memory per rank.
 """
 
 from __future__ import annotations
@@ -113,14 +114,16 @@ def _kill(procs: dict[int, subprocess.Popen[bytes]]) -> None:
 
 
 def _describe_exit(code: int, log: Path | None = None) -> str:
-    if code < 0:
-        return f"killed by signal {signal.Signals(-code).name}"
-    tail = ""
+    lines: list[str] = []
     if log is not None and log.exists():
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-        # an XLA runtime abort ("<date> <time>: F <file>] <why>") says more than the traceback
-        fatal = [ln for ln in lines if re.match(r"^\S+ \S+: F ", ln)]
-        tail = (fatal or lines or [""])[-1][:500]
+    # an XLA runtime abort ("<date> <time>: F <file>] <why>", then SIGABRT) says more than the
+    # signal or the traceback
+    fatal = [ln for ln in lines if re.match(r"^\S+ \S+: F ", ln)]
+    if code < 0:
+        killed = f"killed by signal {signal.Signals(-code).name}"
+        return killed + (f": {fatal[-1][:500]}" if fatal else "")
+    tail = (fatal or lines or [""])[-1][:500]
     return f"exited with status {code}" + (f": {tail}" if tail else "")
 
 
@@ -138,7 +141,13 @@ def _failure(
     log = job_dir / f"launch-{rank}.log"
     if rank >= 0:
         return rank, _describe_exit(code, log)
-    return -1, "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items())) or _describe_exit(code, log)
+    if errors:
+        return -1, "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
+    # the process of every replica died before any of them could say why (killed, or XLA
+    # aborted it): every rank failed with it
+    world_size = int(json.loads((job_dir / "job.json").read_text())["config"]["world_size"])
+    ranks = ", ".join(str(r) for r in range(world_size - 1)) + f" and {world_size - 1}"
+    return -1, f"ranks {ranks} failed (the replicas of one process): {_describe_exit(code, log)}"
 
 
 def run_distributed(
@@ -189,7 +198,7 @@ def run_distributed(
             per_rank_batch=per_rank_batch,
             tokens_per_sample=_tokens_per_sample(train_batch),
             loss=loss,
-            ranks=_rank_results(results, config.world_size, failed, error),
+            ranks=_rank_results(results, config, failed, error),
             comm_measured=bool(results and all(d["comm_measured"] for d in results.values())),
             total_s=time.perf_counter() - begin,
             ok=not error,
@@ -236,7 +245,11 @@ def _wait_for_ranks(
         time.sleep(POLL_S)
 
 
-def _rank_results(results: dict[int, Any], world_size: int, failed: int, error: str) -> list[RankResult]:
+def _rank_results(
+    results: dict[int, Any], config: DistributedConfig, failed: int, error: str
+) -> list[RankResult]:
+    # the replicas of one xla_launch process fail together, each with the process's error
+    together = config.launch == "xla_launch"
     return [
         RankResult(
             rank=r,
@@ -247,6 +260,8 @@ def _rank_results(results: dict[int, Any], world_size: int, failed: int, error: 
             device=str(results[r]["device"]),
         )
         if r in results
-        else RankResult(rank=r, error=error if r == failed else "torn down after another rank failed")
-        for r in range(world_size)
+        else RankResult(
+            rank=r, error=error if r == failed or together else "torn down after another rank failed"
+        )
+        for r in range(config.world_size)
     ]

@@ -7,7 +7,8 @@ CPU in fp32). Every rank draws the same seeded global batch (the same batch ever
 its own rows, so the ranks together compute exactly the single-process step on that batch.
 A rank writes `rank-<r>.progress` (steps done) after each step, then `rank-<r>.json` (its
 result) or, when it fails, `rank-<r>.error` (the error, one line). With launch `xla_launch`,
-RANK is -1 and `torch_xla.launch` makes the replicas, each taking its global ordinal as rank.
+RANK is -1 and the process makes the replicas, each taking its global ordinal as rank: a thread
+per PJRT CPU device in this process, or, on TPU, `torch_xla.launch`'s process per chip.
 The process-group details live in `services.executor.distributed`.
 """
 
@@ -135,11 +136,25 @@ def xla_replica(index: int, job_dir: str) -> None:
 def main(argv: list[str]) -> int:
     job_dir, rank = Path(argv[0]), int(argv[1])
     if rank < 0:
+        import os
+
         import torch_xla
 
         from services.executor import dist_rank  # by module name, so spawn can pickle it
 
-        torch_xla.launch(dist_rank.xla_replica, args=(str(job_dir),))
+        if os.environ.get("PJRT_DEVICE") == "CPU":
+            # PJRT CPU has no cross-process collectives, so its replicas are threads of one
+            # process. torch_xla.launch would start them in a child process of this one; they
+            # run in this process instead, so the rank process the executor started (and a
+            # signal to it) is the process of the replicas. torch_xla's own thread-per-device
+            # runner, after the replication setup that torch_xla.launch does for its child.
+            import torch_xla.core.xla_model as xm
+            from torch_xla._internal import pjrt
+
+            xm.set_replication(torch_xla.device(), xm.get_xla_supported_devices())
+            pjrt.spawn_threads(dist_rank.xla_replica, args=(str(job_dir),))
+        else:  # TPU: a process per chip
+            torch_xla.launch(dist_rank.xla_replica, args=(str(job_dir),))
         return 0
     try:
         run_rank(job_dir, rank, rank)

@@ -6,8 +6,9 @@ Beside `device.py` (which maps a path to its device), this module decides, per p
 - the world size and the rendezvous (a TCP store on this host, or torch_xla's `xla://`);
 - the launch method: `spawn` (the executor starts one process per rank and hands each the
   torchrun-style environment RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT),
-  `xla_launch` (the executor starts one process that calls `torch_xla.launch`, which makes a
-  replica per device: a process per chip on TPU, a thread per device on PJRT CPU), or
+  `xla_launch` (the executor starts one process that makes a replica per device: on PJRT CPU
+  a thread per device in that process, since XLA's CPU client has no collectives across
+  processes; on TPU `torch_xla.launch`'s process per chip), or
   `torchrun` (ranks started by torchrun; the configuration is read back from that environment);
 - which strategies the backend supports (DDP everywhere; FSDP2 `fully_shard` on the backends
   that implement all-gather and reduce-scatter of plain tensors).
@@ -199,12 +200,17 @@ def launch_env(config: DistributedConfig, rank: int) -> dict[str, str]:
         "LOCAL_WORLD_SIZE": str(config.world_size),
     }
     if config.backend == "xla":
-        # one process; torch_xla.launch makes a replica per device. On PJRT CPU the device
-        # count is the world size; the replicas are threads, and the torchrun variables must
-        # not be set or torch_xla would take the process for one torchrun rank.
+        # one process that makes a replica per device. On PJRT CPU the device count is the
+        # world size; the replicas are threads, and the torchrun variables must not be set or
+        # torch_xla would take the process for one torchrun rank.
         env = {"MASTER_ADDR": config.master_addr, "MASTER_PORT": str(config.master_port)}
         if os.environ.get("PJRT_DEVICE", "CPU") == "CPU":
             env.update({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(config.world_size)})
+            # No input buffer donation: with it, the replica that found a graph in the cache
+            # ran it with the donations planned for the replica that compiled it, and its
+            # next graph failed on a deleted buffer ("buffer with shape f32[512,128] on device
+            # CPU:0 is deleted"). The copies it costs are the size of the model.
+            env["XLA_ENABLE_PARAM_ALIASING"] = "0"
     return env
 
 
@@ -416,23 +422,33 @@ class RankOps:
                 torch_xla.sync(wait=True)
                 xm.wait_device_ops()
                 return
-            # Replicas are threads of one process (PJRT CPU). Two threads compiling the same
-            # graph at once build two executables whose collectives never meet, so graphs are
-            # compiled one thread at a time (a later thread finds it cached). A graph holding a
-            # collective is only compiled (warm-up) under the lock and launched outside it: its
-            # launch can block until the peer's launch joins. A thread blocked in
-            # wait_device_ops holds the GIL, so it waits only once every replica launched.
+            # Replicas are threads of one process (PJRT CPU), and XLA's CPU all-reduce meets
+            # its peers by (run id, devices, op id), where the op id is the id of the compiled
+            # module (xla/backends/cpu: the channel id, which torch_xla does not set, else
+            # `GetModule()->unique_id()`; torch_xla runs every launch with run id 0). So every
+            # replica must launch the very same executable: each graph is compiled and launched
+            # by one thread at a time under the lock, the first compiling, the later ones
+            # finding it in torch_xla's cache. A separate warm-up is no substitute: it caches
+            # under another hash than the launch, so each replica compiled its own module at
+            # launch (op ids 2 and 3) and the first one aborted the process after XLA's fixed
+            # 10 s rendezvous termination timeout ("only 1 of them arrived"). Launching does
+            # not wait for the collective to run (torch_xla executes on its own threads), so
+            # holding the lock while launching cannot keep the peer from joining. A thread
+            # blocked in wait_device_ops holds the GIL, so it waits only once every replica
+            # has launched, and only for its own device: waiting for every device (the
+            # default) also waits for a peer's collective launched meanwhile, which cannot
+            # finish before this thread launches its own (on a busy host the peer got there
+            # first and XLA aborted after 10 s).
             lock, barrier = self._replicas
             xlac: Any = torch_xla._XLAC
-            if collective is None:
-                with lock:
+            own = xm.xla_real_devices([torch_xla.device()])
+            with lock:
+                if collective is None:
                     torch_xla.sync()
-            else:
-                with lock:
-                    xlac._xla_warm_up_cache(collective, [])
-                xlac._xla_sync_multi(collective, [], False)
+                else:
+                    xlac._xla_sync_multi(collective, [], False)
             barrier.wait()
-            xm.wait_device_ops()
+            xm.wait_device_ops(own)
             return
         if self.config.path in ("cuda", "tpu"):
             import torch
