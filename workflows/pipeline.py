@@ -135,6 +135,7 @@ class PathRun:
             self._leave()
         except (ActivityError, PathProblem) as err:
             self._fail(self.state.phase, reason_of(err))
+            self.prepared.set()  # a candidate elsewhere need not wait for this path's cleanup
         self._enter("economics")
         await self.ledger.economics()
         self._leave()

@@ -18,6 +18,7 @@ from switchyard.models.manifest import file_sha256
 from switchyard.models.repository import seed_builtins
 from tests.trial.stack import Stack, set_prices
 from tests.trial.trial_helpers import QUICK_PERF, run_trial, tiny_spec
+from workflows.render import render
 
 
 @pytest.fixture
@@ -70,3 +71,5 @@ async def test_paths_with_different_artifacts_for_one_version_are_not_compared(
     assert "FAILED_PRECONDITION" in verdict["criteria"]["correctness"]["reason"]
     # the path with the same artifact is compared as usual
     assert report["verdicts"]["cpu-eager-2"]["criteria"]["correctness"]["result"] == "pass"
+    page = render(report, "md")  # and the report says so where an operator reads it
+    assert "Artifacts checked before measuring (paths DISAGREE)" in page and shas["other-repo"] in page
