@@ -40,10 +40,10 @@ from workflows.generation_types import (
     GenerationRunResult,
 )
 from workflows.genmetrics import Slo, load_label, summarize
+from workflows.ledger_activities import send_usage
 from workflows.spec import GenerationPlan, Prompts
 from workflows.types import InputsPlan, Target
 
-USAGE_BATCH = 500
 MAX_LENGTH = 65536  # lengths beyond the model's context are refused by the executor, per request
 
 
@@ -316,11 +316,4 @@ class GenerationActivities:
             )
             for i, r in enumerate(records)
         ]
-        for i in range(0, len(events), USAGE_BATCH):
-            with grpc_errors(f"RecordUsage for {t.path}"):
-                await self.connections.metering().RecordUsage(
-                    mpb.RecordUsageRequest(
-                        events=events[i : i + USAGE_BATCH], actor=mpb.Actor(source="trial-worker")
-                    ),
-                    timeout=60,
-                )
+        await send_usage(self.connections, t, events)

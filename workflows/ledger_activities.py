@@ -36,6 +36,7 @@ from workflows.types import (
 )
 
 ACTOR = mpb.Actor(source="trial-worker")
+USAGE_BATCH = 500  # events per RecordUsage
 
 
 def usage_event(target: Target, key: str, kind: str, **fields: Any) -> mpb.UsageEvent:
@@ -51,6 +52,15 @@ def usage_event(target: Target, key: str, kind: str, **fields: Any) -> mpb.Usage
         arm=target.path,
         **fields,
     )
+
+
+async def send_usage(connections: Connections, target: Target, events: list[mpb.UsageEvent]) -> None:
+    """A phase's usage events, in batches of USAGE_BATCH (each batch one RecordUsage)."""
+    for i in range(0, len(events), USAGE_BATCH):
+        with grpc_errors(f"RecordUsage for {target.path}"):
+            await connections.metering().RecordUsage(
+                mpb.RecordUsageRequest(events=events[i : i + USAGE_BATCH], actor=ACTOR), timeout=60
+            )
 
 
 class LedgerActivities:

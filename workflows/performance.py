@@ -21,14 +21,11 @@ from temporalio.exceptions import ApplicationError
 
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
-from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from workflows import payloads
 from workflows.activities import Clock
 from workflows.connections import Connections, grpc_errors
-from workflows.ledger_activities import usage_event
+from workflows.ledger_activities import send_usage, usage_event
 from workflows.types import PerformanceRequest, PerformanceResult, ScenarioResult
-
-USAGE_BATCH = 500
 
 
 @dataclasses.dataclass
@@ -246,11 +243,4 @@ class PerformanceActivities:
             )
             for i, s in enumerate(samples)
         ]
-        for i in range(0, len(events), USAGE_BATCH):
-            with grpc_errors(f"RecordUsage for {t.path}"):
-                await self.connections.metering().RecordUsage(
-                    mpb.RecordUsageRequest(
-                        events=events[i : i + USAGE_BATCH], actor=mpb.Actor(source="trial-worker")
-                    ),
-                    timeout=60,
-                )
+        await send_usage(self.connections, t, events)
