@@ -35,6 +35,7 @@ import os
 import platform
 import random
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -46,7 +47,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import write_report
-from switchyard import codec, oip_params, tls
+from switchyard import codec, oip_params
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from tests.processes import stop_child
 
@@ -98,6 +99,7 @@ def hf_floor(model: Any, requests: list[tuple[list[int], int]], batch: int) -> d
     pad = int(model.config.eos_token_id)
     useful = 0
     with torch.no_grad():
+        cpu = time.process_time()
         begin = time.perf_counter()
         for i in range(0, len(requests), batch):
             group = requests[i : i + batch]
@@ -114,11 +116,14 @@ def hf_floor(model: Any, requests: list[tuple[list[int], int]], batch: int) -> d
             )  # fmt: skip
             useful += sum(n for _, n in group)
         seconds = time.perf_counter() - begin
+        cpu = time.process_time() - cpu
     return {
         "batch": batch,
         "seconds": seconds,
         "output_tokens": useful,
         "output_tokens_per_s": useful / seconds,
+        "cpu_s": cpu,
+        "cpu_us_per_output_token": cpu / useful * 1e6,
     }
 
 
@@ -146,7 +151,7 @@ def _request(prompt: list[int], max_tokens: int, rid: str) -> pb.ModelInferReque
 
 
 async def executor_run(
-    address: str, requests: list[tuple[list[int], int]], concurrency: int
+    address: str, requests: list[tuple[list[int], int]], concurrency: int, cpu_s: Any
 ) -> dict[str, Any]:
     channel = grpc.aio.insecure_channel(address)
     open_stream = channel.stream_stream(
@@ -190,9 +195,11 @@ async def executor_run(
                 tpot.append((stamps[-1] - stamps[0]) / (count - 1))
             itl.extend(b - a for a, b in itertools.pairwise(stamps))
 
+    cpu = cpu_s()
     begin = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     seconds = time.perf_counter() - begin
+    cpu = cpu_s() - cpu
     await channel.close()
     return {
         "concurrency": concurrency,
@@ -201,6 +208,8 @@ async def executor_run(
         "output_tokens": tokens,
         "output_tokens_per_s": tokens / seconds,
         "requests_per_s": len(requests) / seconds,
+        "executor_cpu_s": cpu,
+        "executor_cpu_us_per_output_token": cpu / tokens * 1e6,
         "ttft_s": quantiles(ttft),
         "tpot_s": quantiles(tpot),
         "itl_s": quantiles(itl),
@@ -223,22 +232,32 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-class XlaExecutor:
-    """An executor process in the XLA environment (SWITCHYARD_XLA_PYTHON), PJRT_DEVICE as set
-    (CPU when unset), serving the benchmark's repository on a free loopback port, plaintext."""
+class ExecutorProcess:
+    """An executor in its own process, as it is deployed, serving the benchmark's repository on
+    a free loopback port, plaintext: `--backend cpu` in this environment, `--backend xla` in
+    the XLA environment (SWITCHYARD_XLA_PYTHON), PJRT_DEVICE as set (CPU when unset). The
+    client (this process) never shares the executor's interpreter, GIL or event loop."""
 
-    def __init__(self, root: Path) -> None:
-        python = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
-        if not python:
-            raise SystemExit("--backend xla needs SWITCHYARD_XLA_PYTHON (the XLA environment's python)")
-        cmd = [python, "-m", "switchyard", "executor", "serve", "--backend", "xla", "--port", "0"]
+    def __init__(self, root: Path, backend: str) -> None:
+        python = sys.executable
+        env = dict(os.environ)
+        if backend == "xla":
+            python = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
+            if not python:
+                raise SystemExit("--backend xla needs SWITCHYARD_XLA_PYTHON (the XLA environment's python)")
+            env["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE", "CPU")
+        cmd = [python, "-m", "switchyard", "executor", "serve", "--backend", backend, "--port", "0"]
         cmd += ["--models", "llama-bench", "--model-repository", str(root)]
-        env = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU")}
-        env["SWITCHYARD_SECURITY_INSECURE"] = "true"  # loopback only, as the in-process executor
+        env["SWITCHYARD_SECURITY_INSECURE"] = "true"  # loopback only
         self.process = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         self.address = ""
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds the executor process has used so far (all its threads)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     async def start(self, timeout_s: float = 900) -> str:
         out = self.process.stdout
@@ -250,20 +269,18 @@ class XlaExecutor:
             said = [*said[-20:], line.rstrip()]
             if not line:
                 tail = "\n".join(said)
-                raise SystemExit(f"the xla executor exited ({self.process.wait()}) before serving:\n{tail}")
+                raise SystemExit(f"the executor exited ({self.process.wait()}) before serving:\n{tail}")
             if " serving on " in line:
                 self.address = line.rsplit(" serving on ", 1)[1].strip()
                 threading.Thread(target=out.read, daemon=True).start()  # drained, so it never blocks
                 return self.address
-        raise SystemExit(f"the xla executor did not serve within {timeout_s:.0f} s")
+        raise SystemExit(f"the executor did not serve within {timeout_s:.0f} s")
 
     def stop(self) -> None:
         stop_child(self.process)
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    from services.executor.executor_config import ExecutorConfig
-    from services.executor.executor_server import start_executor
     from switchyard.models.repository import seed_builtins
     from tests.gen_models import add_generative
 
@@ -282,16 +299,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     root = work / "repo"
     seed_builtins(root, ["tiny-lm"])
     add_generative(root, "llama-bench", directory, {**GENERATION, "max_new_tokens": 64}, "hf")
-    xla = XlaExecutor(root) if args.backend == "xla" else None
-    running = None
-    if xla is None:
-        config_ = ExecutorConfig(models=("llama-bench",), model_repository=str(root))
-        running = await start_executor(config_, tls.Security.plaintext())  # loopback only, by name
-        address = running.address
+    executor = ExecutorProcess(root, args.backend)
     rounds: list[dict[str, Any]] = []
     try:
-        if xla is not None:
-            address = await xla.start()
+        address = await executor.start()
         for r in range(args.rounds):
             order = rotation(r)
             result: dict[str, Any] = {"order": list(order), "executor": {}}
@@ -302,13 +313,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 if step == "1":  # the baseline of the 1-stream TTFT, just before it
                     result["prefill_s"] = await asyncio.to_thread(prefill_times, reference, one_stream)
                 subset = one_stream if step == "1" else requests
-                result["executor"][step] = await executor_run(address, subset, int(step))
+                result["executor"][step] = await executor_run(address, subset, int(step), executor.cpu_s)
             result["ratios"] = {
                 "output_tokens_per_s_32_streams_over_floor": result["executor"]["32"]["output_tokens_per_s"]
                 / result["floor"]["output_tokens_per_s"],
                 "ttft_p50_1_stream_over_prefill_p50": result["executor"]["1"]["ttft_s"]["p50"]
                 / result["prefill_s"]["p50"],
             }
+            # not a target: CPU time per output token, which the host's load moves far less
+            result["cpu_per_token_floor_over_32_streams"] = (
+                result["floor"]["cpu_us_per_output_token"]
+                / result["executor"]["32"]["executor_cpu_us_per_output_token"]
+            )
             result["load_1m"] = os.getloadavg()[0]
             rounds.append(result)
             print(
@@ -317,10 +333,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
     finally:
-        if running is not None:
-            await running.stop(0)
-        if xla is not None:
-            xla.stop()
+        executor.stop()
     ratios = {k: median([r["ratios"][k] for r in rounds]) for k in rounds[0]["ratios"]}
     compilations = sorted(
         {c for r in rounds for run in r["executor"].values() for c in run["compilations_after_warmup"]}
@@ -348,6 +361,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": rounds,
         "ratios_median": ratios,
         "ratios_per_round": {k: [r["ratios"][k] for r in rounds] for k in ratios},
+        "cpu_per_token_floor_over_32_streams": {
+            "median": median([r["cpu_per_token_floor_over_32_streams"] for r in rounds]),
+            "per_round": [r["cpu_per_token_floor_over_32_streams"] for r in rounds],
+        },
         "targets": targets,
         "host": {
             "cpus": os.cpu_count(),
@@ -372,16 +389,23 @@ def run() -> None:
     floor = last["floor"]
     print(
         f"last round: floor (HF generate, static batches of {floor['batch']}): "
-        f"{floor['output_tokens_per_s']:.1f} output tok/s; in-process prefill p50 "
+        f"{floor['output_tokens_per_s']:.1f} output tok/s "
+        f"({floor['cpu_us_per_output_token']:.0f} us CPU/token); in-process prefill p50 "
         f"{last['prefill_s']['p50'] * 1e3:.1f} ms"
     )
     for c, r in last["executor"].items():
         print(
             f"last round: executor ({report['backend']}) {c:>2} streams: "
             f"{r['output_tokens_per_s']:.1f} tok/s, "
+            f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token), "
             f"TTFT p50 {r['ttft_s']['p50'] * 1e3:.1f} ms "
             f"p99 {r['ttft_s']['p99'] * 1e3:.1f} ms, TPOT p50 {r['tpot_s']['p50'] * 1e3:.2f} ms"
         )
+    cpu = report["cpu_per_token_floor_over_32_streams"]
+    print(
+        f"CPU time per output token, floor / executor process at 32 streams (not a target): "
+        f"x{cpu['median']:.2f} (rounds: {', '.join(f'x{v:.2f}' for v in cpu['per_round'])})"
+    )
     for k, t in report["targets"].items():
         measured = t["measured"]
         shown = f"x{measured:.2f}" if isinstance(measured, float) else str(measured)
