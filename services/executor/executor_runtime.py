@@ -109,8 +109,12 @@ class Executor(ExecutorTraining):
         return await self.on_device(model.compute, batch)
 
     def _inline_ok(self, model: LoadedModel, rows: int) -> bool:
-        limit = self.config.inline_compute_us / 1e6
-        return self._device_jobs == 0 and model.expected_compute_s(rows) <= limit
+        return self.inline_ok(model.expected_compute_s(rows))
+
+    def inline_ok(self, expected_s: float) -> bool:
+        """May work expected to take `expected_s` run on the event loop: nothing is on the device
+        thread and it is within `inline_compute_us`."""
+        return self._device_jobs == 0 and expected_s <= self.config.inline_compute_us / 1e6
 
     # ---- models -------------------------------------------------------------------------
     def default_options(self, name: str = "", version: str = "") -> LoadOptions:
@@ -151,7 +155,7 @@ class Executor(ExecutorTraining):
                 raise
             finally:
                 self.loading.pop(key, None)
-            _start_serving(model, self.on_device, self.run_batch)
+            _start_serving(model, self.on_device, self.run_batch, self.inline_ok)
             old = self.models.get((spec.name, spec.version))
             self.models[(spec.name, spec.version)] = model
         if old is not None and old.batcher is not None:
@@ -301,12 +305,13 @@ def _start_serving(
     model: LoadedModel,
     on_device: Callable[..., Awaitable[Any]],
     run_batch: Callable[[LoadedModel, list[QueuedRequest]], Awaitable[Any]],
+    inline_ok: Callable[[float], bool] | None = None,
 ) -> None:
     """A warmed model's batcher (and generation engine, for a causal LM); then it is READY."""
     options = model.options
     if model.generation is not None:
         tokenizer = load_tokenizer(model.generation.settings.tokenizer, model.spec.folder)
-        model.engine = GenerationEngine(model.generation, tokenizer, on_device)
+        model.engine = GenerationEngine(model.generation, tokenizer, on_device, inline_ok)
     policy = BatchPolicy(
         max_batch=model.max_batch,
         max_queue_delay_us=options.max_queue_delay_us,

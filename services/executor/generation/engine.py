@@ -14,9 +14,24 @@ per decode width, before the model turns READY.
    (each gives its first token), joining the running batch at the next decode step.
 Decode runs before prefill within an iteration so that the rows a decode step covers but does
 not use (free slots inside its width) are only ever ones a prefill rewrites whole.
-Tokens are chosen on the device thread too (host sampling, `sampling`), so the event loop
-only moves events to the streams. A request leaves at its stop (EOS, a stop id or string),
-at max_tokens, or when its consumer goes away, and its slot serves the next step.
+Tokens are chosen with the step (host sampling, `sampling`), so the event loop only moves
+events to the streams.
+
+Where a step runs: on the device thread, unless it serves one request alone and the executor
+says a step of its expected length may run on the event loop (`inline_ok`: nothing else on
+the device and the step short, as for a lone unary request). A short eager step is
+Python-bound: on a thread of its own it pays two thread hand-offs per step and contends with
+the event loop for the GIL (every torch op releases it, and takes it back only when the loop
+lets go or after the switch interval). With more requests the step stays on the thread, so
+that the loop keeps taking in new requests and their streams' I/O while it computes: steps on
+the loop there starved arrivals, and the batch formed slowly (5 rows a step instead of 30 at
+32 streams, measured). The expected length is a moving average of the measured steps, seeded
+by the warm-up's: on a host device (cpu) the step's own CPU time, which neither other
+processes' load nor GIL waits inflate; on an accelerator, where the step's work is not this
+thread's, its wall time.
+
+A request leaves at its stop (EOS, a stop id or string), at max_tokens, or when its consumer
+goes away, and its slot serves the next step.
 """
 
 from __future__ import annotations
@@ -73,6 +88,7 @@ class GenerationRuntime:
         self.eos_token_ids = settings.eos_token_ids or self.lm.eos_token_ids
         self._warm = 0
         self.warm_prefill_s: dict[int, float] = {}
+        self.warm_decode_s: dict[int, float] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -123,7 +139,16 @@ class GenerationRuntime:
             self.warm_prefill_s[bucket] = time.perf_counter() - begin
         for width in self.settings.decode_buckets:
             self.decode([0] * width, [0] * width)
+            begin = time.perf_counter()
+            self.decode([0] * width, [0] * width)
+            self.warm_decode_s[width] = time.perf_counter() - begin
         self._warm = self.compilations()
+
+    def warm_step_s(self) -> float:
+        """The longest iteration the warm-up saw: the widest decode and the most prefills of the
+        longest bucket (0 before warm-up)."""
+        prefill = max(self.warm_prefill_s.values(), default=0.0) * self.settings.max_prefills_per_step
+        return prefill + max(self.warm_decode_s.values(), default=0.0)
 
     def compilations(self) -> int:
         return self.prefill_step.counters().compilations + self.decode_step.counters().compilations
@@ -224,6 +249,9 @@ class GenerationStream:
 
 
 RunOnDevice = Callable[..., Awaitable[Any]]
+InlineOk = Callable[[float], bool]  # may a step expected to take this many seconds run on the loop?
+
+STEP_EMA = 0.2  # weight of the newest step in the expected step length
 
 
 @dataclass
@@ -232,6 +260,7 @@ class EngineCounters:
     completed: int = 0
     cancelled: int = 0
     rejected_full: int = 0
+    inline_steps: int = 0  # iterations run on the event loop (the rest on the device thread)
     prefills: int = 0
     decode_steps: int = 0
     decode_rows: int = 0  # rows computed (padded widths), for utilisation
@@ -266,11 +295,20 @@ def check_prompt(s: GenerationSettings, vocab: int, prompt: list[int], params: S
 
 
 class GenerationEngine:
-    def __init__(self, runtime: GenerationRuntime, tokenizer: Tokenizer, run_on_device: RunOnDevice) -> None:
+    def __init__(
+        self,
+        runtime: GenerationRuntime,
+        tokenizer: Tokenizer,
+        run_on_device: RunOnDevice,
+        inline_ok: InlineOk | None = None,
+    ) -> None:
         self.runtime = runtime
         self.settings = runtime.settings
         self.tokenizer = tokenizer
         self._on_device = run_on_device
+        self._inline_ok = inline_ok or (lambda _s: False)
+        self.step_s = runtime.warm_step_s()  # expected iteration length (moving average)
+        self._clock = time.thread_time_ns if runtime.device.type == "cpu" else time.perf_counter_ns
         self._slots = SlotAllocator(self.settings.decode_slots)
         self._waiting: deque[_Request] = deque()
         self._running: dict[int, _Request] = {}  # by slot
@@ -366,7 +404,11 @@ class GenerationEngine:
                 self._running[request.slot] = request
                 admitted.append(request)
             try:
-                chosen = await self._on_device(self._compute, decodes, admitted)
+                if len(decodes) + len(admitted) == 1 and self._inline_ok(self.step_s):
+                    self.counters.inline_steps += 1
+                    chosen = self._compute(decodes, admitted)
+                else:
+                    chosen = await self._on_device(self._compute, decodes, admitted)
             except Exception as exc:  # a failed step fails the requests in it, not the engine
                 log.exception("a generation step failed")
                 for request in (*decodes, *admitted):
@@ -375,11 +417,15 @@ class GenerationEngine:
                 continue
             for request, choice in chosen:
                 self._deliver(request, choice)
-            await asyncio.sleep(0)  # the streams send what they got before the next step
+            # the streams send what they got before the next step: a stream's task turns the
+            # event into a response (one pass of the loop), its RPC's task writes it (another)
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
 
     def _compute(self, decodes: list[_Request], admitted: list[_Request]) -> list[tuple[_Request, Choice]]:
         """One iteration on the device thread: a decode step, then the prefills."""
         start = time.perf_counter_ns()
+        clock = self._clock()
         out: list[tuple[_Request, Choice]] = []
         if decodes:
             width = decodes[-1].slot + 1
@@ -407,6 +453,7 @@ class GenerationEngine:
             self.counters.prefills += 1
             out.append((r, choose(logits, r.params, r.generator, r.banned())))
         self.counters.compute_ns += time.perf_counter_ns() - start
+        self.step_s += STEP_EMA * ((self._clock() - clock) / 1e9 - self.step_s)
         return out
 
     def _deliver(self, request: _Request, choice: Choice) -> None:
