@@ -186,16 +186,22 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
         context: ServicerContext,
     ) -> None:
         try:
-            async for response in self.generate(model, request, context.time_remaining(), decoupled=True):
-                out.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+            async for message in self.generate(model, request, context.time_remaining(), True, wrap=True):
+                out.put_nowait(message)
         except Exception as exc:  # one bad request must not end the stream the others share
             message = inband_status.encode_error(exc, _STREAM_METHOD)
             out.put_nowait(inband_status.error_response(message, request.id, final=True))
 
     async def generate(
-        self, model: LoadedModel, request: pb.ModelInferRequest, time_remaining: float | None, decoupled: bool
-    ) -> AsyncIterator[pb.ModelInferResponse]:
-        """A generation's responses (all of a stream, or the one of a whole completion)."""
+        self,
+        model: LoadedModel,
+        request: pb.ModelInferRequest,
+        time_remaining: float | None,
+        decoupled: bool,
+        wrap: bool = False,
+    ) -> AsyncIterator[Any]:
+        """A generation's responses (all of a stream, or the one of a whole completion); with
+        `wrap`, as ModelStreamInferResponse messages, each built in place (no copy per token)."""
         call = gen_oip.parse_call(model, decode_inputs(request), [o.name for o in request.outputs])
         if not decoupled:
             gen_oip.check_unary(call)
@@ -215,11 +221,12 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
         responder = gen_oip.Responder(template, request.id, call, model.engine.tokenizer)
         self.executor.in_flight += 1
         try:
-            async for response in gen_oip.stream_responses(responder, stream, decoupled):
+            async for message in gen_oip.stream_messages(responder, stream, decoupled, wrap):
+                response = message.infer_response if wrap else message
                 response.parameters[
                     oip_params.COMPILATIONS_AFTER_WARMUP
                 ].int64_param = model.compilations_after_warmup()
-                yield response
+                yield message
         finally:
             stream.cancel()
             self.executor.in_flight -= 1
@@ -256,7 +263,9 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter_ns()
         generative = self.executor.find(request.model_name, request.model_version)
         if generative.engine is not None:  # a causal LM: the whole completion in one response
-            responses = [r async for r in self.generate(generative, request, time_remaining, False)]
+            responses: list[pb.ModelInferResponse] = [
+                r async for r in self.generate(generative, request, time_remaining, False)
+            ]
             return responses[-1]
         elements = bytes_elements(request) if self._has_bytes(request) else 0
         if elements > self.executor.config.max_bytes_elements:

@@ -161,10 +161,14 @@ class Responder:
     def __init__(
         self, template: pb.ModelInferResponse, request_id: str, call: GenerationCall, tokenizer: Tokenizer
     ) -> None:
-        self.template = template
-        self.request_id = request_id
         self.call = call
         self.tokenizer = tokenizer
+        # what every response of this call shares, set once: a response per token copies it
+        self.template = pb.ModelInferResponse()
+        self.template.CopyFrom(template)
+        self.template.id = request_id
+        self.template.parameters[NUM_INPUT_TOKENS].int64_param = len(call.prompt)
+        self.template.parameters[oip_params.BATCH_SIZE].int64_param = 1  # busy_us is its own share
 
     def response(
         self,
@@ -174,10 +178,12 @@ class Responder:
         final: bool | None,
         decoupled: bool,
         busy_us: int = 0,
+        into: pb.ModelInferResponse | None = None,
     ) -> pb.ModelInferResponse:
-        r = pb.ModelInferResponse()
+        """`into`: the message to fill (a stream response's `infer_response`, so that it is not
+        copied again), else a new one."""
+        r = pb.ModelInferResponse() if into is None else into
         r.CopyFrom(self.template)
-        r.id = self.request_id
         if text is not None and "text_output" in self.call.wanted:
             r.outputs.add(name="text_output", datatype="BYTES", shape=[1])
             r.raw_output_contents.append(codec.encode_bytes([text.encode()]))
@@ -186,7 +192,6 @@ class Responder:
             r.raw_output_contents.append(np.asarray(ids, dtype=np.int64).tobytes())
         params = r.parameters
         last = events[-1] if events else None
-        params[NUM_INPUT_TOKENS].int64_param = len(self.call.prompt)
         params[NUM_OUTPUT_TOKENS].int64_param = last.output_tokens if last else 0
         if last is not None and last.finish_reason is not None:
             params[FINISH_REASON].string_param = last.finish_reason
@@ -197,7 +202,6 @@ class Responder:
         if decoupled:
             params[FINAL].bool_param = bool(final)
         params[oip_params.COMPUTE_US].int64_param = busy_us  # device time so far
-        params[oip_params.BATCH_SIZE].int64_param = 1  # busy_us is this request's own share
         return r
 
 
@@ -205,12 +209,29 @@ async def stream_responses(
     responder: Responder, stream: GenerationStream, decoupled: bool
 ) -> AsyncIterator[pb.ModelInferResponse]:
     """The call's responses: one per token when streaming, else one with the whole completion."""
+    async for message in stream_messages(responder, stream, decoupled, wrap=False):
+        yield message
+
+
+async def stream_messages(
+    responder: Responder, stream: GenerationStream, decoupled: bool, wrap: bool
+) -> AsyncIterator[Any]:
+    """As `stream_responses`; with `wrap`, each built straight into a ModelStreamInferResponse
+    (its `infer_response`), as ModelStreamInfer sends them."""
     call = responder.call
+
+    def build(text: str | None, ids: list[int], events: list[TokenEvent], final: bool) -> Any:
+        if not wrap:
+            return responder.response(text, ids, events, final, decoupled, stream.busy_us)
+        message = pb.ModelStreamInferResponse()
+        responder.response(text, ids, events, final, decoupled, stream.busy_us, message.infer_response)
+        return message
+
     if call.stream:
         async for event in stream:
             text = event.text if call.prompt_text is not None else None
             final = event.finish_reason is not None
-            yield responder.response(text, list(event.token_ids), [event], final, decoupled, stream.busy_us)
+            yield build(text, list(event.token_ids), [event], final)
         return
     events = [event async for event in stream]
     ids = [t for e in events for t in e.token_ids]
@@ -219,7 +240,7 @@ async def stream_responses(
         ids = call.prompt + ids
         if text is not None and call.prompt_text is not None:
             text = call.prompt_text + text
-    yield responder.response(text, ids, events, True, decoupled, stream.busy_us)
+    yield build(text, ids, events, True)
 
 
 def check_unary(call: GenerationCall) -> None:
