@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import Any
 
 
@@ -50,11 +51,25 @@ def _worker(args: argparse.Namespace) -> int:
         executors=executors,
         task_queue=args.task_queue,
         hosts=hosts,
+        ui_key=_ui_key(args.ui_key_file),
     )
     host = os.environ.get("SWITCHYARD_METRICS_HOST", "127.0.0.1")  # the worker serves nothing else
     with metrics_endpoint.serving([], host, args.metrics_port, "worker"):
         asyncio.run(run_worker(config))
     return 0
+
+
+def _ui_key(path: str) -> str:
+    """The UI principal's API key from `path` ("" for none); the file holds the key alone."""
+    if not path:
+        return ""
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as err:
+        raise SystemExit(f"--ui-key-file {path}: {err.strerror}; name a file holding one API key") from None
+    if not key:
+        raise SystemExit(f"--ui-key-file {path} is empty; write the UI principal's API key into it")
+    return key
 
 
 def _trial(args: argparse.Namespace) -> int:
@@ -98,6 +113,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     worker.add_argument(
         "--task-queue", default="switchyard-trials", help="task queue (default switchyard-trials)"
+    )
+    worker.add_argument(
+        "--ui-key-file",
+        default=os.environ.get("SWITCHYARD_TRIAL_UI_KEY_FILE", ""),
+        metavar="PATH",
+        help="file holding the API key a trial started without a grant (Temporal UI or "
+        "`temporal workflow start`) runs as; its principal needs trials:run on the model "
+        "(default SWITCHYARD_TRIAL_UI_KEY_FILE; none: such trials are refused)",
     )
     worker.add_argument("--metrics-port", type=int, default=None)  # help: switchyard.cli_help
     worker.set_defaults(func=_worker)

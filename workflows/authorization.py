@@ -6,14 +6,20 @@ The starter (`switchyard trial start`, the demo) asks metering's Authorize with 
 signed grant of the subject "<workflow id>|<model>|<workload>" (services/metering/grants.py).
 It travels in the workflow's memo, so the history holds the grant, never the key; the
 workflow's first activity hands it to metering's VerifyGrant, which also checks that the
-principal still holds the roles. A trial without a grant (started from the Temporal UI, say)
-is refused unless the worker is explicitly insecure, where nothing is authenticated anyway.
+principal still holds the roles.
+
+A trial without a grant (started from the Temporal UI or `temporal workflow start`) runs as the
+worker's UI principal when the operator gave the worker one (`switchyard worker --ui-key-file`):
+the worker asks Authorize with that key, exactly as a starter would, so the principal's roles are
+checked and audited like anyone's. Without one it is refused, unless the worker is explicitly
+insecure, where nothing is authenticated anyway.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import grpc
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -54,12 +60,24 @@ async def request_grant(
     """The grant for starting `spec` as `workflow_id`, from metering, with `api_key` or this
     process's certificate; "" on an explicitly insecure setup without a key (nothing to check).
     Raises grpc.aio.AioRpcError as metering refuses (PERMISSION_DENIED names the missing role)."""
-    from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
-
     security = tls.resolve(security)
     if security.insecure and not api_key:
         return ""
-    need = needs(spec, workflow_id)
+    return await ask_grant(metering, needs(spec, workflow_id), workflow_id, api_key, security)
+
+
+async def ask_grant(
+    metering: str,
+    need: TrialAuthorization,
+    workflow_id: str,
+    api_key: str,
+    security: tls.Security,
+    source: str = "switchyard trial start",
+) -> str:
+    """Metering's signed grant of `need` for `workflow_id`, asked with `api_key` (else the
+    certificate of `security`)."""
+    from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+
     async with tls.aio_channel(metering, security=security, api_key=api_key) as channel:
         answer = await mgrpc.MeteringStub(channel).Authorize(
             mpb.AuthorizeRequest(
@@ -68,7 +86,7 @@ async def request_grant(
                 action=ACTION,
                 resource=f"trial/{workflow_id}",
                 grant_subject=need.subject,
-                actor=mpb.Actor(source="switchyard trial start"),
+                actor=mpb.Actor(source=source),
             ),
             timeout=30,
         )
@@ -81,18 +99,15 @@ class AuthorizationActivities:
 
     @activity.defn(name="authorize_trial")
     async def authorize_trial(self, request: TrialAuthorization) -> TrialPrincipal:
+        workflow_id = request.subject.split("|", 1)[0]
+        note = ""
         if not request.grant:
             if self.connections.security.insecure:
                 return TrialPrincipal(
                     "", "", "not checked: the worker is insecure (plaintext, no identities)"
                 )
-            raise ApplicationError(
-                "this trial carries no grant: start it with `switchyard trial start` and a key holding "
-                f"{' and '.join(request.roles)} on {request.scope} (SWITCHYARD_API_KEY)",
-                type="TrialNotAuthorized",
-                non_retryable=True,
-            )
-        workflow_id = request.subject.split("|", 1)[0]
+            request.grant = await self._ui_grant(request, workflow_id)
+            note = "started without a grant (Temporal UI or CLI): runs as the worker's UI principal"
         with grpc_errors("trial authorisation"):
             answer = await self.connections.metering().VerifyGrant(
                 mpb.VerifyGrantRequest(
@@ -105,4 +120,35 @@ class AuthorizationActivities:
                 ),
                 timeout=30,
             )
-        return TrialPrincipal(answer.principal.principal_id, answer.principal.name)
+        return TrialPrincipal(answer.principal.principal_id, answer.principal.name, note)
+
+    async def _ui_grant(self, request: TrialAuthorization, workflow_id: str) -> str:
+        """The grant of the worker's UI principal for a trial started without one; refused
+        (TrialNotAuthorized, naming the missing role or the fix) as metering refuses it."""
+        ui_key = self.connections.config.ui_key
+        if not ui_key:
+            raise ApplicationError(
+                "this trial carries no grant: start it with `switchyard trial start` and a key holding "
+                f"{' and '.join(request.roles)} on {request.scope} (SWITCHYARD_API_KEY), or give the "
+                "worker a UI principal's key (`switchyard worker --ui-key-file`) for trials started "
+                "from the Temporal UI",
+                type="TrialNotAuthorized",
+                non_retryable=True,
+            )
+        try:
+            return await ask_grant(
+                self.connections.config.metering,
+                request,
+                workflow_id,
+                ui_key,
+                self.connections.security,
+                source="trial worker, for a trial started without a grant",
+            )
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                raise
+            raise ApplicationError(
+                f"the worker's UI principal may not run this trial: {err.details()}",
+                type="TrialNotAuthorized",
+                non_retryable=True,
+            ) from None

@@ -49,6 +49,9 @@ class WorkerConfig:
     # executor name or address -> host id, overriding Describe's; for executors whose own
     # hostname hides where they run (containers sharing a node share its cores)
     hosts: dict[str, str] = field(default_factory=dict)
+    # the API key a trial started without a grant (Temporal UI or CLI) runs as: its principal's
+    # roles are checked like a starter's (workflows/authorization.py); "": such trials are refused
+    ui_key: str = field(default="", repr=False)
 
 
 class Connections:

@@ -146,6 +146,12 @@ def _temporal_binary(given: Path | None) -> Path:
     return binary
 
 
+def ui_key_file(state: Path) -> Path:
+    """Where `switchyard up` keeps the key of the principal that trials started from the
+    Temporal UI run as (the worker's --ui-key-file; made once, 0600)."""
+    return state / "keys" / "temporal-ui.key"
+
+
 def build_plan(
     config: Config, root: Path | None, temporal_bin: Path | None = None
 ) -> tuple[list[ServiceSpec], Ports]:
@@ -312,6 +318,8 @@ def build_plan(
         ]
         for backend, address in executor_addresses.items():
             argv += ["--executor", f"{backend}={address}"]
+        if not config.security.insecure:  # trials started from the Temporal UI run as its principal
+            argv += ["--ui-key-file", str(ui_key_file(state))]
         specs.append(
             ServiceSpec("trial-worker", _switchyard(py, *argv), "", "process", env=identity_env("worker"))
         )

@@ -19,15 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from clients.local_cluster import health
+import grpc
+
+from clients.local_cluster import health, plan
 from clients.local_cluster import local_routes as routes
 from clients.local_cluster.cluster_config import Config
 from clients.local_cluster.plan import Ports, ServiceSpec, build_plan, identities
 from clients.local_cluster.supervisor import StartupFailed, Supervisor
 from switchyard import layout, tls
 from switchyard.errors import FailedPrecondition
+from switchyard.gen.switchyard.v1 import metering_pb2, metering_pb2_grpc
 from switchyard.models.repository import seed_builtins
 
+UI_PRINCIPAL = "temporal-ui"
 ROOT = layout.checkout_root()  # None when installed: children import the installed package
 
 
@@ -127,6 +131,42 @@ class LocalCluster:
     def executors(self) -> dict[str, ServiceSpec]:
         return {s.name.removeprefix("executor-"): s for s in self.specs if s.name.startswith("executor-")}
 
+    async def _first_wave_up(self) -> None:
+        await self._write_routes()
+        if self.config.worker_enabled and not self.config.security.insecure:
+            await self._ensure_ui_key()
+
+    async def _ensure_ui_key(self) -> None:
+        """The principal trials started from the Temporal UI run as (`temporal-ui`, trials:run
+        on every model) and its key for the worker, made once per state directory; the operator
+        revokes or narrows it like any key (`switchyard roles`, `switchyard keys`)."""
+        path = plan.ui_key_file(self.state_dir)
+        if path.exists():
+            return
+        actor = metering_pb2.Actor(source="switchyard up")
+        async with tls.aio_channel(self.address("metering")) as channel:
+            stub = metering_pb2_grpc.MeteringStub(channel)
+            try:
+                await stub.CreatePrincipal(
+                    metering_pb2.CreatePrincipalRequest(name=UI_PRINCIPAL, kind="service", actor=actor),
+                    timeout=10,
+                )
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.ALREADY_EXISTS:  # its key file went: a new key
+                    raise
+            await stub.GrantRole(
+                metering_pb2.RoleRequest(principal=UI_PRINCIPAL, role="trials:run", scope="*", actor=actor),
+                timeout=10,
+            )
+            created = await stub.CreateKey(
+                metering_pb2.CreateKeyRequest(principal=UI_PRINCIPAL, actor=actor), timeout=10
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(created.key or f"{created.key_id}.{created.secret}")
+        self._say(f"trials started from the Temporal UI run as principal {UI_PRINCIPAL!r} (key in {path})")
+
     async def _write_routes(self) -> None:
         """Once the executors are up: their ledger path ids (host from Describe) and routes."""
         for backend, spec in self.executors().items():
@@ -153,7 +193,7 @@ class LocalCluster:
             on_change=self._write_state,
         )
         self._say(f"starting {len(self.specs)} services (logs in {self.state_dir / 'logs'})")
-        await self.supervisor.start(self.stop_event, between=self._write_routes)
+        await self.supervisor.start(self.stop_event, between=self._first_wave_up)
         self._write_state()
         self.supervisor.start_healing(self.stop_event)
 

@@ -177,10 +177,16 @@ async def test_only_the_worker_verifies_grants_and_a_tampered_one_fails(setup: S
 
 
 async def _run(
-    env: WorkflowEnvironment, setup: Setup, spec: dict[str, Any], workflow_id: str, grant: str
+    env: WorkflowEnvironment,
+    setup: Setup,
+    spec: dict[str, Any],
+    workflow_id: str,
+    grant: str,
+    ui_key: str = "",
 ) -> tuple[Any, Any]:
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    connections = Connections(WorkerConfig(metering=setup.metering.address), security=setup.ids["worker"])
+    config = WorkerConfig(metering=setup.metering.address, ui_key=ui_key)
+    connections = Connections(config, security=setup.ids["worker"])
     try:
         async with build_worker(env.client, connections, task_queue=queue):
             handle = await env.client.start_workflow(
@@ -251,6 +257,32 @@ async def test_a_trial_runs_only_with_a_grant_its_principal_still_holds(
         )
     outcome, _ = await _run(temporal_env, setup, spec, workflow_id, grant)
     assert "no longer holds trials:run" in _not_authorised(outcome)
+
+
+async def test_a_trial_from_the_temporal_ui_runs_as_the_workers_ui_principal(
+    temporal_env: WorkflowEnvironment, setup: Setup
+) -> None:
+    spec = _spec()
+    # the UI principal holds trials:run on mlp: a grantless trial runs, checked and audited as it
+    workflow_id = f"t-ui-{uuid.uuid4().hex[:6]}"
+    report, handle = await _run(temporal_env, setup, spec, workflow_id, "", ui_key=setup.keys["runner"])
+    assert not isinstance(report, WorkflowFailureError), report
+    assert report.status == "completed"
+    assert (await _scheduled(handle))[:2] == ["authorize_trial", "record_trial"]
+    rows = [r for r in _audit(setup, "trial.authorize") if r.resource == f"trial/{workflow_id}"]
+    assert [r.outcome for r in rows] == ["ok", "ok"]  # issued to the UI key, verified by the worker
+    assert json.loads(rows[1].detail_json)["on_behalf_of"] == rows[0].principal
+    # its roles are checked like anyone's: trials:run on mlp says nothing of tiny-lm
+    outcome, handle = await _run(
+        temporal_env, setup, _spec("tiny-lm"), f"t-ui-lm-{uuid.uuid4().hex[:6]}", "", setup.keys["runner"]
+    )
+    message = _not_authorised(outcome)
+    assert "the worker's UI principal may not run this trial" in message
+    assert "lacks `trials:run` on model:tiny-lm" in message
+    assert await _scheduled(handle) == ["authorize_trial"]
+    # a revoked or unknown UI key is refused too
+    outcome, _ = await _run(temporal_env, setup, spec, f"t-ui-bad-{uuid.uuid4().hex[:6]}", "", "sk_0.nope")
+    assert "the worker's UI principal may not run this trial" in _not_authorised(outcome)
 
 
 async def test_trial_start_refuses_a_key_without_the_role_before_starting(
