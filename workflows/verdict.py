@@ -134,6 +134,8 @@ def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: b
     econ, ref_econ = candidate.economics, reference.economics
     if not correct:
         return Criterion(SKIPPED, "no completed job within quality")
+    if candidate.errors.get("training"):  # the ledger holds the failure's cost (timeouts, teardown)
+        return Criterion(UNKNOWN, "not comparable: the training phase failed", "not comparable")
     unpriced = candidate.economics_unpriced or reference.economics_unpriced
     if unpriced or econ is None or econ.unpriced or (ref_econ is not None and ref_econ.unpriced):
         problems = [s.ledger_problem for s in (candidate, reference) if s.economics_unpriced]

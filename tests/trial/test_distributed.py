@@ -229,7 +229,7 @@ async def test_xla_ddp_trial_on_two_pjrt_cpu_devices_and_a_killed_rank_process(s
     training = verdict["criteria"]["training"]
     assert training["result"] == "inconclusive" and "ranks 0 and 1" in training["reason"], verdict
     # INCONCLUSIVE, unless a criterion the run did measure failed outright: against the cpu
-    # reference, xla on PJRT CPU can cost more than the policy allows (a REJECT on cost)
+    # reference, xla on PJRT CPU can be slower than the policy allows (a REJECT on latency)
     others = {name: c["result"] for name, c in verdict["criteria"].items() if name != "training"}
     expected = "REJECT" if "fail" in others.values() else "INCONCLUSIVE"
     assert verdict["verdict"] == expected, verdict

@@ -73,6 +73,16 @@ def _state(p95: float, cpj: int, passed: bool = True, **econ: Any) -> PathState:
     return state
 
 
+def test_a_failed_training_phase_leaves_the_cost_unjudged_not_rejected() -> None:
+    # a rank that died: its timeouts and teardown are in the ledger, so the cost says nothing
+    candidate = _state(9.0, 500)
+    candidate.errors["training"] = "rank 1 failed: killed by signal SIGKILL; the other ranks torn down"
+    v = judge(_state(10.0, 100), candidate, Policy(require_training=True), training=True)
+    assert v["criteria"]["cost"]["result"] == "inconclusive", v
+    assert "training phase failed" in v["criteria"]["cost"]["reason"]
+    assert v["verdict"] == "INCONCLUSIVE", v
+
+
 def test_adopt_when_every_criterion_passes() -> None:
     v = judge(_state(10.0, 100), _state(9.0, 80), Policy(), training=False)
     assert v["verdict"] == "ADOPT"
