@@ -6,8 +6,8 @@ ignored so every request makes exactly its length) go
 - to `model.generate()` in-process, greedy, in static batches (left-padded; a batch runs
   until its longest request is done, as static batching does); output tokens/s counts each
   request's own tokens only;
-- to a real executor (gRPC, port 0; cpu eager fp32 in this process, or `--backend xla`: an
-  executor process in the XLA environment) over ModelStreamInfer (stream=true, a response
+- to a real executor in its own process (gRPC, port 0; cpu eager fp32 in this environment,
+  or `--backend xla`: in the XLA environment) over ModelStreamInfer (stream=true, a response
   per token), at 1, 8 and 32 concurrent streams, each stream sending its next request when
   its previous one finished.
 The measurements are interleaved: each of `--rounds` rounds runs the floor, the in-process
