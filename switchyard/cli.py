@@ -1,8 +1,7 @@
 """The `switchyard` command: one entry point whose subcommands live with the clients.
 
 Every process starts through it (`switchyard executor serve`, `switchyard up`, ...), so it stays
-in the shared package; the commands themselves are operator-side code in `clients/*_cli.py`
-(the router's, for now, in services/router).
+in the shared package; the commands themselves are operator-side code in `clients/*_cli.py`.
 
 Each module in COMMAND_MODULES has `register(subparsers)`, which adds its subcommands and
 sets `func` (taking the parsed args, returning an exit code). Registration must stay cheap:
@@ -25,11 +24,11 @@ COMMAND_MODULES = (
     "clients.metering_cli",
     "clients.paths_cli",
     "clients.evaluator_cli",
-    "services.router.router_cli",
+    "clients.router_cli",
     "clients.trial_cli",
     "clients.local_cluster.cluster_cli",
     "clients.models_cli",
-    "services.router.workloads_cli",
+    "clients.workloads_cli",
 )
 
 
