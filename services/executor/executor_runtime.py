@@ -158,10 +158,8 @@ class Executor(ExecutorTraining):
             _start_serving(model, self.on_device, self.run_batch, self.inline_ok)
             old = self.models.get((spec.name, spec.version))
             self.models[(spec.name, spec.version)] = model
-        if old is not None and old.batcher is not None:
-            await old.batcher.close(grace_s=30.0)  # requests already queued on the old one finish
-        if old is not None and old.engine is not None:
-            await old.engine.close()
+        if old is not None:
+            await _retire(old, grace_s=30.0)  # requests already queued on the old one finish
         log.info(
             "loaded %s:%s mode=%s precision=%s buckets=%s in %.2fs",
             spec.name, spec.version, options.mode, options.precision, list(options.batch_buckets),
@@ -173,10 +171,7 @@ class Executor(ExecutorTraining):
         model = self.find(name, version)
         del self.models[(model.spec.name, model.spec.version)]
         model.state = "UNLOADED"
-        if model.batcher is not None:
-            await model.batcher.close(grace_s=30.0)
-        if model.engine is not None:
-            await model.engine.close()
+        await _retire(model, grace_s=30.0)
 
     def find(self, name: str, version: str) -> LoadedModel:
         """The loaded model; "" version = the default version if loaded, else the only one."""
@@ -274,11 +269,17 @@ class Executor(ExecutorTraining):
 
     async def close(self) -> None:
         for model in list(self.models.values()):
-            if model.batcher is not None:
-                await model.batcher.close()
-            if model.engine is not None:
-                await model.engine.close()
+            await _retire(model)
         self._device.shutdown(wait=False, cancel_futures=True)
+
+
+async def _retire(model: LoadedModel, grace_s: float = 0.0) -> None:
+    """Stops serving `model`: its batcher lets queued batches finish within `grace_s`, then its
+    generation engine closes."""
+    if model.batcher is not None:
+        await model.batcher.close(grace_s=grace_s)
+    if model.engine is not None:
+        await model.engine.close()
 
 
 def check_options(backend: Backend, options: LoadOptions) -> LoadOptions:

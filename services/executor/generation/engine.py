@@ -426,26 +426,7 @@ class GenerationEngine:
         """One iteration on the device thread: a decode step, then the prefills."""
         start = time.perf_counter_ns()
         clock = self._clock()
-        out: list[tuple[_Request, Choice]] = []
-        if decodes:
-            width = decodes[-1].slot + 1
-            tokens, positions = [0] * width, [0] * width
-            for r in decodes:
-                tokens[r.slot], positions[r.slot] = r.pending, r.position
-            began = time.perf_counter_ns()
-            logits = self.runtime.decode(tokens, positions)
-            share = (time.perf_counter_ns() - began) // len(decodes)
-            for r in decodes:
-                r.busy_ns += share
-            self.counters.decode_steps += 1
-            self.counters.decode_rows += logits.shape[0]
-            best = torch.argmax(logits, dim=-1).tolist()  # greedy rows: one op for the step
-            for r in decodes:
-                banned = r.banned()
-                if r.params.greedy and r.params.logprobs is None and not banned:
-                    out.append((r, Choice(int(best[r.slot]))))
-                else:
-                    out.append((r, choose(logits[r.slot], r.params, r.generator, banned)))
+        out = _decode_step(self.runtime, self.counters, decodes) if decodes else []
         for r in admitted:
             began = time.perf_counter_ns()
             logits = self.runtime.prefill(r.prompt, r.slot)
@@ -467,22 +448,8 @@ class GenerationEngine:
         else:
             request.position += 1
         token = choice.token
-        request.output.append(token)
-        request.pending = token
         self.counters.tokens += 1
-        reason: str | None = None
-        text = ""
-        if token in request.stop_ids:
-            reason = "stop"
-        detok = request.detokenizer
-        if detok is not None and reason is None:
-            detok.add(token)
-            if detok.stopped:
-                reason = "stop"
-        if reason is None and len(request.output) >= request.max_tokens:
-            reason = "length"
-        if detok is not None:
-            text = detok.release(final=reason is not None)
+        reason, text = _append_token(request, token)
         if reason is not None:
             self._finish(request, reason)
         request.events.put_nowait(
@@ -510,6 +477,53 @@ class GenerationEngine:
                 )
         self._waiting.clear()
         self._running.clear()
+
+
+def _decode_step(
+    runtime: GenerationRuntime, counters: EngineCounters, decodes: list[_Request]
+) -> list[tuple[_Request, Choice]]:
+    """One decode step for the running requests (in slot order): each one's next choice."""
+    width = decodes[-1].slot + 1
+    tokens, positions = [0] * width, [0] * width
+    for r in decodes:
+        tokens[r.slot], positions[r.slot] = r.pending, r.position
+    began = time.perf_counter_ns()
+    logits = runtime.decode(tokens, positions)
+    share = (time.perf_counter_ns() - began) // len(decodes)
+    for r in decodes:
+        r.busy_ns += share
+    counters.decode_steps += 1
+    counters.decode_rows += logits.shape[0]
+    best = torch.argmax(logits, dim=-1).tolist()  # greedy rows: one op for the step
+    out: list[tuple[_Request, Choice]] = []
+    for r in decodes:
+        banned = r.banned()
+        if r.params.greedy and r.params.logprobs is None and not banned:
+            out.append((r, Choice(int(best[r.slot]))))
+        else:
+            out.append((r, choose(logits[r.slot], r.params, r.generator, banned)))
+    return out
+
+
+def _append_token(request: _Request, token: int) -> tuple[str | None, str]:
+    """Adds `token` to the request's output: (the finish reason, None while it goes on; the
+    text it releases)."""
+    request.output.append(token)
+    request.pending = token
+    reason: str | None = None
+    text = ""
+    if token in request.stop_ids:
+        reason = "stop"
+    detok = request.detokenizer
+    if detok is not None and reason is None:
+        detok.add(token)
+        if detok.stopped:
+            reason = "stop"
+    if reason is None and len(request.output) >= request.max_tokens:
+        reason = "length"
+    if detok is not None:
+        text = detok.release(final=reason is not None)
+    return reason, text
 
 
 async def collect(stream: GenerationStream) -> list[TokenEvent]:
