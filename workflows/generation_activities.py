@@ -90,6 +90,45 @@ def _int(params: Any, key: str) -> int:
     return int(params[key].int64_param) if key in params else 0
 
 
+def generation_requests(g: GenerationPlan, token_range: list[int]) -> list[genload.GenRequest]:
+    """The scenario's requests: the captured workload's prompts in turn, else seeded ones."""
+    if g.workload:
+        plan = InputsPlan(0, [], workload=g.workload, workload_sha256=g.workload_sha256)
+        out = g.output_len
+        default = out.value if out.distribution == "fixed" else out.max or round(out.mean) or 16
+        captured = genload.captured_requests(payloads.workload_requests(plan), default)
+        if not captured:
+            raise ApplicationError(f"workload {g.workload} holds no generation prompts", non_retryable=True)
+        return [captured[i % len(captured)] for i in range(g.requests)]
+    low, high = (g.low, g.high) if g.high else (token_range[0], token_range[1])
+    lengths = dataclasses.asdict(g.prompt_len), dataclasses.asdict(g.output_len)
+    return genload.seeded_requests(g.requests, *lengths, (low, high), g.seed, MAX_LENGTH, MAX_LENGTH)
+
+
+def _streamer(stub: Any, t: Target, label: str) -> genload.Streamer:
+    """Opens one generation stream a request, each with its own request id."""
+    turn = iter(range(1 << 62))
+
+    def stream(r: genload.GenRequest) -> AsyncIterator[genload.Chunk]:
+        rid = f"{t.trial_id}/{t.path}/{label}/{next(turn)}"
+        return _stream(stub, genload.infer_request(t.model, t.version, r, True, None, rid))
+
+    return stream
+
+
+async def _stream(stub: Any, message: oip.ModelInferRequest) -> AsyncIterator[genload.Chunk]:
+    call = stub.ModelStreamInfer(iter([message]), timeout=300)
+    async for response in call:
+        if response.error_message:
+            raise RuntimeError(response.error_message)
+        p = response.infer_response.parameters
+        yield genload.Chunk(
+            _int(p, oip_params.NUM_OUTPUT_TOKENS),
+            _int(p, oip_params.NUM_INPUT_TOKENS),
+            _int(p, oip_params.COMPUTE_US),
+        )
+
+
 class GenerationActivities:
     def __init__(self, connections: Connections, clock: Clock = time.time) -> None:
         self.connections = connections
@@ -184,21 +223,6 @@ class GenerationActivities:
         c = status.models[0].compatibility
         return int(c.compilations_after_warmup + c.recompiles)
 
-    def _requests(self, g: GenerationPlan, token_range: list[int]) -> list[genload.GenRequest]:
-        if g.workload:
-            plan = InputsPlan(0, [], workload=g.workload, workload_sha256=g.workload_sha256)
-            out = g.output_len
-            default = out.value if out.distribution == "fixed" else out.max or round(out.mean) or 16
-            captured = genload.captured_requests(payloads.workload_requests(plan), default)
-            if not captured:
-                raise ApplicationError(
-                    f"workload {g.workload} holds no generation prompts", non_retryable=True
-                )
-            return [captured[i % len(captured)] for i in range(g.requests)]
-        low, high = (g.low, g.high) if g.high else (token_range[0], token_range[1])
-        lengths = dataclasses.asdict(g.prompt_len), dataclasses.asdict(g.output_len)
-        return genload.seeded_requests(g.requests, *lengths, (low, high), g.seed, MAX_LENGTH, MAX_LENGTH)
-
     @activity.defn(name="measure_generation")
     async def measure_generation(self, request: GenerationPerformanceRequest) -> GenerationPerformanceResult:
         t, plan = request.target, request.plan
@@ -209,7 +233,7 @@ class GenerationActivities:
         g = request.plan.generation
         if g is None:
             raise ApplicationError("the performance plan has no generation scenario", non_retryable=True)
-        requests = self._requests(g, request.token_range)
+        requests = generation_requests(g, request.token_range)
         stub = self.connections.oip(t.executor)
         if before is None:
             for w in range(plan.warmup):  # not measured, not a job: the path's own warm-up
@@ -228,7 +252,7 @@ class GenerationActivities:
             async def beat(n: int, state: dict[str, Any] = state) -> None:
                 activity.heartbeat({**state, "done": n, "target": len(requests)})
 
-            stream = self._streamer(stub, t, label)
+            stream = _streamer(stub, t, label)
             start_us = now_us(self.clock)
             records, duration = await genload.run_load(stream, requests, level, g.seed, progress=beat)
             summary = summarize(records, duration, level, slo)
@@ -258,28 +282,6 @@ class GenerationActivities:
             ok=not problem,
             problem=problem,
         )
-
-    def _streamer(self, stub: Any, t: Target, label: str) -> genload.Streamer:
-        turn = iter(range(1 << 62))
-
-        def stream(r: genload.GenRequest) -> AsyncIterator[genload.Chunk]:
-            rid = f"{t.trial_id}/{t.path}/{label}/{next(turn)}"
-            return self._stream(stub, genload.infer_request(t.model, t.version, r, True, None, rid))
-
-        return stream
-
-    @staticmethod
-    async def _stream(stub: Any, message: oip.ModelInferRequest) -> AsyncIterator[genload.Chunk]:
-        call = stub.ModelStreamInfer(iter([message]), timeout=300)
-        async for response in call:
-            if response.error_message:
-                raise RuntimeError(response.error_message)
-            p = response.infer_response.parameters
-            yield genload.Chunk(
-                _int(p, oip_params.NUM_OUTPUT_TOKENS),
-                _int(p, oip_params.NUM_INPUT_TOKENS),
-                _int(p, oip_params.COMPUTE_US),
-            )
 
     async def _record(
         self,

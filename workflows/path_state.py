@@ -74,6 +74,11 @@ class PathState:
     def is_reference(self) -> bool:
         return self.role == "reference"
 
+    def fail(self, phase: str, reason: str) -> None:
+        """The path failed in `phase`: its measurement ends there, for `reason`."""
+        self.errors[phase] = reason
+        self.status = "failed"
+
     def summary(self) -> dict[str, Any]:
         return {"phase": self.phase, "status": self.status, "host": self.host, "errors": self.errors}
 

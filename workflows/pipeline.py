@@ -12,6 +12,8 @@ so the ledger stays whole.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -36,6 +38,8 @@ from workflows.types import (
     TensorData,
     TrainRequest,
 )
+
+T = TypeVar("T")
 
 
 def artifact_problem(path: Target, mine: str, reference: Target, theirs: str) -> str:
@@ -75,14 +79,14 @@ class PathRun:
         try:
             info = await self.ctx.call(PathActivities.describe_path, self.target)
         except ActivityError as err:
-            self._fail("prepare", f"Describe failed: {reason_of(err)}")
+            self.state.fail("prepare", f"Describe failed: {reason_of(err)}")
             return None
         self.state.host = info.host
         self.state.info = info
         self.target.ledger_path = info.ledger_path
         self.model_problem = info.model_problem(self.target, self.version_field)
         if self.model_problem:
-            self._fail("prepare", self.model_problem)
+            self.state.fail("prepare", self.model_problem)
             return info
         try:
             registered = await self.ctx.call(LedgerActivities.register_path, info)
@@ -90,10 +94,6 @@ class PathRun:
         except ActivityError as err:
             self.state.ledger_problem = f"ledger: {reason_of(err)}"
         return info
-
-    def _fail(self, phase: str, reason: str) -> None:
-        self.state.errors[phase] = reason
-        self.state.status = "failed"
 
     def _enter(self, phase: str) -> None:
         self.state.phase = phase
@@ -123,25 +123,22 @@ class PathRun:
         try:
             await self._prepare(reference)
             self._leave()
-            self._enter("correctness")
-            passed = await self._correctness(reference)
-            self._leave()
-            self._enter("performance")
-            await self._performance(passed)
-            self._leave()
-            self._enter("training")
-            if self.ctx.spec.training is not None and passed:
-                await self._training(reference)
-            self._leave()
+            passed = await self._phase("correctness", self._correctness(reference))
+            await self._phase("performance", self._performance(passed))
+            await self._phase("training", self._training(reference, passed))
         except (ActivityError, PathProblem) as err:
-            self._fail(self.state.phase, reason_of(err))
+            self.state.fail(self.state.phase, reason_of(err))
             self.prepared.set()  # a candidate elsewhere need not wait for this path's cleanup
-        self._enter("economics")
-        await self.ledger.economics()
-        self._leave()
+        await self._phase("economics", self.ledger.economics())
         await self.ledger.cleanup()
         if self.state.status != "failed":
             self.state.status = "done"
+
+    async def _phase(self, phase: str, step: Awaitable[T]) -> T:
+        self._enter(phase)
+        result = await step
+        self._leave()
+        return result
 
     async def _prepare(self, reference: PathRun) -> None:
         self.state.restore = await self.ctx.call(PathActivities.serving_config, self.target)
@@ -233,9 +230,10 @@ class PathRun:
         if not perf.ok:
             self.state.errors["performance"] = perf.problem
 
-    async def _training(self, reference: PathRun) -> None:
+    async def _training(self, reference: PathRun, passed: bool) -> None:
         plan = self.ctx.spec.training
-        assert plan is not None
+        if plan is None or not passed:
+            return
         ref_loss: list[float] = []
         if not self.is_reference:
             await reference.loss_ready.wait()
