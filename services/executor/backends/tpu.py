@@ -25,14 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from services.executor.backends import tpu_env
-from services.executor.backends.base import (
-    Availability,
-    CompileCounters,
-    DeviceDescription,
-    PreparedModel,
-    base_versions,
-)
+from services.executor.backends import base, tpu_env
 
 STATIC_SHAPES_ADAPTATION = (
     "static shapes: batches padded up to the warmed batch buckets (one executable per shape)"
@@ -70,10 +63,10 @@ class TpuBackend:
         self._notes: list[str] = []
         self._sync: Any = None if tpu_module is None else tpu_module.synchronize
 
-    def availability(self) -> Availability:
+    def availability(self) -> base.Availability:
         if self._detection is None:
             self._detection = tpu_env.detect()
-        return Availability(self._detection.available, self._detection.reason)
+        return base.Availability(self._detection.available, self._detection.reason)
 
     def _module(self) -> Any:
         """torch.tpu, imported only once detection said the host can run it."""
@@ -87,7 +80,7 @@ class TpuBackend:
     def device(self) -> torch.device:
         return torch.device("tpu")
 
-    def describe_device(self) -> DeviceDescription:
+    def describe_device(self) -> base.DeviceDescription:
         found = self._detection or tpu_env.detect()
         self._detection = found
         total = 0
@@ -96,7 +89,7 @@ class TpuBackend:
                 total = int(self._module().get_device_properties(0).total_memory)
             except Exception as exc:  # unknown generation or a changed API: unknown, not a crash
                 self._notes.append(f"device memory unknown ({type(exc).__name__})")
-        return DeviceDescription(
+        return base.DeviceDescription(
             backend=self.name,
             device_type="tpu",
             device_name=found.device_name,
@@ -109,7 +102,7 @@ class TpuBackend:
 
     def versions(self) -> dict[str, str]:
         found = self._detection or tpu_env.detect()
-        return {**base_versions(), **found.versions}
+        return {**base.base_versions(), **found.versions}
 
     def resource_class(self) -> str:
         name = (self._detection.device_name if self._detection else "") or "unknown"
@@ -121,7 +114,7 @@ class TpuBackend:
         self.synchronize()
         return moved
 
-    def prepare(self, module: nn.Module, mode: str) -> PreparedModel:
+    def prepare(self, module: nn.Module, mode: str) -> base.PreparedModel:
         tpu = self._module()
         member = tpu_env.eager_mode_for(mode, tpu.EagerMode)
         eager = member if member is not None else getattr(tpu.EagerMode, tpu_env.COMPILE_EAGER_FALLBACK)
@@ -148,17 +141,17 @@ class TpuBackend:
                 own_misses[0] += after - before
             return out
 
-        def counters() -> CompileCounters:
-            base = self.counters()
+        def counters() -> base.CompileCounters:
+            device = self.counters()
             if counting is not None:  # compile mode: the graphs torch.compile built for this model
-                return CompileCounters(
+                return base.CompileCounters(
                     compilations=counting.compilations,
                     compile_time_s=counting.compile_time_s,
-                    notes=base.notes,
+                    notes=device.notes,
                 )
-            return CompileCounters(compilations=own_misses[0], notes=base.notes)
+            return base.CompileCounters(compilations=own_misses[0], notes=device.notes)
 
-        return PreparedModel(
+        return base.PreparedModel(
             run=run, module=module, mode=mode, counters=counters, adaptations=[STATIC_SHAPES_ADAPTATION]
         )
 
@@ -170,12 +163,12 @@ class TpuBackend:
         value = tpu_env.probe_private(self._module(), ("_get_cache_misses",), [])["_get_cache_misses"]
         return value
 
-    def counters(self) -> CompileCounters:
+    def counters(self) -> base.CompileCounters:
         tpu = self._module()
         notes: list[str] = []
         values = tpu_env.probe_private(tpu, tpu_env.PRIVATE_COUNTERS, notes)
         misses = values.get("_get_cache_misses")
-        return CompileCounters(
+        return base.CompileCounters(
             # a cache miss is a new executable: the eager modes' compilation count
             compilations=misses if misses is not None else 0,
             notes=tuple(self._notes + notes + ([] if misses is not None else ["compilations: unknown"])),
