@@ -80,36 +80,30 @@ def _decode_mask(positions: torch.Tensor, context: int) -> torch.Tensor:
     return (at[None, :] <= positions[:, None])[:, None, None, :]
 
 
-class TinyLMAdapter(nn.Module):
-    def __init__(self, lm: tiny_lm.TinyLM) -> None:
-        super().__init__()
-        self.lm = lm
-        self.cache_shape = CacheShape(tiny_lm.N_LAYERS, tiny_lm.N_HEADS, tiny_lm.D_MODEL // tiny_lm.N_HEADS)
-        self.vocab_size = tiny_lm.VOCAB
-        self.max_positions = tiny_lm.MAX_SEQ
-        self.eos_token_ids: tuple[int, ...] = ()
+class _StaticCacheDecoder(nn.Module):
+    """`prefill` and `decode` over a model's layers; an adapter says how to embed (with the
+    positions, broadcast like the ids), run one layer, and read the logits."""
 
-    def _attend(
+    def _embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        raise NotImplementedError
+
+    def _layers(self) -> Any:
+        raise NotImplementedError
+
+    def _layer(
         self,
-        block: Any,
+        layer: Any,
         x: torch.Tensor,
+        context: Any,
         keys: torch.Tensor,
         values: torch.Tensor,
         store: Any,
         mask: torch.Tensor,
     ) -> torch.Tensor:
-        b, s, d = x.shape
-        heads, dim = self.cache_shape.kv_heads, self.cache_shape.head_dim
-        q, k, v = block.qkv(block.ln1(x)).split(d, dim=-1)
-        q = q.view(b, s, heads, dim).transpose(1, 2)
-        k = k.view(b, s, heads, dim).transpose(1, 2)
-        v = v.view(b, s, heads, dim).transpose(1, 2)
-        k_all, v_all = store(keys, k), store(values, v)
-        scores = (q @ k_all.transpose(-2, -1)) / math.sqrt(dim)
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        attn = torch.softmax(scores, dim=-1) @ v_all
-        x = x + block.proj(attn.transpose(1, 2).reshape(b, s, d))
-        return x + block.ff2(nn.functional.gelu(block.ff1(block.ln2(x))))  # type: ignore[no-any-return]
+        raise NotImplementedError
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def prefill(
         self,
@@ -120,17 +114,16 @@ class TinyLMAdapter(nn.Module):
         values: list[torch.Tensor],
     ) -> torch.Tensor:
         s = ids.shape[1]
-        x = self.lm.tok(ids) + self.lm.pos(torch.arange(s, device=ids.device))
+        x, context = self._embed(ids, torch.arange(s, device=ids.device)[None, :])
         causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
 
         def store(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
             _store_prompt(cache, slot, new)
             return new
 
-        for layer, block in enumerate(self.lm.blocks):
-            x = self._attend(block, x, keys[layer], values[layer], store, causal)
-        last = x.index_select(1, length - 1)
-        return self.lm.head(self.lm.ln_f(last))[:, 0]  # type: ignore[no-any-return]
+        for i, layer in enumerate(self._layers()):
+            x = self._layer(layer, x, context, keys[i], values[i], store, causal)
+        return self._logits(x.index_select(1, length - 1))
 
     def decode(
         self,
@@ -139,21 +132,63 @@ class TinyLMAdapter(nn.Module):
         keys: list[torch.Tensor],
         values: list[torch.Tensor],
     ) -> torch.Tensor:
-        x = (self.lm.tok(tokens) + self.lm.pos(positions))[:, None, :]
+        x, context = self._embed(tokens[:, None], positions[:, None])
         mask = _decode_mask(positions, keys[0].shape[2])
 
         def store(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
             return _store_step(cache, positions, new)
 
-        for layer, block in enumerate(self.lm.blocks):
-            x = self._attend(block, x, keys[layer], values[layer], store, mask)
+        for i, layer in enumerate(self._layers()):
+            x = self._layer(layer, x, context, keys[i], values[i], store, mask)
+        return self._logits(x)
+
+
+class TinyLMAdapter(_StaticCacheDecoder):
+    def __init__(self, lm: tiny_lm.TinyLM) -> None:
+        super().__init__()
+        self.lm = lm
+        self.cache_shape = CacheShape(tiny_lm.N_LAYERS, tiny_lm.N_HEADS, tiny_lm.D_MODEL // tiny_lm.N_HEADS)
+        self.vocab_size = tiny_lm.VOCAB
+        self.max_positions = tiny_lm.MAX_SEQ
+        self.eos_token_ids: tuple[int, ...] = ()
+
+    def _embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return self.lm.tok(ids) + self.lm.pos(positions), None
+
+    def _layers(self) -> Any:
+        return self.lm.blocks
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm.head(self.lm.ln_f(x))[:, 0]  # type: ignore[no-any-return]
+
+    def _layer(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        context: Any,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        store: Any,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        b, s, d = x.shape
+        heads, dim = self.cache_shape.kv_heads, self.cache_shape.head_dim
+        q, k, v = layer.qkv(layer.ln1(x)).split(d, dim=-1)
+        q = q.view(b, s, heads, dim).transpose(1, 2)
+        k = k.view(b, s, heads, dim).transpose(1, 2)
+        v = v.view(b, s, heads, dim).transpose(1, 2)
+        k_all, v_all = store(keys, k), store(values, v)
+        scores = (q @ k_all.transpose(-2, -1)) / math.sqrt(dim)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        attn = torch.softmax(scores, dim=-1) @ v_all
+        x = x + layer.proj(attn.transpose(1, 2).reshape(b, s, d))
+        return x + layer.ff2(nn.functional.gelu(layer.ff1(layer.ln2(x))))  # type: ignore[no-any-return]
 
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 
 
-class LlamaAdapter(nn.Module):
+class LlamaAdapter(_StaticCacheDecoder):
     """Llama-style decoders of Hugging Face transformers (RMSNorm, rotary, GQA, gated MLP)."""
 
     def __init__(self, lm: nn.Module) -> None:
@@ -178,11 +213,21 @@ class LlamaAdapter(nn.Module):
         self._rotary = modeling_llama.apply_rotary_pos_emb
         self._repeat = modeling_llama.repeat_kv
 
+    def _embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        x = self.body.embed_tokens(ids)
+        return x, self.body.rotary_emb(x, positions)  # (cos, sin)
+
+    def _layers(self) -> Any:
+        return self.body.layers
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm.lm_head(self.body.norm(x))[:, 0]  # type: ignore[no-any-return]
+
     def _layer(
         self,
         layer: Any,
         x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        context: Any,
         keys: torch.Tensor,
         values: torch.Tensor,
         store: Any,
@@ -195,7 +240,7 @@ class LlamaAdapter(nn.Module):
         q = attn.q_proj(h).view(b, s, -1, dim).transpose(1, 2)
         k = attn.k_proj(h).view(b, s, -1, dim).transpose(1, 2)
         v = attn.v_proj(h).view(b, s, -1, dim).transpose(1, 2)
-        q, k = self._rotary(q, k, *cos_sin)
+        q, k = self._rotary(q, k, *context)
         k_all = self._repeat(store(keys, k), self.groups)
         v_all = self._repeat(store(values, v), self.groups)
         scores = (q @ k_all.transpose(-2, -1)) * self.scaling
@@ -205,46 +250,6 @@ class LlamaAdapter(nn.Module):
         out = (weights @ v_all).transpose(1, 2).reshape(b, s, -1)
         x = x + attn.o_proj(out)
         return x + layer.mlp(layer.post_attention_layernorm(x))  # type: ignore[no-any-return]
-
-    def prefill(
-        self,
-        ids: torch.Tensor,
-        length: torch.Tensor,
-        slot: torch.Tensor,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
-    ) -> torch.Tensor:
-        s = ids.shape[1]
-        x = self.body.embed_tokens(ids)
-        cos_sin = self.body.rotary_emb(x, torch.arange(s, device=ids.device)[None, :])
-        causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
-
-        def store(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-            _store_prompt(cache, slot, new)
-            return new
-
-        for i, layer in enumerate(self.body.layers):
-            x = self._layer(layer, x, cos_sin, keys[i], values[i], store, causal)
-        last = x.index_select(1, length - 1)
-        return self.lm.lm_head(self.body.norm(last))[:, 0]  # type: ignore[no-any-return]
-
-    def decode(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
-    ) -> torch.Tensor:
-        x = self.body.embed_tokens(tokens)[:, None, :]
-        cos_sin = self.body.rotary_emb(x, positions[:, None])
-        mask = _decode_mask(positions, keys[0].shape[2])
-
-        def store(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-            return _store_step(cache, positions, new)
-
-        for i, layer in enumerate(self.body.layers):
-            x = self._layer(layer, x, cos_sin, keys[i], values[i], store, mask)
-        return self.lm.lm_head(self.body.norm(x))[:, 0]  # type: ignore[no-any-return]
 
 
 def causal_lm_for(module: nn.Module) -> Any:
