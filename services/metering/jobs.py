@@ -35,18 +35,10 @@ def job_info(r: Any) -> JobInfo:
     return JobInfo(r.job_id, r.path, r.model, r.team, r.status, bool(r.met_quality), r.trial_id, r.ended_us)
 
 
-def complete_job(
-    conn: Connection,
-    job_id: str,
-    path: str,
-    model: str,
-    team: str,
-    status: str,
-    met_quality: bool,
-    trial_id: str,
-    prepare_us: int,
-    ended_us: int,
-) -> JobInfo:
+def complete_job(conn: Connection, outcome: JobInfo, prepare_us: int) -> JobInfo:
+    """Ends a job as `outcome` says, charging `prepare_us` of preparation to its path."""
+    job_id, path, status, met_quality = outcome.job_id, outcome.path, outcome.status, outcome.met_quality
+    trial_id, ended_us = outcome.trial_id, outcome.ended_us
     check_key(job_id, "job_id")
     check_time(ended_us, "ended_unix_us")
     check_time(prepare_us, "prepare_us")
@@ -66,9 +58,9 @@ def complete_job(
                 job_id=job_id,
                 kind="trial" if trial_id else "request",
                 path=path,
-                model=model,
+                model=outcome.model,
                 model_version="",
-                team=team,
+                team=outcome.team,
                 principal="",
                 trial_id=trial_id,
                 arm="",

@@ -9,6 +9,7 @@ Methods are synchronous; the gRPC servicer runs them in worker threads.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -148,21 +149,11 @@ class Ledger(LedgerAccess):
     def close_reservation(self, actor: Actor, rid: str, end_us: int) -> ReservationInfo:
         return self.write(lambda conn, now: reservations.close_reservation(conn, rid, end_us or now, now))
 
-    def complete_job(
-        self,
-        job_id: str,
-        path: str,
-        model: str,
-        team: str,
-        status: str,
-        met_quality: bool,
-        trial_id: str,
-        prepare_us: int,
-        ended_us: int,
-    ) -> JobInfo:
+    def complete_job(self, outcome: JobInfo, prepare_us: int) -> JobInfo:
+        """`outcome.ended_us` 0: now."""
         return self.write(
             lambda conn, now: jobs.complete_job(
-                conn, job_id, path, model, team, status, met_quality, trial_id, prepare_us, ended_us or now
+                conn, dataclasses.replace(outcome, ended_us=outcome.ended_us or now), prepare_us
             )
         )
 

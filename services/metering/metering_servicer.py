@@ -18,6 +18,7 @@ from services.metering.metering_messages import (
     reservation_msg,
     route_change_msg,
 )
+from services.metering.records import JobInfo
 from services.metering.report_rpcs import ReportRpcs
 from services.metering.usage import check_batch
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
@@ -75,15 +76,10 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
         r = request
         job = await self._w(
             lambda: self.ledger.complete_job(
-                r.job_id,
-                r.path,
-                r.model,
-                r.team,
-                r.status,
-                r.met_quality,
-                r.trial_id,
+                JobInfo(
+                    r.job_id, r.path, r.model, r.team, r.status, r.met_quality, r.trial_id, r.ended_unix_us
+                ),
                 r.prepare_us,
-                r.ended_unix_us,
             )
         )
         return pb.Job(

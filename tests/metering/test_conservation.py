@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from services.metering.ledger import Ledger
-from services.metering.records import Actor, UsageEvent
+from services.metering.records import Actor, JobInfo, UsageEvent
 from services.metering.schema import LINES
 from switchyard.money import round_half_up
 from tests.metering.metering_helpers import T0
@@ -138,7 +138,7 @@ def run_scenario(ledger: Ledger, sc: Scenario) -> None:
         if j < len(sc.jobs):
             ledger.reverse_usage(ACTOR, f"{tag}-fix{j}", f"{tag}-{j}-0", "test correction")
     for p, prep in enumerate(sc.prepare):
-        ledger.complete_job(f"{tag}-prep{p}", path, "m", "t", "completed", True, "", prep, T0 + prep)
+        ledger.complete_job(JobInfo(f"{tag}-prep{p}", path, "m", "t", "completed", True, "", T0 + prep), prep)
     closed = ledger.close_reservation(ACTOR, res.reservation_id, T0 + length)
 
     expected = exact_total(length, prices)
