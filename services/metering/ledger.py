@@ -201,21 +201,8 @@ class Ledger(LedgerAccess):
         return self.read(lambda conn: route_changes.latest(conn, fleet))
 
     # -- per-principal limits, shared by a fleet of routers ------------------------------
-    def save_limit_change(
-        self,
-        actor: Actor,
-        fleet: str,
-        principal_id: str,
-        rate_per_s: float,
-        burst: int,
-        max_in_flight: int,
-        reset: bool,
-    ) -> Any:
-        return self.write(
-            lambda conn, now: limit_changes.save(
-                conn, actor, fleet, principal_id, rate_per_s, burst, max_in_flight, reset, now
-            )
-        )
+    def save_limit_change(self, actor: Actor, fleet: str, change: limit_changes.PrincipalLimit) -> Any:
+        return self.write(lambda conn, now: limit_changes.save(conn, actor, fleet, change, now))
 
     def limit_changes(self, fleet: str) -> list[Any]:
         return self.read(lambda conn: limit_changes.latest(conn, fleet))

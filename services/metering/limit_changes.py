@@ -8,6 +8,7 @@ force, and every router of the fleet polls for it (services/router/fleet_limits.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, func, select
@@ -32,18 +33,21 @@ def _check(fleet: str, principal_id: str, rate_per_s: float, burst: int, max_in_
             raise BadInput(f"{what} must be 0..{MAX_COUNT} (0 = unlimited), got {count}")
 
 
-def save(
-    conn: Connection,
-    actor: Actor,
-    fleet: str,
-    principal_id: str,
-    rate_per_s: float,
-    burst: int,
-    max_in_flight: int,
-    reset: bool,
-    now_us: int,
-) -> Any:
+@dataclass(frozen=True)
+class PrincipalLimit:
+    """SetPrincipalLimit's change: the limits (0 = unlimited), or `reset` to the router's own."""
+
+    principal_id: str
+    rate_per_s: float
+    burst: int
+    max_in_flight: int
+    reset: bool
+
+
+def save(conn: Connection, actor: Actor, fleet: str, change: PrincipalLimit, now_us: int) -> Any:
     """Appends one change and its audit row; returns the change."""
+    principal_id, reset = change.principal_id, change.reset
+    rate_per_s, burst, max_in_flight = change.rate_per_s, change.burst, change.max_in_flight
     _check(fleet, principal_id, rate_per_s, burst, max_in_flight)
     if reset:
         rate_per_s, burst, max_in_flight = 0.0, 0, 0

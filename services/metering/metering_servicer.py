@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.metering.access_rpcs import AccessRpcs
+from services.metering.limit_changes import PrincipalLimit
 from services.metering.metering_errors import BadInput
 from services.metering.metering_messages import (
     actor_of,
@@ -152,11 +153,7 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
             lambda: self.ledger.save_limit_change(
                 actor_of(r.actor, context),
                 r.fleet,
-                r.principal_id,
-                r.rate_per_s,
-                r.burst,
-                r.max_in_flight,
-                r.reset,
+                PrincipalLimit(r.principal_id, r.rate_per_s, r.burst, r.max_in_flight, r.reset),
             )
         )
         return limit_change_msg(row)
