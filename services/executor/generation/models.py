@@ -25,7 +25,7 @@ exact token equality with `model.generate` by the tests.
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -34,30 +34,6 @@ from services.executor.generation.kv_cache import CacheShape
 from switchyard.errors import FailedPrecondition
 from switchyard.models import tiny_lm
 from switchyard.models.formats import HFModule
-
-
-class CausalLM(Protocol):
-    cache_shape: CacheShape
-    vocab_size: int
-    max_positions: int
-    eos_token_ids: tuple[int, ...]
-
-    def prefill(
-        self,
-        ids: torch.Tensor,
-        length: torch.Tensor,
-        slot: torch.Tensor,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
-    ) -> torch.Tensor: ...
-
-    def decode(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
-    ) -> torch.Tensor: ...
 
 
 def _store_prompt(cache: torch.Tensor, slot: torch.Tensor, new: torch.Tensor) -> None:
@@ -80,9 +56,21 @@ def _decode_mask(positions: torch.Tensor, context: int) -> torch.Tensor:
     return (at[None, :] <= positions[:, None])[:, None, None, :]
 
 
-class _StaticCacheDecoder(nn.Module):
-    """`prefill` and `decode` over a model's layers; an adapter says how to embed (with the
-    positions, broadcast like the ids), run one layer, and read the logits."""
+class LayerStep(NamedTuple):
+    """What one layer needs in a step: the adapter's context (Llama's rotary cos and sin), the
+    layer's cache rows, how new keys and values are stored into them, and the attention mask."""
+
+    context: Any
+    keys: torch.Tensor
+    values: torch.Tensor
+    store: Any
+    mask: torch.Tensor
+
+
+class CausalLM(nn.Module):
+    """`prefill` and `decode` (the module docstring's contract) over a model's layers; an
+    adapter says how to embed (with the positions, broadcast like the ids), run one layer, and
+    read the logits."""
 
     def _embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError
@@ -90,16 +78,7 @@ class _StaticCacheDecoder(nn.Module):
     def _layers(self) -> Any:
         raise NotImplementedError
 
-    def _layer(
-        self,
-        layer: Any,
-        x: torch.Tensor,
-        context: Any,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        store: Any,
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
+    def _layer(self, layer: Any, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         raise NotImplementedError
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -122,7 +101,7 @@ class _StaticCacheDecoder(nn.Module):
             return new
 
         for i, layer in enumerate(self._layers()):
-            x = self._layer(layer, x, context, keys[i], values[i], store, causal)
+            x = self._layer(layer, x, LayerStep(context, keys[i], values[i], store, causal))
         return self._logits(x.index_select(1, length - 1))
 
     def decode(
@@ -139,11 +118,11 @@ class _StaticCacheDecoder(nn.Module):
             return _store_step(cache, positions, new)
 
         for i, layer in enumerate(self._layers()):
-            x = self._layer(layer, x, context, keys[i], values[i], store, mask)
+            x = self._layer(layer, x, LayerStep(context, keys[i], values[i], store, mask))
         return self._logits(x)
 
 
-class TinyLMAdapter(_StaticCacheDecoder):
+class TinyLMAdapter(CausalLM):
     def __init__(self, lm: tiny_lm.TinyLM) -> None:
         super().__init__()
         self.lm = lm
@@ -161,25 +140,16 @@ class TinyLMAdapter(_StaticCacheDecoder):
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm.head(self.lm.ln_f(x))[:, 0]  # type: ignore[no-any-return]
 
-    def _layer(
-        self,
-        layer: Any,
-        x: torch.Tensor,
-        context: Any,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        store: Any,
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
+    def _layer(self, layer: Any, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         b, s, d = x.shape
         heads, dim = self.cache_shape.kv_heads, self.cache_shape.head_dim
         q, k, v = layer.qkv(layer.ln1(x)).split(d, dim=-1)
         q = q.view(b, s, heads, dim).transpose(1, 2)
         k = k.view(b, s, heads, dim).transpose(1, 2)
         v = v.view(b, s, heads, dim).transpose(1, 2)
-        k_all, v_all = store(keys, k), store(values, v)
+        k_all, v_all = step.store(step.keys, k), step.store(step.values, v)
         scores = (q @ k_all.transpose(-2, -1)) / math.sqrt(dim)
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores = scores.masked_fill(~step.mask, torch.finfo(scores.dtype).min)
         attn = torch.softmax(scores, dim=-1) @ v_all
         x = x + layer.proj(attn.transpose(1, 2).reshape(b, s, d))
         return x + layer.ff2(nn.functional.gelu(layer.ff1(layer.ln2(x))))  # type: ignore[no-any-return]
@@ -188,7 +158,7 @@ class TinyLMAdapter(_StaticCacheDecoder):
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 
 
-class LlamaAdapter(_StaticCacheDecoder):
+class LlamaAdapter(CausalLM):
     """Llama-style decoders of Hugging Face transformers (RMSNorm, rotary, GQA, gated MLP)."""
 
     def __init__(self, lm: nn.Module) -> None:
@@ -213,26 +183,7 @@ class LlamaAdapter(_StaticCacheDecoder):
         self._rotary = modeling_llama.apply_rotary_pos_emb
         self._repeat = modeling_llama.repeat_kv
 
-    def _embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        x = self.body.embed_tokens(ids)
-        return x, self.body.rotary_emb(x, positions)  # (cos, sin)
-
-    def _layers(self) -> Any:
-        return self.body.layers
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm.lm_head(self.body.norm(x))[:, 0]  # type: ignore[no-any-return]
-
-    def _layer(
-        self,
-        layer: Any,
-        x: torch.Tensor,
-        context: Any,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        store: Any,
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
+    def _layer(self, layer: Any, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         b, s, _ = x.shape
         dim = self.cache_shape.head_dim
         attn = layer.self_attn
@@ -240,16 +191,26 @@ class LlamaAdapter(_StaticCacheDecoder):
         q = attn.q_proj(h).view(b, s, -1, dim).transpose(1, 2)
         k = attn.k_proj(h).view(b, s, -1, dim).transpose(1, 2)
         v = attn.v_proj(h).view(b, s, -1, dim).transpose(1, 2)
-        q, k = self._rotary(q, k, *context)
-        k_all = self._repeat(store(keys, k), self.groups)
-        v_all = self._repeat(store(values, v), self.groups)
+        q, k = self._rotary(q, k, *step.context)
+        k_all = self._repeat(step.store(step.keys, k), self.groups)
+        v_all = self._repeat(step.store(step.values, v), self.groups)
         scores = (q @ k_all.transpose(-2, -1)) * self.scaling
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores = scores.masked_fill(~step.mask, torch.finfo(scores.dtype).min)
         # at least float32, as HF's eager attention; an fp64 (golden) run stays float64 throughout
         weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
         out = (weights @ v_all).transpose(1, 2).reshape(b, s, -1)
         x = x + attn.o_proj(out)
         return x + layer.mlp(layer.post_attention_layernorm(x))  # type: ignore[no-any-return]
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm.lm_head(self.body.norm(x))[:, 0]  # type: ignore[no-any-return]
+
+    def _layers(self) -> Any:
+        return self.body.layers
+
+    def _embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        x = self.body.embed_tokens(ids)
+        return x, self.body.rotary_emb(x, positions)  # (cos, sin)
 
 
 def causal_lm_for(module: nn.Module) -> Any:
