@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, select, update
@@ -171,18 +172,22 @@ def _check_trial(
             raise BadInput(f"verdict {verdict!r} for {path} is not one of {', '.join(VERDICTS)}")
 
 
-def record_trial(
-    conn: Connection,
-    actor: Actor,
-    trial_id: str,
-    workflow_id: str,
-    model: str,
-    status: str,
-    spec_json: str,
-    report_json: str,
-    verdicts: dict[str, str],
-    now_us: int,
-) -> None:
+@dataclass(frozen=True)
+class TrialUpdate:
+    """RecordTrial's fields: a trial's state as its workflow reports it."""
+
+    trial_id: str
+    workflow_id: str
+    model: str
+    status: str
+    spec_json: str
+    report_json: str
+    verdicts: dict[str, str]
+
+
+def record_trial(conn: Connection, actor: Actor, trial: TrialUpdate, now_us: int) -> None:
+    trial_id, workflow_id, model, status = trial.trial_id, trial.workflow_id, trial.model, trial.status
+    spec_json, report_json, verdicts = trial.spec_json, trial.report_json, trial.verdicts
     _check_trial(trial_id, status, spec_json, report_json, verdicts)
     verdicts_json = json.dumps(verdicts, sort_keys=True)
     old = conn.execute(select(TRIALS).where(TRIALS.c.trial_id == trial_id)).first()

@@ -169,22 +169,8 @@ class Ledger(LedgerAccess):
         return reports.export(self.engines.read, fmt, since_us, until_us)
 
     # -- trials -------------------------------------------------------------------------
-    def record_trial(
-        self,
-        actor: Actor,
-        trial_id: str,
-        workflow_id: str,
-        model: str,
-        status: str,
-        spec_json: str,
-        report_json: str,
-        verdicts: dict[str, str],
-    ) -> None:
-        self.write(
-            lambda conn, now: jobs.record_trial(
-                conn, actor, trial_id, workflow_id, model, status, spec_json, report_json, verdicts, now
-            )
-        )
+    def record_trial(self, actor: Actor, trial: jobs.TrialUpdate) -> None:
+        self.write(lambda conn, now: jobs.record_trial(conn, actor, trial, now))
 
     def trial(self, trial_id: str) -> Any:
         return self.read(lambda conn: jobs.get_trial(conn, trial_id))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.metering.access_rpcs import AccessRpcs
+from services.metering.jobs import TrialUpdate
 from services.metering.limit_changes import PrincipalLimit
 from services.metering.metering_errors import BadInput
 from services.metering.metering_messages import (
@@ -121,13 +122,9 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
         await self._w(
             lambda: self.ledger.record_trial(
                 actor_of(r.actor, context),
-                r.trial_id,
-                r.workflow_id,
-                r.model,
-                r.status,
-                r.spec_json,
-                r.report_json,
-                dict(r.verdicts),
+                TrialUpdate(
+                    r.trial_id, r.workflow_id, r.model, r.status, r.spec_json, r.report_json, dict(r.verdicts)
+                ),
             )
         )
         return pb.RecordTrialResponse()
