@@ -21,9 +21,13 @@ Service identity: the plaintext targets run with SWITCHYARD_SECURITY_INSECURE=tr
 `router_mtls` is the deployed router with every internal hop on mutual TLS: its own
 certificate to a second executor and a second metering that require one (frames over TLS,
 Authenticate and RecordUsage over mTLS gRPC), certificates issued as `switchyard up` issues
-them. `direct_mtls` calls that executor straight, with a router certificate. The mTLS cost is
+them. `direct_mtls` calls that executor straight, with a router certificate. The client's leg
+to every router, router_mtls included, is plaintext (the public port takes API keys), so
+router_mtls and router differ only in the encrypted internal hops. The mTLS cost is
 router_mtls's p50 minus router's at 1 KB, c=1 (target <= 0.15 ms), and router_mtls's
-throughput at 16 clients against direct's (>= 0.6).
+throughput at 16 clients against direct's (>= 0.6). Each row also gives the CPU time per
+request of every process on its path (client, router, executor, metering; all threads, from
+/proc/<pid>/task/*/schedstat), which shows where a difference goes.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_router.py [--scale 0.5]
 
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -42,7 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +261,17 @@ class Result:
     throughput_rps: float
     router_own_p50_us: float = 0.0  # the router's own time (response parameter router_overhead_us)
     router_own_p99_us: float = 0.0
+    # CPU time per request of each process on the target's path (all its threads), in µs
+    cpu_us_per_request: dict[str, float] = field(default_factory=dict)
+
+
+def cpu_ns(pid: int) -> int:
+    """The CPU time `pid` has run, all threads together, in ns (schedstat: not tick-rounded)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
 
 
 async def measure_cell(
@@ -266,10 +282,14 @@ async def measure_cell(
     rounds: int,
     size: str,
     input_bytes: int,
+    paths: dict[str, dict[str, int]] | None = None,
 ) -> list[Result]:
     """`count` requests per target at `concurrency`, in `rounds` rounds that alternate the
     targets (their order rotating), so drift in the machine's load hits every target alike.
-    Latencies are pooled over the rounds; throughput is requests over the summed round walls."""
+    Latencies are pooled over the rounds; throughput is requests over the summed round walls.
+    `paths`: target -> {process name: pid} on its path; their CPU time during the target's
+    rounds (and the client's, this process) is reported per request."""
+    paths = paths or {}
     options = net.CHANNEL_OPTIONS
     channels = [
         grpc.aio.insecure_channel(address, options=options)
@@ -286,6 +306,7 @@ async def measure_cell(
         latencies: list[list[float]] = [[] for _ in targets]
         replies: list[list[bytes]] = [[] for _ in targets]
         walls = [0.0] * len(targets)
+        cpu = [dict.fromkeys([*paths.get(t[0], {}), "client"], 0) for t in targets]
         per_round = max(concurrency, count // rounds)
         for r in range(rounds):
             for k in range(len(targets)):
@@ -300,9 +321,13 @@ async def measure_cell(
                         latencies[i].append(time.perf_counter() - t0)
                         replies[i].append(reply)
 
+                pids = {**paths.get(targets[i][0], {}), "client": os.getpid()}
+                before = {name: cpu_ns(pid) for name, pid in pids.items()}
                 start = time.perf_counter()
                 await asyncio.gather(*(client() for _ in range(concurrency)))
                 walls[i] += time.perf_counter() - start
+                for name, pid in pids.items():
+                    cpu[i][name] += cpu_ns(pid) - before[name]
     finally:
         for channel in channels:
             await channel.close()
@@ -311,6 +336,7 @@ async def measure_cell(
         q = statistics.quantiles(latencies[i], n=100, method="inclusive")
         n = len(latencies[i])
         result = Result(target, size, input_bytes, concurrency, n, q[49] * 1e3, q[98] * 1e3, n / walls[i])
+        result.cpu_us_per_request = {name: ns / 1e3 / n for name, ns in cpu[i].items()}
         if target.startswith("router"):
             own = [float(wire.read_int_parameters(x, ("router_overhead_us",))[0]) for x in replies[i]]
             oq = statistics.quantiles(own, n=100, method="inclusive")
@@ -360,6 +386,33 @@ def _write_route_files(tmp: Path, addr: dict[str, str], capture_share: float) ->
     (tmp / "routes-mtls.toml").write_text(
         (tmp / "routes-frames.toml").read_text().replace(addr["executor"], addr["executor_mtls"])
     )
+
+
+def _row(r: Result, size: str, concurrency: int) -> str:
+    own = f"  (router's own p50 {r.router_own_p50_us:.0f} us)" if r.router_own_p50_us else ""
+    cpu = " ".join(f"{k} {v:.0f}" for k, v in r.cpu_us_per_request.items())
+    return (
+        f"{r.target:14s} {size} c={concurrency:2d} n={r.requests:5d}: p50 {r.p50_ms:7.3f} ms  "
+        f"p99 {r.p99_ms:7.3f} ms  {r.throughput_rps:8.1f} req/s{own}\n{'':14s} CPU us/request: {cpu}"
+    )
+
+
+def _paths(pid: dict[str, int]) -> dict[str, dict[str, int]]:
+    """The processes on each target's path (name -> pid), whose CPU per request is reported."""
+    return {
+        "direct": {"executor": pid["executor"]},
+        "direct_mtls": {"executor": pid["executor_mtls"]},
+        "passthrough": {"passthrough": pid["passthrough"], "executor": pid["executor"]},
+        **{
+            name: {"router": pid[name], "executor": pid["executor"], "metering": pid["metering"]}
+            for name in ROUTERS
+        },
+        "router_mtls": {
+            "router": pid["router_mtls"],
+            "executor": pid["executor_mtls"],
+            "metering": pid["metering_mtls"],
+        },
+    }
 
 
 async def run(
@@ -427,6 +480,15 @@ async def run(
         for name, (settings, transport) in ROUTERS.items():
             procs.append(await spawn_router(name, transport, addr["metering"], {**env, **settings}))
             await wait_serving(addr[name])
+        # every process by name, in the order spawned
+        paths = _paths(
+            {
+                name: proc.pid
+                for name, proc in zip(
+                    [*(c[1] for c in children), "passthrough", "router_mtls", *ROUTERS], procs, strict=True
+                )
+            }
+        )
         auth = [("authorization", f"Bearer {key}")]
         results: list[Result] = []
         # (size, concurrency, requests per target, rounds)
@@ -454,14 +516,9 @@ async def run(
                 *((name, addr[name], auth, None) for name in ROUTERS),
                 ("router_mtls", addr["router_mtls"], [("authorization", f"Bearer {key_mtls}")], None),
             ]
-            for r in await measure_cell(targets, body, concurrency, n, rounds, size, x.nbytes):
+            for r in await measure_cell(targets, body, concurrency, n, rounds, size, x.nbytes, paths):
                 results.append(r)
-                own = f"  (router's own p50 {r.router_own_p50_us:.0f} us)" if r.router_own_p50_us else ""
-                print(
-                    f"{r.target:14s} {size} c={concurrency:2d} n={r.requests:5d}: p50 {r.p50_ms:7.3f} ms  "
-                    f"p99 {r.p99_ms:7.3f} ms  {r.throughput_rps:8.1f} req/s{own}",
-                    flush=True,
-                )
+                print(_row(r, size, concurrency), flush=True)
     finally:
         for proc in procs:
             if proc.returncode is None:
@@ -561,6 +618,10 @@ def summarise(results: list[Result], scale: float, sizes: tuple[str, ...] = tupl
             "1MB c=1 240/3, 1MB c=16 480/3, times --scale; --sizes and --rounds-c16 narrow it",
             "sizes": list(sizes),
             "processes": "executor, metering, each router and the client in its own process",
+            "legs": "client->router plaintext for every router; router_mtls: router->executor "
+            "(frames, gRPC control) and router->metering on mTLS; direct_mtls: client->executor mTLS",
+            "cpu_us_per_request": "CPU time of each process on the target's path during its "
+            "rounds, all threads (schedstat), over the requests",
             "scale": scale,
             "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpc": grpc.__version__},
         },
