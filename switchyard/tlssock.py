@@ -96,9 +96,13 @@ class SocketTLSTransport(asyncio.Transport):
             if not n:  # the peer closed (close_notify or EOF)
                 ended = True
                 break
-            filled += n
-            if n < RECORD and not self._sock.pending():
+            if n < RECORD and n < READ_SIZE - filled:
+                # the record was shorter than the space: all of it is delivered and OpenSSL
+                # holds nothing (no pending() call: every ssl call releases the GIL, and
+                # in a process with gRPC's threads taking it back costs more than the call)
+                filled += n
                 break
+            filled += n
         if filled:
             self._protocol.data_received(self._view[:filled].tobytes())
         if ended:
