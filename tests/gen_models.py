@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from switchyard.models.registry import ModelRegistry, file_sha256
 from switchyard.models.repository import seed_builtins
+
+if TYPE_CHECKING:
+    from services.executor.executor_server import RunningExecutor
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
@@ -114,6 +118,16 @@ def repository_with_llama(root: Path, directory: Path) -> ModelRegistry:
     seed_builtins(root)
     add_generative(root, "llama-tiny", directory, LLAMA_GENERATION, "hf")
     return ModelRegistry(root)
+
+
+async def start_llama_executor(root: Path, directory: Path, models: tuple[str, ...]) -> RunningExecutor:
+    """An executor serving `models` from a repository at `root` with the built-ins and the
+    llama-tiny built at `directory`."""
+    from services.executor.executor_config import ExecutorConfig
+    from services.executor.executor_server import start_executor
+
+    repository_with_llama(root, directory)
+    return await start_executor(ExecutorConfig(models=models, model_repository=str(root)))
 
 
 def reference_greedy(directory: Path, prompt: list[int], max_new_tokens: int) -> list[int]:

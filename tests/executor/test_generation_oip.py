@@ -18,9 +18,8 @@ import pytest_asyncio
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
-from services.executor.executor_config import ExecutorConfig
-from services.executor.executor_server import RunningExecutor, start_executor
-from tests.gen_models import build_llama, reference_greedy, repository_with_llama
+from services.executor.executor_server import RunningExecutor
+from tests.gen_models import build_llama, reference_greedy, start_llama_executor
 
 MODEL = "llama-tiny"
 
@@ -35,10 +34,7 @@ async def executor(
     llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[RunningExecutor]:
     root = tmp_path_factory.mktemp("gen-oip-repo")
-    repository_with_llama(root, llama_dir)
-    running = await start_executor(
-        ExecutorConfig(models=(MODEL, "tiny-lm-gen", "mlp"), model_repository=str(root))
-    )
+    running = await start_llama_executor(root, llama_dir, (MODEL, "tiny-lm-gen", "mlp"))
     yield running
     await running.stop(1)
 

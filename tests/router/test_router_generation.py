@@ -18,11 +18,10 @@ import pytest
 import pytest_asyncio
 import tritonclient.grpc as triton
 
-from services.executor.executor_config import ExecutorConfig
-from services.executor.executor_server import RunningExecutor, start_executor
+from services.executor.executor_server import RunningExecutor
 from services.router.router_server import RunningRouter
 from switchyard.net import free_port
-from tests.gen_models import build_llama, reference_greedy, repository_with_llama
+from tests.gen_models import build_llama, reference_greedy, start_llama_executor
 from tests.router.conftest import Metering, RouterFactory, routes_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -38,9 +37,7 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def gen_executor(
     llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[RunningExecutor]:
-    root = tmp_path_factory.mktemp("router-gen-repo")
-    repository_with_llama(root, llama_dir)
-    running = await start_executor(ExecutorConfig(models=(MODEL,), model_repository=str(root)))
+    running = await start_llama_executor(tmp_path_factory.mktemp("router-gen-repo"), llama_dir, (MODEL,))
     yield running
     await running.stop(0)
 
