@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection
 
-from services.metering import audit
+from services.metering import audit, route_changes
 from services.metering.metering_errors import BadInput
 from services.metering.records import MAX_KEY, Actor
 from services.metering.schema import LIMIT_CHANGES
@@ -79,10 +79,4 @@ def latest(conn: Connection, fleet: str) -> list[Any]:
     """The fleet's change in force for each principal (its highest id), ordered by principal."""
     if not fleet or len(fleet) > MAX_KEY:
         raise BadInput(f"fleet name has {len(fleet)} characters; give 1..{MAX_KEY}")
-    newest = (
-        select(func.max(LIMIT_CHANGES.c.id))
-        .where(LIMIT_CHANGES.c.fleet == fleet)
-        .group_by(LIMIT_CHANGES.c.principal_id)
-    )
-    query = select(LIMIT_CHANGES).where(LIMIT_CHANGES.c.id.in_(newest)).order_by(LIMIT_CHANGES.c.principal_id)
-    return list(conn.execute(query))
+    return route_changes.newest_per(conn, LIMIT_CHANGES, LIMIT_CHANGES.c.principal_id, fleet)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Column, Connection, Table, func, select
 
 from services.metering import audit
 from services.metering.metering_errors import BadInput
@@ -71,10 +71,11 @@ def save(
 def latest(conn: Connection, fleet: str) -> list[Any]:
     """The fleet's change in force for each model (its highest id), ordered by model."""
     _check_name(fleet, "fleet name")
-    newest = (
-        select(func.max(ROUTE_CHANGES.c.id))
-        .where(ROUTE_CHANGES.c.fleet == fleet)
-        .group_by(ROUTE_CHANGES.c.model)
-    )
-    query = select(ROUTE_CHANGES).where(ROUTE_CHANGES.c.id.in_(newest)).order_by(ROUTE_CHANGES.c.model)
-    return list(conn.execute(query))
+    return newest_per(conn, ROUTE_CHANGES, ROUTE_CHANGES.c.model, fleet)
+
+
+def newest_per(conn: Connection, table: Table, key: Column[Any], fleet: str) -> list[Any]:
+    """The rows of an append-only change table in force for a fleet: the highest id for each
+    value of `key`, ordered by it (route changes here, per-principal limits too)."""
+    newest = select(func.max(table.c.id)).where(table.c.fleet == fleet).group_by(key)
+    return list(conn.execute(select(table).where(table.c.id.in_(newest)).order_by(key)))
