@@ -164,7 +164,9 @@ async def test_cancellation_frees_the_slot_at_the_next_step(executor: Executor) 
     it = first.__aiter__()
     await anext(it)  # it holds the only slot
     second = executor.generate(m, list(b"second"), SamplingParams(temperature=0.0, max_tokens=3), False, None)
-    await asyncio.sleep(0.05)
+    # one turn of the loop, not a wall-clock wait: a lone request's short steps run on the event
+    # loop, so in 50 ms the first could finish its 50 tokens and free the slot by itself
+    await asyncio.sleep(0)
     assert m.engine.running == 1 and m.engine.depth == 1
     with pytest.raises(EngineFull):  # the queue's bound is 1
         executor.generate(m, list(b"third"), long, False, None)
