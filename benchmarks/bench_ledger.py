@@ -176,11 +176,13 @@ def start_server(url: str) -> tuple[subprocess.Popen[str], str]:
         text=True,
     )
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("metering serving on "):
-        proc.kill()
-        raise RuntimeError(f"metering did not start: {line!r}")
-    return proc, line.split()[-1]
+    seen = []
+    for line in proc.stdout:  # the metrics endpoint announces itself first
+        if line.startswith("metering serving on "):
+            return proc, line.split()[-1]
+        seen.append(line)
+    proc.kill()
+    raise RuntimeError(f"metering did not start: {''.join(seen)!r}")
 
 
 async def through_service(address: str, n: int, batch: int, inflight: int) -> dict[str, Any]:
