@@ -37,7 +37,7 @@ from sqlalchemy import create_engine, func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import postgres_databases, write_report  # noqa: E402
+from benchmarks.common import postgres_databases, request_usage, write_report  # noqa: E402
 from services.metering.db import make_engines, migrate, resolve_url  # noqa: E402
 from services.metering.schema import JOBS, LINES  # noqa: E402
 from services.metering.usage import insert_dicts  # noqa: E402
@@ -48,76 +48,54 @@ T0 = 1_767_225_600_000_000
 PATH = "bench-cpu@h"
 
 
+# Every event of the run: a completed request of one team's model, 1.5 ms busy in 1.8 ms.
+EVENT = pb.UsageEvent(model_version="1", **request_usage(PATH, "mlp", "search", "svc", 1500))
+# what the service copies from the event into its job and its journal line as it is
+JOB_FIELDS = ("kind", "path", "model", "model_version", "team", "principal", "arm", "status", "met_quality")
+LINE_FIELDS = ("path", "model", "team", "arm")
+# the rest of the journal line: a stand-in digest and price (the baselines check nothing)
+PRICED = {
+    "content_hash": "0" * 64,
+    "basis": "busy",
+    "amount_micros": 3,
+    "currency": "USD",
+    "price_version": "bench@0",
+    "method": None,
+    "reservation_id": None,
+    "tags_json": "{}",
+    "recorded_us": T0,
+}
+
+
+def event(prefix: str, i: int) -> pb.UsageEvent:
+    start = T0 + i * 2000
+    ev = pb.UsageEvent(idempotency_key=f"{prefix}-{i}", started_unix_us=start, ended_unix_us=start + 1800)
+    ev.MergeFrom(EVENT)
+    return ev
+
+
 def make_batches(prefix: str, n: int, batch: int) -> list[pb.RecordUsageRequest]:
-    out = []
-    for start in range(0, n, batch):
-        events = [
-            pb.UsageEvent(
-                idempotency_key=f"{prefix}-{i}",
-                path=PATH,
-                model="mlp",
-                model_version="1",
-                team="search",
-                principal="svc",
-                kind="request",
-                status="completed",
-                met_quality=True,
-                busy_us=1500,
-                started_unix_us=T0 + i * 2000,
-                ended_unix_us=T0 + i * 2000 + 1800,
-                arm="primary",
-            )
-            for i in range(start, min(n, start + batch))
-        ]
-        out.append(pb.RecordUsageRequest(events=events))
-    return out
+    return [
+        pb.RecordUsageRequest(events=[event(prefix, i) for i in range(start, min(n, start + batch))])
+        for start in range(0, n, batch)
+    ]
 
 
-def raw_rows(prefix: str, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    key = f"{prefix}-{i}"
-    line = dict(
-        idempotency_key=key,
-        content_hash="0" * 64,
-        basis="busy",
-        at_us=T0 + i * 2000,
-        end_us=T0 + i * 2000 + 1800,
-        quantity_us=1500,
-        amount_micros=3,
-        currency="USD",
-        price_version="bench@0",
-        method=None,
-        path=PATH,
-        reservation_id=None,
-        job_id=key,
-        model="mlp",
-        team="search",
-        trial_id="",
-        arm="primary",
-        tags_json="{}",
-        recorded_us=T0,
-    )
-    job = dict(
-        job_id=key,
-        kind="request",
-        path=PATH,
-        model="mlp",
-        model_version="1",
-        team="search",
-        principal="svc",
-        trial_id="",
-        arm="primary",
-        status="completed",
-        met_quality=True,
-        started_us=T0 + i * 2000,
-        ended_us=T0 + i * 2000 + 1800,
-    )
+def raw_rows(ev: pb.UsageEvent) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The journal line and the job the service stores for `ev`."""
+    key, span = ev.idempotency_key, (ev.started_unix_us, ev.ended_unix_us)
+    line = {f: getattr(ev, f) for f in LINE_FIELDS}
+    line.update(PRICED, idempotency_key=key, job_id=key, trial_id="", quantity_us=ev.busy_us)
+    line.update(at_us=span[0], end_us=span[1])
+    job = {f: getattr(ev, f) for f in JOB_FIELDS}
+    job.update(job_id=key, trial_id="", started_us=span[0], ended_us=span[1])
     return line, job
 
 
 def baseline(url: str, prefix: str, n: int, batch: int, with_jobs: bool, driver: bool = False) -> float:
     engines = make_engines(url)
     try:
-        rows = [raw_rows(prefix, i) for i in range(n)]
+        rows = [raw_rows(event(prefix, i)) for i in range(n)]
         t0 = time.perf_counter()
         for start in range(0, n, batch):
             part = rows[start : start + batch]

@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import postgres_databases, write_report  # noqa: E402
+from benchmarks.common import postgres_databases, request_usage, write_report  # noqa: E402
 from services.metering.ledger import Ledger  # noqa: E402
 from services.metering.records import Actor, UsageEvent  # noqa: E402
 from switchyard.ids import time_ordered_hex  # noqa: E402
@@ -44,29 +44,14 @@ KEYS: dict[str, Callable[[], str]] = {
 }
 
 
+# what the router sends per request, but for its key and times
+REQUEST = UsageEvent(idempotency_key="", **request_usage(PATH, "small", "bench", "p-bench", 120))
+
+
 def events(key: Callable[[], str], n: int) -> list[UsageEvent]:
     """What the router sends per request (its request id is the key and, so, the job id)."""
     now = time.time_ns() // 1000
-    out = []
-    for _ in range(n):
-        k = key()
-        out.append(
-            UsageEvent(
-                idempotency_key=k,
-                path=PATH,
-                model="small",
-                team="bench",
-                principal="p-bench",
-                kind="request",
-                status="completed",
-                met_quality=True,
-                busy_us=120,
-                started_us=now,
-                ended_us=now + 900,
-                arm="primary",
-            )
-        )
-    return out
+    return [REQUEST._replace(idempotency_key=key(), started_us=now, ended_us=now + 900) for _ in range(n)]
 
 
 def open_ledger(url: str) -> Ledger:

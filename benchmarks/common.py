@@ -1,5 +1,6 @@
-"""What several benchmarks share: scratch PostgreSQL databases, the JSON report, and the
-hand-written minimal OIP server that executor benchmarks compare against."""
+"""What several benchmarks share: scratch PostgreSQL databases, the JSON report, the usage
+event the ledger benchmarks record, and the hand-written minimal OIP server that executor
+benchmarks compare against."""
 
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ def postgres_databases(prefix: str, count: int) -> Iterator[list[str] | None]:
                     conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.dispose()
+
+
+def request_usage(path: str, model: str, team: str, principal: str, busy_us: int) -> dict[str, Any]:
+    """The fields of the usage event the router sends for a completed request that met its
+    quality bar (named alike on the message and on services.metering.records.UsageEvent),
+    but for its key and times: what the ledger benchmarks record."""
+    done = {"kind": "request", "status": "completed", "met_quality": True, "arm": "primary"}
+    return dict(done, path=path, model=model, team=team, principal=principal, busy_us=busy_us)
 
 
 def write_report(name: str, report: Any) -> Path:

@@ -14,6 +14,7 @@ from clients.local_cluster.traffic import create_team_key
 from services.metering.metering_server import RunningMetering, start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2, metering_pb2_grpc
 from switchyard.grpcio import ServerOptions
+from tests.metering.metering_helpers import event
 
 
 @pytest.fixture
@@ -50,18 +51,7 @@ async def test_priced_reserved_window_reports_cost_per_completed_job_and_idle(
     async with grpc.aio.insecure_channel(address) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
         events = [
-            metering_pb2.UsageEvent(
-                idempotency_key=f"req-{i}",
-                path="cpu-eager@test",
-                model="mlp",
-                team="team-a",
-                kind="request",
-                status="completed",
-                met_quality=True,
-                busy_us=500_000,
-                started_unix_us=start + i * 1_000_000,
-                ended_unix_us=start + i * 1_000_000 + 500_000,
-            )
+            event(f"req-{i}", start + i * 1_000_000, 500_000, "cpu-eager@test", team="team-a", kind="request")
             for i in range(4)
         ]
         await stub.RecordUsage(metering_pb2.RecordUsageRequest(events=events))
