@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from switchyard import tls
-from switchyard.gen.switchyard.v1 import metering_pb2, metering_pb2_grpc
+from clients.local_cluster.access import create_principal_key
+from switchyard.gen.switchyard.v1 import metering_pb2
 
 # Inputs with an unknown (-1) dimension get this size: batch 1, and sequences at the length
 # the executors warm up with (tiny-lm's DEFAULT_SEQ, 32): the XLA path compiles per shape, so
@@ -39,32 +39,11 @@ async def create_team_key(
 ) -> TeamKey:
     """A team principal with the `infer` role (on `models`), `trials:run` on `trials`, and a
     fresh API key."""
+    grants = [("infer", "*" if model == "*" else f"model:{model}") for model in models]
+    grants += [("trials:run", f"model:{model}") for model in trials]
     actor = metering_pb2.Actor(principal="admin", source="switchyard demo")
-    async with tls.aio_channel(metering) as channel:
-        stub = metering_pb2_grpc.MeteringStub(channel)
-        principal = await stub.CreatePrincipal(
-            metering_pb2.CreatePrincipalRequest(name=team, kind="team", team=team, actor=actor), timeout=10
-        )
-        for model in models:
-            scope = "*" if model == "*" else f"model:{model}"
-            await stub.GrantRole(
-                metering_pb2.RoleRequest(
-                    principal=principal.principal_id, role="infer", scope=scope, actor=actor
-                ),
-                timeout=10,
-            )
-        for model in trials:
-            await stub.GrantRole(
-                metering_pb2.RoleRequest(
-                    principal=principal.principal_id, role="trials:run", scope=f"model:{model}", actor=actor
-                ),
-                timeout=10,
-            )
-        created = await stub.CreateKey(
-            metering_pb2.CreateKeyRequest(principal=principal.principal_id, actor=actor), timeout=10
-        )
-    key = created.key or f"{created.key_id}.{created.secret}"
-    return TeamKey(principal.principal_id, team, created.key_id, key)
+    made = await create_principal_key(metering, team, grants, actor, kind="team", team=team)
+    return TeamKey(made.principal_id, team, made.key_id, made.key)
 
 
 @dataclass

@@ -19,16 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-import grpc
-
 from clients.local_cluster import health, plan
 from clients.local_cluster import local_routes as routes
+from clients.local_cluster.access import create_principal_key
 from clients.local_cluster.cluster_config import Config
 from clients.local_cluster.plan import Ports, ServiceSpec, build_plan, identities
 from clients.local_cluster.supervisor import StartupFailed, Supervisor
 from switchyard import layout, tls
 from switchyard.errors import FailedPrecondition
-from switchyard.gen.switchyard.v1 import metering_pb2, metering_pb2_grpc
+from switchyard.gen.switchyard.v1 import metering_pb2
 from switchyard.models.repository import seed_builtins
 
 UI_PRINCIPAL = "temporal-ui"
@@ -144,27 +143,14 @@ class LocalCluster:
         if path.exists():
             return
         actor = metering_pb2.Actor(source="switchyard up")
-        async with tls.aio_channel(self.address("metering")) as channel:
-            stub = metering_pb2_grpc.MeteringStub(channel)
-            try:
-                await stub.CreatePrincipal(
-                    metering_pb2.CreatePrincipalRequest(name=UI_PRINCIPAL, kind="service", actor=actor),
-                    timeout=10,
-                )
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.ALREADY_EXISTS:  # its key file went: a new key
-                    raise
-            await stub.GrantRole(
-                metering_pb2.RoleRequest(principal=UI_PRINCIPAL, role="trials:run", scope="*", actor=actor),
-                timeout=10,
-            )
-            created = await stub.CreateKey(
-                metering_pb2.CreateKeyRequest(principal=UI_PRINCIPAL, actor=actor), timeout=10
-            )
+        grants = [("trials:run", "*")]
+        made = await create_principal_key(  # existing_ok: its key file went, so a new key of it
+            self.address("metering"), UI_PRINCIPAL, grants, actor, kind="service", existing_ok=True
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(created.key or f"{created.key_id}.{created.secret}")
+            out.write(made.key)
         self._say(f"trials started from the Temporal UI run as principal {UI_PRINCIPAL!r} (key in {path})")
 
     async def _write_routes(self) -> None:

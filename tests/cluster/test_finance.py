@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from clients.local_cluster import demo_finance as finance
+from clients.local_cluster.access import create_principal_key
 from clients.local_cluster.traffic import create_team_key
 from services.metering.metering_server import RunningMetering, start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2, metering_pb2_grpc
@@ -37,6 +38,26 @@ async def test_team_key_authenticates_with_the_infer_role(metering: RunningMeter
         who = await stub.Authenticate(metering_pb2.AuthenticateRequest(key=team.key))
     assert who.principal.principal_id == team.principal_id
     assert [(r.role, r.scope) for r in who.roles] == [("infer", "model:mlp")]
+
+
+async def test_an_existing_principal_gets_a_new_key_only_when_asked(metering: RunningMetering) -> None:
+    """`switchyard up` makes the Temporal UI principal's key again when its key file went."""
+    actor = metering_pb2.Actor(source="test")
+    grants = [("trials:run", "*")]
+    first = await create_principal_key(_address(metering), "temporal-ui", grants, actor, kind="service")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await create_principal_key(_address(metering), "temporal-ui", grants, actor, kind="service")
+    assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    again = await create_principal_key(
+        _address(metering), "temporal-ui", grants, actor, kind="service", existing_ok=True
+    )
+    assert again.key_id != first.key_id
+    async with grpc.aio.insecure_channel(_address(metering)) as channel:
+        stub = metering_pb2_grpc.MeteringStub(channel)
+        for made in (first, again):
+            who = await stub.Authenticate(metering_pb2.AuthenticateRequest(key=made.key))
+            assert who.principal.name == "temporal-ui"
+            assert [(r.role, r.scope) for r in who.roles] == [("trials:run", "*")]
 
 
 async def test_priced_reserved_window_reports_cost_per_completed_job_and_idle(

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from clients.local_cluster import plan
 from switchyard import tls
 from tests.conftest import IN_CI, ROOT
 
@@ -59,3 +61,5 @@ def test_make_run_passes_with_mtls_on(tmp_path: Path) -> None:
         assert f"mTLS as spiffe://switchyard/{identity}" in text, (name, text[:2000])
         assert "INSECURE" not in text, name
     assert (tmp_path / "state" / "tls" / "ca").is_dir()
+    ui_key = plan.ui_key_file(tmp_path / "state")  # the Temporal UI principal's, for the worker
+    assert stat.S_IMODE(ui_key.stat().st_mode) == 0o600 and ui_key.read_text().strip(), ui_key
