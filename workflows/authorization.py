@@ -25,6 +25,7 @@ from temporalio.exceptions import ApplicationError
 
 from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from workflows.connections import Connections, grpc_errors
 from workflows.spec import TrialSpec
 
@@ -63,33 +64,31 @@ async def request_grant(
     security = tls.resolve(security)
     if security.insecure and not api_key:
         return ""
-    return await ask_grant(metering, needs(spec, workflow_id), workflow_id, api_key, security)
+    async with tls.aio_channel(metering, security=security) as channel:
+        return await ask_grant(mgrpc.MeteringStub(channel), needs(spec, workflow_id), workflow_id, api_key)
 
 
 async def ask_grant(
-    metering: str,
+    metering: mgrpc.MeteringAsyncStub,
     need: TrialAuthorization,
     workflow_id: str,
     api_key: str,
-    security: tls.Security,
     source: str = "switchyard trial start",
 ) -> str:
-    """Metering's signed grant of `need` for `workflow_id`, asked with `api_key` (else the
-    certificate of `security`)."""
-    from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
-
-    async with tls.aio_channel(metering, security=security, api_key=api_key) as channel:
-        answer = await mgrpc.MeteringStub(channel).Authorize(
-            mpb.AuthorizeRequest(
-                roles=need.roles,
-                scope=need.scope,
-                action=ACTION,
-                resource=f"trial/{workflow_id}",
-                grant_subject=need.subject,
-                actor=mpb.Actor(source=source),
-            ),
-            timeout=30,
-        )
+    """Metering's signed grant of `need` for `workflow_id`, asked with `api_key` as the call's
+    bearer metadata (else as the certificate of the channel `metering` is on)."""
+    answer = await metering.Authorize(
+        mpb.AuthorizeRequest(
+            roles=need.roles,
+            scope=need.scope,
+            action=ACTION,
+            resource=f"trial/{workflow_id}",
+            grant_subject=need.subject,
+            actor=mpb.Actor(source=source),
+        ),
+        metadata=(("authorization", f"Bearer {api_key}"),) if api_key else None,
+        timeout=30,
+    )
     return answer.grant
 
 
@@ -136,12 +135,11 @@ class AuthorizationActivities:
                 non_retryable=True,
             )
         try:
-            return await ask_grant(
-                self.connections.config.metering,
+            return await ask_grant(  # on the worker's channel: its certificate, the UI key's principal
+                self.connections.metering(),
                 request,
                 workflow_id,
                 ui_key,
-                self.connections.security,
                 source="trial worker, for a trial started without a grant",
             )
         except grpc.aio.AioRpcError as err:
