@@ -38,6 +38,7 @@ from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
+from tests.trial.trial_helpers import minimal_spec
 from workflows.connections import Connections, WorkerConfig
 from workflows.trial import SEARCH_ATTRIBUTES, TrialWorkflow
 from workflows.trial_io import TrialInput
@@ -48,16 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def spec(min_seconds: float) -> dict[str, Any]:
     return {
-        "model": {"name": "tiny-lm"},
-        "inputs": {
-            "seed": 1,
-            "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 32], "high": 512}],
-        },
-        "paths": [
-            {"name": "ref", "executor": "cpu", "mode": "eager"},
-            {"name": "cand", "executor": "cpu", "mode": "eager"},
-        ],
-        "reference": "ref",
+        **minimal_spec({"ref": "eager", "cand": "eager"}),
         "criteria": {"logits": True},
         "performance": {"warmup": 2, "min_iterations": 10, "min_seconds": min_seconds, "batch_sizes": [1]},
         "training": {"steps": 2, "lr": 0.01, "batch_size": 2},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import uuid
-from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError
@@ -13,6 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from clients import trial_commands
 from switchyard.grpcio import RunningServer
+from tests.trial.trial_helpers import minimal_spec
 from workflows.connections import Connections, WorkerConfig
 from workflows.worker import build_worker
 
@@ -20,18 +20,7 @@ from workflows.worker import build_worker
 async def test_invalid_spec_fails_the_workflow_at_once_naming_the_field(
     temporal_env: WorkflowEnvironment, evaluator: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec: dict[str, Any] = {
-        "model": {"name": "tiny-lm"},
-        "inputs": {
-            "seed": 1,
-            "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 4], "high": 9}],
-        },
-        "paths": [
-            {"name": "a", "executor": "cpu", "mode": "eager"},
-            {"name": "b", "executor": "cpu", "mode": "warp-speed"},
-        ],
-        "reference": "a",
-    }
+    spec = minimal_spec({"a": "eager", "b": "warp-speed"}, shape=(2, 4), high=9)
     queue = f"q-{uuid.uuid4().hex[:8]}"
     connections = Connections(WorkerConfig(evaluator=evaluator.address, metering="127.0.0.1:1"))
     async with build_worker(temporal_env.client, connections, task_queue=queue):
@@ -62,14 +51,8 @@ async def test_a_misspelt_top_level_key_from_the_ui_is_named_not_dropped(
 ) -> None:
     # Temporal's dataclass conversion drops keys TrialInput does not define; the worker's
     # payload converter keeps them so the spec parser names the misspelling
-    spec: dict[str, Any] = {
-        "model": {"name": "tiny-lm"},
-        "inputs": {"seed": 1, "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 4]}]},
-        "paths": [
-            {"name": "a", "executor": "cpu", "mode": "eager"},
-            {"name": "b", "executor": "cpu", "mode": "eager"},
-        ],
-        "reference": "a",
+    spec = {
+        **minimal_spec({"a": "eager", "b": "eager"}, shape=(2, 4), high=None),
         "polcy": {"min_cost_saving": 0.1},
     }
     queue = f"q-{uuid.uuid4().hex[:8]}"

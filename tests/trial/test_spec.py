@@ -9,22 +9,12 @@ from typing import Any
 
 import pytest
 
+from tests.trial.trial_helpers import minimal_spec
 from workflows.spec import SpecError, parse_spec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "local" / "trials").glob("*.json"))
 
-BASE: dict[str, Any] = {
-    "model": {"name": "tiny-lm"},
-    "inputs": {
-        "seed": 7,
-        "tensors": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 8], "high": 512}],
-    },
-    "paths": [
-        {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},
-        {"name": "cpu-compile", "executor": "cpu", "mode": "compile"},
-    ],
-    "reference": "cpu-eager",
-}
+BASE = minimal_spec({"cpu-eager": "eager", "cpu-compile": "compile"}, seed=7, shape=(2, 8))
 
 
 def test_examples_parse() -> None:

@@ -27,6 +27,22 @@ QUICK_PERF = {
 }
 
 
+def minimal_spec(
+    modes: dict[str, str], seed: int = 1, shape: tuple[int, int] = (1, 32), high: int | None = 512
+) -> dict[str, Any]:
+    """The least a tiny-lm trial spec says: its `input_ids` tensor and one cpu path per
+    name -> mode, the first the reference; everything else is left to the documented defaults."""
+    tensor: dict[str, Any] = {"name": "input_ids", "datatype": "INT64", "shape": list(shape)}
+    if high is not None:
+        tensor["high"] = high
+    return {
+        "model": {"name": "tiny-lm"},
+        "inputs": {"seed": seed, "tensors": [tensor]},
+        "paths": [{"name": name, "executor": "cpu", "mode": mode} for name, mode in modes.items()],
+        "reference": next(iter(modes)),
+    }
+
+
 def tiny_spec(paths: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"name": "tiny-lm"},
