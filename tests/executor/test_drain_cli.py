@@ -24,22 +24,40 @@ from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 X = np.ones((1, 64), np.float32)
+DEADLINE_S = 30.0  # generous: the host may be loaded
+
+
+async def _inside(channel: grpc.aio.Channel, pending: asyncio.Future[oip.ModelInferResponse]) -> None:
+    """Returns once the executor counts `pending` in flight (it arrived and waits in the queue)."""
+    control = ctl_grpc.ExecutorControlStub(channel)
+    loop = asyncio.get_running_loop()
+    until = loop.time() + DEADLINE_S
+    while (await control.GetLoad(ctl.GetLoadRequest(), timeout=DEADLINE_S)).in_flight < 1:
+        assert not pending.done(), "the request finished before it was seen in flight"
+        assert loop.time() < until, f"the request did not arrive within {DEADLINE_S:.0f} s"
+        await asyncio.sleep(0.01)
 
 
 async def test_stop_drains_finishing_in_flight_work_and_refusing_new() -> None:
-    running = await start_executor(
-        ExecutorConfig(models=("mlp",), batch_buckets=(1, 2), max_queue_delay_us=300_000)
+    running = await start_executor(  # inline 0: a lone request queues rather than runs at once
+        ExecutorConfig(
+            models=("mlp",), batch_buckets=(1, 2), max_queue_delay_us=2_000_000, inline_compute_us=0
+        )
     )
     async with grpc.aio.insecure_channel(running.address) as channel:
         stub = oip_grpc.GRPCInferenceServiceStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
         queued = asyncio.ensure_future(stub.ModelInfer(build_infer_request("mlp", {"x": X}), timeout=10))
-        await asyncio.sleep(0.05)  # it waits in the batching queue
+        await _inside(channel, queued)  # it waits in the batching queue
         stopping = asyncio.ensure_future(running.stop(grace_s=5))
-        await asyncio.sleep(0.05)
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        for _ in range(int(DEADLINE_S / 0.01)):  # stop() turns health NOT_SERVING first
+            if (await health.Check(health_pb2.HealthCheckRequest(service=""))).status == not_serving:
+                break
+            await asyncio.sleep(0.01)
         assert not (await stub.ServerReady(oip.ServerReadyRequest())).ready
         status = await health.Check(health_pb2.HealthCheckRequest(service=""))
-        assert status.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert status.status == not_serving
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.ModelInfer(build_infer_request("mlp", {"x": X}), timeout=5)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "draining" in (info.value.details() or "")
@@ -61,7 +79,8 @@ async def _run(*args: str) -> tuple[int, str]:
 async def test_cli_serve_infer_describe_and_sigterm(tmp_path: Path) -> None:
     server = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "switchyard", "executor", "serve", "--port", "0", "--models", "mlp",
-        "--buckets", "1", cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        "--buckets", "1", "--inline-compute-us", "0", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert server.stdout is not None
@@ -88,12 +107,15 @@ async def test_cli_serve_infer_describe_and_sigterm(tmp_path: Path) -> None:
             # a slow request in flight when SIGTERM arrives must still be answered
             await ctl_grpc.ExecutorControlStub(channel).LoadModel(
                 ctl.LoadModelRequest(
-                    model_name="mlp", batch_buckets=[1, 2], dynamic_batching=True, max_queue_delay_us=500_000
+                    model_name="mlp",
+                    batch_buckets=[1, 2],
+                    dynamic_batching=True,
+                    max_queue_delay_us=2_000_000,
                 )
             )
             stub = oip_grpc.GRPCInferenceServiceStub(channel)
             pending = asyncio.ensure_future(stub.ModelInfer(build_infer_request("mlp", {"x": X}), timeout=10))
-            await asyncio.sleep(0.1)
+            await _inside(channel, pending)  # SIGTERM only once the request is in the executor
             server.send_signal(signal.SIGTERM)
             response = await pending
             assert response.outputs[0].shape == [1, 16]
