@@ -19,3 +19,12 @@ os.environ["SWITCHYARD_SECURITY_INSECURE"] = "true"
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Llama-style test model of tests/gen_models.py, built once a session (its tests
+    only read it)."""
+    from tests.gen_models import build_llama
+
+    return build_llama(tmp_path_factory.mktemp("llama") / "llama-tiny")

@@ -1,14 +1,18 @@
 """A tiny Llama-style causal LM for generation tests: a transformers LlamaConfig with seeded
-weights and a byte-level BPE tokenizer trained here, saved with save_pretrained."""
+weights and a byte-level BPE tokenizer trained here, saved with save_pretrained; the
+repositories and executors that serve it, the references its answers are checked against,
+and the tritonclient inputs of a generation request."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
+import tritonclient.grpc as triton
 
 from switchyard.models.registry import ModelRegistry, file_sha256
 from switchyard.models.repository import seed_builtins
@@ -128,6 +132,26 @@ async def start_llama_executor(root: Path, directory: Path, models: tuple[str, .
 
     repository_with_llama(root, directory)
     return await start_executor(ExecutorConfig(models=models, model_repository=str(root)))
+
+
+def text_inputs(
+    prompt: str, stream: bool, sampling: dict[str, Any], exclude: bool | None = None
+) -> list[Any]:
+    """tritonclient inputs of a generation request as Triton's vLLM backend names them: the
+    prompt, the stream flag, the sampling parameters (JSON) and, if given,
+    `exclude_input_in_output`."""
+    text = triton.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+    flag = triton.InferInput("stream", [1], "BOOL")
+    flag.set_data_from_numpy(np.array([stream], dtype=bool))
+    params = triton.InferInput("sampling_parameters", [1], "BYTES")
+    params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
+    inputs = [text, flag, params]
+    if exclude is not None:
+        ex = triton.InferInput("exclude_input_in_output", [1], "BOOL")
+        ex.set_data_from_numpy(np.array([exclude], dtype=bool))
+        inputs.append(ex)
+    return inputs
 
 
 def reference_greedy(directory: Path, prompt: list[int], max_new_tokens: int) -> list[int]:

@@ -23,18 +23,12 @@ from switchyard.models.generation import GenerationSettings
 from switchyard.models.registry import ModelRegistry
 from tests.gen_models import (
     add_tiny_lm_variant,
-    build_llama,
     reference_greedy,
     repository_with_llama,
     tiny_lm_reference,
 )
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20)
-
-
-@pytest.fixture(scope="session")
-def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_llama(tmp_path_factory.mktemp("gen") / "llama-tiny")
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")

@@ -5,28 +5,21 @@ completion on ModelInfer, and the vLLM backend's tensor names."""
 from __future__ import annotations
 
 import asyncio
-import json
 import queue
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import pytest_asyncio
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 from services.executor.executor_server import RunningExecutor
-from tests.gen_models import build_llama, reference_greedy, start_llama_executor
+from tests.gen_models import reference_greedy, start_llama_executor, text_inputs
 
 MODEL = "llama-tiny"
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_llama(tmp_path_factory.mktemp("gen-oip") / "llama-tiny")
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -37,23 +30,6 @@ async def executor(
     running = await start_llama_executor(root, llama_dir, (MODEL, "tiny-lm-gen", "mlp"))
     yield running
     await running.stop(1)
-
-
-def text_inputs(
-    prompt: str, stream: bool, sampling: dict[str, Any], exclude: bool | None = None
-) -> list[Any]:
-    text = triton.InferInput("text_input", [1], "BYTES")
-    text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
-    flag = triton.InferInput("stream", [1], "BOOL")
-    flag.set_data_from_numpy(np.array([stream], dtype=bool))
-    params = triton.InferInput("sampling_parameters", [1], "BYTES")
-    params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
-    inputs = [text, flag, params]
-    if exclude is not None:
-        ex = triton.InferInput("exclude_input_in_output", [1], "BOOL")
-        ex.set_data_from_numpy(np.array([exclude], dtype=bool))
-        inputs.append(ex)
-    return inputs
 
 
 def final(result: Any) -> bool:

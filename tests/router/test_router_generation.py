@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import openai
 import pytest
 import pytest_asyncio
@@ -21,16 +20,11 @@ import tritonclient.grpc as triton
 from services.executor.executor_server import RunningExecutor
 from services.router.router_server import RunningRouter
 from switchyard.net import free_port
-from tests.gen_models import build_llama, reference_greedy, start_llama_executor
+from tests.gen_models import reference_greedy, start_llama_executor, text_inputs
 from tests.router.conftest import Metering, RouterFactory, routes_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 MODEL = "llama-tiny"
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_llama(tmp_path_factory.mktemp("router-gen") / "llama-tiny")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -57,16 +51,6 @@ async def routed(
     return router, key
 
 
-def _inputs(prompt: str, stream: bool, sampling: dict[str, Any]) -> list[Any]:
-    text = triton.InferInput("text_input", [1], "BYTES")
-    text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
-    flag = triton.InferInput("stream", [1], "BOOL")
-    flag.set_data_from_numpy(np.array([stream]))
-    params = triton.InferInput("sampling_parameters", [1], "BYTES")
-    params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
-    return [text, flag, params]
-
-
 def _stream(
     address: str, key: str, prompts: dict[str, str], sampling: dict[str, Any]
 ) -> dict[str, list[Any]]:
@@ -79,7 +63,7 @@ def _stream(
     out: dict[str, list[Any]] = {rid: [] for rid in prompts}
     try:
         for rid, prompt in prompts.items():
-            client.async_stream_infer(MODEL, _inputs(prompt, True, sampling), request_id=rid)
+            client.async_stream_infer(MODEL, text_inputs(prompt, True, sampling), request_id=rid)
         open_ids = set(prompts)
         while open_ids:
             result, error = answers.get(timeout=60)
@@ -136,28 +120,26 @@ def _client(router: RunningRouter, key: str) -> openai.AsyncOpenAI:
     )
 
 
+async def _greedy(client: openai.AsyncOpenAI, prompt: str, max_tokens: int, **options: Any) -> Any:
+    """A completion of MODEL at temperature 0 (greedy: the same answer every time)."""
+    return await client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, **options
+    )
+
+
 async def test_openai_completions_streaming_and_not_agree_with_usage(
     routed: tuple[RunningRouter, str],
 ) -> None:
     router, key = routed
     client = _client(router, key)
     try:
-        whole = await client.completions.create(
-            model=MODEL, prompt="hello world", max_tokens=10, temperature=0
-        )
+        whole = await _greedy(client, "hello world", 10)
         assert whole.object == "text_completion" and whole.choices[0].finish_reason in ("stop", "length")
         assert (whole.usage is not None and whole.usage.completion_tokens == 10) or whole.choices[
             0
         ].finish_reason == "stop"
         pieces, usage = [], None
-        stream = await client.completions.create(
-            model=MODEL,
-            prompt="hello world",
-            max_tokens=10,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
+        stream = await _greedy(client, "hello world", 10, stream=True, stream_options={"include_usage": True})
         async for chunk in stream:
             if chunk.choices:
                 pieces.append(chunk.choices[0].text)
@@ -224,14 +206,7 @@ async def test_a_caller_that_leaves_mid_stream_frees_the_slot(
     events = _record_usage(router)
     client = _client(router, key)
     try:
-        stream = await client.completions.create(
-            model=MODEL,
-            prompt="the quick",
-            max_tokens=40,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
+        stream = await _greedy(client, "the quick", 40, stream=True, extra_body={"ignore_eos": True})
         async for _ in stream:
             break  # the first token came: leave
         await stream.close()
@@ -277,7 +252,7 @@ async def test_unary_and_openai_generations_reach_the_ledger_with_their_tokens(
         result = await asyncio.to_thread(
             client.infer,
             MODEL,
-            _inputs("hello world", False, {"temperature": 0, "max_tokens": 6, "ignore_eos": True}),
+            text_inputs("hello world", False, {"temperature": 0, "max_tokens": 6, "ignore_eos": True}),
             headers={"authorization": f"Bearer {key}"},
         )
     finally:
@@ -287,13 +262,7 @@ async def test_unary_and_openai_generations_reach_the_ledger_with_their_tokens(
     assert answered[0] > 0 and answered[1] == 6
     api = _client(router, key)
     try:
-        whole = await api.completions.create(
-            model=MODEL,
-            prompt="the quick brown",
-            max_tokens=5,
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
+        whole = await _greedy(api, "the quick brown", 5, extra_body={"ignore_eos": True})
     finally:
         await api.close()
     assert whole.usage is not None
@@ -357,7 +326,7 @@ async def test_openai_logprobs_are_the_engines(routed: tuple[RunningRouter, str]
     client = triton.InferenceServerClient(router.address)
     try:
         oip = await asyncio.to_thread(
-            client.infer, MODEL, _inputs("hello world", False, sampling),
+            client.infer, MODEL, text_inputs("hello world", False, sampling),
             headers={"authorization": f"Bearer {key}"},
         )  # fmt: skip
     finally:
