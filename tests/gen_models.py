@@ -33,37 +33,28 @@ LLAMA_GENERATION = {
     "prompt_buckets": [8, 16, 32],
     "decode_slots": 4,
 }
-IO = """
-[[inputs]]
-name = "text_input"
-datatype = "BYTES"
-dims = [1]
 
-[[inputs]]
-name = "stream"
-datatype = "BOOL"
-dims = [1]
+Tensor = tuple[str, str, list[int]]  # name, datatype, dims
 
-[[inputs]]
-name = "sampling_parameters"
-datatype = "BYTES"
-dims = [1]
 
-[[inputs]]
-name = "input_ids"
-datatype = "INT64"
-dims = [-1]
+def io_toml(inputs: list[Tensor], outputs: list[Tensor]) -> str:
+    """The `[[inputs]]` and `[[outputs]]` tables of a model.toml."""
+    tables = [("inputs", t) for t in inputs] + [("outputs", t) for t in outputs]
+    return "".join(
+        f'\n[[{kind}]]\nname = "{n}"\ndatatype = "{d}"\ndims = {dims}\n' for kind, (n, d, dims) in tables
+    )
 
-[[outputs]]
-name = "text_output"
-datatype = "BYTES"
-dims = [-1]
 
-[[outputs]]
-name = "output_ids"
-datatype = "INT64"
-dims = [-1]
-"""
+# a generative model's tensors: Triton's vLLM backend's names, and the token ids both ways
+IO = io_toml(
+    [
+        ("text_input", "BYTES", [1]),
+        ("stream", "BOOL", [1]),
+        ("sampling_parameters", "BYTES", [1]),
+        ("input_ids", "INT64", [-1]),
+    ],
+    [("text_output", "BYTES", [-1]), ("output_ids", "INT64", [-1])],
+)
 
 
 def build_llama(directory: Path, seed: int = 0) -> Path:

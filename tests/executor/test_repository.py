@@ -19,18 +19,9 @@ from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
 from switchyard.models.manifest import file_sha256
 from switchyard.models.repository import Repository, load_module
 from tests.executor.user_model import Scaler, add_user_model
+from tests.gen_models import io_toml
 
-SCALER_IO = """
-[[inputs]]
-name = "features"
-datatype = "FP32"
-dims = [4]
-
-[[outputs]]
-name = "score"
-datatype = "FP32"
-dims = [2]
-"""
+SCALER_IO = io_toml([("features", "FP32", [4])], [("score", "FP32", [2])])
 
 
 def _varint(n: int) -> bytes:
