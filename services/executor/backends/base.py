@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import platform
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -142,3 +144,32 @@ def base_versions() -> dict[str, str]:
 def no_grad() -> Iterator[None]:
     with torch.no_grad():
         yield
+
+
+def host_memory() -> tuple[int, int]:
+    """The host's total and available memory from /proc/meminfo; (0, 0) where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info.get("MemTotal", 0), info.get("MemAvailable", 0)
+    except OSError:
+        return 0, 0
+
+
+class CountingCompiler:
+    """A torch.compile backend around `inner` (inductor, TorchTPU's own), counting compilations
+    and their time per model (dynamo's own counters are process-wide)."""
+
+    def __init__(self, inner: Callable[..., Any]) -> None:
+        self._inner = inner
+        self.compilations = 0
+        self.compile_time_s = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **kw: Any) -> Any:
+        start = time.perf_counter()
+        compiled = self._inner(gm, example_inputs, **kw)
+        with self._lock:
+            self.compilations += 1
+            self.compile_time_s += time.perf_counter() - start
+        return compiled

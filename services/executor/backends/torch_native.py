@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
-import time
 from typing import Any
 
 import torch
@@ -22,9 +20,11 @@ from torch import nn
 from services.executor.backends.base import (
     Availability,
     CompileCounters,
+    CountingCompiler,
     DeviceDescription,
     PreparedModel,
     base_versions,
+    host_memory,
 )
 
 
@@ -42,23 +42,10 @@ def _dynamo_counters() -> tuple[int, tuple[str, ...], int]:
     return sum(reasons.values()), tuple(sorted(reasons)), int(frames.get("total", 0))
 
 
-class _CountingInductor:
-    """A torch.compile backend: inductor, counting compilations and their time per model."""
+def _inductor(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **kw: Any) -> Any:
+    from torch._inductor.compile_fx import compile_fx
 
-    def __init__(self) -> None:
-        self.compilations = 0
-        self.compile_time_s = 0.0
-        self._lock = threading.Lock()
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
-        from torch._inductor.compile_fx import compile_fx
-
-        start = time.perf_counter()
-        compiled = compile_fx(gm, example_inputs)
-        with self._lock:
-            self.compilations += 1
-            self.compile_time_s += time.perf_counter() - start
-        return compiled
+    return compile_fx(gm, example_inputs, **kw)
 
 
 class TorchDeviceBackend:
@@ -77,7 +64,7 @@ class TorchDeviceBackend:
         return torch.device(self.device_type)
 
     def describe_device(self) -> DeviceDescription:
-        total, available = _host_memory()
+        total, available = host_memory()
         return DeviceDescription(
             backend=self.name,
             device_type=self.device_type,
@@ -101,7 +88,7 @@ class TorchDeviceBackend:
             return PreparedModel(
                 run=lambda xs: module(*xs), module=module, mode=mode, counters=CompileCounters
             )
-        counting = _CountingInductor()
+        counting = CountingCompiler(_inductor)
         compiled = torch.compile(module, backend=counting, dynamic=False)
         frames_at_start = _dynamo_counters()[2]
 
@@ -133,15 +120,6 @@ class TorchDeviceBackend:
 class CpuBackend(TorchDeviceBackend):
     name = "cpu"
     device_type = "cpu"
-
-
-def _host_memory() -> tuple[int, int]:
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        return info.get("MemTotal", 0), info.get("MemAvailable", 0)
-    except OSError:
-        return 0, 0
 
 
 def _cpu_name() -> str:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
-import time
 from typing import Any
 
 import torch
@@ -30,24 +28,6 @@ from services.executor.backends import base, tpu_env
 STATIC_SHAPES_ADAPTATION = (
     "static shapes: batches padded up to the warmed batch buckets (one executable per shape)"
 )
-
-
-class _CountingTpuCompiler:
-    """torch.compile backend: TorchTPU's own, counting compilations and their time."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.compilations = 0
-        self.compile_time_s = 0.0
-        self._lock = threading.Lock()
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **kw: Any) -> Any:
-        start = time.perf_counter()
-        compiled = self._inner(gm, example_inputs, **kw)
-        with self._lock:
-            self.compilations += 1
-            self.compile_time_s += time.perf_counter() - start
-        return compiled
 
 
 class TpuBackend:
@@ -120,11 +100,11 @@ class TpuBackend:
         eager = member if member is not None else getattr(tpu.EagerMode, tpu_env.COMPILE_EAGER_FALLBACK)
         if member is not None:
             fn: Any = module
-            counting: _CountingTpuCompiler | None = None
+            counting: base.CountingCompiler | None = None
         else:
             from torch._dynamo.backends.registry import lookup_backend
 
-            counting = _CountingTpuCompiler(lookup_backend("tpu"))
+            counting = base.CountingCompiler(lookup_backend("tpu"))
             fn = torch.compile(module, backend=counting, dynamic=False)
 
         # The runtime's cache counters are process-wide; each run syncs and keeps the miss

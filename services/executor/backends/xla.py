@@ -35,6 +35,7 @@ from services.executor.backends.base import (
     DeviceDescription,
     PreparedModel,
     base_versions,
+    host_memory,
 )
 from services.executor.backends.xla_compat import TorchXlaMetrics, XlaCounters, snapshot
 from switchyard.errors import InvalidArgument
@@ -190,9 +191,4 @@ def _memory(xm: Any, device: torch.device) -> tuple[int, int]:
         total = int(info.get("bytes_limit", 0))
         return total, total - int(info.get("bytes_used", 0))
     except Exception:  # PJRT CPU: "GetAllocatorStats is not supported"
-        try:
-            with open("/proc/meminfo") as f:
-                meminfo = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-            return meminfo.get("MemTotal", 0), meminfo.get("MemAvailable", 0)
-        except OSError:
-            return 0, 0
+        return host_memory()
