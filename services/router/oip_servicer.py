@@ -23,6 +23,7 @@ from switchyard import ids, inband_status, telemetry
 from switchyard.errors import SwitchyardError, Unavailable, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.grpcio import ServicerContext, map_errors
+from switchyard.streams import StreamReplies
 
 SERVICE = "inference.GRPCInferenceService"
 VERSION = "0.1.0"
@@ -114,14 +115,10 @@ class OipServicer:
         peer = context.peer()
         await self.path.admission.identify(metadata, "stream:ModelStreamInfer", ids.time_ordered_hex(), peer)
         answers = _StreamAnswers(self, metadata, peer, context)
-        reader = asyncio.create_task(answers.read(requests))
-        try:
-            while (item := await answers.out.get()) is not None:
+        # closed as the caller leaves: its work is dropped at the executors
+        async with contextlib.aclosing(answers.replies.replies(lambda: answers.read(requests))) as replies:
+            async for item in replies:
                 yield item
-            await reader  # the caller's stream broke: its error ends ours
-        finally:
-            reader.cancel()
-            answers.cancel()  # a caller that left: its work is dropped at the executors
 
     async def is_decoupled(self, raw: bytes) -> bool:
         try:
@@ -166,29 +163,17 @@ class _StreamAnswers:
         self._metadata = metadata
         self._peer = peer
         self._context = context
-        self.out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.replies: StreamReplies[bytes] = StreamReplies()
         self._window = asyncio.Semaphore(STREAM_WINDOW)
-        self._tasks: set[asyncio.Task[None]] = set()
         self._last: asyncio.Task[None] | None = None  # the previous ordered answer
 
     async def read(self, requests: AsyncIterator[bytes]) -> None:
-        try:
-            async for raw in requests:
-                await self._window.acquire()
-                if await self._servicer.is_decoupled(raw):
-                    task = asyncio.create_task(self._decoupled(raw))
-                else:
-                    task = self._last = asyncio.create_task(self._ordered(raw, self._last))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            if self._tasks:
-                await asyncio.wait(set(self._tasks))
-        finally:
-            self.out.put_nowait(None)
-
-    def cancel(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        async for raw in requests:
+            await self._window.acquire()
+            if await self._servicer.is_decoupled(raw):
+                self.replies.start(self._decoupled(raw))
+            else:
+                self._last = self.replies.start(self._ordered(raw, self._last))
 
     async def _ordered(self, raw: bytes, before: asyncio.Task[None] | None) -> None:
         try:
@@ -196,7 +181,7 @@ class _StreamAnswers:
             answer = await self._servicer.stream_answer(raw, self._metadata, time_remaining, self._peer)
             if before is not None:
                 await asyncio.wait({before})  # answers keep the order of their requests
-            self.out.put_nowait(answer)
+            self.replies.put(answer)
         finally:
             self._window.release()
 
@@ -205,7 +190,7 @@ class _StreamAnswers:
             time_remaining = self._context.time_remaining()
             answers = self._servicer.stream_generation(raw, self._metadata, time_remaining, self._peer)
             async for answer in answers:
-                self.out.put_nowait(answer)
+                self.replies.put(answer)
         finally:
             self._window.release()
 
