@@ -241,21 +241,23 @@ async def _handshake(loop: asyncio.AbstractEventLoop, sock: ssl.SSLSocket, timeo
                 sock.do_handshake()
                 return
             except ssl.SSLWantReadError:
-                ready = loop.create_future()
-                loop.add_reader(fd, ready.set_result, None)
-                try:
-                    await ready
-                finally:
-                    loop.remove_reader(fd)
+                await _until(loop, fd, loop.add_reader, loop.remove_reader)
             except ssl.SSLWantWriteError:
-                ready = loop.create_future()
-                loop.add_writer(fd, ready.set_result, None)
-                try:
-                    await ready
-                finally:
-                    loop.remove_writer(fd)
+                await _until(loop, fd, loop.add_writer, loop.remove_writer)
 
     await asyncio.wait_for(run(), timeout_s)
+
+
+async def _until(
+    loop: asyncio.AbstractEventLoop, fd: int, watch: Callable[..., Any], unwatch: Callable[[int], Any]
+) -> None:
+    """Until the socket is readable (add_reader) or writable (add_writer)."""
+    ready = loop.create_future()
+    watch(fd, ready.set_result, None)
+    try:
+        await ready
+    finally:
+        unwatch(fd)
 
 
 async def connect(
