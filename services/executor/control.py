@@ -8,7 +8,7 @@ package is in the executor's allow-list).
 
 from __future__ import annotations
 
-from services.executor.executor_runtime import Executor
+from services.executor.executor_runtime import Executor, find_all
 from services.executor.loaded_model import LoadedModel, LoadOptions
 from switchyard.gen.switchyard.v1 import executor_pb2 as pb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as pb_grpc
@@ -164,10 +164,7 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
     async def ModelStatus(
         self, request: pb.ModelStatusRequest, context: ServicerContext
     ) -> pb.ModelStatusResponse:
-        if request.model_name:
-            models = [self.executor.find(request.model_name, request.version)]
-        else:
-            models = list(self.executor.models.values())
+        models = find_all(self.executor, request.model_name, request.version)
         return pb.ModelStatusResponse(models=[model_status(m) for m in models])
 
     async def GetLoad(self, request: pb.GetLoadRequest, context: ServicerContext) -> pb.LoadReport:

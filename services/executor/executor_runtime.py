@@ -325,3 +325,8 @@ def _start_serving(
 
     model.batcher = Batcher(policy, run)
     model.state = "READY"
+
+
+def find_all(executor: Executor, name: str, version: str) -> list[LoadedModel]:
+    """The named model (as `Executor.find` finds it), or every loaded one where no name is given."""
+    return [executor.find(name, version)] if name else list(executor.models.values())

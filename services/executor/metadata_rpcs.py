@@ -5,7 +5,7 @@ ServerMetadata, ModelMetadata, ModelConfig, ModelStatistics), as Triton answers 
 from __future__ import annotations
 
 from services.executor.batching import BatchCounters
-from services.executor.executor_runtime import Executor
+from services.executor.executor_runtime import Executor, find_all
 from services.executor.loaded_model import LoadedModel
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import model_config_pb2 as mc
@@ -139,10 +139,7 @@ class MetadataRpcs:
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: ServicerContext
     ) -> pb.ModelStatisticsResponse:
-        if request.name:
-            models = [self.executor.find(request.name, request.version)]
-        else:
-            models = list(self.executor.models.values())
+        models = find_all(self.executor, request.name, request.version)
         response = pb.ModelStatisticsResponse()
         for model in models:
             stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
