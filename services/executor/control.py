@@ -8,6 +8,7 @@ package is in the executor's allow-list).
 
 from __future__ import annotations
 
+from services.executor.backends.detect import device_info
 from services.executor.executor_runtime import Executor, find_all
 from services.executor.loaded_model import LoadedModel, LoadOptions
 from switchyard.gen.switchyard.v1 import executor_pb2 as pb
@@ -75,16 +76,7 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
     async def Describe(self, request: pb.DescribeRequest, context: ServicerContext) -> pb.DescribeResponse:
         d = self.executor.describe()
         return pb.DescribeResponse(
-            device=pb.DeviceInfo(
-                backend=d.device.backend,
-                device_type=d.device.device_type,
-                device_name=d.device.device_name,
-                device_count=d.device.device_count,
-                memory_total_bytes=d.device.memory_total_bytes,
-                memory_available_bytes=d.device.memory_available_bytes,
-                available=d.device.available,
-                unavailable_reason=d.device.unavailable_reason,
-            ),
+            device=device_info(d.device),
             torch_version=d.torch_version,
             versions=d.versions,
             resource_class=d.resource_class,

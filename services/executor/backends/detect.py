@@ -12,7 +12,27 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from services.executor.backends.base import DeviceDescription
+    from switchyard.gen.switchyard.v1 import executor_pb2
+
+
+def device_info(device: DeviceDescription) -> executor_pb2.DeviceInfo:
+    """A backend's device description as Describe and `switchyard backends` report it."""
+    from switchyard.gen.switchyard.v1 import executor_pb2 as pb
+
+    return pb.DeviceInfo(
+        backend=device.backend,
+        device_type=device.device_type,
+        device_name=device.device_name,
+        device_count=device.device_count,
+        memory_total_bytes=device.memory_total_bytes,
+        memory_available_bytes=device.memory_available_bytes,
+        available=device.available,
+        unavailable_reason=device.unavailable_reason,
+    )
 
 
 def describe_backend(name: str) -> Any:
@@ -36,19 +56,7 @@ def describe_backend(name: str) -> Any:
         reply.versions.update(base_versions())
         reply.torch_version = reply.versions.get("torch", "")
         return reply
-    device = backend.describe_device()
-    reply.device.CopyFrom(
-        pb.DeviceInfo(
-            backend=device.backend,
-            device_type=device.device_type,
-            device_name=device.device_name,
-            device_count=device.device_count,
-            memory_total_bytes=device.memory_total_bytes,
-            memory_available_bytes=device.memory_available_bytes,
-            available=device.available,
-            unavailable_reason=device.unavailable_reason,
-        )
-    )
+    reply.device.CopyFrom(device_info(backend.describe_device()))
     reply.versions.update(backend.versions())
     reply.torch_version = reply.versions.get("torch", "")
     reply.resource_class = backend.resource_class()
