@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from services.metering import audit, route_changes
+from services.metering import route_changes
 from services.metering.metering_errors import BadInput
 from services.metering.records import MAX_KEY, Actor
 from services.metering.schema import LIMIT_CHANGES
@@ -51,28 +51,10 @@ def save(conn: Connection, actor: Actor, fleet: str, change: PrincipalLimit, now
     _check(fleet, principal_id, rate_per_s, burst, max_in_flight)
     if reset:
         rate_per_s, burst, max_in_flight = 0.0, 0, 0
-    insert = LIMIT_CHANGES.insert().values(
-        fleet=fleet,
-        principal_id=principal_id,
-        rate_per_s=rate_per_s,
-        burst=burst,
-        max_in_flight=max_in_flight,
-        reset=reset,
-        changed_us=now_us,
-        principal=actor.principal,
-        request_id=actor.request_id,
-    )
-    row = conn.execute(insert.returning(LIMIT_CHANGES)).one()
-    detail = {
-        "fleet": fleet,
-        "revision": row.id,
-        "rate_per_s": rate_per_s,
-        "burst": burst,
-        "max_in_flight": max_in_flight,
-        "reset": reset,
-    }
-    audit.append(conn, actor, "limit.set", f"principal/{principal_id}", "ok", now_us, detail)
-    return row
+    limits = {"rate_per_s": rate_per_s, "burst": burst, "max_in_flight": max_in_flight, "reset": reset}
+    values = {"fleet": fleet, "principal_id": principal_id, **limits}
+    action, resource = "limit.set", f"principal/{principal_id}"
+    return route_changes.append_change(conn, LIMIT_CHANGES, actor, now_us, values, action, resource, limits)
 
 
 def latest(conn: Connection, fleet: str) -> list[Any]:

@@ -53,19 +53,10 @@ def save(
     _check_name(model, "model name")
     new = _table(route_json, "route_json") if route_json is not None else None
     old = _table(previous_json, "previous_json") if previous_json else None
-    insert = ROUTE_CHANGES.insert().values(
-        fleet=fleet,
-        model=model,
-        route_json=route_json,
-        changed_us=now_us,
-        principal=actor.principal,
-        request_id=actor.request_id,
-    )
-    row = conn.execute(insert.returning(ROUTE_CHANGES)).one()
     action = "route.set" if new is not None else "route.delete"
-    detail = {"fleet": fleet, "revision": row.id, "old": old, "new": new}
-    audit.append(conn, actor, action, f"route/{fleet}/{model}", "ok", now_us, detail)
-    return row
+    values = {"fleet": fleet, "model": model, "route_json": route_json}
+    resource, detail = f"route/{fleet}/{model}", {"old": old, "new": new}
+    return append_change(conn, ROUTE_CHANGES, actor, now_us, values, action, resource, detail)
 
 
 def latest(conn: Connection, fleet: str) -> list[Any]:
@@ -79,3 +70,24 @@ def newest_per(conn: Connection, table: Table, key: Column[Any], fleet: str) -> 
     value of `key`, ordered by it (route changes here, per-principal limits too)."""
     newest = select(func.max(table.c.id)).where(table.c.fleet == fleet).group_by(key)
     return list(conn.execute(select(table).where(table.c.id.in_(newest)).order_by(key)))
+
+
+def append_change(
+    conn: Connection,
+    table: Table,
+    actor: Actor,
+    now_us: int,
+    values: dict[str, Any],
+    action: str,
+    resource: str,
+    detail: dict[str, Any],
+) -> Any:
+    """Appends one row of a fleet's change table (`values`, who and when) and its audit row,
+    whose detail leads with the fleet and the row's id as the revision; returns the row."""
+    insert = table.insert().values(
+        **values, changed_us=now_us, principal=actor.principal, request_id=actor.request_id
+    )
+    row = conn.execute(insert.returning(table)).one()
+    detail = {"fleet": values["fleet"], "revision": row.id, **detail}
+    audit.append(conn, actor, action, resource, "ok", now_us, detail)
+    return row
