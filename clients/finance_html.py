@@ -23,12 +23,6 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17
 W, H, PAD = 720, 280, 50
 
 
-def _money(micros: int) -> str:
-    sign = "-" if micros < 0 else ""
-    whole, frac = divmod(abs(micros), 1_000_000)
-    return f"{sign}{whole}.{frac:06d}"
-
-
 def _line_chart(by_day: list[dict[str, Any]]) -> str:
     days = sorted({r["day"] for r in by_day})
     paths = sorted({r["path"] for r in by_day})
@@ -51,7 +45,7 @@ def _line_chart(by_day: list[dict[str, Any]]) -> str:
     parts = [f'<svg width="{W}" height="{H}" role="img" aria-label="cost per completed job by day">']
     parts.append(f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#444"/>')
     parts.append(f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="#444"/>')
-    top_text = f"{_money(money.round_half_up(top))} {label}"
+    top_text = f"{money.decimal(money.round_half_up(top))} {label}"
     parts.append(f'<text x="4" y="{PAD - 8}" font-size="11">max {escape(top_text)}</text>')
     parts.append(f'<text x="4" y="{H - PAD + 4}" font-size="11">0</text>')
     for i, day in enumerate(days):
@@ -71,7 +65,7 @@ def _line_chart(by_day: list[dict[str, Any]]) -> str:
             if (path, d) not in points:
                 continue
             x, y = xy(d, points[(path, d)])
-            shown = f"{_money(money.round_half_up(points[(path, d)]))} {label}"
+            shown = f"{money.decimal(money.round_half_up(points[(path, d)]))} {label}"
             parts.append(
                 f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{color}" data-value="{escape(shown)}">'
                 f"<title>{escape(path)} {escape(d)}: {escape(shown)}</title></circle>"
@@ -110,6 +104,12 @@ def _idle_bars(by_path: list[dict[str, Any]]) -> str:
 COST_COLUMNS = ("currency", "total", "busy", "idle", "prepare", "completed", "failed")
 
 
+def cost_cells(r: dict[str, Any]) -> list[str]:
+    """A cost row's COST_COLUMNS figures as text, money exact."""
+    figures = (r["total_micros"], r["busy_micros"], r["idle_micros"], r["prepare_micros"])
+    return [r["currency"], *map(money.decimal, figures), str(r["jobs_completed"]), str(r["jobs_failed"])]
+
+
 def _table(by_path: list[dict[str, Any]]) -> str:
     head = ("path", *COST_COLUMNS, "per completed job", "unpriced events")
     out = ["<table><tr>", *(f"<th>{h}</th>" for h in head), "</tr>"]
@@ -121,13 +121,7 @@ def _table(by_path: list[dict[str, Any]]) -> str:
         )
         cells = (
             r["path"],
-            r["currency"],
-            _money(r["total_micros"]),
-            _money(r["busy_micros"]),
-            _money(r["idle_micros"]),
-            _money(r["prepare_micros"]),
-            str(r["jobs_completed"]),
-            str(r["jobs_failed"]),
+            *cost_cells(r),
             per,
             str(r["unpriced_events"]),
         )

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from clients.finance_html import COST_COLUMNS
-from switchyard import tls
+from clients.finance_html import COST_COLUMNS, cost_cells
+from switchyard import money, tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 
@@ -89,12 +89,6 @@ def per_job_text(total_micros: int, jobs: int) -> str:
     from switchyard.money import per_job_text as text
 
     return text(total_micros, jobs)
-
-
-def money(micros: int) -> str:
-    sign = "-" if micros < 0 else ""
-    whole, frac = divmod(abs(micros), 1_000_000)
-    return f"{sign}{whole}.{frac:06d}"
 
 
 def actor(args: argparse.Namespace) -> pb.Actor:
@@ -183,13 +177,7 @@ def report(args: argparse.Namespace) -> int:
     table = [
         [
             *(str(r.get(g, "")) for g in group_by),
-            r["currency"],
-            money(r["total_micros"]),
-            money(r["busy_micros"]),
-            money(r["idle_micros"]),
-            money(r["prepare_micros"]),
-            str(r["jobs_completed"]),
-            str(r["jobs_failed"]),
+            *cost_cells(r),
             per_job_text(r["total_micros"], r["jobs_completed"]) if r["jobs_completed"] else "n/a",
             str(r["unpriced_events"]),
         ]
@@ -273,7 +261,7 @@ def reverse(args: argparse.Namespace) -> int:
     req.actor.CopyFrom(actor(args))
     r = call(args, lambda stub: stub.ReverseUsage(req))
     state = "already recorded" if r.duplicate else "recorded"
-    print(f"reversal {key} {state}: {money(r.amount_micros)} {r.currency}".rstrip())
+    print(f"reversal {key} {state}: {money.decimal(r.amount_micros)} {r.currency}".rstrip())
     return 0
 
 
@@ -309,7 +297,7 @@ def prices_set(args: argparse.Namespace) -> int:
     req.effective_from_unix_us = parse_time(args.effective_from)
     req.actor.CopyFrom(actor(args))
     p = call(args, lambda stub: stub.SetPrice(req))
-    print(f"price {p.version}: {money(p.micros_per_hour)} {p.currency}/hour")
+    print(f"price {p.version}: {money.decimal(p.micros_per_hour)} {p.currency}/hour")
     return 0
 
 
