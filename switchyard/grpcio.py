@@ -185,6 +185,13 @@ class ServerOptions:
     # A second, plaintext port with grpc.health.v1 only, for probes that cannot show a client
     # certificate (the kubelet's gRPC probes); None = SWITCHYARD_HEALTH_PORT, unset = none.
     health_port: int | None = None
+    # The full method names ("/pkg.Service/Method") registered with gRPC's core; None = every
+    # method, as generated code registers them. grpc.aio's server keeps one pending call per
+    # registered method (plus one for all others) and waits on all of them with
+    # `asyncio.wait` for every incoming call: on the router's 20 methods that wait cost about
+    # 55 us more per call than over 3 (on this 2-core host, loaded). The others are found by
+    # the generic handlers, as an unregistered method always is.
+    registered_methods: frozenset[str] | None = None
 
     def channel_options(self) -> list[tuple[str, int]]:
         return net.message_options(self.max_receive_bytes, self.max_send_bytes)
@@ -303,6 +310,23 @@ class OnServer:
         return self.server.port
 
 
+class _Registering:
+    """The server as `add_*_to_server` sees it: every handler is added, but only the methods
+    named in `registered` are registered with gRPC's core (ServerOptions.registered_methods)."""
+
+    def __init__(self, server: grpc.aio.Server, registered: frozenset[str]) -> None:
+        self._server = server
+        self._registered = registered
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        kept = {m: h for m, h in handlers.items() if f"/{service}/{m}" in self._registered}
+        if kept:
+            self._server.add_registered_method_handlers(service, kept)
+
+
 async def start_server(
     registrations: Sequence[Registration],
     options: ServerOptions,
@@ -333,12 +357,14 @@ async def start_server(
         options=options.channel_options(),
     )
     names = []
+    hot = options.registered_methods
+    target = server if hot is None else _Registering(server, hot)
     for add, servicer, name in registrations:
-        add(ErrorMappedServicer(servicer, name, guard) if in_servicers else servicer, server)
+        add(ErrorMappedServicer(servicer, name, guard) if in_servicers else servicer, target)
         names.append(name)
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, target)
+    reflection.enable_server_reflection(  # the real server: it checks for an aio one
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server, pool=_pool.POOL
     )
     address = f"{options.host}:{options.port}"

@@ -139,3 +139,30 @@ def test_an_unknown_malloc_choice_is_refused_with_the_choices(monkeypatch: pytes
     with pytest.raises(InvalidArgument, match=r"SWITCHYARD_MALLOC=.jemalloc.: use keep .* or default"):
         run_service(coro)
     assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
+
+
+async def test_methods_left_unregistered_with_the_core_are_still_served() -> None:
+    """ServerOptions.registered_methods: only the named methods are registered with gRPC's
+    core (grpc.aio waits on one pending call per registered method with every call); every
+    other method, health and reflection included, is found by the generic handlers."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    from switchyard import tls
+    from switchyard.grpcio import ServerOptions, start_server
+
+    check = "/grpc.health.v1.Health/Check"
+    for registered in (frozenset({check}), frozenset()):
+        options = ServerOptions(registered_methods=registered, security=tls.Security(insecure=True))
+        server = await start_server([], options)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+                ask = reflection_pb2.ServerReflectionRequest(list_services="")
+                answers = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter([ask]))
+                names = [s.name async for a in answers for s in a.list_services_response.service]
+                assert "grpc.health.v1.Health" in names
+        finally:
+            await server.drain(0)

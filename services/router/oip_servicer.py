@@ -27,6 +27,8 @@ from switchyard.streams import StreamReplies
 
 SERVICE = "inference.GRPCInferenceService"
 VERSION = "0.1.0"
+# registered with gRPC's core; the rest are found by the generic handler (ServerOptions)
+HOT_METHODS = frozenset((f"/{SERVICE}/ModelInfer", f"/{SERVICE}/ModelStreamInfer"))
 STREAM_WINDOW = 64  # requests of one ModelStreamInfer stream in the router at once
 Req = TypeVar("Req", bound=Message)
 Rep = TypeVar("Rep", bound=Message)
