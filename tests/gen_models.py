@@ -57,8 +57,22 @@ IO = io_toml(
 )
 
 
-def build_llama(directory: Path, seed: int = 0) -> Path:
-    """Writes config.json, model.safetensors and tokenizer.json into `directory`."""
+def made_up_words(count: int, seed: int) -> list[str]:
+    """`count` seeded lines of pronounceable made-up words: a corpus with enough distinct byte
+    pairs to train a BPE vocabulary of thousands of tokens."""
+    import random
+
+    rng = random.Random(seed)
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["th", "sh", "ch", "st", "qu"]
+    words = ["".join(rng.choices(syllables, k=rng.randint(1, 4))) for _ in range(count * 8)]
+    return [" ".join(words[i : i + 8]) for i in range(0, len(words), 8)]
+
+
+def build_llama(directory: Path, seed: int = 0, vocab_size: int = 320, **sizes: int) -> Path:
+    """Writes config.json, model.safetensors and tokenizer.json into `directory`: the tiny test
+    Llama by default; `sizes` override its LlamaConfig sizes (hidden_size, num_hidden_layers, ...)
+    and a `vocab_size` over 320 trains the tokenizer on seeded made-up words too (the model's
+    vocabulary is the tokenizer's, so every id decodes to text)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -66,26 +80,31 @@ def build_llama(directory: Path, seed: int = 0) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=320,
+        vocab_size=vocab_size,
         special_tokens=["<eos>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(CORPUS, trainer)
+    corpus = CORPUS if vocab_size <= 320 else CORPUS + made_up_words(vocab_size, seed)
+    tokenizer.train_from_iterator(corpus, trainer)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(directory / "tokenizer.json"))
+    shape: dict[str, Any] = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        **sizes,
+    }
     config = LlamaConfig(
         vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
         initializer_range=0.2,
         tie_word_embeddings=False,
         eos_token_id=tokenizer.token_to_id("<eos>"),
         bos_token_id=None,
         pad_token_id=None,
+        **shape,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
