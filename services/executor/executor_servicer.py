@@ -19,6 +19,7 @@ import numpy as np
 
 from services.executor.executor_runtime import Executor
 from services.executor.generation import generation_oip as gen_oip
+from services.executor.generation.engine import GenerationStream
 from services.executor.loaded_model import LoadedModel
 from services.executor.metadata_rpcs import MetadataRpcs
 from switchyard import codec, inband_status, oip_params, telemetry
@@ -152,8 +153,9 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request answered in order; an error goes into error_message and the stream goes on.
         A generation (a causal LM's request) is decoupled: it runs beside the stream's other
-        requests and sends its responses as its tokens come (`generation.generation_oip`)."""
-        stream: StreamReplies[pb.ModelStreamInferResponse] = StreamReplies()
+        requests, and its responses are built here as this writer comes to them, each with the
+        tokens that came since the last (`generation_oip.StreamedResponses`)."""
+        stream: StreamReplies[pb.ModelStreamInferResponse | gen_oip.StreamedResponses] = StreamReplies()
 
         async def read() -> None:
             async for request in request_iterator:
@@ -166,7 +168,10 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
 
         async with contextlib.aclosing(stream.replies(read)) as replies:  # closed as the caller leaves
             async for reply in replies:
-                yield reply
+                if not isinstance(reply, gen_oip.StreamedResponses):
+                    yield reply
+                elif (message := reply.take()) is not None:
+                    yield message
 
     def _generative(self, request: pb.ModelInferRequest) -> LoadedModel | None:
         """The causal LM a stream request is for, unless the router asked for one answer."""
@@ -182,26 +187,32 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
         self,
         model: LoadedModel,
         request: pb.ModelInferRequest,
-        out: asyncio.Queue[pb.ModelStreamInferResponse | None],
+        out: asyncio.Queue[Any],
         context: ServicerContext,
     ) -> None:
+        """A generation on a stream: streamed, its events go to the stream's writer as they come
+        (this task only waits for the end); else its one response."""
         try:
-            async for message in self.generate(model, request, context.time_remaining(), True, wrap=True):
-                out.put_nowait(message)
+            async with self._generation(model, request, context.time_remaining(), True) as (responder, gen):
+                if not responder.call.stream:
+                    whole = await gen_oip.whole_response(
+                        responder, gen, True, model.compilations_after_warmup
+                    )
+                    out.put_nowait(pb.ModelStreamInferResponse(infer_response=whole))
+                    return
+                streamed = gen_oip.StreamedResponses(responder, gen, model.compilations_after_warmup)
+                streamed.attach(out)
+                await streamed.done
         except Exception as exc:  # one bad request must not end the stream the others share
             message = inband_status.encode_error(exc, _STREAM_METHOD)
             out.put_nowait(inband_status.error_response(message, request.id, final=True))
 
-    async def generate(
-        self,
-        model: LoadedModel,
-        request: pb.ModelInferRequest,
-        time_remaining: float | None,
-        decoupled: bool,
-        wrap: bool = False,
-    ) -> AsyncIterator[Any]:
-        """A generation's responses (all of a stream, or the one of a whole completion); with
-        `wrap`, as ModelStreamInferResponse messages, each built in place (no copy per token)."""
+    @contextlib.asynccontextmanager
+    async def _generation(
+        self, model: LoadedModel, request: pb.ModelInferRequest, time_remaining: float | None, decoupled: bool
+    ) -> AsyncIterator[tuple[gen_oip.Responder, GenerationStream]]:
+        """A generation started, with the responder of its responses; counted in flight, and
+        cancelled on leaving (its slot freed) unless it finished."""
         call = gen_oip.parse_call(model, decode_inputs(request), [o.name for o in request.outputs])
         if not decoupled:
             gen_oip.check_unary(call)
@@ -221,12 +232,7 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
         responder = gen_oip.Responder(template, request.id, call, model.engine.tokenizer)
         self.executor.in_flight += 1
         try:
-            async for message in gen_oip.stream_messages(responder, stream, decoupled, wrap):
-                response = message.infer_response if wrap else message
-                response.parameters[
-                    oip_params.COMPILATIONS_AFTER_WARMUP
-                ].int64_param = model.compilations_after_warmup()
-                yield message
+            yield responder, stream
         finally:
             stream.cancel()
             self.executor.in_flight -= 1
@@ -263,10 +269,10 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter_ns()
         generative = self.executor.find(request.model_name, request.model_version)
         if generative.engine is not None:  # a causal LM: the whole completion in one response
-            responses: list[pb.ModelInferResponse] = [
-                r async for r in self.generate(generative, request, time_remaining, False)
-            ]
-            return responses[-1]
+            async with self._generation(generative, request, time_remaining, False) as (responder, gen):
+                return await gen_oip.whole_response(
+                    responder, gen, False, generative.compilations_after_warmup
+                )
         elements = bytes_elements(request) if self._has_bytes(request) else 0
         if elements > self.executor.config.max_bytes_elements:
             raise ResourceExhausted(

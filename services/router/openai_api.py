@@ -6,7 +6,8 @@ completion becomes one OIP request to the route's generative model (the inputs T
 backend takes: `text_input` or `chat_messages`, `stream`, `sampling_parameters`,
 `exclude_input_in_output`) and goes through `RequestPath.generate`: the same bearer keys, routes,
 failover and metering as gRPC callers get. `stream: true` answers with server-sent events
-(`data: {chunk}` per token, then `data: [DONE]`; `stream_options.include_usage` adds a last
+(`data: {chunk}` per executor response: a token, or several that came while the stream
+lagged; then `data: [DONE]`; `stream_options.include_usage` adds a last
 chunk with the usage). `usage` counts the executor's prompt and completion tokens.
 `n` > 1: each choice is its own OIP request (its own prefill, usage event and job), run at
 once and merged; with a `seed`, choice i samples with seed + i, so the choices differ and each

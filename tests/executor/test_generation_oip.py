@@ -5,6 +5,7 @@ completion on ModelInfer, and the vLLM backend's tensor names."""
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import time
 from collections.abc import AsyncIterator
@@ -101,6 +102,68 @@ async def test_streamed_tokens_equal_the_whole_completion_and_hf_generate(
         unary = await asyncio.to_thread(whole, prompt)
         assert unary.as_numpy("text_output")[0].decode() == texts(results)
         assert [int(t) for t in unary.as_numpy("output_ids")] == ids
+
+
+# a client window of 1 KiB (no BDP probing): a consumer that stops reading stalls the writer
+LAGGING = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+
+
+def lagging_stream(address: str, inputs: list[Any], pause_s: float) -> list[Any]:
+    """One request on a stream whose consumer stops for `pause_s` after the first response."""
+    client = triton.InferenceServerClient(address, channel_args=LAGGING)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+
+    def take(result: Any, error: Any) -> None:
+        answers.put((result, error))
+        if answers.qsize() == 1:
+            time.sleep(pause_s)  # the stream's reader thread: nothing is read meanwhile
+
+    client.start_stream(callback=take)
+    out: list[Any] = []
+    try:
+        client.async_stream_infer(MODEL, inputs, request_id="lag")
+        while not out or not final(out[-1]):
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            out.append(result)
+    finally:
+        client.stop_stream()
+        client.close()
+    return out
+
+
+async def test_a_consumer_that_lags_gets_the_tokens_that_came_meanwhile_in_one_response(
+    executor: RunningExecutor, llama_dir: Path
+) -> None:
+    sampling = {"temperature": 0, "max_tokens": 40, "logprobs": 2}
+    prompt = "the quick brown"
+    results = await asyncio.to_thread(
+        lagging_stream, executor.address, text_inputs(prompt, True, sampling), 1.0
+    )
+    model = executor.executor.find(MODEL, "")
+    assert model.engine is not None
+    tokenizer = model.engine.tokenizer
+    want = reference_greedy(llama_dir, tokenizer.encode(prompt), 40)
+    assert len(want) > 10  # enough tokens to come while the consumer is away
+    assert 1 < len(results) < len(want)  # several tokens in one response while it was away
+    assert [final(r) for r in results] == [False] * (len(results) - 1) + [True]
+    counts = [int(r.get_response().parameters["num_output_tokens"].int64_param) for r in results]
+    ids_of = [[int(t) for t in r.as_numpy("output_ids")] for r in results]
+    logprobs_of = [json.loads(r.get_response().parameters["logprobs"].string_param) for r in results]
+    previous = [0, *counts[:-1]]
+    assert [len(ids) for ids in ids_of] == [b - a for a, b in zip(previous, counts, strict=True)]
+    assert [[e["id"] for e in lp] for lp in logprobs_of] == ids_of  # one entry per token, in order
+    assert counts[-1] == len(want) and max(len(ids) for ids in ids_of) > 1
+    ids = [t for chunk in ids_of for t in chunk]
+    assert ids == want
+
+    def whole() -> Any:
+        with triton.InferenceServerClient(executor.address) as client:
+            return client.infer(MODEL, text_inputs(prompt, False, sampling, exclude=True))
+
+    unary = await asyncio.to_thread(whole)
+    assert unary.as_numpy("text_output")[0].decode() == texts(results)
+    assert [int(t) for t in unary.as_numpy("output_ids")] == ids
 
 
 async def test_the_prompt_is_prepended_unless_excluded_and_stream_false_answers_once(

@@ -15,7 +15,8 @@ per decode width, before the model turns READY.
 Decode runs before prefill within an iteration so that the rows a decode step covers but does
 not use (free slots inside its width) are only ever ones a prefill rewrites whole.
 Tokens are chosen with the step (host sampling, `sampling`), so the event loop only moves
-events to the streams.
+events to the streams: each request's wait in its `EventBuffer` until its consumer takes them,
+all that came at once (a stream's writer that lagged sends them in one response).
 
 Where a step runs: on the device thread, unless it serves one request alone and the executor
 says a step of its expected length may run on the event loop (`inline_ok`: nothing else on
@@ -42,7 +43,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +183,41 @@ class TokenEvent:
     output_tokens: int
 
 
+Event = TokenEvent | BaseException  # an error ends the request's events
+
+
+class EventBuffer:
+    """A request's events that its consumer has not taken yet: the engine appends, the consumer
+    takes them all at once (one when it keeps up, several when it lags a step or more behind).
+    `on_ready` is called when an event comes to an empty buffer (so once per batch)."""
+
+    def __init__(self) -> None:
+        self._items: list[Event] = []
+        self._ready = asyncio.Event()
+        self.on_ready: Callable[[], None] | None = None
+
+    def put_nowait(self, item: Event) -> None:
+        self._items.append(item)
+        if len(self._items) == 1:
+            self._ready.set()
+            if self.on_ready is not None:
+                self.on_ready()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def take(self) -> list[Event]:
+        items, self._items = self._items, []
+        self._ready.clear()
+        return items
+
+    async def get(self) -> list[Event]:
+        """Every event not taken yet, waiting for one if there is none."""
+        while not self._items:
+            await self._ready.wait()
+        return self.take()
+
+
 @dataclass
 class _Request:
     prompt: list[int]
@@ -191,7 +227,7 @@ class _Request:
     eos_ids: tuple[int, ...]
     detokenizer: Detokenizer | None
     deadline: float | None
-    events: asyncio.Queue[TokenEvent | BaseException] = field(default_factory=asyncio.Queue)
+    events: EventBuffer = field(default_factory=EventBuffer)
     generator: torch.Generator | None = None
     slot: int = -1
     position: int = 0  # where the pending token goes in the cache
@@ -235,17 +271,45 @@ class GenerationStream:
             self._request.cancelled = True
             self._engine.wake()
 
-    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+    def on_ready(self, callback: Callable[[], None]) -> None:
+        """`callback()` when events come that were not there at the last `take()` (called now if
+        some are waiting already): a consumer that takes them as it can (`take`)."""
+        self._request.events.on_ready = callback
+        if self._request.events:
+            callback()
+
+    def take(self) -> tuple[list[TokenEvent], BaseException | None]:
+        """The events that came since the last take, and the error that ended the request, if
+        one came (after them)."""
+        return _split(self._request.events.take())
+
+    async def batches(self) -> AsyncGenerator[list[TokenEvent]]:
+        """The events in batches: all that came while the consumer was away each time; the last
+        batch ends with the finish. Raises the error that ended the request, after its events."""
         try:
             while True:
-                item = await self._request.events.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
+                events, error = _split(await self._request.events.get())
+                if events:
+                    yield events
+                if error is not None:
+                    raise error
+                if events and events[-1].finish_reason is not None:
                     return
         finally:
             self.cancel()
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        async with contextlib.aclosing(self.batches()) as batches:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+
+
+def _split(items: list[Event]) -> tuple[list[TokenEvent], BaseException | None]:
+    """The token events of a batch, and its error (the engine sends nothing after one)."""
+    events = [e for e in items if isinstance(e, TokenEvent)]
+    errors = [e for e in items if isinstance(e, BaseException)]
+    return events, (errors[0] if errors else None)
 
 
 RunOnDevice = Callable[..., Awaitable[Any]]
@@ -417,9 +481,8 @@ class GenerationEngine:
                 continue
             for request, choice in chosen:
                 self._deliver(request, choice)
-            # the streams send what they got before the next step: a stream's task turns the
-            # event into a response (one pass of the loop), its RPC's task writes it (another)
-            await asyncio.sleep(0)
+            # the streams send what they got before the next step: the events went straight to
+            # the consumers (a stream's writer builds and writes its response in one pass)
             await asyncio.sleep(0)
 
     def _compute(self, decodes: list[_Request], admitted: list[_Request]) -> list[tuple[_Request, Choice]]:

@@ -8,7 +8,12 @@ Outputs: `text_output` BYTES (text prompts) and `output_ids` INT64.
 
 - `stream` true, on ModelStreamInfer: a response per generated token with the new text (the
   prompt never repeated), every response carrying `triton_final_response` (false, and true on
-  the last, which also carries `finish_reason`).
+  the last, which also carries `finish_reason`). When the stream's writer lags (its previous
+  write not done as the next tokens come), the tokens that came meanwhile go in one response:
+  `text_output` their text, `output_ids` their ids, `logprobs` one entry each,
+  `num_output_tokens` the running total. Triton's vLLM backend does the same (a response per
+  engine output, which may carry several tokens), and vLLM's benchmark measures ITL between
+  such chunks.
 - `stream` false (or absent): one response with the whole completion, flagged final on
   ModelStreamInfer; the prompt is prepended unless `exclude_input_in_output`. Unary
   ModelInfer answers this way; `stream` true there is UNIMPLEMENTED, as Triton answers a
@@ -22,9 +27,10 @@ the executor's load and compile parameters; with `logprobs` asked for, a `logpro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,6 +176,16 @@ class Responder:
         self.template.parameters[NUM_INPUT_TOKENS].int64_param = len(call.prompt)
         self.template.parameters[oip_params.BATCH_SIZE].int64_param = 1  # busy_us is its own share
 
+    def chunk(
+        self, events: list[TokenEvent], busy_us: int, into: pb.ModelInferResponse
+    ) -> pb.ModelInferResponse:
+        """A streamed response of the tokens of `events` (their new text and ids), final when
+        the last one finishes the request."""
+        text = "".join(e.text for e in events) if self.call.prompt_text is not None else None
+        ids = [t for e in events for t in e.token_ids]
+        final = events[-1].finish_reason is not None
+        return self.response(text, ids, events, final, True, busy_us, into)
+
     def response(
         self,
         text: str | None,
@@ -205,34 +221,47 @@ class Responder:
         return r
 
 
-async def stream_responses(
-    responder: Responder, stream: GenerationStream, decoupled: bool
-) -> AsyncIterator[pb.ModelInferResponse]:
-    """The call's responses: one per token when streaming, else one with the whole completion."""
-    async for message in stream_messages(responder, stream, decoupled, wrap=False):
-        yield message
+class StreamedResponses:
+    """A streamed call's responses, each built when the RPC's writer comes to it (`take`) from
+    every token that came since the last: one token when the writer keeps up, several when it
+    lags (as Triton's vLLM backend sends a response per engine output, which may carry several
+    tokens). The engine's events reach the writer straight: `attach` puts this object in the
+    writer's queue whenever new events come to an empty buffer."""
 
+    def __init__(
+        self, responder: Responder, stream: GenerationStream, compilations: Callable[[], int]
+    ) -> None:
+        self.responder = responder
+        self.stream = stream
+        self.compilations = compilations
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-async def stream_messages(
-    responder: Responder, stream: GenerationStream, decoupled: bool, wrap: bool
-) -> AsyncIterator[Any]:
-    """As `stream_responses`; with `wrap`, each built straight into a ModelStreamInferResponse
-    (its `infer_response`), as ModelStreamInfer sends them."""
-    call = responder.call
+    def attach(self, out: asyncio.Queue[Any]) -> None:
+        self.stream.on_ready(lambda: out.put_nowait(self))
 
-    def build(text: str | None, ids: list[int], events: list[TokenEvent], final: bool) -> Any:
-        if not wrap:
-            return responder.response(text, ids, events, final, decoupled, stream.busy_us)
-        message = pb.ModelStreamInferResponse()
-        responder.response(text, ids, events, final, decoupled, stream.busy_us, message.infer_response)
+    def take(self) -> pb.ModelStreamInferResponse | None:
+        """The response of the tokens that came since the last one, or None (none came, or the
+        generation failed: `done` then holds the error, for the caller's in-band answer)."""
+        if self.done.done():
+            return None
+        events, error = self.stream.take()
+        message = None
+        if events:
+            message = pb.ModelStreamInferResponse()
+            response = self.responder.chunk(events, self.stream.busy_us, message.infer_response)
+            response.parameters[oip_params.COMPILATIONS_AFTER_WARMUP].int64_param = self.compilations()
+            if events[-1].finish_reason is not None:
+                self.done.set_result(None)
+        if error is not None and not self.done.done():
+            self.done.set_exception(error)
         return message
 
-    if call.stream:
-        async for event in stream:
-            text = event.text if call.prompt_text is not None else None
-            final = event.finish_reason is not None
-            yield build(text, list(event.token_ids), [event], final)
-        return
+
+async def whole_response(
+    responder: Responder, stream: GenerationStream, decoupled: bool, compilations: Callable[[], int]
+) -> pb.ModelInferResponse:
+    """The whole completion in one response (`stream` false)."""
+    call = responder.call
     events = [event async for event in stream]
     ids = [t for e in events for t in e.token_ids]
     text = "".join(e.text for e in events) if call.prompt_text is not None else None
@@ -240,7 +269,9 @@ async def stream_messages(
         ids = call.prompt + ids
         if text is not None and call.prompt_text is not None:
             text = call.prompt_text + text
-    yield build(text, ids, events, True)
+    response = responder.response(text, ids, events, True, decoupled, stream.busy_us)
+    response.parameters[oip_params.COMPILATIONS_AFTER_WARMUP].int64_param = compilations()
+    return response
 
 
 def check_unary(call: GenerationCall) -> None:
