@@ -72,6 +72,7 @@ def load_compatibility(report: xpb.CompatibilityReport) -> LoadCompatibility:
         unsupported_dtypes=list(report.unsupported_dtypes),
         adaptations=list(report.adaptations),
         compilations=report.compilations,
+        cached_compilations=report.cached_compilations,
         compile_time_s=report.compile_time_s,
         compilations_after_warmup=report.compilations_after_warmup,
         notes=list(report.notes),

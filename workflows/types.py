@@ -156,6 +156,7 @@ class LoadCompatibility:
     unsupported_dtypes: list[str] = field(default_factory=list)
     adaptations: list[str] = field(default_factory=list)
     compilations: int = 0
+    cached_compilations: int = 0  # graphs found in the compile cache instead (XLA's CachedCompile)
     compile_time_s: float = 0.0
     compilations_after_warmup: int = 0
     notes: list[str] = field(default_factory=list)

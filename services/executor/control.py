@@ -41,6 +41,7 @@ def model_status(model: LoadedModel) -> pb.ModelStatus:
             unsupported_dtypes=findings.unsupported_dtypes,
             adaptations=findings.adaptations,
             compilations=during.compilations,
+            cached_compilations=during.cached_compilations,
             compile_time_s=during.compile_time_s,
             compilations_after_warmup=model.compilations_after_warmup(),
             notes=list(during.notes),

@@ -72,6 +72,7 @@ def _during_load(own: CompileCounters, process: CompileCounters) -> CompileCount
     breaks, fallbacks and notes (the backend's counters since the load began)."""
     return CompileCounters(
         compilations=own.compilations,
+        cached_compilations=own.cached_compilations,
         compile_time_s=own.compile_time_s,
         graph_breaks=process.graph_breaks,
         graph_break_reasons=process.graph_break_reasons,

@@ -19,18 +19,6 @@ from workflows.trial import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPORAL = Path(sys.executable).parent / "temporal"
-# Tests that warm the shared XLA executor's process-wide compile cache with tiny-lm's graphs
-# (batch 1, sequence 32) run after every other trial test: the three-path trial checks that a
-# cold XLA load reports its compilations, and a warm cache rightly reports none.
-WARMS_XLA_CACHE = ("tests/trial/test_distributed.py::test_xla_ddp",)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    warm = [i for i in items if i.nodeid.startswith(WARMS_XLA_CACHE)]
-    if warm:
-        rest = [i for i in items if i not in warm]
-        last_trial = max((n for n, i in enumerate(rest) if i.nodeid.startswith("tests/trial/")), default=-1)
-        items[:] = rest[: last_trial + 1] + warm + rest[last_trial + 1 :]
 
 
 @pytest.fixture(scope="session")

@@ -72,7 +72,9 @@ async def test_three_path_trial_has_all_four_parts_and_verdicts(stack: Stack) ->
             "torch._dynamo.utils.same" in report["paths"][name]["correctness"]["outputs"][0]["justification"]
         )
     xla_compat = report["paths"]["xla"]["prepare"]["compatibility"]
-    assert xla_compat["compile_time_s"] > 0 or xla_compat["compilations"] > 0
+    # compiled, or served from the executor's compile cache (an earlier test loaded these graphs)
+    compiled = xla_compat["compilations"] + xla_compat["cached_compilations"]
+    assert xla_compat["compile_time_s"] > 0 or compiled > 0, xla_compat
     # one host: the paths' performance phases never overlapped
     windows = sorted(tuple(s["timeline"]["performance"]) for s in report["paths"].values())
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(windows))

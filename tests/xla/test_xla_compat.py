@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from services.executor.backends.xla import to_compile_counters
 from services.executor.backends.xla_compat import XlaCounters, fallback_notes, snapshot
 
 
@@ -49,6 +50,8 @@ def test_difference_keeps_only_what_happened_in_between() -> None:
     assert delta.executions == 5
     assert delta.compile_time_s == 0.25
     assert dict(delta.fallback_ops) == {"aten::median.dim_values": 1}
+    reported = to_compile_counters(delta)  # what LoadModel's compatibility report carries
+    assert (reported.compilations, reported.cached_compilations) == (1, 4)
 
 
 def test_plus_adds_phases_and_notes_name_each_fallback() -> None:

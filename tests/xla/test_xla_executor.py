@@ -113,7 +113,11 @@ def test_the_tolerance_rejects_a_perturbed_checkpoint(executors: dict[str, Execu
     xla = executors["xla"].address
     with grpc.insecure_channel(xla) as channel:
         request = ctl.LoadModelRequest(model_name="mlp", version="perturbed", batch_buckets=[1, 4])
-        assert ctl_grpc.ExecutorControlStub(channel).LoadModel(request, timeout=120).model.state == "READY"
+        loaded = ctl_grpc.ExecutorControlStub(channel).LoadModel(request, timeout=120).model
+    assert loaded.state == "READY"
+    # the served mlp's graphs (other weights, same shapes): XLA's compile cache has them all
+    compat = loaded.compatibility
+    assert compat.compilations == 0 and compat.cached_compilations >= 2, compat
     array = _mlp_input(torch.Generator().manual_seed(5), 3)
     cpu = infer(executors["cpu"].address, "mlp", "x", "FP32", "y", array)
     perturbed = infer(xla, "mlp", "x", "FP32", "y", array, version="perturbed")

@@ -61,6 +61,7 @@ class CompileCounters:
     """A snapshot of a backend's compilation signals; subtract two with `since`."""
 
     compilations: int = 0
+    cached_compilations: int = 0  # graphs found in the compilation cache instead (XLA)
     compile_time_s: float = 0.0
     graph_breaks: int = 0
     graph_break_reasons: tuple[str, ...] = ()
@@ -76,6 +77,7 @@ class CompileCounters:
         old_reasons = set(earlier.graph_break_reasons)
         return CompileCounters(
             compilations=self.compilations - earlier.compilations,
+            cached_compilations=self.cached_compilations - earlier.cached_compilations,
             compile_time_s=self.compile_time_s - earlier.compile_time_s,
             graph_breaks=self.graph_breaks - earlier.graph_breaks,
             graph_break_reasons=tuple(r for r in self.graph_break_reasons if r not in old_reasons),

@@ -49,6 +49,7 @@ def to_compile_counters(counters: XlaCounters) -> CompileCounters:
     """XLA's signals in the shape every backend reports."""
     return CompileCounters(
         compilations=counters.uncached_compiles,
+        cached_compilations=counters.cached_compiles,
         compile_time_s=counters.compile_time_s,
         fallback_ops=tuple(counters.fallback_ops.items()),
     )

@@ -158,6 +158,7 @@ class GenerationRuntime:
         a, b = self.prefill_step.counters(), self.decode_step.counters()
         return CompileCounters(
             compilations=a.compilations + b.compilations,
+            cached_compilations=a.cached_compilations + b.cached_compilations,
             compile_time_s=a.compile_time_s + b.compile_time_s,
             graph_breaks=max(a.graph_breaks, b.graph_breaks),
             graph_break_reasons=tuple(sorted({*a.graph_break_reasons, *b.graph_break_reasons})),

@@ -284,6 +284,7 @@ class CompatibilityReport(_message.Message):
     COMPILATIONS_AFTER_WARMUP_FIELD_NUMBER: _builtins.int
     NOTES_FIELD_NUMBER: _builtins.int
     FALLBACK_OPS_AFTER_WARMUP_FIELD_NUMBER: _builtins.int
+    CACHED_COMPILATIONS_FIELD_NUMBER: _builtins.int
     graph_breaks: _builtins.int
     recompiles: _builtins.int
     compilations: _builtins.int
@@ -292,6 +293,11 @@ class CompatibilityReport(_message.Message):
     """backend-reported compile time"""
     compilations_after_warmup: _builtins.int
     """must stay 0 while serving"""
+    cached_compilations: _builtins.int
+    """Runs during load/warm-up whose graph the backend's compilation cache already held (XLA's
+    CachedCompile): each repeat of a graph counts, and a load whose graphs an earlier load in
+    the process compiled has only these, no compilations
+    """
     @_builtins.property
     def fallback_ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___FallbackOp]: ...
     @_builtins.property
@@ -324,10 +330,11 @@ class CompatibilityReport(_message.Message):
         compilations_after_warmup: _builtins.int = ...,
         notes: _abc.Iterable[_builtins.str] | None = ...,
         fallback_ops_after_warmup: _abc.Iterable[Global___FallbackOp] | None = ...,
+        cached_compilations: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adaptations", b"adaptations", "compilations", b"compilations", "compilations_after_warmup", b"compilations_after_warmup", "compile_time_s", b"compile_time_s", "fallback_ops", b"fallback_ops", "fallback_ops_after_warmup", b"fallback_ops_after_warmup", "graph_break_reasons", b"graph_break_reasons", "graph_breaks", b"graph_breaks", "notes", b"notes", "recompiles", b"recompiles", "unsupported_dtypes", b"unsupported_dtypes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adaptations", b"adaptations", "cached_compilations", b"cached_compilations", "compilations", b"compilations", "compilations_after_warmup", b"compilations_after_warmup", "compile_time_s", b"compile_time_s", "fallback_ops", b"fallback_ops", "fallback_ops_after_warmup", b"fallback_ops_after_warmup", "graph_break_reasons", b"graph_break_reasons", "graph_breaks", b"graph_breaks", "notes", b"notes", "recompiles", b"recompiles", "unsupported_dtypes", b"unsupported_dtypes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
