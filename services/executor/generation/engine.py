@@ -9,7 +9,8 @@ per decode width, before the model turns READY.
 (beyond `max_queue`, RESOURCE_EXHAUSTED) for a free slot. Each iteration:
 1. requests cancelled or past their deadline leave, and their slots are freed;
 2. one decode step for every running request (one new token each, each at its own position),
-   as wide as the highest slot in use rounded up to a decode bucket;
+   as wide as the highest slot in use (rounded up to a decode bucket where graphs are
+   compiled; eager runs prompts and steps at their own shapes);
 3. then up to `max_prefills_per_step` waiting requests take free slots and are prefilled
    (each gives its first token), joining the running batch at the next decode step.
 Decode runs before prefill within an iteration so that the rows a decode step covers but does
@@ -87,6 +88,9 @@ class GenerationRuntime:
         self.prefill_step: PreparedModel = backend.prepare(PrefillStep(self.lm, layers), mode)
         self.decode_step: PreparedModel = backend.prepare(DecodeStep(self.lm, layers), mode)
         self.eos_token_ids = settings.eos_token_ids or self.lm.eos_token_ids
+        # compiled graphs (XLA, TPU, inductor) take only the warmed buckets' shapes; eager runs
+        # a prompt at its own length and a decode step at its own width (less to compute)
+        self.pad_to_buckets = backend.static_shapes or mode == "compile"
         self._warm = 0
         self.warm_prefill_s: dict[int, float] = {}
         self.warm_decode_s: dict[int, float] = {}
@@ -112,17 +116,19 @@ class GenerationRuntime:
         return buckets[bisect.bisect_left(buckets, length)]
 
     def prefill(self, ids: list[int], slot: int) -> torch.Tensor:
-        """The logits [vocab] after the prompt; the slot's cache row holds the prompt."""
-        bucket = self.bucket_for(len(ids))
+        """The logits [vocab] after the prompt (zero-padded to its bucket where graphs are
+        compiled); the slot's cache row holds the prompt."""
+        bucket = self.bucket_for(len(ids)) if self.pad_to_buckets else len(ids)
         padded = torch.zeros((1, bucket), dtype=torch.int64)
         padded[0, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
         length = torch.tensor([len(ids)], dtype=torch.int64)
         return self._run(self.prefill_step, [padded, length, torch.tensor([slot], dtype=torch.int64)])[0]
 
     def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
-        """Logits [width, vocab] of one step over the leading `len(tokens)` slots (padded to a bucket)."""
+        """Logits [width, vocab] of one step over the leading `len(tokens)` slots (padded to a
+        decode bucket where graphs are compiled)."""
         buckets = self.settings.decode_buckets
-        width = buckets[bisect.bisect_left(buckets, len(tokens))]
+        width = buckets[bisect.bisect_left(buckets, len(tokens))] if self.pad_to_buckets else len(tokens)
         t = torch.zeros(width, dtype=torch.int64)
         p = torch.zeros(width, dtype=torch.int64)
         t[: len(tokens)] = torch.tensor(tokens, dtype=torch.int64)

@@ -4,8 +4,8 @@ Each adapter runs its model's own layers (embeddings, norms, projections, MLPs, 
 embedding) and does attention itself, against the engine's cache rows:
 
 - `prefill(ids [1, bucket], length [1], slot [1], keys, values) -> logits [1, vocab]`: the
-  prompt padded to its bucket, causal attention within it, the slot's cache row written, and
-  the logits of the last real position (`length - 1`);
+  prompt (padded to its bucket on compiled paths), causal attention within it, the slot's
+  cache row written, and the logits of the last real position (`length - 1`);
 - `decode(tokens [n], positions [n], keys, values) -> logits [n, vocab]`: one token for each
   of the leading n slots at its own position, written into the cache, attention over the
   slot's row masked to positions <= its own.
