@@ -47,18 +47,25 @@ class ExecutorTransport(Protocol):
         ...
 
 
+# what every unary request asks besides its deadline: one answer even from a decoupled
+# (generative) model, and the executor's statistics (the router routes and meters by them)
+_UNARY_STATS = wire.parameters_field({oip_params.UNARY: True, oip_params.STATS: True})
+
+
 def request_parameters(timeout_s: float, unary: bool, tracing: bool) -> bytes:
     """The parameters every request carries to the executor, appended to its bytes: the remaining
     deadline (Triton's `timeout`, microseconds), for one answer (`unary`) that one answer is
     wanted even from a decoupled model and with the executor's statistics (`switchyard_stats`),
     and the trace context when tracing."""
-    params: dict[str, wire.Param] = {oip_params.TIMEOUT: max(1, int(timeout_s * 1e6))}
+    deadline = wire.parameters_field({oip_params.TIMEOUT: max(1, int(timeout_s * 1e6))})
+    if not unary and not tracing:
+        return deadline
+    parts = [deadline]
     if unary:
-        params[oip_params.UNARY] = True  # one answer, even from a decoupled (generative) model
-        params[oip_params.STATS] = True  # load and device time: the router routes and meters by them
+        parts.append(_UNARY_STATS)
     if tracing:
-        params.update(telemetry.trace_parameters())
-    return wire.parameters_field(params)  # later map entries win
+        parts.append(wire.parameters_field(telemetry.trace_parameters()))
+    return b"".join(parts)  # later map entries win
 
 
 def unwrap_answer(reply: bytes) -> bytes:

@@ -37,6 +37,8 @@ from switchyard import ids
 from switchyard.errors import ResourceExhausted
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
+_PATH_ENTRIES: dict[str, bytes] = {}  # path -> its encoded `path` parameter (paths are few)
+
 
 @dataclass
 class RequestPath:
@@ -110,14 +112,23 @@ class RequestPath:
     def _answer(self, charge: Charge, outcome: Outcome, sent: Forwarded, t0: int) -> bytes:
         """The executor's bytes with the router's parameters appended."""
         route = charge.route
-        extra: dict[str, wire.Param] = {"path": outcome.path, "request_id": charge.request_id}
+        path = _PATH_ENTRIES.get(outcome.path)
+        if path is None:
+            path = _PATH_ENTRIES.setdefault(outcome.path, wire.parameters_field({"path": outcome.path}))
         suffix = b""
         if sent.target.model and sent.target.model != route.model:
             suffix = wire.string_field(wire.MODEL_NAME, route.model)  # callers see the name they asked for
         overhead_us = (time.perf_counter_ns() - t0 - sent.wait_ns) // 1000
-        extra["router_overhead_us"] = overhead_us
         self.meter.observe_overhead(route, outcome.path, overhead_us)
-        return b"".join((sent.reply, suffix, wire.parameters_field(extra)))
+        return b"".join(
+            (
+                sent.reply,
+                suffix,
+                path,
+                wire.string_parameter(b"request_id", charge.request_id),
+                wire.parameters_field({"router_overhead_us": overhead_us}),
+            )
+        )
 
     async def generate(
         self, raw: bytes, metadata: Metadata, time_remaining: float | None, peer: str

@@ -10,6 +10,7 @@ a new encoding. Responses are read the same way: only their `parameters` entries
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from switchyard.errors import InvalidArgument
@@ -140,7 +141,7 @@ _TENSOR_FIELDS = frozenset((5, 6))  # outputs, raw_output_contents of a ModelInf
 FULL_PARSE_BYTES = 256 * 1024
 
 
-def parameters_field(params: dict[str, Param]) -> bytes:
+def parameters_field(params: Mapping[str, Param]) -> bytes:
     """Encoded `parameters` map entries (field 4) to append to a request or response."""
     message = pb.ModelInferResponse()
     for key, value in params.items():
@@ -155,6 +156,18 @@ def parameters_field(params: dict[str, Param]) -> bytes:
             slot.string_param = value
     # A message holding only the map serialises to exactly the entries to append.
     return message.SerializeToString()
+
+
+def string_parameter(key: bytes, value: str) -> bytes:
+    """One `parameters` entry with a string value, as `parameters_field({key: value})` encodes
+    it, written directly when key and value are short (about a third of the cost: the router
+    adds the request id to every answer)."""
+    data = value.encode()
+    if len(key) + len(data) > 100:
+        return parameters_field({key.decode(): value})
+    inner = 2 + len(data)  # InferParameter: string_param (3), length, bytes
+    head = bytes((0x22, 4 + len(key) + inner, 0x0A, len(key)))  # entry; its key (1)
+    return b"".join((head, key, bytes((0x12, inner, 0x1A, len(data))), data))  # its value (2)
 
 
 def _header_prefix(buf: bytes) -> bytes:

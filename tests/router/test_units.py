@@ -65,6 +65,25 @@ def test_parameters_appended_to_a_response_and_read_back() -> None:
     assert pb.ModelInferResponse.FromString(raw).raw_output_contents[0] == b"\x00" * 64
 
 
+def test_a_string_parameter_is_encoded_as_the_map_encodes_it() -> None:
+    for key, value in ((b"request_id", "0" * 32), (b"k", ""), (b"path", "é" * 40), (b"id", "x" * 300)):
+        assert wire.string_parameter(key, value) == wire.parameters_field({key.decode(): value})
+    head = pb.ModelInferResponse(model_name="mlp").SerializeToString()
+    raw = head + wire.string_parameter(b"request_id", "r1")
+    assert wire.read_parameters(raw) == {"request_id": "r1"}
+
+
+def test_the_parameters_sent_to_an_executor_carry_the_deadline_and_what_is_asked() -> None:
+    from services.router.executor_transport import request_parameters
+
+    def sent(timeout_s: float, unary: bool) -> dict[str, wire.Param]:
+        head = pb.ModelInferRequest(model_name="mlp").SerializeToString()
+        return wire.read_parameters(head + request_parameters(timeout_s, unary, False))
+
+    assert sent(1.5, True) == {"timeout": 1_500_000, "switchyard_unary": True, "switchyard_stats": True}
+    assert sent(0.0, False) == {"timeout": 1}
+
+
 def test_malformed_request_is_invalid_argument() -> None:
     with pytest.raises(InvalidArgument):
         wire.read_header(b"\x0a\xff")  # length runs past the end
