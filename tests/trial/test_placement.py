@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,12 +12,9 @@ from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import RunningExecutor, start_executor
 from tests.report_pages import check_charts
 from tests.trial.stack import Stack, set_prices
-from tests.trial.trial_helpers import QUICK_PERF, tiny_spec
-from workflows.connections import Connections, WorkerConfig
+from tests.trial.trial_helpers import QUICK_PERF, run_trial, tiny_spec
+from workflows.connections import WorkerConfig
 from workflows.render import render
-from workflows.trial import TrialWorkflow
-from workflows.trial_io import TrialInput
-from workflows.worker import build_worker
 
 
 @pytest.fixture
@@ -48,19 +44,7 @@ async def test_hosts_run_in_parallel_and_a_shared_host_is_serialised(
         executors={"exec-a": stack.cpu, "exec-b": second_executor.address},
         hosts={"exec-a": "host-a", "exec-b": "host-b"},
     )
-    queue = f"place-{uuid.uuid4().hex[:8]}"
-    conns = Connections(config)
-    try:
-        async with build_worker(stack.env.client, conns, task_queue=queue):
-            result = await stack.env.client.execute_workflow(
-                TrialWorkflow.run,
-                TrialInput.from_json(spec),
-                id=f"place-{uuid.uuid4().hex[:8]}",
-                task_queue=queue,
-            )
-            report = result.to_json()
-    finally:
-        await conns.close()
+    report = await run_trial(stack, spec, "place", config)
     assert report["placement"] == {"host-a": ["ref-a", "cand-a"], "host-b": ["cand-b"]}
     paths = report["paths"]
 

@@ -13,10 +13,9 @@ import pytest
 from temporalio.client import WorkflowHandle
 
 from tests.trial.stack import ROOT, Stack, worker_command
-from tests.trial.trial_helpers import connections, ledger_state, tiny_spec
+from tests.trial.trial_helpers import ledger_state, tiny_spec, trial_worker
 from workflows.trial import TrialWorkflow
 from workflows.trial_io import TrialInput
-from workflows.worker import build_worker
 
 LONG_PERF = {
     "warmup": 1,
@@ -101,26 +100,21 @@ async def test_cancel_stops_the_trial_and_leaves_the_ledger_consistent(stack: St
         ],
         performance={**LONG_PERF, "min_seconds": 120.0},
     )
-    queue = f"cancel-{uuid.uuid4().hex[:8]}"
-    conns = connections(stack)
-    try:
-        async with build_worker(stack.env.client, conns, task_queue=queue):
-            handle = await stack.env.client.start_workflow(
-                TrialWorkflow.run,
-                TrialInput.from_json(spec),
-                id=f"cancel-{uuid.uuid4().hex[:8]}",
-                task_queue=queue,
-            )
-            await _wait_for_phase(handle, "cpu-eager", "performance")
-            async with asyncio.timeout(60):
-                if how == "update":  # the `cancel` update (what `switchyard trial cancel` sends)
-                    status = await handle.execute_update(TrialWorkflow.cancel, "operator changed their mind")
-                else:  # the Temporal UI's Cancel button: a workflow cancellation request
-                    await handle.cancel()
-                    status = "cancelled"
-                report = (await handle.result()).to_json()
-    finally:
-        await conns.close()
+    async with trial_worker(stack) as queue:
+        handle = await stack.env.client.start_workflow(
+            TrialWorkflow.run,
+            TrialInput.from_json(spec),
+            id=f"cancel-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+        )
+        await _wait_for_phase(handle, "cpu-eager", "performance")
+        async with asyncio.timeout(60):
+            if how == "update":  # the `cancel` update (what `switchyard trial cancel` sends)
+                status = await handle.execute_update(TrialWorkflow.cancel, "operator changed their mind")
+            else:  # the Temporal UI's Cancel button: a workflow cancellation request
+                await handle.cancel()
+                status = "cancelled"
+            report = (await handle.result()).to_json()
     assert status == "cancelled"
     reason = "operator changed their mind" if how == "update" else "workflow cancellation requested"
     assert report["status"] == "cancelled" and report["cancel_reason"] == reason

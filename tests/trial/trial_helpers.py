@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -64,19 +66,29 @@ def connections(stack: Stack) -> Connections:
     )
 
 
-async def run_trial(stack: Stack, spec: dict[str, Any], prefix: str = "trial") -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def trial_worker(stack: Stack, config: WorkerConfig | None = None) -> AsyncIterator[str]:
+    """A trial worker on the stack's Temporal, with the stack's services (or `config`'s), on a
+    fresh task queue: yields the queue's name; closes the worker's connections afterwards."""
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    conns = connections(stack)
+    conns = connections(stack) if config is None else Connections(config)
     try:
         async with build_worker(stack.env.client, conns, task_queue=queue):
-            result = await stack.env.client.execute_workflow(
-                TrialWorkflow.run,
-                TrialInput.from_json(spec),
-                id=f"{prefix}-{uuid.uuid4().hex[:8]}",
-                task_queue=queue,
-            )
+            yield queue
     finally:
         await conns.close()
+
+
+async def run_trial(
+    stack: Stack, spec: dict[str, Any], prefix: str = "trial", config: WorkerConfig | None = None
+) -> dict[str, Any]:
+    async with trial_worker(stack, config) as queue:
+        result = await stack.env.client.execute_workflow(
+            TrialWorkflow.run,
+            TrialInput.from_json(spec),
+            id=f"{prefix}-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+        )
     return result.to_json()  # the report, as the ledger stores it
 
 
