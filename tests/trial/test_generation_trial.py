@@ -13,22 +13,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from services.router import router_config
-from services.router.capture import list_workloads
-from services.router.router_server import start_router
-from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
-from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
-from switchyard.grpcio import ServerOptions
 from switchyard.models.manifest import file_sha256
 from tests.conftest import IN_CI
 from tests.gen_models import add_generative, build_llama
 from tests.trial.stack import ROOT, Stack
-from tests.trial.trial_helpers import connections, run_trial
+from tests.trial.trial_helpers import captured_workload, connections, run_trial
 from workflows.render import render
 from workflows.worker import build_worker
 
@@ -256,31 +249,13 @@ async def test_lengths_from_a_captured_workload(
 ) -> None:
     """Generations captured at the router replayed as the generation scenario: each request's
     prompt as captured and its captured max_tokens as the output length."""
-    async with grpc.aio.insecure_channel(stack.cpu) as channel:
-        await xgrpc.ExecutorControlStub(channel).LoadModel(
-            xpb.LoadModelRequest(model_name=llama), timeout=300
-        )
-    workloads = tmp_path / "workloads"
-    cfg = router_config.parse(
-        {
-            "router": {
-                "require_auth": False,
-                "fleet": f"gen-{uuid.uuid4().hex[:8]}",
-                "workloads_dir": str(workloads),
-            },
-            "deployments": {"cpu": {"address": stack.cpu, "path": "cpu-capture"}},
-            "routes": {llama: {"policy": "pinned", "targets": ["cpu"], "capture": {"share": 1.0}}},
-        }
-    )
     prompts = [[5, 6, 7], [11, 12, 13, 14, 15, 16, 17, 18, 19], [40, 41, 42, 43, 44]]
     max_tokens = [3, 7, 5]
-    router = await start_router(cfg, "", ServerOptions(), tmp_path / "spool")
-    try:
-        await asyncio.to_thread(_send_generations, router.address, prompts, max_tokens)
-    finally:
-        await router.stop(0)  # closes the capture into a workload
-    (workload,) = list_workloads(workloads)
-    monkeypatch.setenv("SWITCHYARD_WORKLOADS_DIR", str(workloads))
+
+    def send(address: str) -> None:
+        _send_generations(address, prompts, max_tokens)
+
+    workload = await captured_workload(stack, llama, "cpu-capture", send, tmp_path, monkeypatch)
     spec = generation_spec(
         [
             {"name": "cpu-eager", "executor": "cpu", "mode": "eager"},

@@ -5,23 +5,14 @@ fails the trial's inputs with both hashes."""
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from services.router import router_config
-from services.router.capture import list_workloads
-from services.router.router_server import start_router
-from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
-from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
-from switchyard.grpcio import ServerOptions
 from tests.trial.stack import Stack
-from tests.trial.trial_helpers import QUICK_PERF, run_trial
+from tests.trial.trial_helpers import QUICK_PERF, captured_workload, run_trial
 from workflows.spec import SpecError, parse_spec
 
 ROWS = (1, 3, 2, 1, 4)
@@ -45,29 +36,7 @@ def _send(address: str) -> list[np.ndarray]:
 async def test_a_captured_workload_is_replayed_in_a_trial(
     stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with grpc.aio.insecure_channel(stack.cpu) as channel:
-        await xgrpc.ExecutorControlStub(channel).LoadModel(
-            xpb.LoadModelRequest(model_name="mlp"), timeout=300
-        )
-    workloads = tmp_path / "workloads"
-    cfg = router_config.parse(
-        {
-            "router": {
-                "require_auth": False,
-                "fleet": f"replay-{uuid.uuid4().hex[:8]}",
-                "workloads_dir": str(workloads),
-            },
-            "deployments": {"cpu": {"address": stack.cpu, "path": "cpu-replay"}},
-            "routes": {"mlp": {"policy": "pinned", "targets": ["cpu"], "capture": {"share": 1.0}}},
-        }
-    )
-    router = await start_router(cfg, "", ServerOptions(), tmp_path / "spool")
-    try:
-        await asyncio.to_thread(_send, router.address)
-    finally:
-        await router.stop(0)  # closes the capture into a workload
-    (workload,) = list_workloads(workloads)
-    monkeypatch.setenv("SWITCHYARD_WORKLOADS_DIR", str(workloads))
+    workload = await captured_workload(stack, "mlp", "cpu-replay", _send, tmp_path, monkeypatch)
 
     spec = {
         "model": {"name": "mlp"},

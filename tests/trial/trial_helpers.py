@@ -1,15 +1,26 @@
-"""Building small trial specs, running them on a worker, and reading the ledger back."""
+"""Building small trial specs, running them on a worker, capturing a workload for them, and
+reading the ledger back."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
+import grpc
+import pytest
 import sqlalchemy as sa
 
+from services.router import router_config
+from services.router.capture import list_workloads
+from services.router.router_server import start_router
+from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
+from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
+from switchyard.grpcio import ServerOptions
 from tests.trial.stack import Stack
 from workflows.connections import Connections, WorkerConfig
 from workflows.trial import TrialWorkflow
@@ -90,6 +101,43 @@ async def run_trial(
             task_queue=queue,
         )
     return result.to_json()  # the report, as the ledger stores it
+
+
+async def captured_workload(
+    stack: Stack,
+    model: str,
+    path: str,
+    send: Callable[[str], object],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> dict[str, Any]:
+    """The workload a router writes that captures all of `model`'s traffic to the stack's cpu
+    executor (deployment path `path`) while `send(router address)` runs in a thread, the model
+    loaded first; SWITCHYARD_WORKLOADS_DIR points at it for the rest of the test."""
+    async with grpc.aio.insecure_channel(stack.cpu) as channel:
+        await xgrpc.ExecutorControlStub(channel).LoadModel(
+            xpb.LoadModelRequest(model_name=model), timeout=300
+        )
+    workloads = tmp_path / "workloads"
+    cfg = router_config.parse(
+        {
+            "router": {
+                "require_auth": False,
+                "fleet": f"{path}-{uuid.uuid4().hex[:8]}",
+                "workloads_dir": str(workloads),
+            },
+            "deployments": {"cpu": {"address": stack.cpu, "path": path}},
+            "routes": {model: {"policy": "pinned", "targets": ["cpu"], "capture": {"share": 1.0}}},
+        }
+    )
+    router = await start_router(cfg, "", ServerOptions(), tmp_path / "spool")
+    try:
+        await asyncio.to_thread(send, router.address)
+    finally:
+        await router.stop(0)  # closes the capture into a workload
+    (workload,) = list_workloads(workloads)
+    monkeypatch.setenv("SWITCHYARD_WORKLOADS_DIR", str(workloads))
+    return workload
 
 
 def ledger_state(stack: Stack, trial_id: str) -> dict[str, Any]:
