@@ -138,6 +138,19 @@ def test_nccl_and_tpu_dist_run_where_the_hardware_is() -> None:
         assert run.ok, run.error
 
 
+async def kill_mid_training(label_part: str, rank: str, killed: list[list[str]]) -> None:
+    """SIGKILL the rank process whose --label contains `label_part` and whose rank argument
+    is `rank`, once rank 1 of its job has reported progress; its argv goes to `killed`."""
+    while True:
+        for pid, argv in rank_processes(label_part):
+            job_dir = Path(argv[argv.index(RANK_MODULE) + 1])
+            if argv[argv.index(RANK_MODULE) + 2] == rank and (job_dir / "rank-1.progress").exists():
+                os.kill(pid, signal.SIGKILL)
+                killed.append(argv)
+                return
+        await asyncio.sleep(0.01)
+
+
 def torch_float32() -> Any:
     import torch
 
@@ -152,18 +165,7 @@ async def test_gloo_ddp_trial_matches_single_process_and_a_killed_rank_is_named(
     ]
     spec["training"] = {**spec["training"], "steps": 12}
     killed: list[list[str]] = []
-
-    async def kill_rank_one_mid_training() -> None:
-        while True:
-            for pid, argv in rank_processes("/cpu-victim"):
-                job_dir = Path(argv[argv.index(RANK_MODULE) + 1])
-                if argv[argv.index(RANK_MODULE) + 2] == "1" and (job_dir / "rank-1.progress").exists():
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(argv)
-                    return
-            await asyncio.sleep(0.01)
-
-    killer = asyncio.create_task(kill_rank_one_mid_training())
+    killer = asyncio.create_task(kill_mid_training("/cpu-victim", "1", killed))
     try:
         report = await run_trial(stack, copy.deepcopy(spec), "dist-gloo")
     finally:
@@ -196,20 +198,9 @@ async def test_xla_ddp_trial_on_two_pjrt_cpu_devices_and_a_killed_rank_process(s
     # others take a fraction of a second each)
     spec["training"] = {**spec["training"], "steps": 12}
     killed: list[list[str]] = []
-
-    async def kill_the_replicas_mid_training() -> None:
-        # On PJRT CPU the replicas are threads of one rank process (XLA's CPU client has no
-        # collectives across processes), so killing a rank kills that process, with both.
-        while True:
-            for pid, argv in rank_processes("/xla-victim"):
-                job_dir = Path(argv[argv.index(RANK_MODULE) + 1])
-                if argv[argv.index(RANK_MODULE) + 2] == "-1" and (job_dir / "rank-1.progress").exists():
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(argv)
-                    return
-            await asyncio.sleep(0.01)
-
-    killer = asyncio.create_task(kill_the_replicas_mid_training())
+    # On PJRT CPU the replicas are threads of one rank process (XLA's CPU client has no
+    # collectives across processes, its rank argument is -1), so killing it kills both.
+    killer = asyncio.create_task(kill_mid_training("/xla-victim", "-1", killed))
     try:
         report = await run_trial(stack, spec, "dist-xla")
     finally:
