@@ -124,6 +124,23 @@ def routes_config(
     return router_config.parse({"router": settings, "deployments": deployments, "routes": routes})
 
 
+def shadow_routes(model: str, control: str) -> dict[str, Any]:
+    """Routes pinning `model` to deployment a and mirroring all of it to b's `perturbed`
+    version, and `control`: the same model mirrored to b's same weights (it diverges nowhere)."""
+    return {
+        model: {
+            "policy": "pinned",
+            "targets": ["a"],
+            "shadow": {"share": 1.0, "candidates": [{"deployment": "b", "version": "perturbed"}]},
+        },
+        control: {
+            "policy": "pinned",
+            "targets": [{"deployment": "a", "model": model}],
+            "shadow": {"share": 1.0, "candidates": [{"deployment": "b", "model": model}]},
+        },
+    }
+
+
 RouterFactory = Callable[..., Any]
 
 

@@ -24,7 +24,7 @@ from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
 from switchyard.grpcio import ServerOptions
-from tests.router.conftest import Metering, RouterFactory, routes_config
+from tests.router.conftest import Metering, RouterFactory, routes_config, shadow_routes
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -33,21 +33,7 @@ async def test_shadow_on_the_perturbed_variant_records_divergence(
     metering: Metering, executors: list[RunningExecutor], make_router: RouterFactory
 ) -> None:
     primary, candidate = executors[0].address, executors[1].address
-    cfg = routes_config(
-        {"a": primary, "b": candidate},
-        {
-            "mlp": {
-                "policy": "pinned",
-                "targets": ["a"],
-                "shadow": {"share": 1.0, "candidates": [{"deployment": "b", "version": "perturbed"}]},
-            },
-            "mlp-control": {
-                "policy": "pinned",
-                "targets": [{"deployment": "a", "model": "mlp"}],
-                "shadow": {"share": 1.0, "candidates": [{"deployment": "b", "model": "mlp"}]},
-            },
-        },
-    )
+    cfg = routes_config({"a": primary, "b": candidate}, shadow_routes("mlp", "mlp-control"))
     evaluator = await start_evaluator(ServerOptions())
     cfg = dataclasses.replace(cfg, settings=dataclasses.replace(cfg.settings, evaluator=evaluator.address))
     router = await make_router(cfg, metering.running.address)

@@ -22,7 +22,7 @@ from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
-from tests.router.conftest import Metering, RouterFactory, routes_config
+from tests.router.conftest import Metering, RouterFactory, routes_config, shadow_routes
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 MODEL = "tiny-lm-gen"
@@ -53,21 +53,7 @@ async def test_mirrored_generations_are_compared_with_the_divergence_rule(
     metering: Metering, gen_executors: list[RunningExecutor], make_router: RouterFactory
 ) -> None:
     primary, candidate = gen_executors[0].address, gen_executors[1].address
-    cfg = routes_config(
-        {"a": primary, "b": candidate},
-        {
-            MODEL: {
-                "policy": "pinned",
-                "targets": ["a"],
-                "shadow": {"share": 1.0, "candidates": [{"deployment": "b", "version": "perturbed"}]},
-            },
-            "gen-control": {
-                "policy": "pinned",
-                "targets": [{"deployment": "a", "model": MODEL}],
-                "shadow": {"share": 1.0, "candidates": [{"deployment": "b", "model": MODEL}]},
-            },
-        },
-    )
+    cfg = routes_config({"a": primary, "b": candidate}, shadow_routes(MODEL, "gen-control"))
     router = await make_router(cfg, metering.running.address)
     key, _ = await metering.key("svc-gen-shadow", "research")
     metadata = [("authorization", f"Bearer {key}")]
