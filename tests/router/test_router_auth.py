@@ -24,6 +24,7 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 from services.executor.executor_server import RunningExecutor
+from services.router.router_config import RouterConfig
 from services.router.router_server import start_router
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
@@ -131,16 +132,20 @@ def _stream(address: str, key: str | None, requests: list[tuple[str, np.ndarray]
         client.close()
 
 
+def _mlp_and_mlp_b(address: str, **settings: Any) -> RouterConfig:
+    """Routes `mlp` and `mlp-b` (the same model on the same executor, by another name: a key
+    scoped to model:mlp may not call it), both pinned to the executor at `address`."""
+    routes = {
+        "mlp": {"policy": "pinned", "targets": ["a"]},
+        "mlp-b": {"policy": "pinned", "targets": [{"deployment": "a", "model": "mlp"}]},
+    }
+    return routes_config({"a": address}, routes, **settings)
+
+
 async def test_model_stream_infer_is_routed_in_order_with_errors_in_band(
     metering: Metering, executors: list[RunningExecutor], make_router: RouterFactory
 ) -> None:
-    cfg = routes_config(
-        {"a": executors[0].address},
-        {
-            "mlp": {"policy": "pinned", "targets": ["a"]},
-            "mlp-b": {"targets": [{"deployment": "a", "model": "mlp"}]},
-        },
-    )
+    cfg = _mlp_and_mlp_b(executors[0].address)
     router = await make_router(cfg, metering.running.address)
     key, _ = await metering.key("svc-stream", "search", "infer", "model:mlp")
     models = ["mlp", "mlp", "nope", "mlp", "mlp-b", "mlp"] * 4  # an unknown model, one out of scope
@@ -174,14 +179,7 @@ async def test_model_stream_infer_is_routed_in_order_with_errors_in_band(
 async def test_refusals_each_get_their_status_and_are_audited(
     metering: Metering, executors: list[RunningExecutor], make_router: RouterFactory
 ) -> None:
-    cfg = routes_config(
-        {"a": executors[0].address},
-        {
-            "mlp": {"policy": "pinned", "targets": ["a"]},
-            "mlp-b": {"policy": "pinned", "targets": [{"deployment": "a", "model": "mlp"}]},
-        },
-        auth_cache_ttl_s=1.0,
-    )
+    cfg = _mlp_and_mlp_b(executors[0].address, auth_cache_ttl_s=1.0)
     router = await make_router(cfg, metering.running.address)
     key, key_id = await metering.key("svc-scoped", "ads", "infer", "model:mlp")
     x = _x()
