@@ -60,6 +60,19 @@ async def _status(address: str, x: np.ndarray, key: str | None, model: str = "ml
     return "OK", ""
 
 
+async def _with_client(address: str, use: Callable[[Any], Any]) -> Any:
+    """`use(client)` with a tritonclient gRPC client of `address`, in a thread (it blocks)."""
+
+    def run() -> Any:
+        client = triton.InferenceServerClient(address)
+        try:
+            return use(client)
+        finally:
+            client.close()
+
+    return await asyncio.to_thread(run)
+
+
 def _x(rows: int = 2, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
 
@@ -80,31 +93,21 @@ async def test_tritonclient_through_the_router_equals_the_executor_and_names_the
     assert params["compute_us"].int64_param > 0  # the executor's own parameters survive
     assert routed.get_response().model_name == "mlp"
 
-    def metadata() -> tuple[Any, Any, bool, bool]:
-        client = triton.InferenceServerClient(router.address)
-        headers = {"authorization": f"Bearer {key}"}
-        try:
-            return (
-                client.get_model_metadata("mlp", headers=headers),
-                client.get_model_config("mlp", headers=headers),
-                client.is_server_live(),
-                client.is_model_ready("mlp", headers=headers),
-            )
-        finally:
-            client.close()
-
-    meta, conf, live, ready = await asyncio.to_thread(metadata)
+    headers = {"authorization": f"Bearer {key}"}
+    meta, conf, live, ready = await _with_client(
+        router.address,
+        lambda c: (
+            c.get_model_metadata("mlp", headers=headers),
+            c.get_model_config("mlp", headers=headers),
+            c.is_server_live(),
+            c.is_model_ready("mlp", headers=headers),
+        ),
+    )
     assert meta.name == "mlp" and meta.inputs[0].name == "x" and conf.config.name == "mlp"
     assert live and ready
 
-    def statistics() -> Any:
-        client = triton.InferenceServerClient(router.address)
-        try:
-            return client.get_inference_statistics("mlp", headers={"authorization": f"Bearer {key}"})
-        finally:
-            client.close()
-
-    stats = await asyncio.to_thread(statistics)  # the serving executor's own counters
+    # the serving executor's own counters
+    stats = await _with_client(router.address, lambda c: c.get_inference_statistics("mlp", headers=headers))
     assert stats.model_stats[0].name == "mlp" and stats.model_stats[0].inference_count >= 2
     await router.router.spool.drain(5.0)
     assert metering.usage_counts({routed.get_response().parameters["request_id"].string_param}) == {
@@ -192,14 +195,9 @@ async def test_refusals_each_get_their_status_and_are_audited(
     assert code == "StatusCode.PERMISSION_DENIED" and "mlp-b" in message
     wide_key, _ = await metering.key("svc-wide", "ads", "infer", "*")
 
-    def metadata_b() -> Any:
-        client = triton.InferenceServerClient(router.address)
-        try:
-            return client.get_model_metadata("mlp-b", headers={"authorization": f"Bearer {wide_key}"})
-        finally:
-            client.close()
-
-    meta = await asyncio.to_thread(metadata_b)  # answered by the deployment's `mlp`, named as asked
+    wide = {"authorization": f"Bearer {wide_key}"}
+    # answered by the deployment's `mlp`, named as asked
+    meta = await _with_client(router.address, lambda c: c.get_model_metadata("mlp-b", headers=wide))
     assert meta.name == "mlp-b" and meta.inputs[0].name == "x"
     code, message = await _status(router.address, x, key, model="no-such-model")
     assert code == "StatusCode.NOT_FOUND" and "no-such-model" in message
