@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from switchyard.tolerances import Tolerances
 from workflows.specfields import Fields, SpecError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -92,15 +93,9 @@ class PathSpec:
 
 
 @dataclass(frozen=True)
-class Criteria:
-    logits: bool = False
-    error_multiplier: float = 0.0
-    min_cosine: float = 0.0
-    min_top1_agreement: float = 0.0
-    min_topk_agreement: float = 0.0
-    top_k: int = 0
-    max_kl: float = 0.0
-    atol_floor: float = 0.0
+class Criteria(Tolerances):
+    """The spec's `criteria`: the tolerances (each path's precision picks their defaults)."""
+
     outputs: tuple[str, ...] = ()  # outputs to compare; () = all
 
 

@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from services.evaluator.evaluator_errors import BadCriteria, BadTensor
 from services.evaluator.tensors import FLOAT_TYPES, DecodedTensor
+from switchyard.tolerances import Tolerances
 
 Array = npt.NDArray[np.float64]
 
@@ -44,18 +45,10 @@ SMALL_TENSOR = 1000
 
 
 @dataclass(frozen=True)
-class Criteria:
-    """What the candidate is held to; zero fields mean "the default for the precision"."""
+class Criteria(Tolerances):
+    """What the candidate is held to at `precision`; zero tolerances mean its default."""
 
     precision: str = "fp32"
-    error_multiplier: float = 0.0
-    min_cosine: float = 0.0
-    min_top1_agreement: float = 0.0
-    min_topk_agreement: float = 0.0
-    top_k: int = 0
-    max_kl: float = 0.0
-    logits: bool = False
-    atol_floor: float = 0.0
 
     def resolved(self) -> Criteria:
         precision = self.precision or "fp32"
