@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from temporalio.exceptions import ActivityError
-
 from workflows.generation_activities import GenerationActivities
 from workflows.generation_types import (
     GenerationCompareRequest,
@@ -20,7 +18,7 @@ from workflows.generation_types import (
 )
 from workflows.path_ledger import PathLedger
 from workflows.path_state import PathState
-from workflows.trial_context import PathProblem, TrialContext, reason_of
+from workflows.trial_context import PathProblem, TrialContext
 from workflows.types import CorrectnessResult, Target
 
 
@@ -44,16 +42,11 @@ class GenerationSteps:
 
     async def golden(self) -> None:
         """The reference model in float64 (eager), greedy on every prompt."""
-        try:
-            run = await self.ctx.call(GenerationActivities.run_generation, self._request(1, golden=True))
-        except ActivityError as err:
-            self.state.notes.append(
-                f"no float64 golden run ({reason_of(err)}): logprobs fall back to allclose"
-            )
-            return
-        self.golden_run = run.runs[0]
-        self.state.golden = bool(self.golden_run)
-        await self.ledger.usage("golden", run.busy_us, run.started_unix_us, run.ended_unix_us)
+        request, fallback = self._request(1, golden=True), "logprobs fall back to allclose"
+        run = await self.ledger.golden(GenerationActivities.run_generation, request, fallback)
+        if run is not None:
+            self.golden_run = run.runs[0]
+            self.state.golden = bool(self.golden_run)
 
     async def correctness(
         self, reference: GenerationSteps, reference_ready: asyncio.Event, ready: asyncio.Event

@@ -6,12 +6,30 @@ executor's serving set-up. Runs in the workflow sandbox; the writes are LedgerAc
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
 from temporalio.exceptions import ActivityError
 
 from workflows.ledger_activities import LedgerActivities
 from workflows.path_state import PathState
 from workflows.trial_context import TrialContext, now_us, reason_of
 from workflows.types import CloseRequest, EconomicsRequest, ReservationRequest, Target, UsageRecord
+
+
+class Timed(Protocol):
+    """An activity result the ledger charges: its busy time and when it ran."""
+
+    @property
+    def busy_us(self) -> int: ...
+    @property
+    def started_unix_us(self) -> int: ...
+    @property
+    def ended_unix_us(self) -> int: ...
+
+
+In = TypeVar("In")
+Run = TypeVar("Run", bound=Timed)
 
 
 class PathLedger:
@@ -32,6 +50,19 @@ class PathLedger:
         if self.state.reservation_open:
             record = UsageRecord(self.target, phase, busy_us, started, ended, self.state.reservation_id)
             await self.ctx.call(LedgerActivities.record_path_usage, record)
+
+    async def golden(
+        self, run: Callable[[Any, In], Awaitable[Run]], request: In, fallback: str
+    ) -> Run | None:
+        """The reference's float64 golden run, charged as "golden". Its failure does not fail
+        the path: a note says so and what the comparison falls back to."""
+        try:
+            result = await self.ctx.call(run, request)
+        except ActivityError as err:
+            self.state.notes.append(f"no float64 golden run ({reason_of(err)}): {fallback}")
+            return None
+        await self.usage("golden", result.busy_us, result.started_unix_us, result.ended_unix_us)
+        return result
 
     async def economics(self) -> None:
         """Close the reservation and read the path's cost per completed job."""

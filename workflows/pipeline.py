@@ -163,16 +163,11 @@ class PathRun:
             await self.generation.golden()
             return
         request = RunRequest(self.target, self.ctx.inputs(), 1, golden=True)
-        try:
-            golden = await self.ctx.call(PathActivities.run_inputs, request)
-        except ActivityError as err:
-            self.state.notes.append(
-                f"no float64 golden run ({reason_of(err)}): tolerance falls back to allclose"
-            )
-            return
-        self.golden = golden.runs[0]
-        self.state.golden = bool(self.golden)
-        await self.ledger.usage("golden", golden.busy_us, golden.started_unix_us, golden.ended_unix_us)
+        fallback = "tolerance falls back to allclose"
+        golden = await self.ledger.golden(PathActivities.run_inputs, request, fallback)
+        if golden is not None:
+            self.golden = golden.runs[0]
+            self.state.golden = bool(self.golden)
 
     async def _correctness(self, reference: PathRun) -> bool:
         if self.generation is not None and reference.generation is not None:
