@@ -130,27 +130,27 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
         return pb.RecordTrialResponse()
 
     async def SaveRouteChange(self, request: pb.SaveRouteChangeRequest, context: Any) -> pb.RouteChange:
-        r = request
-        if r.deleted == bool(r.route_json):
+        c = request.change
+        if c.deleted == bool(c.route_json):
             raise BadInput("give route_json for a changed route, or deleted = true (and no route_json)")
         row = await self._w(
             lambda: self.ledger.save_route_change(
-                actor_of(r.actor, context),
-                r.fleet,
-                r.model,
-                None if r.deleted else r.route_json,
-                r.previous_json,
+                actor_of(request.actor, context),
+                c.fleet,
+                c.model,
+                None if c.deleted else c.route_json,
+                request.previous_json,
             )
         )
         return route_change_msg(row)
 
     async def SaveLimitChange(self, request: pb.SaveLimitChangeRequest, context: Any) -> pb.LimitChange:
-        r = request
+        c = request.change
         row = await self._w(
             lambda: self.ledger.save_limit_change(
-                actor_of(r.actor, context),
-                r.fleet,
-                PrincipalLimit(r.principal_id, r.rate_per_s, r.burst, r.max_in_flight, r.reset),
+                actor_of(request.actor, context),
+                c.fleet,
+                PrincipalLimit(c.principal_id, c.rate_per_s, c.burst, c.max_in_flight, c.reset),
             )
         )
         return limit_change_msg(row)

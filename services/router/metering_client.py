@@ -95,11 +95,14 @@ class MeteringClient:
             trace_id=telemetry.current_trace_id(),
         )
         table, previous = change.table, change.previous
-        request = mpb.SaveRouteChangeRequest(
+        saved = mpb.RouteChange(
             fleet=change.fleet,
             model=change.model,
             route_json=json.dumps(table, sort_keys=True) if table is not None else "",
             deleted=table is None,
+        )
+        request = mpb.SaveRouteChangeRequest(
+            change=saved,
             actor=actor,
             previous_json=json.dumps(previous, sort_keys=True) if previous is not None else "",
         )
@@ -130,15 +133,14 @@ class MeteringClient:
         actor = mpb.Actor(
             principal=principal, source="router", request_id=request_id, trace_id=telemetry.current_trace_id()
         )
-        request = mpb.SaveLimitChangeRequest(
-            fleet=fleet, principal_id=principal_id, reset=limit is None, actor=actor
-        )
+        change = mpb.LimitChange(fleet=fleet, principal_id=principal_id, reset=limit is None)
         if limit is not None:
-            request.rate_per_s, request.burst, request.max_in_flight = (
+            change.rate_per_s, change.burst, change.max_in_flight = (
                 limit.rate_per_s,
                 limit.burst,
                 limit.max_in_flight,
             )
+        request = mpb.SaveLimitChangeRequest(change=change, actor=actor)
         try:
             reply = await self._stub.SaveLimitChange(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:

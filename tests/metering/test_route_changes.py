@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import grpc
 
@@ -13,15 +14,18 @@ from tests.metering.metering_helpers import expect_status
 WHO = pb.Actor(principal="ops-admin", source="router", request_id="req-1")
 
 
+def _save(previous_json: str = "", **change: Any) -> pb.SaveRouteChangeRequest:
+    return pb.SaveRouteChangeRequest(change=pb.RouteChange(**change), previous_json=previous_json)
+
+
 def _route(deployment: str) -> str:
     return json.dumps({"policy": "pinned", "targets": [deployment]})
 
 
 async def test_latest_change_per_model_in_force_per_fleet(stub: pb_grpc.MeteringAsyncStub) -> None:
     def change(fleet: str, model: str, route_json: str = "") -> pb.SaveRouteChangeRequest:
-        return pb.SaveRouteChangeRequest(
-            fleet=fleet, model=model, route_json=route_json, deleted=not route_json, actor=WHO
-        )
+        saved = pb.RouteChange(fleet=fleet, model=model, route_json=route_json, deleted=not route_json)
+        return pb.SaveRouteChangeRequest(change=saved, actor=WHO)
 
     first = await stub.SaveRouteChange(change("prod", "mlp", _route("a")))
     replacing = change("prod", "mlp", _route("b"))
@@ -59,14 +63,14 @@ async def test_latest_change_per_model_in_force_per_fleet(stub: pb_grpc.Metering
 async def test_bad_route_changes_are_refused_with_what_to_fix(stub: pb_grpc.MeteringAsyncStub) -> None:
     invalid = grpc.StatusCode.INVALID_ARGUMENT
     cases = [
-        (pb.SaveRouteChangeRequest(fleet="f", model="mlp", route_json="{not json"), "not valid JSON"),
-        (pb.SaveRouteChangeRequest(fleet="f", model="mlp", route_json="[1]"), "JSON object"),
-        (pb.SaveRouteChangeRequest(fleet="f", model="mlp"), "deleted = true"),
-        (pb.SaveRouteChangeRequest(fleet="f", model="mlp", route_json="{}", deleted=True), "deleted = true"),
-        (pb.SaveRouteChangeRequest(fleet="", model="mlp", route_json="{}"), "fleet name"),
-        (pb.SaveRouteChangeRequest(fleet="f", model="m" * 201, route_json="{}"), "model name"),
-        (pb.SaveRouteChangeRequest(fleet="f", model="mlp", route_json=" " * 70_000 + "{}"), "at most"),
-        (pb.SaveRouteChangeRequest(fleet="f", model="m", route_json="{}", previous_json="1"), "previous"),
+        (_save(fleet="f", model="mlp", route_json="{not json"), "not valid JSON"),
+        (_save(fleet="f", model="mlp", route_json="[1]"), "JSON object"),
+        (_save(fleet="f", model="mlp"), "deleted = true"),
+        (_save(fleet="f", model="mlp", route_json="{}", deleted=True), "deleted = true"),
+        (_save(fleet="", model="mlp", route_json="{}"), "fleet name"),
+        (_save(fleet="f", model="m" * 201, route_json="{}"), "model name"),
+        (_save(fleet="f", model="mlp", route_json=" " * 70_000 + "{}"), "at most"),
+        (_save(fleet="f", model="m", route_json="{}", previous_json="1"), "previous"),
     ]
     for request, message in cases:
         await expect_status(stub.SaveRouteChange(request), invalid, message)

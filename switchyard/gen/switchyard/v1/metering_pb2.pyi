@@ -1069,37 +1069,31 @@ Global___RouteChange: _TypeAlias = RouteChange  # noqa: Y015
 
 @_typing.final
 class SaveRouteChangeRequest(_message.Message):
+    """The change's fleet (the routers that share it, [router] fleet), model, route_json (a JSON
+    object; "" when deleted) and deleted; metering sets revision, changed_unix_us and principal.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    FLEET_FIELD_NUMBER: _builtins.int
-    MODEL_FIELD_NUMBER: _builtins.int
-    ROUTE_JSON_FIELD_NUMBER: _builtins.int
-    DELETED_FIELD_NUMBER: _builtins.int
+    CHANGE_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
     PREVIOUS_JSON_FIELD_NUMBER: _builtins.int
-    fleet: _builtins.str
-    """the routers that share the change ([router] fleet)"""
-    model: _builtins.str
-    route_json: _builtins.str
-    """a JSON object; "" when deleted"""
-    deleted: _builtins.bool
     previous_json: _builtins.str
     """the route it replaces, as the router had it ("" = none): audited"""
+    @_builtins.property
+    def change(self) -> Global___RouteChange: ...
     @_builtins.property
     def actor(self) -> Global___Actor: ...
     def __init__(
         self,
         *,
-        fleet: _builtins.str = ...,
-        model: _builtins.str = ...,
-        route_json: _builtins.str = ...,
-        deleted: _builtins.bool = ...,
+        change: Global___RouteChange | None = ...,
         actor: Global___Actor | None = ...,
         previous_json: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "change", b"change"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "deleted", b"deleted", "fleet", b"fleet", "model", b"model", "previous_json", b"previous_json", "route_json", b"route_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "change", b"change", "previous_json", b"previous_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1197,37 +1191,27 @@ Global___LimitChange: _TypeAlias = LimitChange  # noqa: Y015
 
 @_typing.final
 class SaveLimitChangeRequest(_message.Message):
+    """The change's fleet, principal_id, limits and reset; metering sets revision,
+    changed_unix_us and principal (the actor's).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    FLEET_FIELD_NUMBER: _builtins.int
-    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
-    RATE_PER_S_FIELD_NUMBER: _builtins.int
-    BURST_FIELD_NUMBER: _builtins.int
-    MAX_IN_FLIGHT_FIELD_NUMBER: _builtins.int
-    RESET_FIELD_NUMBER: _builtins.int
+    CHANGE_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
-    fleet: _builtins.str
-    principal_id: _builtins.str
-    rate_per_s: _builtins.float
-    burst: _builtins.int
-    max_in_flight: _builtins.int
-    reset: _builtins.bool
+    @_builtins.property
+    def change(self) -> Global___LimitChange: ...
     @_builtins.property
     def actor(self) -> Global___Actor: ...
     def __init__(
         self,
         *,
-        fleet: _builtins.str = ...,
-        principal_id: _builtins.str = ...,
-        rate_per_s: _builtins.float = ...,
-        burst: _builtins.int = ...,
-        max_in_flight: _builtins.int = ...,
-        reset: _builtins.bool = ...,
+        change: Global___LimitChange | None = ...,
         actor: Global___Actor | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "change", b"change"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "burst", b"burst", "fleet", b"fleet", "max_in_flight", b"max_in_flight", "principal_id", b"principal_id", "rate_per_s", b"rate_per_s", "reset", b"reset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "change", b"change"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
