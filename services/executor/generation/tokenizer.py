@@ -99,7 +99,14 @@ def parse_messages(raw: Any) -> list[dict[str, str]]:
 
 class Detokenizer:
     """Text of a growing list of ids, released in pieces: text that may still change (an
-    incomplete UTF-8 sequence, the start of a stop string) is held back until it cannot."""
+    incomplete UTF-8 sequence, the start of a stop string) is held back until it cannot.
+
+    Incremental, as vLLM detokenizes: each token decodes a window of the last ids, not the
+    whole output again. `_done` is the text of `ids[:_read]`, which ends on a whole character;
+    the new text is what decoding `ids[_prefix:]` adds to decoding `ids[_prefix:_read]` (the
+    tokens before `_read` are context, so a decoder that treats a sequence's first token
+    differently, such as a leading-space marker, gives the same text as decoding it all). A
+    decoder whose output for earlier tokens changes with later ones is decoded whole."""
 
     def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...]) -> None:
         self._tokenizer = tokenizer
@@ -109,10 +116,27 @@ class Detokenizer:
         self.text = ""  # everything decoded so far (stop string cut off once found)
         self.sent = 0  # characters of `text` already released
         self.stopped = False
+        self._done = ""
+        self._prefix = 0
+        self._read = 0
+        self._before = ""  # the text of ids[_prefix:_read]
+
+    def _decoded(self) -> str:
+        """The text of all of `ids`, moving the window on at a whole character."""
+        after = self._tokenizer.decode(self.ids[self._prefix :])
+        if after.startswith(self._before):
+            text = self._done + after[len(self._before) :]
+        else:
+            text = self._tokenizer.decode(self.ids)
+        if not text.endswith("\ufffd"):
+            self._done = text
+            self._prefix, self._read = self._read, len(self.ids)
+            self._before = self._tokenizer.decode(self.ids[self._prefix : self._read])
+        return text
 
     def add(self, token: int) -> None:
         self.ids.append(token)
-        self.text = self._tokenizer.decode(self.ids)
+        self.text = self._decoded()
         for stop in self._stops:
             at = self.text.find(stop, max(0, self.sent - len(stop)))
             if at >= 0:
