@@ -15,6 +15,9 @@ counters have no `_total` suffix, as Triton exposes them on :8002/metrics:
   input assembly, model run (device synchronised) and output split.
 - `nv_inference_pending_request_count` (gauge): requests queued.
 - `switchyard_inference_batch_executions{batch_size}`: executions per batch size (rows).
+- `switchyard_inference_inline_requests` (counter): requests computed on the event loop, with
+  no queue and no thread hand-off (a lone request on a quiet executor); the rest were queued
+  for the device thread, where batches form.
 - `switchyard_inference_in_flight` (gauge): requests inside the executor.
 - `switchyard_compilations_after_warmup` (gauge): compilations since warm-up (must stay 0).
 - `switchyard_model_load_compilations`, `switchyard_model_compile_seconds` (gauges):
@@ -63,6 +66,11 @@ def families(executor: Executor) -> Iterable[Any]:
     compile_s = gauge(
         "switchyard_model_compile_seconds", "Compile and warm-up time of the model's load", LABELS
     )
+    inline = counter(
+        "switchyard_inference_inline_requests",
+        "Requests computed on the event loop, without the queue or the device thread",
+        LABELS,
+    )
     in_flight = gauge("switchyard_inference_in_flight", "Requests inside the executor", ("backend",))
     in_flight.add_metric([backend], executor.in_flight)
     for (name, version), model in list(executor.models.items()):
@@ -83,6 +91,7 @@ def families(executor: Executor) -> Iterable[Any]:
             failure.add((*labels, reason), n)
         count.add(labels, c.rows)
         execs.add(labels, c.executions)
+        inline.add(labels, c.ran_inline)
         request_us.add(labels, c.success_ns // 1000)
         queue_us.add(labels, c.queue_ns // 1000)
         input_us.add(labels, c.request_input_ns // 1000)
@@ -93,5 +102,5 @@ def families(executor: Executor) -> Iterable[Any]:
             by_batch.add((*labels, str(size)), n)
     return (
         success, failure, count, execs, request_us, queue_us, input_us, infer_us, output_us, pending,
-        by_batch, compiled, load_compilations, compile_s, in_flight,
+        by_batch, inline, compiled, load_compilations, compile_s, in_flight,
     )  # fmt: skip

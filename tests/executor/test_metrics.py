@@ -60,6 +60,9 @@ async def test_triton_metrics_and_statistics_count_what_was_served(executor: Run
     endpoint = prometheus.serve([metrics.collector(executor.executor)], "127.0.0.1", 0, "executor")
     assert endpoint is not None
     client = triton.InferenceServerClient(executor.address)
+    batcher = executor.executor.find("mlp", "").batcher
+    assert batcher is not None
+    inline_before = batcher.counters.ran_inline
     try:
         before = scrape(endpoint.url)
         start_ms = time.time_ns() // 1_000_000
@@ -67,6 +70,7 @@ async def test_triton_metrics_and_statistics_count_what_was_served(executor: Run
         await _infer(client, 3)
         await asyncio.gather(*(_infer(client, 1) for _ in range(6)))  # may batch together
         after = scrape(endpoint.url)
+        inline_after = batcher.counters.ran_inline
         stats = (await client.get_inference_statistics("mlp", as_json=False)).model_stats[0]
     finally:
         await client.close()
@@ -87,6 +91,9 @@ async def test_triton_metrics_and_statistics_count_what_was_served(executor: Run
         if dict(k)["model"] == "mlp"
     )
     assert batch_executions == executions
+    # requests computed on the loop: as the batcher counted them, and among those answered
+    assert delta("switchyard_inference_inline_requests") == inline_after - inline_before
+    assert 0 <= delta("switchyard_inference_inline_requests") <= 8
     for family in (
         "nv_inference_request_duration_us",
         "nv_inference_compute_input_duration_us",
