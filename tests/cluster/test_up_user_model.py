@@ -16,27 +16,15 @@ import pytest
 
 from switchyard.cli import main as switchyard
 from tests.conftest import ROOT
+from tests.hf_models import save_tiny_bert
 
 pytestmark = pytest.mark.slow
 STARTUP_S = 300
 
 
-def _bert(folder: Path) -> None:
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=64,
-    )  # fmt: skip
-    config.num_labels = 2
-    BertForSequenceClassification(config).save_pretrained(folder)
-
-
 def test_a_user_model_is_served_by_up_and_trialled_from_the_temporal_cli(tmp_path: Path) -> None:
     models = tmp_path / "models"
-    _bert(tmp_path / "bert")
+    save_tiny_bert(tmp_path / "bert", layers=1, labels=2)
     assert (
         switchyard(["models", "add", "team-bert", str(tmp_path / "bert"), "--repository", str(models)]) == 0
     )

@@ -35,6 +35,7 @@ from switchyard.grpcio import ServerOptions
 from switchyard.models import minilm
 from switchyard.models.repository import Repository, load_module
 from tests.conftest import IN_CI
+from tests.hf_models import save_tiny_bert
 from tests.trial.stack import Stack
 from tests.trial.trial_helpers import QUICK_PERF, run_trial
 
@@ -43,15 +44,9 @@ SEQ = 12
 
 
 def _build_sources(tmp: Path) -> dict[str, Path]:
-    from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    bert = BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=64,
-    )  # fmt: skip
-    bert.num_labels = 3
-    BertForSequenceClassification(bert).save_pretrained(tmp / "bert")
+    save_tiny_bert(tmp / "bert", layers=2, labels=3)  # seeds torch: the models below draw after it
     llama = LlamaConfig(
         vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
         intermediate_size=64, max_position_embeddings=64,
