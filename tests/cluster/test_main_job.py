@@ -20,25 +20,14 @@ from pathlib import Path
 import pytest
 
 from clients.local_cluster.demo import Endpoints, MainJobResult, run_main_job
-from tests.conftest import IN_CI, ROOT
+from tests.cluster.up_helpers import xla_cluster_config
+from tests.conftest import ROOT
 from tests.processes import alive, descendants
+from tests.xla.conftest import require_xla_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.xla]
 
-XLA_PYTHON = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
 STARTUP_S = 300
-
-
-def _config(tmp: Path) -> Path:
-    path = tmp / "switchyard.toml"
-    path.write_text(
-        f'state_dir = "{tmp / "state"}"\n'
-        "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n"
-        "[router]\nport = 0\nshadow_share = 0.25\n"
-        '[executors.cpu]\nport = 0\nmodels = ["mlp", "tiny-lm"]\n'
-        f'[executors.xla]\nenabled = true\nport = 0\nmodels = ["mlp", "tiny-lm"]\npython = "{XLA_PYTHON}"\n'
-    )
-    return path
 
 
 def _wait_for_state(proc: subprocess.Popen[bytes], state_file: Path, log: Path) -> dict[str, object]:
@@ -82,15 +71,12 @@ def _assert_main_job(result: MainJobResult, ep: Endpoints) -> None:
 
 
 def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
-    if not XLA_PYTHON or not Path(XLA_PYTHON).exists():
-        if IN_CI:
-            pytest.fail("SWITCHYARD_XLA_PYTHON is not set up (make setup-xla)")
-        pytest.skip("no XLA environment: run through make test (make setup-xla)")
+    config = xla_cluster_config(tmp_path, require_xla_env())
     log = tmp_path / "up.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "switchyard", "up", "--config", str(_config(tmp_path))],
+            [sys.executable, "-m", "switchyard", "up", "--config", str(config)],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
         )  # fmt: skip
     started: set[int] = set()

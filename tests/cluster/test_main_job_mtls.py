@@ -21,27 +21,17 @@ import pytest
 
 from clients.local_cluster import plan
 from switchyard import tls
-from tests.conftest import IN_CI, ROOT
+from tests.cluster.up_helpers import xla_cluster_config
+from tests.conftest import ROOT
+from tests.xla.conftest import require_xla_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.xla]
 
-XLA_PYTHON = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
 SERVICES = ("metering", "evaluator", "executor-cpu", "executor-xla", "router", "trial-worker")
 
 
 def test_make_run_passes_with_mtls_on(tmp_path: Path) -> None:
-    if not XLA_PYTHON or not Path(XLA_PYTHON).exists():
-        if IN_CI:
-            pytest.fail("SWITCHYARD_XLA_PYTHON is not set up (make setup-xla)")
-        pytest.skip("no XLA environment: run through make test (make setup-xla)")
-    config = tmp_path / "switchyard.toml"
-    config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\n'
-        "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n"
-        "[router]\nport = 0\nshadow_share = 0.25\n"
-        '[executors.cpu]\nport = 0\nmodels = ["mlp", "tiny-lm"]\n'
-        f'[executors.xla]\nenabled = true\nport = 0\nmodels = ["mlp", "tiny-lm"]\npython = "{XLA_PYTHON}"\n'
-    )
+    config = xla_cluster_config(tmp_path, require_xla_env())
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
     env["PYTHONPATH"] = str(ROOT)
     assert tls.INSECURE_ENV not in env
