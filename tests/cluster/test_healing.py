@@ -28,6 +28,7 @@ import pytest
 from clients.local_cluster import health
 from clients.local_cluster.traffic import create_team_key
 from switchyard.net import free_port
+from tests.cluster.up_helpers import start_up
 from tests.conftest import ROOT
 from tests.processes import alive, descendants
 
@@ -187,11 +188,7 @@ def test_executor_killed_under_load_is_restarted_and_a_killed_supervisor_leaves_
         stdout=spare_log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )  # fmt: skip
     up_log = tmp_path / "up.log"
-    with up_log.open("wb") as out:
-        up = subprocess.Popen(
-            [sys.executable, "-m", "switchyard", "up", "--config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
-        )  # fmt: skip
+    up = start_up(config, tmp_path, up_log, env)
     started: set[int] = set()
     try:
         state_file = state / "cluster.json"

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from clients.local_cluster.demo import Endpoints, MainJobResult, run_main_job
-from tests.cluster.up_helpers import xla_cluster_config
-from tests.conftest import ROOT
+from tests.cluster.up_helpers import start_up, xla_cluster_config
 from tests.processes import alive, descendants
 from tests.xla.conftest import require_xla_env
 
@@ -73,12 +70,7 @@ def _assert_main_job(result: MainJobResult, ep: Endpoints) -> None:
 def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
     config = xla_cluster_config(tmp_path, require_xla_env())
     log = tmp_path / "up.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "switchyard", "up", "--config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
-        )  # fmt: skip
+    proc = start_up(config, tmp_path, log)
     started: set[int] = set()
     try:
         state = _wait_for_state(proc, tmp_path / "state" / "cluster.json", log)

@@ -5,7 +5,6 @@ CLI (`temporal workflow execute`), as an operator would without any switchyard c
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from switchyard.cli import main as switchyard
-from tests.conftest import ROOT
+from tests.cluster.up_helpers import start_up
 from tests.hf_models import save_tiny_bert
 
 pytestmark = pytest.mark.slow
@@ -36,12 +35,7 @@ def test_a_user_model_is_served_by_up_and_trialled_from_the_temporal_cli(tmp_pat
         "[executors.cuda]\nenabled = false\n[executors.tpu]\nenabled = false\n"
     )
     log = tmp_path / "up.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "switchyard", "up", "--config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
-        )  # fmt: skip
+    proc = start_up(config, tmp_path, log)
     try:
         state_file = tmp_path / "state" / "cluster.json"
         deadline = time.monotonic() + STARTUP_S

@@ -1,8 +1,13 @@
-"""What the tests of a whole local cluster with both executors (`switchyard up`, `demo`) share."""
+"""What the tests of a whole local cluster (`switchyard up`, `demo`) share."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+from tests.conftest import ROOT
 
 
 def xla_cluster_config(tmp: Path, xla_python: str) -> Path:
@@ -18,3 +23,16 @@ def xla_cluster_config(tmp: Path, xla_python: str) -> Path:
         f'[executors.xla]\nenabled = true\nport = 0\nmodels = ["mlp", "tiny-lm"]\npython = "{xla_python}"\n'
     )
     return path
+
+
+def start_up(
+    config: Path, cwd: Path, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """`python -m switchyard up --config CONFIG` in `cwd`, its output into `log`; under `env`,
+    else this process's environment with the repository on PYTHONPATH."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)} if env is None else env
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "switchyard", "up", "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+        )  # fmt: skip
