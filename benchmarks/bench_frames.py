@@ -6,11 +6,10 @@ executor's own FrameServer). Both parse the ModelInferRequest and answer a
 ModelStreamInferResponse carrying its tensor bytes back, so both sides do the same protobuf
 work; only the transport differs. A second server process does the same on glibc's default
 malloc settings, to show what switchyard/allocator.py saves. The first also serves the stream
-over gRPC's TLS (C core) and frames over TLS on the socket (switchyard.tlssock, as deployed)
-and on the event loop's TLS, certificates as `switchyard up` issues them: what mTLS adds to the
-hop. One client process (uvloop) sends one request at a time over each, alternating rounds so
-the machine's drifting load hits all alike, at 1 KB and 1 MiB. Prints round-trip p50/p99 and
-the ratios, writes out/bench/frames.json.
+over gRPC's TLS (C core) and frames over the event loop's TLS, certificates as `switchyard up`
+issues them: what mTLS adds to the hop. One client process (uvloop) sends one request at a
+time over each, alternating rounds so the machine's drifting load hits all alike, at 1 KB and
+1 MiB. Prints round-trip p50/p99 and the ratios, writes out/bench/frames.json.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_frames.py [--rounds 10] [--requests 300]
 """
@@ -75,15 +74,14 @@ async def serve(grpc_port: int, frame_port: int, tls_dir: str = "", tls_ports: t
         )
     )
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
-    if tls_dir:  # the same stream over gRPC's TLS (in C), and frames over each TLS engine
+    if tls_dir:  # the same stream over gRPC's TLS (in C), and frames over the loop's TLS
         security = tls.Security.from_dir(tls_dir)
         server.add_secure_port(f"127.0.0.1:{tls_ports[0]}", tls.server_credentials(security))
     await server.start()
     framed = FrameServer(echo, LIMIT, tls.Security.plaintext())  # plaintext: frames cost, not TLS
     await framed.start("127.0.0.1", frame_port)
     if tls_dir:
-        for port, on_socket in zip(tls_ports[1:], (True, False), strict=True):
-            await FrameServer(echo, LIMIT, security, tls_on_socket=on_socket).start("127.0.0.1", port)
+        await FrameServer(echo, LIMIT, security).start("127.0.0.1", tls_ports[1])
     print("READY", flush=True)
     await server.wait_for_termination()
 
@@ -122,8 +120,8 @@ async def _connect_tls(
     channels: list[grpc.aio.Channel],
     connections: list[frames.FrameChannel],
 ) -> dict[str, Send]:
-    """The TLS variants of the first server: a gRPC stream on gRPC's TLS (C core), frames on TLS
-    run on the socket (switchyard.tlssock, as deployed) and on the event loop's TLS."""
+    """The TLS variants of the first server: a gRPC stream on gRPC's TLS (C core), frames on the
+    event loop's TLS."""
     channel = tls.aio_channel(f"127.0.0.1:{ports[0]}", OPTIONS, client)
     call: Any = channel.stream_stream(STREAM)()
     channels.append(channel)
@@ -135,14 +133,13 @@ async def _connect_tls(
         return cast(bytes, await call.read())
 
     out["grpc_stream_tls"] = over_stream
-    for name, port, on_socket in (("frames_tls", ports[1], True), ("frames_tls_loop", ports[2], False)):
-        connection = await frames.FrameChannel.connect("127.0.0.1", port, LIMIT, 10.0, context, on_socket)
-        connections.append(connection)
+    connection = await frames.FrameChannel.connect("127.0.0.1", ports[1], LIMIT, 10.0, context)
+    connections.append(connection)
 
-        async def over_frames(body: bytes, connection: frames.FrameChannel = connection) -> bytes:
-            return await connection.request((body,), 10.0)
+    async def over_frames(body: bytes) -> bytes:
+        return await connection.request((body,), 10.0)
 
-        out[name] = over_frames
+    out["frames_tls"] = over_frames
     return out
 
 
@@ -156,7 +153,7 @@ async def _start_servers(
     servers = {"": {}, "_glibc_default": {"SWITCHYARD_MALLOC": "default"}}
     transports: dict[str, Send] = {}
     pki = tls.ensure_local_pki(Path(tempfile.mkdtemp(prefix="bench-frames-")), ["executor", "router"])
-    tls_ports = tuple(free_port("127.0.0.1") for _ in range(3))
+    tls_ports = tuple(free_port("127.0.0.1") for _ in range(2))
     for suffix, extra in servers.items():
         grpc_port, frame_port = free_port("127.0.0.1"), free_port("127.0.0.1")
         env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
@@ -209,8 +206,7 @@ def _cell(samples: dict[str, list[int]], body: bytes) -> dict[str, Any]:
         cell[f"{transport}_malloc_kept_over_default_p50"] = cell[transport]["p50_us"] / default
     # what TLS adds to each hop's p50 (microseconds), on the same server process
     cell["tls_added_p50_us"] = {
-        "frames_tls_on_socket": cell["frames_tls"]["p50_us"] - cell["frames"]["p50_us"],
-        "frames_tls_on_event_loop": cell["frames_tls_loop"]["p50_us"] - cell["frames"]["p50_us"],
+        "frames_tls": cell["frames_tls"]["p50_us"] - cell["frames"]["p50_us"],
         "grpc_stream_tls": cell["grpc_stream_tls"]["p50_us"] - cell["grpc_stream"]["p50_us"],
     }
     cell["message_bytes"] = len(body)
@@ -285,7 +281,7 @@ def main() -> int:
     parser.add_argument(
         "--serve", nargs=2, type=int, metavar=("GRPC_PORT", "FRAME_PORT"), help=argparse.SUPPRESS
     )
-    parser.add_argument("--tls", nargs=4, metavar=("DIR", "GRPC", "SOCKET", "LOOP"), help=argparse.SUPPRESS)
+    parser.add_argument("--tls", nargs=3, metavar=("DIR", "GRPC", "FRAMES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         tls_dir, *ports = args.tls or ("",)

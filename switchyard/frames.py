@@ -25,7 +25,7 @@ RESOURCE_EXHAUSTED and the connection stays usable.
 
 Outside an explicitly insecure setup the connection is TLS with a certificate on both ends
 (switchyard.tls), and the executor serves only the identities it accepts for inference. That
-TLS runs on the socket, not on the event loop's memory buffers (switchyard.tlssock says why).
+TLS is the event loop's own (docs/security.md, Cost, says why not TLS driven on the socket).
 The executor bounds the requests in flight on one connection: at the bound it stops reading
 the socket (TCP flow control holds the sender back) until answers go out, and it stops
 reading as well while the router is not taking its replies.
@@ -39,7 +39,6 @@ import struct
 from collections.abc import Sequence
 from typing import cast
 
-from switchyard import tlssock
 from switchyard.errors import ResourceExhausted
 
 HEADER = struct.Struct("<IIB")
@@ -134,14 +133,9 @@ class FrameChannel(asyncio.Protocol):
         limit: int,
         timeout_s: float,
         tls: ssl.SSLContext | None = None,
-        tls_on_socket: bool = True,
     ) -> FrameChannel:
         """Connects (over TLS with `tls`: the executor's certificate checked against `host`,
-        this process's certificate shown to it). TLS runs on the socket (switchyard.tlssock);
-        `tls_on_socket=False` takes the event loop's own TLS, for benchmarks/frames.py."""
-        if tls is not None and tls_on_socket:
-            _, protocol = await tlssock.connect(lambda: cls(limit), host, port, tls, timeout_s)
-            return cast(FrameChannel, protocol)
+        this process's certificate shown to it)."""
         loop = asyncio.get_running_loop()
         connecting = loop.create_connection(
             lambda: cls(limit), host, port, ssl=tls, server_hostname=host if tls is not None else None

@@ -1,6 +1,7 @@
-"""Frames over TLS on the socket (switchyard.tlssock): the same protocol as on the event loop's
-TLS, interoperable with it, on either loop; large frames, write backpressure and the
-executor's in-flight bound still hold; a peer without the cluster's certificate is refused."""
+"""Frames over the event loop's TLS, on either loop: large frames, write backpressure and the
+executor's in-flight bound hold; mutual TLS is required, so a peer without the cluster's
+certificate, with one from another CA or in plaintext is refused, and the router refuses an
+executor whose certificate another CA issued."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import uvloop
 
 from services.executor.frame_server import FrameServer
-from switchyard import frames, tls, tlssock
+from switchyard import frames, tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 
@@ -22,7 +23,10 @@ from switchyard.gen.inference import grpc_service_pb2 as pb
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tls.Security]:
     root: Path = tmp_path_factory.mktemp("pki")
     folders = tls.ensure_local_pki(root, ["executor-cpu", "router"])
-    return {name.split("-")[0]: tls.Security.from_dir(folder) for name, folder in folders.items()}
+    other = tls.ensure_local_pki(root / "other", ["executor-cpu", "router"])  # another CA
+    ids = {name.split("-")[0]: tls.Security.from_dir(folder) for name, folder in folders.items()}
+    ids.update({f"foreign-{name.split('-')[0]}": tls.Security.from_dir(f) for name, f in other.items()})
+    return ids
 
 
 class _Echo:
@@ -57,21 +61,14 @@ def _reply(raw: bytes) -> pb.ModelInferResponse:
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-@pytest.mark.parametrize(
-    ("client_on_socket", "server_on_socket"), [(True, True), (True, False), (False, True)]
-)
 def test_frames_over_tls_carry_small_and_large_frames_on_either_loop(
-    pki: dict[str, tls.Security], loop: str, client_on_socket: bool, server_on_socket: bool
+    pki: dict[str, tls.Security], loop: str
 ) -> None:
-    """Mixed engines prove the socket end speaks plain TLS: either side may be the loop's."""
-
     async def scenario() -> None:
-        server = FrameServer(_Echo(), 64 << 20, pki["executor"], tls_on_socket=server_on_socket)
+        server = FrameServer(_Echo(), 64 << 20, pki["executor"])
         port = await server.start("127.0.0.1", 0)
         context = tls.client_ssl_context(pki["router"])
-        channel = await frames.FrameChannel.connect(
-            "127.0.0.1", port, 64 << 20, 5.0, context, tls_on_socket=client_on_socket
-        )
+        channel = await frames.FrameChannel.connect("127.0.0.1", port, 64 << 20, 5.0, context)
         try:
             sizes = [0, 1, 1024, 70_000, 1 << 20, 3 << 20] * 3
             bodies = [_request(i, size) for i, size in enumerate(sizes)]
@@ -90,7 +87,7 @@ def test_frames_over_tls_carry_small_and_large_frames_on_either_loop(
     runner(scenario())
 
 
-def test_the_executor_bound_on_in_flight_holds_over_socket_tls(pki: dict[str, tls.Security]) -> None:
+def test_the_executor_bound_on_in_flight_holds_over_tls(pki: dict[str, tls.Security]) -> None:
     """At max_in_flight the executor stops reading the TLS socket; it resumes when answers go."""
 
     async def scenario() -> int:
@@ -117,8 +114,9 @@ def test_the_executor_bound_on_in_flight_holds_over_socket_tls(pki: dict[str, tl
 
 
 def test_a_slow_reader_holds_the_writer_back_and_loses_nothing(pki: dict[str, tls.Security]) -> None:
-    """Replies far larger than the socket buffers: the transport pauses its protocol at its
-    high-water mark and resumes it, retrying OpenSSL's refused writes with the same buffer."""
+    """Replies far larger than the socket buffers: the TLS transport pauses its protocol at
+    its high-water mark and resumes it once the reader drains it (what FrameServer relies on
+    to stop reading while its replies are not taken)."""
 
     async def scenario() -> None:
         received = bytearray()
@@ -146,16 +144,11 @@ def test_a_slow_reader_holds_the_writer_back_and_loses_nothing(pki: dict[str, tl
             connected.set()
             return sources[-1]
 
-        server = tlssock.Server(
-            source, tls.server_ssl_context(pki["executor"]) or ssl.create_default_context()
-        )
-        port = await server.start("127.0.0.1", 0)
-        transport, _ = await tlssock.connect(
-            Sink,
-            "127.0.0.1",
-            port,
-            tls.client_ssl_context(pki["router"]) or ssl.create_default_context(),
-            5.0,
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(source, "127.0.0.1", 0, ssl=tls.server_ssl_context(pki["executor"]))
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await loop.create_connection(
+            Sink, "127.0.0.1", port, ssl=tls.client_ssl_context(pki["router"]), server_hostname="127.0.0.1"
         )
         try:
             await asyncio.wait_for(connected.wait(), 5)
@@ -193,6 +186,45 @@ def test_a_peer_without_a_certificate_fails_the_handshake(pki: dict[str, tls.Sec
                 channel = await frames.FrameChannel.connect("127.0.0.1", port, 1 << 20, 5.0, no_cert)
                 await channel.request([_request(1, 10)], 5.0)  # TLS 1.3: refused after the handshake
             assert not server.connections
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("who", ["foreign", "plaintext"])
+def test_a_peer_from_another_ca_or_in_plaintext_is_refused(pki: dict[str, tls.Security], who: str) -> None:
+    """No request from either reaches the executor: the handshake fails, the connection closes."""
+
+    async def scenario() -> None:
+        echo = _Echo()
+        server = FrameServer(echo, 1 << 20, pki["executor"])
+        port = await server.start("127.0.0.1", 0)
+        context = None if who == "plaintext" else tls.client_ssl_context(pki["foreign-router"])
+        try:
+            with pytest.raises((ssl.SSLError, OSError, frames.FrameClosed)):
+                channel = await frames.FrameChannel.connect("127.0.0.1", port, 1 << 20, 5.0, context)
+                await channel.request([_request(1, 10)], 5.0)
+            assert echo.most_in_flight == 0
+            await asyncio.sleep(0.1)
+            assert not server.connections
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_router_refuses_an_executor_certified_by_another_ca(pki: dict[str, tls.Security]) -> None:
+    async def scenario() -> None:
+        echo = _Echo()
+        server = FrameServer(echo, 1 << 20, pki["foreign-executor"])
+        port = await server.start("127.0.0.1", 0)
+        try:
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await frames.FrameChannel.connect(
+                    "127.0.0.1", port, 1 << 20, 5.0, tls.client_ssl_context(pki["router"])
+                )
+            assert echo.most_in_flight == 0
         finally:
             await server.close()
 

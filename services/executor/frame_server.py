@@ -8,16 +8,18 @@ reply; the connection goes on. A frame of a kind the executor does not take clos
 connection: the peer does not speak this protocol.
 
 Flow control: with `max_in_flight` requests of a connection unanswered, the executor stops
-reading it, and it stops as well while its replies are not being read (the transport's write
-buffer is over its high-water mark); reading resumes when both clear. With TLS, a peer whose
-certificate names an identity the executor does not serve inference to gets its first request
-answered PERMISSION_DENIED (UNAUTHENTICATED without a switchyard identity), the refusal
-audited once for the connection, and the connection closed.
+reading it (requests already read wait, unstarted, for a slot), and it stops as well while
+its replies are not being read (the transport's write buffer is over its high-water mark);
+reading resumes when both clear. With TLS, a peer whose certificate names an identity the
+executor does not serve inference to gets its first request answered PERMISSION_DENIED
+(UNAUTHENTICATED without a switchyard identity), the refusal audited once for the connection,
+and the connection closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import ssl
@@ -26,7 +28,7 @@ from typing import Protocol, cast
 
 from google.protobuf.message import DecodeError
 
-from switchyard import authz, frames, inband_status, tls, tlssock
+from switchyard import authz, frames, inband_status, tls
 from switchyard.errors import Status
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
@@ -49,6 +51,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: FrameServer) -> None:
         self._server = server
         self._reader = frames.FrameReader(server.limit)
+        self._backlog: collections.deque[frames.Frame] = collections.deque()  # read, not yet taken
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._transport: asyncio.Transport | None = None
         self._refusal: tuple[Status, str] | None = None  # the status and why of a peer refused inference
@@ -73,7 +76,7 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        hold = self._writing_paused or len(self._tasks) >= self._server.max_in_flight
+        hold = self._writing_paused or bool(self._backlog) or len(self._tasks) >= self._server.max_in_flight
         if hold and not self._reading_paused:
             transport.pause_reading()
             self._reading_paused = True
@@ -82,7 +85,23 @@ class _Connection(asyncio.Protocol):
             self._reading_paused = False
 
     def data_received(self, data: bytes) -> None:
-        for number, kind, payload in self._reader.feed(data):
+        self._backlog.extend(self._reader.feed(data))
+        self._serve()
+        self._flow()
+
+    def _serve(self) -> None:
+        """Takes frames in order; a request waits here while the bound is reached (one read
+        may carry many frames, and the bound holds for each of them)."""
+        backlog = self._backlog
+        while backlog:
+            number, kind, payload = backlog[0]
+            if (
+                kind == frames.REQUEST
+                and payload is not None
+                and len(self._tasks) >= self._server.max_in_flight
+            ):
+                return
+            backlog.popleft()
             if self._refusal is not None:
                 if kind == frames.REQUEST:
                     self._reply(number, _error_reply(*self._refusal))
@@ -103,11 +122,11 @@ class _Connection(asyncio.Protocol):
                 task = asyncio.create_task(self._answer(number, payload))
                 self._tasks[number] = task
                 task.add_done_callback(functools.partial(self._done, number))
-        self._flow()
 
     def _done(self, number: int, task: asyncio.Task[None]) -> None:
         if self._tasks.get(number) is task:
             del self._tasks[number]
+        self._serve()
         self._flow()
 
     async def _answer(self, number: int, payload: bytes) -> None:
@@ -125,11 +144,13 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
+        self._backlog.clear()
         for task in self._tasks.values():
             task.cancel()  # nobody is left to answer
         self._tasks.clear()
 
     def close(self) -> None:
+        self._backlog.clear()
         if self._transport is not None:
             self._transport.close()
 
@@ -145,7 +166,6 @@ class FrameServer:
         allowed: Collection[str] = (tls.ROUTER, tls.WORKER),
         audit: authz.AuditSink | None = None,
         max_in_flight: int = 256,
-        tls_on_socket: bool = True,
     ) -> None:
         self.servicer = servicer
         self.limit = limit
@@ -153,9 +173,8 @@ class FrameServer:
         self.allowed = frozenset(allowed)
         self.audit = audit
         self.max_in_flight = max_in_flight
-        self.tls_on_socket = tls_on_socket  # False: the event loop's TLS (benchmarks/frames.py)
         self.connections: set[_Connection] = set()
-        self._server: asyncio.Server | tlssock.Server | None = None
+        self._server: asyncio.Server | None = None
         self.port = 0
 
     def admit(self, transport: asyncio.Transport) -> tuple[Status, str] | None:
@@ -186,11 +205,6 @@ class FrameServer:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         context: ssl.SSLContext | None = tls.server_ssl_context(self.security)
-        if context is not None and self.tls_on_socket:
-            server = tlssock.Server(lambda: _Connection(self), context)
-            self._server = server
-            self.port = await server.start(host, port)
-            return self.port
         self._server = await loop.create_server(lambda: _Connection(self), host, port, ssl=context)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
