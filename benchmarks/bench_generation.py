@@ -16,9 +16,9 @@ They go
   does); output tokens/s counts each request's own tokens only;
 - to a real executor in its own process (gRPC, port 0; cpu eager fp32 in this environment,
   or `--backend xla`: in the XLA environment) over ModelStreamInfer (stream=true, a response
-  per token), as a closed loop of C streams (1, 8, 32): each stream sends the next waiting
-  request when its previous one finished, until all N are done (the 1-stream run takes the
-  first `--one-stream` requests only).
+  per token, or per several when the stream's writer lags), as a closed loop of C streams
+  (1, 8, 32): each stream sends the next waiting request when its previous one finished,
+  until all N are done (the 1-stream run takes the first `--one-stream` requests only).
 The measurements are interleaved: each of `--rounds` rounds runs the two floors, the
 in-process prefill with the 1-stream run, and the 8- and 32-stream runs once, in an order
 rotated by one each round, so a host whose load drifts moves both sides of every ratio
