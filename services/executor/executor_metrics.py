@@ -26,7 +26,7 @@ counters have no `_total` suffix, as Triton exposes them on :8002/metrics:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from services.executor.executor_runtime import Executor
@@ -39,19 +39,49 @@ def collector(executor: Executor) -> CallbackCollector:
     return CallbackCollector(lambda: families(executor))
 
 
+_DOC = "(Triton's name and unit)"
+
+# Counters read straight off a batcher's counters: (name, help, value).
+_BATCHER_COUNTERS: tuple[tuple[str, str, Callable[[Any], int]], ...] = (
+    ("nv_inference_request_success", f"Successful inference requests {_DOC}", lambda c: c.success),
+    ("nv_inference_count", f"Inferences performed, batch rows counted {_DOC}", lambda c: c.rows),
+    ("nv_inference_exec_count", f"Model executions (batches) {_DOC}", lambda c: c.executions),
+    (
+        "nv_inference_request_duration_us",
+        f"Cumulative request duration {_DOC}",
+        lambda c: c.success_ns // 1000,
+    ),
+    ("nv_inference_queue_duration_us", f"Cumulative queue time {_DOC}", lambda c: c.queue_ns // 1000),
+    (
+        "nv_inference_compute_input_duration_us",
+        f"Cumulative input time {_DOC}",
+        lambda c: c.request_input_ns // 1000,
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        f"Cumulative compute time {_DOC}",
+        lambda c: c.request_infer_ns // 1000,
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        f"Cumulative output time {_DOC}",
+        lambda c: c.request_output_ns // 1000,
+    ),
+    (
+        "switchyard_inference_inline_requests",
+        "Requests computed on the event loop, without the queue or the device thread",
+        lambda c: c.ran_inline,
+    ),
+)
+
+
 def families(executor: Executor) -> Iterable[Any]:
     backend = executor.backend.name
-    doc = "(Triton's name and unit)"
-    success = counter("nv_inference_request_success", f"Successful inference requests {doc}", LABELS)
-    failure = counter("nv_inference_request_failure", f"Failed inference requests {doc}", (*LABELS, "reason"))
-    count = counter("nv_inference_count", f"Inferences performed, batch rows counted {doc}", LABELS)
-    execs = counter("nv_inference_exec_count", f"Model executions (batches) {doc}", LABELS)
-    request_us = counter("nv_inference_request_duration_us", f"Cumulative request duration {doc}", LABELS)
-    queue_us = counter("nv_inference_queue_duration_us", f"Cumulative queue time {doc}", LABELS)
-    input_us = counter("nv_inference_compute_input_duration_us", f"Cumulative input time {doc}", LABELS)
-    infer_us = counter("nv_inference_compute_infer_duration_us", f"Cumulative compute time {doc}", LABELS)
-    output_us = counter("nv_inference_compute_output_duration_us", f"Cumulative output time {doc}", LABELS)
-    pending = gauge("nv_inference_pending_request_count", f"Requests waiting in the queue {doc}", LABELS)
+    plain = [(counter(name, doc, LABELS), value) for name, doc, value in _BATCHER_COUNTERS]
+    failure = counter(
+        "nv_inference_request_failure", f"Failed inference requests {_DOC}", (*LABELS, "reason")
+    )
+    pending = gauge("nv_inference_pending_request_count", f"Requests waiting in the queue {_DOC}", LABELS)
     by_batch = counter(
         "switchyard_inference_batch_executions",
         "Model executions per batch size (rows)",
@@ -66,11 +96,6 @@ def families(executor: Executor) -> Iterable[Any]:
     compile_s = gauge(
         "switchyard_model_compile_seconds", "Compile and warm-up time of the model's load", LABELS
     )
-    inline = counter(
-        "switchyard_inference_inline_requests",
-        "Requests computed on the event loop, without the queue or the device thread",
-        LABELS,
-    )
     in_flight = gauge("switchyard_inference_in_flight", "Requests inside the executor", ("backend",))
     in_flight.add_metric([backend], executor.in_flight)
     for (name, version), model in list(executor.models.items()):
@@ -82,25 +107,16 @@ def families(executor: Executor) -> Iterable[Any]:
         if batcher is None:
             continue
         c = batcher.counters
-        success.add(labels, c.success)
+        for family, value in plain:
+            family.add(labels, value(c))
         for reason, n in (
             ("REJECTED", c.rejected_queue_full + c.expired_in_queue),
             ("CANCELED", c.cancelled_in_queue),
             ("BACKEND", c.failed_compute),
         ):
             failure.add((*labels, reason), n)
-        count.add(labels, c.rows)
-        execs.add(labels, c.executions)
-        inline.add(labels, c.ran_inline)
-        request_us.add(labels, c.success_ns // 1000)
-        queue_us.add(labels, c.queue_ns // 1000)
-        input_us.add(labels, c.request_input_ns // 1000)
-        infer_us.add(labels, c.request_infer_ns // 1000)
-        output_us.add(labels, c.request_output_ns // 1000)
         pending.add_metric(list(labels), batcher.depth)
         for size, (n, *_phases) in sorted(c.by_batch_size.items()):
             by_batch.add((*labels, str(size)), n)
-    return (
-        success, failure, count, execs, request_us, queue_us, input_us, infer_us, output_us, pending,
-        by_batch, inline, compiled, load_compilations, compile_s, in_flight,
-    )  # fmt: skip
+    families = [family for family, _ in plain]
+    return (*families, failure, pending, by_batch, compiled, load_compilations, compile_s, in_flight)
