@@ -181,7 +181,6 @@ class LlamaAdapter(CausalLM):
         from transformers.models.llama import modeling_llama
 
         self._rotary = modeling_llama.apply_rotary_pos_emb
-        self._repeat = modeling_llama.repeat_kv
 
     def _layer(self, layer: Any, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         b, s, _ = x.shape
@@ -192,13 +191,18 @@ class LlamaAdapter(CausalLM):
         k = attn.k_proj(h).view(b, s, -1, dim).transpose(1, 2)
         v = attn.v_proj(h).view(b, s, -1, dim).transpose(1, 2)
         q, k = self._rotary(q, k, *step.context)
-        k_all = self._repeat(step.store(step.keys, k), self.groups)
-        v_all = self._repeat(step.store(step.values, v), self.groups)
-        scores = (q @ k_all.transpose(-2, -1)) * self.scaling
-        scores = scores.masked_fill(~step.mask, torch.finfo(scores.dtype).min)
+        k_all, v_all = step.store(step.keys, k), step.store(step.values, v)  # [b, kv heads, t, dim]
+        # grouped-query attention without repeating the cache per query head (HF's repeat_kv
+        # copies every layer's whole cache each step): query head h reads kv head h // groups,
+        # so the queries of one kv head are stacked as rows against its keys and values
+        kv = k_all.shape[1]
+        grouped = q.reshape(b, kv, self.groups * s, dim)
+        scores = ((grouped @ k_all.transpose(-2, -1)) * self.scaling).view(b, kv, self.groups, s, -1)
+        scores = scores.masked_fill(~step.mask.unsqueeze(-3), torch.finfo(scores.dtype).min)
         # at least float32, as HF's eager attention; an fp64 (golden) run stays float64 throughout
         weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
-        out = (weights @ v_all).transpose(1, 2).reshape(b, s, -1)
+        out = (weights.view(b, kv, self.groups * s, -1) @ v_all).view(b, -1, s, dim)
+        out = out.transpose(1, 2).reshape(b, s, -1)
         x = x + attn.o_proj(out)
         return x + layer.mlp(layer.post_attention_layernorm(x))  # type: ignore[no-any-return]
 
