@@ -166,6 +166,9 @@ def _not_health_nor(methods: Sequence[str]) -> Any:
     return filters.negate(filters.any_of(filters.health_check(), *(filters.method_name(m) for m in methods)))
 
 
+_HEALTH_SERVICE = "/grpc.health.v1.Health"
+
+
 class _SkipUntraced(grpc.aio.ServerInterceptor):
     """The instrumentation's server interceptor for the RPCs it traces; health checks and the
     hand-traced inference methods go straight to their handlers. The instrumentation's own
@@ -182,9 +185,6 @@ class _SkipUntraced(grpc.aio.ServerInterceptor):
         if method in self._skip or service.startswith(_HEALTH_SERVICE):
             return await continuation(details)
         return await self._inner.intercept_service(continuation, details)
-
-
-_HEALTH_SERVICE = "/grpc.health.v1.Health"
 
 
 def server_interceptors() -> list[grpc.aio.ServerInterceptor]:

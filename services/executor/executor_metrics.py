@@ -118,5 +118,13 @@ def families(executor: Executor) -> Iterable[Any]:
         pending.add_metric(list(labels), batcher.depth)
         for size, (n, *_phases) in sorted(c.by_batch_size.items()):
             by_batch.add((*labels, str(size)), n)
-    families = [family for family, _ in plain]
-    return (*families, failure, pending, by_batch, compiled, load_compilations, compile_s, in_flight)
+    return (
+        *(family for family, _ in plain),
+        failure,
+        pending,
+        by_batch,
+        compiled,
+        load_compilations,
+        compile_s,
+        in_flight,
+    )
