@@ -351,73 +351,84 @@ def _csv_row(r: Any) -> list[str]:
 
 
 def _focus_row(r: Any, party: FocusParty, currencies: dict[str, str]) -> list[str]:
-    """One journal line as FOCUS 1.2. An unpriced line is billed 0 (FOCUS has no "unknown"
-    cost) and flagged: x_Unpriced=true and the tag `x_unpriced`; reports never count it as 0.
-    ConsumedQuantity stays the line's hours, the unit it is priced in; a generation request's
-    tokens are two quantities of one charge, so they go in x_PromptTokens and x_OutputTokens
-    (docs/focus.md)."""
-    hours = f"{r.quantity_us / 3_600_000_000:.9f}"
+    """One journal line as FOCUS 1.2: the columns named below, the nullable rest left empty
+    (present, so a validator finds them). An unpriced line is billed 0 (FOCUS has no
+    "unknown" cost) and flagged: x_Unpriced=true and the tag `x_unpriced`; reports never count
+    it as 0."""
     unpriced = r.amount_micros is None
-    tags = dict(json.loads(r.tags_json or "{}"), model=r.model, team=r.team, arm=r.arm)
-    if unpriced:
-        tags["x_unpriced"] = "true"
-    cost = money(0 if unpriced else r.amount_micros)
+    named = {
+        **_focus_charge(r, party, currencies, money(0 if unpriced else r.amount_micros)),
+        **_focus_quantity(r),
+        **_focus_resource(r, party, unpriced),
+        "x_JobId": r.job_id or "",
+        "x_TrialId": r.trial_id,
+        "x_CostBasis": r.basis,
+        "x_PriceVersion": r.price_version or "",
+        "x_AllocationMethod": r.method or "",
+        "x_Unpriced": "true" if unpriced else "false",
+    }
+    return [named.get(column, "") for column in FOCUS_COLUMNS]
+
+
+def _focus_charge(r: Any, party: FocusParty, currencies: dict[str, str], cost: str) -> dict[str, str]:
+    """Who bills what, when: the cost columns (no negotiated discounts, so the list price is
+    the contract and every cost is the line's amount) and the charge and billing periods."""
     start = r.at_us // 1_000_000 * 1_000_000
     end = max(_ceil_s(max(r.end_us, r.at_us)), start + 1_000_000)  # exclusive, at least a second
     period_start, period_end = month_bounds(r.at_us)
-    return [
-        "",  # AvailabilityZone
-        cost,  # BilledCost
-        party.account_id,
-        party.account_name,
-        r.currency or currencies.get(r.path, party.currency),
-        iso_s(period_end),
-        iso_s(period_start),
-        "Usage",
-        "Correction" if r.basis == "reversal" else "",
-        f"{r.basis} time on {r.path}",
-        "Usage-Based",
-        iso_s(end),
-        iso_s(start),
-        "",  # CommitmentDiscountCategory
-        "",  # CommitmentDiscountId
-        "",  # CommitmentDiscountName
-        "",  # CommitmentDiscountStatus
-        "",  # CommitmentDiscountType
-        hours,  # ConsumedQuantity
-        "Hours",
-        cost,  # ContractedCost (no negotiated discounts: the list price is the contract)
-        "",  # ContractedUnitPrice
-        cost,  # EffectiveCost
-        party.issuer,
-        cost,  # ListCost
-        "",  # ListUnitPrice
-        "",  # PricingCategory
-        hours,  # PricingQuantity
-        "Hours",
-        party.provider,  # ProviderName
-        party.provider,  # PublisherName
-        "",  # RegionId
-        "",  # RegionName
-        r.path,  # ResourceId
-        r.path,  # ResourceName
-        "accelerator path",
-        "AI and Machine Learning",
-        "switchyard",  # ServiceName
-        "",  # SkuId
-        "",  # SkuPriceId
-        r.team,  # SubAccountId
-        r.team,  # SubAccountName
-        json.dumps(tags, sort_keys=True),
-        r.job_id or "",
-        r.trial_id,
-        r.basis,
-        r.price_version or "",
-        r.method or "",
-        "true" if unpriced else "false",
-        str(r.prompt_tokens),  # x_PromptTokens: a generation request's (0 on other lines)
-        str(r.output_tokens),  # x_OutputTokens
-    ]
+    return {
+        "BilledCost": cost,
+        "ContractedCost": cost,
+        "EffectiveCost": cost,
+        "ListCost": cost,
+        "BillingAccountId": party.account_id,
+        "BillingAccountName": party.account_name,
+        "BillingCurrency": r.currency or currencies.get(r.path, party.currency),
+        "BillingPeriodStart": iso_s(period_start),
+        "BillingPeriodEnd": iso_s(period_end),
+        "ChargeCategory": "Usage",
+        "ChargeClass": "Correction" if r.basis == "reversal" else "",
+        "ChargeDescription": f"{r.basis} time on {r.path}",
+        "ChargeFrequency": "Usage-Based",
+        "ChargePeriodStart": iso_s(start),
+        "ChargePeriodEnd": iso_s(end),
+        "InvoiceIssuerName": party.issuer,
+    }
+
+
+def _focus_quantity(r: Any) -> dict[str, str]:
+    """ConsumedQuantity stays the line's hours, the unit it is priced in; a generation
+    request's tokens are two quantities of one charge, so they go in x_PromptTokens and
+    x_OutputTokens (0 on other lines; docs/focus.md)."""
+    hours = f"{r.quantity_us / 3_600_000_000:.9f}"
+    return {
+        "ConsumedQuantity": hours,
+        "ConsumedUnit": "Hours",
+        "PricingQuantity": hours,
+        "PricingUnit": "Hours",
+        "x_PromptTokens": str(r.prompt_tokens),
+        "x_OutputTokens": str(r.output_tokens),
+    }
+
+
+def _focus_resource(r: Any, party: FocusParty, unpriced: bool) -> dict[str, str]:
+    """What was used and by whom: the path as the resource, the team as the sub-account, and
+    the line's labels as tags."""
+    tags = dict(json.loads(r.tags_json or "{}"), model=r.model, team=r.team, arm=r.arm)
+    if unpriced:
+        tags["x_unpriced"] = "true"
+    return {
+        "ProviderName": party.provider,
+        "PublisherName": party.provider,
+        "ResourceId": r.path,
+        "ResourceName": r.path,
+        "ResourceType": "accelerator path",
+        "ServiceCategory": "AI and Machine Learning",
+        "ServiceName": "switchyard",
+        "SubAccountId": r.team,
+        "SubAccountName": r.team,
+        "Tags": json.dumps(tags, sort_keys=True),
+    }
 
 
 def _path_currencies(conn: Any) -> dict[str, str]:
