@@ -23,7 +23,7 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from switchyard import allocator, authz, net, tls
+from switchyard import allocator, authz, net, telemetry, tls
 from switchyard.errors import InvalidArgument, Status, SwitchyardError
 from switchyard.gen import _pool
 
@@ -97,7 +97,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
 
 class ErrorMappedServicer:
-    """A servicer whose RPC methods map errors as ErrorInterceptor does, bound once.
+    """A servicer whose RPC methods map errors as ErrorInterceptor does (and are traced, with
+    tracing on: `map_errors`), bound once.
 
     The same mapping without an interceptor in the call path: an aio interceptor costs an
     extra coroutine and a new method handler on every call (about 15% of a small RPC here).
@@ -121,10 +122,11 @@ def map_errors(
 ) -> Callable[..., Any]:
     """`behavior` (an RPC method: coroutine or async generator) with errors mapped to statuses
     as ErrorInterceptor maps them, after `guard` admitted the caller; for handlers registered
-    by hand with `map_errors_in_servicers`."""
+    by hand with `map_errors_in_servicers`. With tracing on, the call is also a span
+    (`telemetry.traced`) around the guard and the mapping, so it ends with the call's status."""
     if inspect.isasyncgenfunction(behavior):
-        return _wrap_stream(behavior, method, guard)
-    return _wrap_unary(behavior, method, guard)
+        return telemetry.traced(_wrap_stream(behavior, method, guard), method)
+    return telemetry.traced(_wrap_unary(behavior, method, guard), method)
 
 
 def _wrap_unary(
@@ -338,23 +340,21 @@ async def start_server(
     Health is SERVING from the start unless `serving` is False: then NOT_SERVING until the
     caller's `set_serving(True)` (an executor, once its models are warm).
 
-    When a tracer provider is installed (`switchyard.telemetry.setup`), every unary RPC is
-    also a span parented on the caller's trace context (opentelemetry-instrumentation-grpc);
-    without one nothing extra is wrapped.
+    When a tracer provider is installed (`switchyard.telemetry.setup`), every RPC of the
+    registered services is also a span parented on the caller's trace context, made where
+    its servicer method is wrapped (`map_errors`), not by an interceptor; health checks and
+    reflection are not traced. Without one nothing extra is wrapped.
     """
-    from switchyard import telemetry
-
-    tracing = telemetry.server_interceptors()
     # With map_errors_in_servicers, servicers map their own errors (ErrorMappedServicer) and
     # the interceptor stays only to map errors that caller-supplied interceptors raise.
     # A guard wraps each servicer's methods (as map_errors_in_servicers does), so it runs
-    # where the method runs and the caller it admits is in authz.CALLER there.
+    # where the method runs and the caller it admits is in authz.CALLER there; so does
+    # tracing, which has no interceptor (telemetry.traced).
     guard = options.guard
-    in_servicers = options.map_errors_in_servicers or guard is not None
+    in_servicers = options.map_errors_in_servicers or guard is not None or telemetry.enabled()
     mapping = [] if in_servicers and not interceptors else [ErrorInterceptor()]
     server = grpc.aio.server(
-        interceptors=[*tracing, *interceptors, *mapping] or None,
-        options=options.channel_options(),
+        interceptors=[*interceptors, *mapping] or None, options=options.channel_options()
     )
     names = []
     hot = options.registered_methods

@@ -13,7 +13,7 @@ process, from:
 - `OTEL_SERVICE_NAME`: the service's name in traces (default `switchyard-router`, ...).
 
 By default nothing is exported and no provider is installed: no span is created, no
-interceptor wraps a call, and the hot path pays nothing. OTLP spans go through a batch span
+RPC method is wrapped, and the hot path pays nothing. OTLP spans go through a batch span
 processor (a background thread, off the request path); `console` prints each span as it
 ends and is a debugging switch: printing a span per request costs a small service about a
 third of its throughput. The documented production setting is OTLP with
@@ -21,20 +21,25 @@ third of its throughput. The documented production setting is OTLP with
 sampling decision is kept, and one root trace in a hundred is recorded; trace ids are still
 made and propagated for every request, so audit rows name them.
 
-With a provider installed, unary RPCs are spans through opentelemetry-instrumentation-grpc
-(`server_interceptors`, `client_interceptors`); a message of a long-lived inference stream
-carries its trace context in its own parameters and is its own span (`server_span`), since a
-stream's metadata is sent once. The chain client -> router -> executor -> metering is one trace.
+With a provider installed, every RPC a service serves is a SERVER span: `traced` wraps each
+servicer method once, where the servicer is added to its server (switchyard.grpcio), so no
+server has an interceptor; inference traces itself (`server_span`): a message of a
+long-lived inference stream carries its trace context in its own parameters and is its own
+span, since a stream's metadata is sent once. Outgoing calls are CLIENT spans through
+opentelemetry-instrumentation-grpc (`client_interceptors`). The chain client -> router ->
+executor -> metering is one trace.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
 from opentelemetry import context as otel_context
@@ -59,9 +64,9 @@ SAMPLERS = (
     "parentbased_always_off",
     "parentbased_traceidratio",
 )
-# Methods traced by hand (server_span), not by the instrumentation's interceptor: a stream's
-# messages are spans of their own, and inference calls skip the interceptor's per-call
-# wrapping (a servicer-context proxy and attributes built even for the unsampled 99%).
+# Methods traced by hand (server_span), not by `traced`: a stream's messages are spans of
+# their own, and ModelInfer, the hot path, opens its span inside the method, without a
+# wrapping coroutine per call.
 STREAM_METHODS = ("ModelStreamInfer",)
 HAND_TRACED_METHODS = (*STREAM_METHODS, "ModelInfer")
 
@@ -166,40 +171,6 @@ def _not_health_nor(methods: Sequence[str]) -> Any:
     return filters.negate(filters.any_of(filters.health_check(), *(filters.method_name(m) for m in methods)))
 
 
-_HEALTH_SERVICE = "/grpc.health.v1.Health"
-
-
-class _SkipUntraced(grpc.aio.ServerInterceptor):
-    """The instrumentation's server interceptor for the RPCs it traces; health checks and the
-    hand-traced inference methods go straight to their handlers. The instrumentation's own
-    `filter_` parses every call's method name three times over (isinstance checks against
-    grpc's abstract classes, os.path): ~10% of the executor loop's samples at 16 clients with
-    the production sampler, for calls it then leaves untraced. Here it is one string test."""
-
-    def __init__(self, inner: grpc.aio.ServerInterceptor, skip: Sequence[str]) -> None:
-        self._inner = inner
-        self._skip = frozenset(skip)
-
-    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        service, _, method = details.method.rpartition("/")
-        if method in self._skip or service.startswith(_HEALTH_SERVICE):
-            return await continuation(details)
-        return await self._inner.intercept_service(continuation, details)
-
-
-def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
-    """opentelemetry-instrumentation-grpc's server interceptor (one SERVER span per RPC,
-    parented on the caller's `traceparent`) when tracing is on; none otherwise. Health
-    checks and inference are left out: streams trace per message and ModelInfer per call by
-    hand (`server_span`), without the interceptor's per-call wrapping."""
-    if not enabled():
-        return []
-    from opentelemetry.instrumentation.grpc import aio_server_interceptor
-
-    inner: grpc.aio.ServerInterceptor = aio_server_interceptor()  # type: ignore[no-untyped-call]
-    return [_SkipUntraced(inner, HAND_TRACED_METHODS)]
-
-
 def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
     """opentelemetry-instrumentation-grpc's client interceptors (a CLIENT span per call and
     the trace context in its metadata) when tracing is on; none otherwise."""
@@ -243,23 +214,99 @@ def _tracer_of(provider: trace.TracerProvider) -> trace.Tracer:
 
 
 @contextlib.contextmanager
+def _rpc_span(method: str, parent: otel_context.Context) -> Iterator[trace.Span]:
+    """A SERVER span named after the full method ("/pkg.Service/Method"), current while it
+    runs; its attributes are built only where it is recorded (1% at the production setting)."""
+    tracer = _tracer_of(trace.get_tracer_provider())
+    with tracer.start_as_current_span(
+        method, context=parent, kind=SpanKind.SERVER, record_exception=False, set_status_on_exception=False
+    ) as span:
+        if span.is_recording():
+            service, _, name = method.lstrip("/").partition("/")
+            span.set_attributes({"rpc.system": "grpc", "rpc.service": service, "rpc.method": name})
+        yield span
+
+
+@contextlib.contextmanager
 def server_span(method: str, parent: otel_context.Context | Mapping[str, str]) -> Iterator[None]:
     """One SERVER span for one message of a stream, parented on the caller's trace context
     (a Context, or a carrier of traceparent/tracestate)."""
     if not isinstance(parent, otel_context.Context):
         parent = propagate.extract(dict(parent))
-    tracer = _tracer_of(trace.get_tracer_provider())
-    with tracer.start_as_current_span(
-        method, context=parent, kind=SpanKind.SERVER, record_exception=False
-    ) as span:
-        if span.is_recording():
-            span.set_attribute("rpc.system", "grpc")
-            span.set_attribute("rpc.method", method)
+    with _rpc_span(method, parent) as span:
         try:
             yield
         except BaseException as exc:
             span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
             raise
+
+
+# The codes that are the server's fault: a server span's status is ERROR for these only
+# (OpenTelemetry's rule for gRPC servers, as opentelemetry-instrumentation-grpc applies it).
+_SERVER_FAULTS = frozenset(
+    (
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    )
+)
+
+
+def traced(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """`behavior` (an RPC method: coroutine or async generator of request and context) as one
+    SERVER span per call, parented on the `traceparent` of the call's metadata and ending with
+    the call's gRPC status; `behavior` itself where tracing is off or the method traces
+    itself (HAND_TRACED_METHODS). Applied once, where a servicer is added to its server,
+    instead of a server interceptor: grpc.aio does more work per call, in its poller thread,
+    for every RPC of a server with any interceptor installed."""
+    if not enabled() or method.rpartition("/")[2] in HAND_TRACED_METHODS:
+        return behavior
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            with _call_span(method, context):
+                async for item in behavior(request, context):
+                    yield item
+
+        return stream
+
+    async def unary(request: Any, context: Any) -> Any:
+        with _call_span(method, context):
+            return await behavior(request, context)
+
+    return unary
+
+
+@contextlib.contextmanager
+def _call_span(method: str, context: Any) -> Iterator[None]:
+    metadata = context.invocation_metadata() or ()
+    with _rpc_span(method, extract_context(metadata)) as span:
+        try:
+            yield
+        finally:
+            if span.is_recording():
+                _record_call(span, context, metadata)
+
+
+def _record_call(span: trace.Span, context: Any, metadata: Metadata) -> None:
+    """The attributes opentelemetry-instrumentation-grpc gives a server span: the status
+    (an abort's or a set code, read back from the context), the user agent and the peer."""
+    code = context.code() or grpc.StatusCode.OK
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    if code in _SERVER_FAULTS:
+        span.set_status(Status(StatusCode.ERROR, f"{code}:{context.details() or ''}"))
+    agent = next((v for k, v in metadata if k == "user-agent"), None)
+    if agent is not None:
+        span.set_attribute("rpc.user_agent", agent if isinstance(agent, str) else agent.decode())
+    family, _, address = context.peer().split(",")[0].partition(":")
+    if family in ("ipv4", "ipv6"):
+        ip, _, port = address.rpartition(":")
+        span.set_attributes({"net.peer.ip": unquote(ip), "net.peer.port": port})
+        if ip in ("[::1]", "127.0.0.1"):
+            span.set_attribute("net.peer.name", "localhost")
 
 
 def current_trace_id() -> str:
