@@ -171,15 +171,16 @@ async def through_service(address: str, n: int, batch: int, inflight: int) -> di
         actor = pb.Actor(principal="bench", source="benchmarks/bench_ledger.py")
         await stub.SetPrice(
             pb.SetPriceRequest(
-                price_key="bench",
-                micros_per_hour=7200,
-                currency="USD",
-                effective_from_unix_us=T0,
+                price=pb.Price(
+                    price_key="bench", micros_per_hour=7200, currency="USD", effective_from_unix_us=T0
+                ),
                 actor=actor,
             )
         )
         await stub.RegisterPath(
-            pb.RegisterPathRequest(path=PATH, backend="cpu", price_key="bench", actor=actor)
+            pb.RegisterPathRequest(
+                path_info=pb.PathInfo(path=PATH, backend="cpu", price_key="bench"), actor=actor
+            )
         )
         t0 = time.perf_counter()
         accepted, dups = await send_all(stub, batches, inflight)

@@ -349,11 +349,15 @@ async def setup_key(metering: str, security: tls.Security) -> str:
     async with tls.aio_channel(metering, security=security) as channel:
         stub = mgrpc.MeteringStub(channel)
         await stub.SetPrice(
-            mpb.SetPriceRequest(price_key="bench-cpu", micros_per_hour=1_000_000, currency="USD")
+            mpb.SetPriceRequest(
+                price=mpb.Price(price_key="bench-cpu", micros_per_hour=1_000_000, currency="USD")
+            )
         )
         await stub.RegisterPath(
             mpb.RegisterPathRequest(
-                path="cpu-bench", backend="cpu", resource_class="cpu", price_key="bench-cpu"
+                path_info=mpb.PathInfo(
+                    path="cpu-bench", backend="cpu", resource_class="cpu", price_key="bench-cpu"
+                )
             )
         )
         await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="bench", kind="service", team="bench"))

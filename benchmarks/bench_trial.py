@@ -100,7 +100,9 @@ async def main(runs: int, min_seconds: float) -> dict[str, Any]:
     async with grpc.aio.insecure_channel(metering.address) as ch:
         await mgrpc.MeteringStub(ch).SetPrice(
             mpb.SetPriceRequest(
-                price_key=d.price_key, micros_per_hour=3_600_000, currency="USD", effective_from_unix_us=1
+                price=mpb.Price(
+                    price_key=d.price_key, micros_per_hour=3_600_000, currency="USD", effective_from_unix_us=1
+                )
             )
         )
     config = WorkerConfig(

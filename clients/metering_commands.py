@@ -291,11 +291,13 @@ def audit_query(args: argparse.Namespace) -> int:
 
 @guarded
 def prices_set(args: argparse.Namespace) -> int:
-    req = pb.SetPriceRequest(
-        price_key=args.price_key, micros_per_hour=parse_money(args.per_hour), currency=args.currency
+    price = pb.Price(
+        price_key=args.price_key,
+        micros_per_hour=parse_money(args.per_hour),
+        currency=args.currency,
+        effective_from_unix_us=parse_time(args.effective_from),
     )
-    req.effective_from_unix_us = parse_time(args.effective_from)
-    req.actor.CopyFrom(actor(args))
+    req = pb.SetPriceRequest(price=price, actor=actor(args))
     p = call(args, lambda stub: stub.SetPrice(req))
     print(f"price {p.version}: {money.decimal(p.micros_per_hour)} {p.currency}/hour")
     return 0

@@ -79,11 +79,9 @@ async def _register(args: argparse.Namespace) -> int:
     resource_class = resource_class or backend
     price_key = price_key or f"{backend}/{resource_class}"
     request = mpb.RegisterPathRequest(
-        path=args.path,
-        backend=backend,
-        resource_class=resource_class,
-        price_key=price_key,
-        host=host,
+        path_info=mpb.PathInfo(
+            path=args.path, backend=backend, resource_class=resource_class, price_key=price_key, host=host
+        ),
         actor=mpb.Actor(principal=args.actor, source="cli"),
     )
     async with _channel(args.metering) as channel:

@@ -82,7 +82,10 @@ class LedgerActivities:
         try:
             described = {k: getattr(info, k) for k in ("backend", "resource_class", "price_key", "host")}
             await self.connections.metering().RegisterPath(
-                mpb.RegisterPathRequest(path=info.ledger_path, actor=self._actor(), **described), timeout=30
+                mpb.RegisterPathRequest(
+                    path_info=mpb.PathInfo(path=info.ledger_path, **described), actor=self._actor()
+                ),
+                timeout=30,
             )
         except grpc.aio.AioRpcError as err:
             if err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS):

@@ -73,21 +73,25 @@ async def ensure_prices(metering: str, executors: Mapping[str, str], paths: Mapp
             price_key = (described.price_key if described else "") or f"local-{backend}"
             await stub.SetPrice(
                 metering_pb2.SetPriceRequest(
-                    price_key=price_key,
-                    micros_per_hour=LOCAL_PRICES.get(backend, 120_000),
-                    currency=CURRENCY,
-                    effective_from_unix_us=now_us - 3_600_000_000,
+                    price=metering_pb2.Price(
+                        price_key=price_key,
+                        micros_per_hour=LOCAL_PRICES.get(backend, 120_000),
+                        currency=CURRENCY,
+                        effective_from_unix_us=now_us - 3_600_000_000,
+                    ),
                     actor=ACTOR,
                 ),
                 timeout=10,
             )
             await stub.RegisterPath(
                 metering_pb2.RegisterPathRequest(
-                    path=paths.get(backend) or PATH_IDS.get(backend, backend),
-                    backend=backend,
-                    resource_class=(described.resource_class if described else "") or backend,
-                    price_key=price_key,
-                    host=(described.host if described else "") or "localhost",
+                    path_info=metering_pb2.PathInfo(
+                        path=paths.get(backend) or PATH_IDS.get(backend, backend),
+                        backend=backend,
+                        resource_class=(described.resource_class if described else "") or backend,
+                        price_key=price_key,
+                        host=(described.host if described else "") or "localhost",
+                    ),
                     actor=ACTOR,
                 ),
                 timeout=10,

@@ -96,23 +96,32 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
         )
 
     async def SetPrice(self, request: pb.SetPriceRequest, context: Any) -> pb.Price:
-        r = request
+        if not request.HasField("price"):
+            raise BadInput(
+                "SetPriceRequest.price is required: the Price to set (price_key, micros_per_hour, currency)"
+            )
+        p = request.price
         row = await self._w(
             lambda: self.ledger.set_price(
-                actor_of(r.actor, context),
-                r.price_key,
-                r.micros_per_hour,
-                r.currency,
-                r.effective_from_unix_us,
+                actor_of(request.actor, context),
+                p.price_key,
+                p.micros_per_hour,
+                p.currency,
+                p.effective_from_unix_us,
             )
         )
         return price_msg(row)
 
     async def RegisterPath(self, request: pb.RegisterPathRequest, context: Any) -> pb.PathInfo:
-        r = request
+        if not request.HasField("path_info"):
+            raise BadInput(
+                "RegisterPathRequest.path_info is required: the PathInfo to register (path, backend, "
+                "resource_class, price_key, host)"
+            )
+        p = request.path_info
         row = await self._w(
             lambda: self.ledger.register_path(
-                actor_of(r.actor, context), r.path, r.backend, r.resource_class, r.price_key, r.host
+                actor_of(request.actor, context), p.path, p.backend, p.resource_class, p.price_key, p.host
             )
         )
         return path_msg(row)

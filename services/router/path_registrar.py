@@ -157,11 +157,13 @@ class PathRegistrar:
             return False
         backend = described.device.backend or name
         request = mpb.RegisterPathRequest(
-            path=deployment.path,
-            backend=backend,
-            resource_class=described.resource_class or backend,
-            price_key=described.price_key or f"{backend}/{described.resource_class or backend}",
-            host=described.host,
+            path_info=mpb.PathInfo(
+                path=deployment.path,
+                backend=backend,
+                resource_class=described.resource_class or backend,
+                price_key=described.price_key or f"{backend}/{described.resource_class or backend}",
+                host=described.host,
+            ),
             actor=mpb.Actor(principal="router", source="router", request_id=f"register-path/{name}"),
         )
         try:

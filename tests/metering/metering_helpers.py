@@ -19,10 +19,14 @@ async def setup_path(
     per_hour: int = 3_600_000,
 ) -> None:
     await stub.SetPrice(
-        pb.SetPriceRequest(price_key=key, micros_per_hour=per_hour, currency="USD", effective_from_unix_us=T0)
+        pb.SetPriceRequest(
+            price=pb.Price(price_key=key, micros_per_hour=per_hour, currency="USD", effective_from_unix_us=T0)
+        )
     )
     await stub.RegisterPath(
-        pb.RegisterPathRequest(path=path, backend="cpu", resource_class="cpu-16", price_key=key)
+        pb.RegisterPathRequest(
+            path_info=pb.PathInfo(path=path, backend="cpu", resource_class="cpu-16", price_key=key)
+        )
     )
 
 

@@ -160,7 +160,8 @@ def test_metering_serve_command_serves_and_drains_on_sigterm(db_url: str) -> Non
         with grpc.insecure_channel(address) as channel:
             stub = pb_grpc.MeteringStub(channel)
             price = stub.SetPrice(
-                pb.SetPriceRequest(price_key="k", micros_per_hour=5, currency="EUR"), timeout=30
+                pb.SetPriceRequest(price=pb.Price(price_key="k", micros_per_hour=5, currency="EUR")),
+                timeout=30,
             )
             assert price.version.startswith("k@")
         proc.send_signal(signal.SIGTERM)

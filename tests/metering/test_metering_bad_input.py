@@ -68,20 +68,38 @@ CASES: list[tuple[str, Callable[[Stub], Awaitable[object]], grpc.StatusCode, str
     (
         "path re-registered differently",
         lambda s: s.RegisterPath(
-            pb.RegisterPathRequest(path="cpu-eager@h1", backend="xla", price_key="cpu-std")
+            pb.RegisterPathRequest(
+                path_info=pb.PathInfo(path="cpu-eager@h1", backend="xla", price_key="cpu-std")
+            )
         ),
         EXISTS,
         "immutable",
     ),
     (
+        "a request without the path it registers (an old client's)",
+        lambda s: s.RegisterPath(pb.RegisterPathRequest()),
+        INVALID,
+        "RegisterPathRequest.path_info is required",
+    ),
+    (
+        "a request without the price it sets (an old client's)",
+        lambda s: s.SetPrice(pb.SetPriceRequest()),
+        INVALID,
+        "SetPriceRequest.price is required",
+    ),
+    (
         "negative price",
-        lambda s: s.SetPrice(pb.SetPriceRequest(price_key="p", micros_per_hour=-1, currency="USD")),
+        lambda s: s.SetPrice(
+            pb.SetPriceRequest(price=pb.Price(price_key="p", micros_per_hour=-1, currency="USD"))
+        ),
         INVALID,
         "negative",
     ),
     (
         "bad currency",
-        lambda s: s.SetPrice(pb.SetPriceRequest(price_key="p", micros_per_hour=1, currency="dollars")),
+        lambda s: s.SetPrice(
+            pb.SetPriceRequest(price=pb.Price(price_key="p", micros_per_hour=1, currency="dollars"))
+        ),
         INVALID,
         "ISO 4217",
     ),
@@ -89,7 +107,9 @@ CASES: list[tuple[str, Callable[[Stub], Awaitable[object]], grpc.StatusCode, str
         "retroactive price",
         lambda s: s.SetPrice(
             pb.SetPriceRequest(
-                price_key="cpu-std", micros_per_hour=9, currency="USD", effective_from_unix_us=T0 + 1
+                price=pb.Price(
+                    price_key="cpu-std", micros_per_hour=9, currency="USD", effective_from_unix_us=T0 + 1
+                )
             )
         ),
         PRECONDITION,

@@ -197,12 +197,16 @@ async def test_two_replicas_conserve_cost_and_keep_one_audit_chain(replicas: lis
         both = (a, b)
         await a.SetPrice(
             pb.SetPriceRequest(
-                price_key="std", micros_per_hour=PER_HOUR, currency="USD", effective_from_unix_us=T0
+                price=pb.Price(
+                    price_key="std", micros_per_hour=PER_HOUR, currency="USD", effective_from_unix_us=T0
+                )
             )
         )
         for path in ("usage@h1", "res@h2"):
             await b.RegisterPath(
-                pb.RegisterPathRequest(path=path, backend="cpu", resource_class="c", price_key="std")
+                pb.RegisterPathRequest(
+                    path_info=pb.PathInfo(path=path, backend="cpu", resource_class="c", price_key="std")
+                )
             )
         seeds = [
             event(f"seed-{i}", T0 + i * 1000, 400, path="usage@h1", job_id=f"seed-{i}") for i in range(SEEDS)

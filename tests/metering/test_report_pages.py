@@ -42,11 +42,15 @@ async def ledger(tmp_path: Path) -> AsyncIterator[RunningMetering]:
             ):
                 await stub.SetPrice(
                     pb.SetPriceRequest(
-                        price_key=key, micros_per_hour=per_hour, currency="USD", effective_from_unix_us=T0
+                        price=pb.Price(
+                            price_key=key, micros_per_hour=per_hour, currency="USD", effective_from_unix_us=T0
+                        )
                     )
                 )
                 await stub.RegisterPath(
-                    pb.RegisterPathRequest(path=path, backend="cpu", resource_class="c", price_key=key)
+                    pb.RegisterPathRequest(
+                        path_info=pb.PathInfo(path=path, backend="cpu", resource_class="c", price_key=key)
+                    )
                 )
             res = await stub.OpenReservation(
                 pb.OpenReservationRequest(idempotency_key="r", path="cheap@h1", start_unix_us=T0)

@@ -74,7 +74,12 @@ async def test_busy_time_is_charged_at_the_dated_price_in_force(stub: pb_grpc.Me
     await setup_path(stub, per_hour=3_600_000)  # 1 micro-unit per busy millisecond
     await stub.SetPrice(
         pb.SetPriceRequest(
-            price_key="cpu-std", micros_per_hour=7_200_000, currency="USD", effective_from_unix_us=T0 + HOUR
+            price=pb.Price(
+                price_key="cpu-std",
+                micros_per_hour=7_200_000,
+                currency="USD",
+                effective_from_unix_us=T0 + HOUR,
+            )
         )
     )
     await stub.RecordUsage(
@@ -155,10 +160,12 @@ async def test_setting_the_price_already_in_force_is_a_no_op(stub: pb_grpc.Meter
     await setup_path(stub)
     await stub.RecordUsage(pb.RecordUsageRequest(events=[event("x", T0 + HOUR, 10)]))
     again = pb.SetPriceRequest(
-        price_key="cpu-std", micros_per_hour=3_600_000, currency="USD", effective_from_unix_us=T0 + 5
+        price=pb.Price(
+            price_key="cpu-std", micros_per_hour=3_600_000, currency="USD", effective_from_unix_us=T0 + 5
+        )
     )
     assert (await stub.SetPrice(again)).version == f"cpu-std@{T0}"
-    again.micros_per_hour = 1
+    again.price.micros_per_hour = 1
     await expect_status(stub.SetPrice(again), grpc.StatusCode.FAILED_PRECONDITION, "already charged")
 
 

@@ -63,10 +63,16 @@ class Metering:
 
 
 async def prepare_ledger(stub: mgrpc.MeteringAsyncStub) -> None:
-    await stub.SetPrice(mpb.SetPriceRequest(price_key=PRICE_KEY, micros_per_hour=3_600_000, currency="USD"))
+    await stub.SetPrice(
+        mpb.SetPriceRequest(price=mpb.Price(price_key=PRICE_KEY, micros_per_hour=3_600_000, currency="USD"))
+    )
     for path in PATHS:
         await stub.RegisterPath(
-            mpb.RegisterPathRequest(path=path, backend="cpu", resource_class="cpu-test", price_key=PRICE_KEY)
+            mpb.RegisterPathRequest(
+                path_info=mpb.PathInfo(
+                    path=path, backend="cpu", resource_class="cpu-test", price_key=PRICE_KEY
+                )
+            )
         )
 
 

@@ -106,11 +106,15 @@ async def cluster(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> AsyncIt
             keys[name] = (created.key, created.key_id)
         await stub.RevokeKey(mpb.RevokeKeyRequest(key_id=keys["mallory"][1]))
         await stub.SetPrice(
-            mpb.SetPriceRequest(price_key="cpu-test", micros_per_hour=3_600_000, currency="USD")
+            mpb.SetPriceRequest(
+                price=mpb.Price(price_key="cpu-test", micros_per_hour=3_600_000, currency="USD")
+            )
         )
         await stub.RegisterPath(
             mpb.RegisterPathRequest(
-                path="cpu-a", backend="cpu", resource_class="cpu-test", price_key="cpu-test"
+                path_info=mpb.PathInfo(
+                    path="cpu-a", backend="cpu", resource_class="cpu-test", price_key="cpu-test"
+                )
             )
         )
     executor = await start_executor(

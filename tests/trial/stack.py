@@ -85,10 +85,12 @@ async def set_prices(stack: Stack) -> None:
                 d = await xgrpc.ExecutorControlStub(channel).Describe(xpb.DescribeRequest(), timeout=10)
             await mgrpc.MeteringStub(meter).SetPrice(
                 mpb.SetPriceRequest(
-                    price_key=d.price_key,
-                    micros_per_hour=PRICE_MICROS_PER_HOUR,
-                    currency="USD",
-                    effective_from_unix_us=1,
+                    price=mpb.Price(
+                        price_key=d.price_key,
+                        micros_per_hour=PRICE_MICROS_PER_HOUR,
+                        currency="USD",
+                        effective_from_unix_us=1,
+                    ),
                     actor=mpb.Actor(principal="test", source="test"),
                 )
             )

@@ -33,12 +33,16 @@ async def test_trial_usage_carries_prompt_and_output_tokens(tmp_path: Path) -> N
             stub = mgrpc.MeteringStub(channel)
             await stub.SetPrice(
                 mpb.SetPriceRequest(
-                    price_key="cpu", micros_per_hour=3_600_000, currency="USD", effective_from_unix_us=T0
+                    price=mpb.Price(
+                        price_key="cpu", micros_per_hour=3_600_000, currency="USD", effective_from_unix_us=T0
+                    )
                 )
             )
             await stub.RegisterPath(
                 mpb.RegisterPathRequest(
-                    path="cpu-eager@h", backend="cpu", resource_class="c", price_key="cpu"
+                    path_info=mpb.PathInfo(
+                        path="cpu-eager@h", backend="cpu", resource_class="c", price_key="cpu"
+                    )
                 )
             )
             target = Target(

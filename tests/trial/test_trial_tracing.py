@@ -74,8 +74,9 @@ async def main() -> None:
             async with tls.aio_channel(executor.address) as xch:
                 d = await xgrpc.ExecutorControlStub(xch).Describe(xpb.DescribeRequest(), timeout=10)
             await stub.SetPrice(mpb.SetPriceRequest(
-                price_key=d.price_key, micros_per_hour=3_600_000, currency="USD",
-                effective_from_unix_us=1, actor=mpb.Actor(principal="ops", source="test")))
+                price=mpb.Price(price_key=d.price_key, micros_per_hour=3_600_000, currency="USD",
+                                effective_from_unix_us=1),
+                actor=mpb.Actor(principal="ops", source="test")))
             await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="alice", kind="user", team="t"))
             await stub.GrantRole(mpb.RoleRequest(principal="alice", role="infer", scope="*"))
             await stub.CreateKey(mpb.CreateKeyRequest(principal="alice"))

@@ -774,31 +774,29 @@ Global___ExportChunk: _TypeAlias = ExportChunk  # noqa: Y015
 
 @_typing.final
 class SetPriceRequest(_message.Message):
+    """A request that creates a resource carries the resource itself; the fields the server sets
+    (Price.version; PathInfo.priced and created_unix_us) are ignored there. The resource's
+    fields once stood in the request itself: their numbers stay reserved, so an old client's
+    request arrives without a resource and is refused as INVALID_ARGUMENT, not misread.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    PRICE_KEY_FIELD_NUMBER: _builtins.int
-    MICROS_PER_HOUR_FIELD_NUMBER: _builtins.int
-    CURRENCY_FIELD_NUMBER: _builtins.int
-    EFFECTIVE_FROM_UNIX_US_FIELD_NUMBER: _builtins.int
+    PRICE_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
-    price_key: _builtins.str
-    micros_per_hour: _builtins.int
-    currency: _builtins.str
-    effective_from_unix_us: _builtins.int
+    @_builtins.property
+    def price(self) -> Global___Price: ...
     @_builtins.property
     def actor(self) -> Global___Actor: ...
     def __init__(
         self,
         *,
-        price_key: _builtins.str = ...,
-        micros_per_hour: _builtins.int = ...,
-        currency: _builtins.str = ...,
-        effective_from_unix_us: _builtins.int = ...,
+        price: Global___Price | None = ...,
         actor: Global___Actor | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "price", b"price"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "currency", b"currency", "effective_from_unix_us", b"effective_from_unix_us", "micros_per_hour", b"micros_per_hour", "price_key", b"price_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "price", b"price"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -818,6 +816,7 @@ class Price(_message.Message):
     currency: _builtins.str
     effective_from_unix_us: _builtins.int
     version: _builtins.str
+    """set by metering"""
     def __init__(
         self,
         *,
@@ -839,32 +838,21 @@ Global___Price: _TypeAlias = Price  # noqa: Y015
 class RegisterPathRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    PATH_FIELD_NUMBER: _builtins.int
-    BACKEND_FIELD_NUMBER: _builtins.int
-    RESOURCE_CLASS_FIELD_NUMBER: _builtins.int
-    PRICE_KEY_FIELD_NUMBER: _builtins.int
-    HOST_FIELD_NUMBER: _builtins.int
+    PATH_INFO_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
-    path: _builtins.str
-    backend: _builtins.str
-    resource_class: _builtins.str
-    price_key: _builtins.str
-    host: _builtins.str
+    @_builtins.property
+    def path_info(self) -> Global___PathInfo: ...
     @_builtins.property
     def actor(self) -> Global___Actor: ...
     def __init__(
         self,
         *,
-        path: _builtins.str = ...,
-        backend: _builtins.str = ...,
-        resource_class: _builtins.str = ...,
-        price_key: _builtins.str = ...,
-        host: _builtins.str = ...,
+        path_info: Global___PathInfo | None = ...,
         actor: Global___Actor | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "path_info", b"path_info"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "backend", b"backend", "host", b"host", "path", b"path", "price_key", b"price_key", "resource_class", b"resource_class"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "path_info", b"path_info"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
