@@ -43,6 +43,7 @@ from services.metering.schema import JOBS, LINES  # noqa: E402
 from services.metering.usage import insert_dicts  # noqa: E402
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb  # noqa: E402
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc  # noqa: E402
+from tests.metering.metering_helpers import price_paths  # noqa: E402
 
 T0 = 1_767_225_600_000_000
 PATH = "bench-cpu@h"
@@ -169,19 +170,7 @@ async def through_service(address: str, n: int, batch: int, inflight: int) -> di
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.MeteringStub(channel)
         actor = pb.Actor(principal="bench", source="benchmarks/bench_ledger.py")
-        await stub.SetPrice(
-            pb.SetPriceRequest(
-                price=pb.Price(
-                    price_key="bench", micros_per_hour=7200, currency="USD", effective_from_unix_us=T0
-                ),
-                actor=actor,
-            )
-        )
-        await stub.RegisterPath(
-            pb.RegisterPathRequest(
-                path_info=pb.PathInfo(path=PATH, backend="cpu", price_key="bench"), actor=actor
-            )
-        )
+        await price_paths(stub, "bench", [PATH], per_hour=7200, resource_class="", since_us=T0, actor=actor)
         t0 = time.perf_counter()
         accepted, dups = await send_all(stub, batches, inflight)
         seconds = time.perf_counter() - t0

@@ -62,6 +62,7 @@ from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.net import free_port
+from tests.metering.metering_helpers import price_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -348,17 +349,8 @@ async def measure_cell(
 async def setup_key(metering: str, security: tls.Security) -> str:
     async with tls.aio_channel(metering, security=security) as channel:
         stub = mgrpc.MeteringStub(channel)
-        await stub.SetPrice(
-            mpb.SetPriceRequest(
-                price=mpb.Price(price_key="bench-cpu", micros_per_hour=1_000_000, currency="USD")
-            )
-        )
-        await stub.RegisterPath(
-            mpb.RegisterPathRequest(
-                path_info=mpb.PathInfo(
-                    path="cpu-bench", backend="cpu", resource_class="cpu", price_key="bench-cpu"
-                )
-            )
+        await price_paths(
+            stub, "bench-cpu", ["cpu-bench"], per_hour=1_000_000, resource_class="cpu", since_us=0
         )
         await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="bench", kind="service", team="bench"))
         for model in MODELS:

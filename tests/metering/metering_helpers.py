@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import grpc
 import pytest
 
@@ -18,16 +20,26 @@ async def setup_path(
     key: str = "cpu-std",
     per_hour: int = 3_600_000,
 ) -> None:
-    await stub.SetPrice(
-        pb.SetPriceRequest(
-            price=pb.Price(price_key=key, micros_per_hour=per_hour, currency="USD", effective_from_unix_us=T0)
-        )
-    )
-    await stub.RegisterPath(
-        pb.RegisterPathRequest(
-            path_info=pb.PathInfo(path=path, backend="cpu", resource_class="cpu-16", price_key=key)
-        )
-    )
+    await price_paths(stub, key, [path], per_hour=per_hour)
+
+
+async def price_paths(
+    stub: pb_grpc.MeteringAsyncStub,
+    key: str,
+    paths: Iterable[str],
+    *,
+    per_hour: int = 3_600_000,
+    resource_class: str = "cpu-16",
+    since_us: int = T0,
+    actor: pb.Actor | None = None,
+) -> None:
+    """Price `key` in USD per hour from `since_us` (0 = now), then register each of `paths`
+    (backend cpu) at that key: what a ledger needs before it can charge usage."""
+    price = pb.Price(price_key=key, micros_per_hour=per_hour, currency="USD", effective_from_unix_us=since_us)
+    await stub.SetPrice(pb.SetPriceRequest(price=price, actor=actor))
+    for path in paths:
+        info = pb.PathInfo(path=path, backend="cpu", resource_class=resource_class, price_key=key)
+        await stub.RegisterPath(pb.RegisterPathRequest(path_info=info, actor=actor))
 
 
 def event(key: str, start: int, busy: int, path: str = "cpu-eager@h1", **kw: object) -> pb.UsageEvent:

@@ -23,7 +23,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
 from tests.conftest import ROOT
-from tests.metering.metering_helpers import T0, event
+from tests.metering.metering_helpers import T0, event, price_paths
 from tests.report_pages import check_charts, chromium
 from workflows import render
 
@@ -40,18 +40,7 @@ async def ledger(tmp_path: Path) -> AsyncIterator[RunningMetering]:
                 ("cheap", 36_000, "cheap@h1"),
                 ("dear", 3_600_000_000, "dear@h2"),
             ):
-                await stub.SetPrice(
-                    pb.SetPriceRequest(
-                        price=pb.Price(
-                            price_key=key, micros_per_hour=per_hour, currency="USD", effective_from_unix_us=T0
-                        )
-                    )
-                )
-                await stub.RegisterPath(
-                    pb.RegisterPathRequest(
-                        path_info=pb.PathInfo(path=path, backend="cpu", resource_class="c", price_key=key)
-                    )
-                )
+                await price_paths(stub, key, [path], per_hour=per_hour, resource_class="c")
             res = await stub.OpenReservation(
                 pb.OpenReservationRequest(idempotency_key="r", path="cheap@h1", start_unix_us=T0)
             )

@@ -31,6 +31,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
 from switchyard.net import free_port
+from tests.metering.metering_helpers import price_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 PRICE_KEY = "cpu-test"
@@ -63,17 +64,7 @@ class Metering:
 
 
 async def prepare_ledger(stub: mgrpc.MeteringAsyncStub) -> None:
-    await stub.SetPrice(
-        mpb.SetPriceRequest(price=mpb.Price(price_key=PRICE_KEY, micros_per_hour=3_600_000, currency="USD"))
-    )
-    for path in PATHS:
-        await stub.RegisterPath(
-            mpb.RegisterPathRequest(
-                path_info=mpb.PathInfo(
-                    path=path, backend="cpu", resource_class="cpu-test", price_key=PRICE_KEY
-                )
-            )
-        )
+    await price_paths(stub, PRICE_KEY, PATHS, resource_class="cpu-test", since_us=0)
 
 
 async def prepared_ledger_key(

@@ -38,6 +38,7 @@ from switchyard.gen.switchyard.v1 import executor_pb2 as epb
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
+from tests.metering.metering_helpers import price_paths
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -105,18 +106,7 @@ async def cluster(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> AsyncIt
             created = await stub.CreateKey(mpb.CreateKeyRequest(principal=name))
             keys[name] = (created.key, created.key_id)
         await stub.RevokeKey(mpb.RevokeKeyRequest(key_id=keys["mallory"][1]))
-        await stub.SetPrice(
-            mpb.SetPriceRequest(
-                price=mpb.Price(price_key="cpu-test", micros_per_hour=3_600_000, currency="USD")
-            )
-        )
-        await stub.RegisterPath(
-            mpb.RegisterPathRequest(
-                path_info=mpb.PathInfo(
-                    path="cpu-a", backend="cpu", resource_class="cpu-test", price_key="cpu-test"
-                )
-            )
-        )
+        await price_paths(stub, "cpu-test", ["cpu-a"], resource_class="cpu-test", since_us=0)
     executor = await start_executor(
         ExecutorConfig(models=("mlp",), metering=metering.address), security=pki.ids["executor"]
     )

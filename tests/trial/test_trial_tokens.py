@@ -16,6 +16,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
 from switchyard.money import round_half_up
+from tests.metering.metering_helpers import price_paths
 from workflows.connections import Connections, WorkerConfig
 from workflows.ledger_activities import LedgerActivities
 from workflows.performance import PerformanceActivities, _Sample
@@ -31,20 +32,7 @@ async def test_trial_usage_carries_prompt_and_output_tokens(tmp_path: Path) -> N
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
             stub = mgrpc.MeteringStub(channel)
-            await stub.SetPrice(
-                mpb.SetPriceRequest(
-                    price=mpb.Price(
-                        price_key="cpu", micros_per_hour=3_600_000, currency="USD", effective_from_unix_us=T0
-                    )
-                )
-            )
-            await stub.RegisterPath(
-                mpb.RegisterPathRequest(
-                    path_info=mpb.PathInfo(
-                        path="cpu-eager@h", backend="cpu", resource_class="c", price_key="cpu"
-                    )
-                )
-            )
+            await price_paths(stub, "cpu", ["cpu-eager@h"], resource_class="c", since_us=T0)
             target = Target(
                 trial_id="t-gen", path="cpu-eager", executor="e", model="llama-tiny", version="1",
                 checkpoint_sha256="", mode="eager", precision="fp32", batch_buckets=[1],
