@@ -22,7 +22,8 @@ import torch
 
 from services.executor.backends.base import PRECISIONS, Backend, CompileCounters, PreparedModel
 from services.executor.batching import Batcher, Phases, QueuedRequest
-from services.executor.generation.engine import GenerationEngine, GenerationRuntime
+from services.executor.generation.engine import GenerationEngine
+from services.executor.generation.runtime import GenerationRuntime
 from services.executor.generation.settings import GenerationSettings
 from switchyard import codec
 from switchyard.codec import WireTensor

@@ -1,20 +1,15 @@
 """The generation engine: iteration-level (continuous) batching over a static KV cache.
 
-`GenerationRuntime` is the device side (run on the executor's device thread): the model's
-prefill and decode steps prepared by the backend (eager, inductor, XLA), the cache, and the
-warm-up that compiles every graph the engine will ever run, one per prompt bucket and one
-per decode width, before the model turns READY.
-
-`GenerationEngine` is the scheduler (on the event loop). Requests wait in a bounded queue
+`GenerationRuntime` (`generation.runtime`) is the device side, run on the executor's device
+thread. `GenerationEngine` is the scheduler (on the event loop). Requests wait in a bounded queue
 (beyond `max_queue`, RESOURCE_EXHAUSTED) for a free slot. Each iteration:
 1. requests cancelled or past their deadline leave, and their slots are freed;
-2. one decode step for every running request (one new token each, each at its own position),
-   as wide as the highest slot in use (rounded up to a decode bucket where graphs are
-   compiled; eager runs prompts and steps at their own shapes);
-3. then up to `max_prefills_per_step` waiting requests take free slots and are prefilled
-   (each gives its first token), joining the running batch at the next decode step.
-Decode runs before prefill within an iteration so that the rows a decode step covers but does
-not use (free slots inside its width) are only ever ones a prefill rewrites whole.
+2. up to `max_prefills_per_step` waiting requests take free slots;
+3. one step: a decode row for every running request (one new token each, each at its own
+   position) and the prefill of the admitted ones (each gives its first token, and joins the
+   decode rows at the next step). On eager that is one forward over all their rows
+   (`GenerationRuntime.step`); on compiled graphs a decode step per width bucket, then a
+   prefill per prompt.
 Tokens are chosen with the step (host sampling, `sampling`), so the event loop only moves
 events to the streams: each request's wait in its `EventBuffer` until its consumer takes them,
 all that came at once (a stream's writer that lagged sends them in one response).
@@ -39,7 +34,6 @@ goes away, and its slot serves the next step.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import logging
 import time
@@ -49,132 +43,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
-from services.executor.backends.base import Backend, CompileCounters, PreparedModel
-from services.executor.generation.kv_cache import SlotAllocator, StaticKVCache
-from services.executor.generation.models import DecodeStep, PrefillStep, causal_lm_for
+from services.executor.generation.kv_cache import SlotAllocator
+from services.executor.generation.runtime import GenerationRuntime
 from services.executor.generation.sampling import Choice, choose, new_generator
 from services.executor.generation.settings import GenerationSettings, SamplingParams
 from services.executor.generation.tokenizer import Detokenizer, Tokenizer
 from switchyard.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+
+__all__ = ["GenerationEngine", "GenerationRuntime", "GenerationStream", "TokenEvent"]
 
 log = logging.getLogger(__name__)
 
 
 class EngineFull(ResourceExhausted):
     """Every slot is busy and the queue is at its bound."""
-
-
-class GenerationRuntime:
-    """The device side: prepared steps, the cache, warm-up and compile counters."""
-
-    def __init__(
-        self, module: nn.Module, settings: GenerationSettings, backend: Backend, mode: str, dtype: torch.dtype
-    ) -> None:
-        self.settings = settings
-        self.backend = backend
-        self.lm = causal_lm_for(module)
-        if settings.max_context > self.lm.max_positions:
-            raise InvalidArgument(
-                f"[generation] max_context is {settings.max_context}, but the model has "
-                f"{self.lm.max_positions} positions; lower max_context"
-            )
-        self.device = backend.device()
-        self.cache = StaticKVCache(
-            self.lm.cache_shape, settings.decode_slots, settings.max_context, dtype, self.device
-        )
-        layers = self.lm.cache_shape.layers
-        self.prefill_step: PreparedModel = backend.prepare(PrefillStep(self.lm, layers), mode)
-        self.decode_step: PreparedModel = backend.prepare(DecodeStep(self.lm, layers), mode)
-        self.eos_token_ids = settings.eos_token_ids or self.lm.eos_token_ids
-        # compiled graphs (XLA, TPU, inductor) take only the warmed buckets' shapes; eager runs
-        # a prompt at its own length and a decode step at its own width (less to compute)
-        self.pad_to_buckets = backend.static_shapes or mode == "compile"
-        self._warm = 0
-        self.warm_prefill_s: dict[int, float] = {}
-        self.warm_decode_s: dict[int, float] = {}
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.lm.vocab_size)
-
-    def _tensors(self) -> list[torch.Tensor]:
-        return [*self.cache.keys, *self.cache.values]
-
-    def _run(self, step: PreparedModel, inputs: list[torch.Tensor]) -> torch.Tensor:
-        moved = [t.to(self.device) for t in inputs]
-        with self.backend.inference_context():
-            out = step.run([*moved, *self._tensors()])
-        self.backend.synchronize()
-        # float64 logits stay float64, so a golden run's logprobs carry no float32 rounding
-        wide = torch.float64 if out.dtype == torch.float64 else torch.float32
-        return out.detach().to("cpu", wide)  # type: ignore[no-any-return]
-
-    def bucket_for(self, length: int) -> int:
-        buckets = self.settings.prompt_buckets
-        return buckets[bisect.bisect_left(buckets, length)]
-
-    def prefill(self, ids: list[int], slot: int) -> torch.Tensor:
-        """The logits [vocab] after the prompt (zero-padded to its bucket where graphs are
-        compiled); the slot's cache row holds the prompt."""
-        bucket = self.bucket_for(len(ids)) if self.pad_to_buckets else len(ids)
-        padded = torch.zeros((1, bucket), dtype=torch.int64)
-        padded[0, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
-        length = torch.tensor([len(ids)], dtype=torch.int64)
-        return self._run(self.prefill_step, [padded, length, torch.tensor([slot], dtype=torch.int64)])[0]
-
-    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
-        """Logits [width, vocab] of one step over the leading `len(tokens)` slots (padded to a
-        decode bucket where graphs are compiled)."""
-        buckets = self.settings.decode_buckets
-        width = buckets[bisect.bisect_left(buckets, len(tokens))] if self.pad_to_buckets else len(tokens)
-        t = torch.zeros(width, dtype=torch.int64)
-        p = torch.zeros(width, dtype=torch.int64)
-        t[: len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-        p[: len(positions)] = torch.tensor(positions, dtype=torch.int64)
-        return self._run(self.decode_step, [t, p])
-
-    def warm(self) -> None:
-        """Runs every prefill bucket and decode width once (compiling each on compiling paths),
-        then takes the counters that `compilations_after_warmup` is measured from."""
-        for bucket in self.settings.prompt_buckets:
-            ids = [1] * bucket
-            self.prefill(ids, 0)
-            begin = time.perf_counter()
-            self.prefill(ids, 0)
-            self.warm_prefill_s[bucket] = time.perf_counter() - begin
-        for width in self.settings.decode_buckets:
-            self.decode([0] * width, [0] * width)
-            begin = time.perf_counter()
-            self.decode([0] * width, [0] * width)
-            self.warm_decode_s[width] = time.perf_counter() - begin
-        self._warm = self.compilations()
-
-    def warm_step_s(self) -> float:
-        """The longest iteration the warm-up saw: the widest decode and the most prefills of the
-        longest bucket (0 before warm-up)."""
-        prefill = max(self.warm_prefill_s.values(), default=0.0) * self.settings.max_prefills_per_step
-        return prefill + max(self.warm_decode_s.values(), default=0.0)
-
-    def compilations(self) -> int:
-        return self.prefill_step.counters().compilations + self.decode_step.counters().compilations
-
-    def counters(self) -> CompileCounters:
-        a, b = self.prefill_step.counters(), self.decode_step.counters()
-        return CompileCounters(
-            compilations=a.compilations + b.compilations,
-            cached_compilations=a.cached_compilations + b.cached_compilations,
-            compile_time_s=a.compile_time_s + b.compile_time_s,
-            graph_breaks=max(a.graph_breaks, b.graph_breaks),
-            graph_break_reasons=tuple(sorted({*a.graph_break_reasons, *b.graph_break_reasons})),
-            recompiles=a.recompiles + b.recompiles,
-            fallback_ops=a.fallback_ops or b.fallback_ops,
-            notes=a.notes + b.notes,
-        )
-
-    def compilations_after_warmup(self) -> int:
-        return self.compilations() - self._warm
 
 
 @dataclass(frozen=True)
@@ -334,7 +217,7 @@ class EngineCounters:
     inline_steps: int = 0  # iterations run on the event loop (the rest on the device thread)
     prefills: int = 0
     decode_steps: int = 0
-    decode_rows: int = 0  # rows computed (padded widths), for utilisation
+    decode_rows: int = 0  # decode rows the steps gave tokens to
     tokens: int = 0
     compute_ns: int = 0
 
@@ -493,16 +376,26 @@ class GenerationEngine:
             await asyncio.sleep(0)
 
     def _compute(self, decodes: list[_Request], admitted: list[_Request]) -> list[tuple[_Request, Choice]]:
-        """One iteration on the device thread: a decode step, then the prefills."""
+        """One iteration on the device thread: the decode step and the prefills (one mixed step
+        on eager), then each request's next choice."""
         start = time.perf_counter_ns()
         clock = self._clock()
-        out = _decode_step(self.runtime, self.counters, decodes) if decodes else []
+        logits = self.runtime.step(
+            [(r.slot, r.pending, r.position) for r in decodes], [(r.slot, r.prompt) for r in admitted]
+        )
+        elapsed = time.perf_counter_ns() - start
+        if decodes:
+            self.counters.decode_steps += 1
+            self.counters.decode_rows += len(decodes)
+        self.counters.prefills += len(admitted)
+        # each request's share of the step's device time, by the tokens it put in
+        rows = [*decodes, *admitted]
+        tokens = len(decodes) + sum(len(r.prompt) for r in admitted)
+        for r in decodes:
+            r.busy_ns += elapsed // tokens
         for r in admitted:
-            began = time.perf_counter_ns()
-            logits = self.runtime.prefill(r.prompt, r.slot)
-            r.busy_ns += time.perf_counter_ns() - began
-            self.counters.prefills += 1
-            out.append((r, choose(logits, r.params, r.generator, r.banned())))
+            r.busy_ns += elapsed * len(r.prompt) // tokens
+        out = _choices(rows, logits)
         self.counters.compute_ns += time.perf_counter_ns() - start
         self.step_s += STEP_EMA * ((self._clock() - clock) / 1e9 - self.step_s)
         return out
@@ -549,29 +442,16 @@ class GenerationEngine:
         self._running.clear()
 
 
-def _decode_step(
-    runtime: GenerationRuntime, counters: EngineCounters, decodes: list[_Request]
-) -> list[tuple[_Request, Choice]]:
-    """One decode step for the running requests (in slot order): each one's next choice."""
-    width = decodes[-1].slot + 1
-    tokens, positions = [0] * width, [0] * width
-    for r in decodes:
-        tokens[r.slot], positions[r.slot] = r.pending, r.position
-    began = time.perf_counter_ns()
-    logits = runtime.decode(tokens, positions)
-    share = (time.perf_counter_ns() - began) // len(decodes)
-    for r in decodes:
-        r.busy_ns += share
-    counters.decode_steps += 1
-    counters.decode_rows += logits.shape[0]
-    best = torch.argmax(logits, dim=-1).tolist()  # greedy rows: one op for the step
+def _choices(rows: list[_Request], logits: torch.Tensor) -> list[tuple[_Request, Choice]]:
+    """Each row's next token: greedy rows from one argmax over the step, the others sampled."""
+    best = torch.argmax(logits, dim=-1).tolist()
     out: list[tuple[_Request, Choice]] = []
-    for r in decodes:
+    for i, r in enumerate(rows):
         banned = r.banned()
         if r.params.greedy and r.params.logprobs is None and not banned:
-            out.append((r, Choice(int(best[r.slot]))))
+            out.append((r, Choice(int(best[i]))))
         else:
-            out.append((r, choose(logits[r.slot], r.params, r.generator, banned)))
+            out.append((r, choose(logits[i], r.params, r.generator, banned)))
     return out
 
 

@@ -3,16 +3,22 @@
 Each adapter runs its model's own layers (embeddings, norms, projections, MLPs, rotary
 embedding) and does attention itself, against the engine's cache rows:
 
-- `prefill(ids [1, bucket], length [1], slot [1], keys, values) -> logits [1, vocab]`: the
+- `prefill(ids [1, bucket], length [1], slot [1], cache) -> logits [1, vocab]`: the
   prompt (padded to its bucket on compiled paths), causal attention within it, the slot's
   cache row written, and the logits of the last real position (`length - 1`);
-- `decode(tokens [n], positions [n], keys, values) -> logits [n, vocab]`: one token for each
+- `decode(tokens [n], positions [n], cache) -> logits [n, vocab]`: one token for each
   of the leading n slots at its own position, written into the cache, attention over the
-  slot's row masked to positions <= its own.
+  slot's row masked to positions <= its own;
+- `mixed(tokens [T], positions [T], slots [T], decoded [], prompt_lengths [k], cache)
+  -> logits [decoded + k, vocab]` (eager only): one forward over the decode rows (the first
+  `decoded` tokens, any slots) and k whole prompts packed after them, so the weights'
+  matmuls run once over all T rows; decode rows attend over their cache rows, each prompt
+  causally within itself (a block-diagonal mask); the logits of every decode row and of
+  each prompt's last token.
 
 Lengths, slots and positions are tensors, never Python numbers, so a step's graph depends
 only on its bucket: XLA and inductor compile one graph per prompt bucket and one per decode
-width, all at warm-up.
+width, all at warm-up. The mixed step's shapes follow its rows, so only eager runs it.
 
 Why not the Hugging Face model's own forward with `StaticCache` and `cache_position`: the
 static cache writes every row of a batch at the same `cache_position`, so the rows of one
@@ -25,6 +31,7 @@ exact token equality with `model.generate` by the tests.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -56,21 +63,71 @@ def _decode_mask(positions: torch.Tensor, context: int) -> torch.Tensor:
     return (at[None, :] <= positions[:, None])[:, None, None, :]
 
 
-class LayerStep(NamedTuple):
-    """What one layer needs in a step: the adapter's context (Llama's rotary cos and sin), the
-    layer's cache rows, how new keys and values are stored into them, and the attention mask."""
+class Layers(NamedTuple):
+    """The cache's tensors a step reads and writes: keys and values, one per layer."""
 
-    context: Any
-    keys: torch.Tensor
-    values: torch.Tensor
-    store: Any
-    mask: torch.Tensor
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+# attend(q [b, heads, s, dim], k, v [b, kv heads, s, dim]) -> [b, heads, s, dim]: stores the
+# new keys and values in the layer's cache and attends as the step's rows need
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class MixedRows:
+    """Where a mixed step's rows go. Decode rows (the first n tokens, any slots in slot order)
+    attend over the cache rows up to the highest of their slots: a free row inside that width
+    attends too and is dropped (attention is a small part of a row's cost; the weights'
+    matmuls run over the step's own rows only). The prompts packed after them attend each
+    within itself (block-diagonal and causal); none reads the cache, which they only write."""
+
+    def __init__(
+        self, positions: torch.Tensor, slots: torch.Tensor, decoded: int, lengths: list[int], context: int
+    ) -> None:
+        self.n, self.slots, self.positions = decoded, slots, positions
+        self.width = int(slots[:decoded].max()) + 1 if decoded else 0
+        self.dense = self.width == decoded  # rows [0, n) in order: no free row inside
+        wide = positions[:decoded]
+        if not self.dense:
+            wide = wide.new_zeros(self.width).index_copy_(0, slots[:decoded], wide)
+        self.decode_mask = _decode_mask(wide, context)
+        counts = torch.tensor(lengths, dtype=torch.int64, device=slots.device)
+        segment = torch.repeat_interleave(torch.arange(len(lengths), device=slots.device), counts)
+        at = positions[decoded:]
+        self.prompt_mask = (segment[:, None] == segment[None, :]) & (at[None, :] <= at[:, None])
+        ends = counts.cumsum(0) + decoded - 1
+        self.logit_rows = torch.cat([torch.arange(decoded, device=slots.device), ends])
+
+    def attend(self, attention: Attention, keys: torch.Tensor, values: torch.Tensor) -> Attend:
+        n, width, slots = self.n, self.width, self.slots[: self.n]
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            # every new key and value to its (slot, position) at once: [T, kv heads, dim]
+            keys[self.slots, :, self.positions] = k[0].transpose(0, 1)
+            values[self.slots, :, self.positions] = v[0].transpose(0, 1)
+            parts = []
+            if n:
+                rows = q[0, :, :n].transpose(0, 1).unsqueeze(2)  # [n, heads, 1, dim]
+                if not self.dense:
+                    rows = rows.new_zeros((width, *rows.shape[1:])).index_copy_(0, slots, rows)
+                out = attention(rows, keys[:width], values[:width], self.decode_mask)
+                if not self.dense:
+                    out = out.index_select(0, slots)
+                parts.append(out[:, :, 0].transpose(0, 1).unsqueeze(0))
+            if q.shape[2] > n:
+                parts.append(attention(q[:, :, n:], k[:, :, n:], v[:, :, n:], self.prompt_mask))
+            return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+
+        return attend
 
 
 class CausalLM(nn.Module):
-    """`prefill` and `decode` (the module docstring's contract) over a model's layers; an
-    adapter says how to embed (with the positions, broadcast like the ids), run one layer, and
-    read the logits."""
+    """`prefill`, `decode` and `mixed` (the module docstring's contract) over a model's layers;
+    an adapter says how to embed (with the positions, broadcast like the ids), run one layer's
+    projections around `attend`, attend (`_attention`: q against keys and values under a mask),
+    and read the logits ([b, s, vocab])."""
 
     def _embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError
@@ -78,48 +135,71 @@ class CausalLM(nn.Module):
     def _layers(self) -> Any:
         raise NotImplementedError
 
-    def _layer(self, layer: Any, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
+    def _layer(self, layer: Any, x: torch.Tensor, context: Any, attend: Attend) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def _run(self, x: torch.Tensor, context: Any, attend_at: Callable[[int], Attend]) -> torch.Tensor:
+        for i, layer in enumerate(self._layers()):
+            x = self._layer(layer, x, context, attend_at(i))
+        return x
+
     def prefill(
-        self,
-        ids: torch.Tensor,
-        length: torch.Tensor,
-        slot: torch.Tensor,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
+        self, ids: torch.Tensor, length: torch.Tensor, slot: torch.Tensor, cache: Layers
     ) -> torch.Tensor:
+        keys, values = cache
         s = ids.shape[1]
         x, context = self._embed(ids, torch.arange(s, device=ids.device)[None, :])
         causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
 
-        def store(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-            _store_prompt(cache, slot, new)
-            return new
+        def attend_at(i: int) -> Attend:
+            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                _store_prompt(keys[i], slot, k)
+                _store_prompt(values[i], slot, v)
+                return self._attention(q, k, v, causal)
 
-        for i, layer in enumerate(self._layers()):
-            x = self._layer(layer, x, LayerStep(context, keys[i], values[i], store, causal))
-        return self._logits(x.index_select(1, length - 1))
+            return attend
 
-    def decode(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
-    ) -> torch.Tensor:
+        return self._logits(self._run(x, context, attend_at).index_select(1, length - 1))[:, 0]
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Layers) -> torch.Tensor:
+        keys, values = cache
         x, context = self._embed(tokens[:, None], positions[:, None])
         mask = _decode_mask(positions, keys[0].shape[2])
 
-        def store(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-            return _store_step(cache, positions, new)
+        def attend_at(i: int) -> Attend:
+            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                k_all, v_all = _store_step(keys[i], positions, k), _store_step(values[i], positions, v)
+                return self._attention(q, k_all, v_all, mask)
 
-        for i, layer in enumerate(self._layers()):
-            x = self._layer(layer, x, LayerStep(context, keys[i], values[i], store, mask))
-        return self._logits(x)
+            return attend
+
+        return self._logits(self._run(x, context, attend_at))[:, 0]
+
+    def mixed(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        decoded: torch.Tensor,
+        prompt_lengths: torch.Tensor,
+        cache: Layers,
+    ) -> torch.Tensor:
+        keys, values = cache
+        rows = MixedRows(positions, slots, int(decoded), prompt_lengths.tolist(), keys[0].shape[2])
+        x, context = self._embed(tokens[None, :], positions[None, :])
+
+        def attend_at(i: int) -> Attend:
+            return rows.attend(self._attention, keys[i], values[i])
+
+        return self._logits(self._run(x, context, attend_at).index_select(1, rows.logit_rows))[0]
 
 
 class TinyLMAdapter(CausalLM):
@@ -138,21 +218,25 @@ class TinyLMAdapter(CausalLM):
         return self.lm.blocks
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm.head(self.lm.ln_f(x))[:, 0]  # type: ignore[no-any-return]
+        return self.lm.head(self.lm.ln_f(x))  # type: ignore[no-any-return]
 
-    def _layer(self, layer: Any, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
+    def _layer(self, layer: Any, x: torch.Tensor, context: Any, attend: Attend) -> torch.Tensor:
         b, s, d = x.shape
         heads, dim = self.cache_shape.kv_heads, self.cache_shape.head_dim
         q, k, v = layer.qkv(layer.ln1(x)).split(d, dim=-1)
         q = q.view(b, s, heads, dim).transpose(1, 2)
         k = k.view(b, s, heads, dim).transpose(1, 2)
         v = v.view(b, s, heads, dim).transpose(1, 2)
-        k_all, v_all = step.store(step.keys, k), step.store(step.values, v)
-        scores = (q @ k_all.transpose(-2, -1)) / math.sqrt(dim)
-        scores = scores.masked_fill(~step.mask, torch.finfo(scores.dtype).min)
-        attn = torch.softmax(scores, dim=-1) @ v_all
+        attn = attend(q, k, v)
         x = x + layer.proj(attn.transpose(1, 2).reshape(b, s, d))
         return x + layer.ff2(nn.functional.gelu(layer.ff1(layer.ln2(x))))  # type: ignore[no-any-return]
+
+    def _attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        scores = (q @ keys.transpose(-2, -1)) / math.sqrt(self.cache_shape.head_dim)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        return torch.softmax(scores, dim=-1) @ values
 
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
@@ -182,7 +266,7 @@ class LlamaAdapter(CausalLM):
 
         self._rotary = modeling_llama.apply_rotary_pos_emb
 
-    def _layer(self, layer: Any, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
+    def _layer(self, layer: Any, x: torch.Tensor, context: Any, attend: Attend) -> torch.Tensor:
         b, s, _ = x.shape
         dim = self.cache_shape.head_dim
         attn = layer.self_attn
@@ -190,24 +274,28 @@ class LlamaAdapter(CausalLM):
         q = attn.q_proj(h).view(b, s, -1, dim).transpose(1, 2)
         k = attn.k_proj(h).view(b, s, -1, dim).transpose(1, 2)
         v = attn.v_proj(h).view(b, s, -1, dim).transpose(1, 2)
-        q, k = self._rotary(q, k, *step.context)
-        k_all, v_all = step.store(step.keys, k), step.store(step.values, v)  # [b, kv heads, t, dim]
-        # grouped-query attention without repeating the cache per query head (HF's repeat_kv
-        # copies every layer's whole cache each step): query head h reads kv head h // groups,
-        # so the queries of one kv head are stacked as rows against its keys and values
-        kv = k_all.shape[1]
-        grouped = q.reshape(b, kv, self.groups * s, dim)
-        scores = ((grouped @ k_all.transpose(-2, -1)) * self.scaling).view(b, kv, self.groups, s, -1)
-        scores = scores.masked_fill(~step.mask.unsqueeze(-3), torch.finfo(scores.dtype).min)
-        # at least float32, as HF's eager attention; an fp64 (golden) run stays float64 throughout
-        weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
-        out = (weights.view(b, kv, self.groups * s, -1) @ v_all).view(b, -1, s, dim)
-        out = out.transpose(1, 2).reshape(b, s, -1)
+        q, k = self._rotary(q, k, *context)
+        out = attend(q, k, v).transpose(1, 2).reshape(b, s, -1)
         x = x + attn.o_proj(out)
         return x + layer.mlp(layer.post_attention_layernorm(x))  # type: ignore[no-any-return]
 
+    def _attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        # grouped-query attention without repeating the cache per query head (HF's repeat_kv
+        # copies every layer's whole cache each step): query head h reads kv head h // groups,
+        # so the queries of one kv head are stacked as rows against its keys and values
+        b, _, s, dim = q.shape
+        kv = keys.shape[1]
+        grouped = q.reshape(b, kv, self.groups * s, dim)
+        scores = ((grouped @ keys.transpose(-2, -1)) * self.scaling).view(b, kv, self.groups, s, -1)
+        scores = scores.masked_fill(~mask.unsqueeze(-3), torch.finfo(scores.dtype).min)
+        # at least float32, as HF's eager attention; an fp64 (golden) run stays float64 throughout
+        weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
+        return (weights.view(b, kv, self.groups * s, -1) @ values).view(b, -1, s, dim)
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm.lm_head(self.body.norm(x))[:, 0]  # type: ignore[no-any-return]
+        return self.lm.lm_head(self.body.norm(x))  # type: ignore[no-any-return]
 
     def _layers(self) -> Any:
         return self.body.layers
@@ -233,29 +321,18 @@ def causal_lm_for(module: nn.Module) -> Any:
     )
 
 
-class PrefillStep(nn.Module):
-    """The prefill as a module: inputs (ids, length, slot, *keys, *values) for a backend."""
+class Step(nn.Module):
+    """One of the adapter's steps (`prefill`, `decode` or `mixed`) as a module for a backend:
+    inputs the step's own `inputs` tensors, then *keys, *values."""
 
-    def __init__(self, lm: Any, layers: int) -> None:
+    def __init__(self, lm: Any, layers: int, kind: str, inputs: int) -> None:
         super().__init__()
         self.adapter = lm
         self.layers = layers
+        self.kind = kind
+        self.inputs = inputs
 
-    def forward(
-        self, ids: torch.Tensor, length: torch.Tensor, slot: torch.Tensor, *cache: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        own, cache = tensors[: self.inputs], tensors[self.inputs :]
         n = self.layers
-        return self.adapter.prefill(ids, length, slot, list(cache[:n]), list(cache[n:]))  # type: ignore[no-any-return]
-
-
-class DecodeStep(nn.Module):
-    """One decode step as a module: inputs (tokens, positions, *keys, *values)."""
-
-    def __init__(self, lm: Any, layers: int) -> None:
-        super().__init__()
-        self.adapter = lm
-        self.layers = layers
-
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *cache: torch.Tensor) -> torch.Tensor:
-        n = self.layers
-        return self.adapter.decode(tokens, positions, list(cache[:n]), list(cache[n:]))  # type: ignore[no-any-return]
+        return getattr(self.adapter, self.kind)(*own, Layers(list(cache[:n]), list(cache[n:])))  # type: ignore[no-any-return]
