@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import grpc
 from temporalio import activity
 
+from switchyard.field_copy import copy_fields
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from workflows import payloads
@@ -146,17 +147,7 @@ class PathActivities:
         if not ready:
             return None
         m = ready[0]
-        return ServingConfig(
-            model_name=m.name,
-            version=m.version,
-            mode=m.mode,
-            precision=m.precision,
-            batch_buckets=list(m.batch_buckets),
-            dynamic_batching=m.dynamic_batching,
-            max_queue_delay_us=m.max_queue_delay_us,
-            max_queue_size=m.max_queue_size,
-            checkpoint_sha256=m.checkpoint_sha256,
-        )
+        return copy_fields(ServingConfig, m, model_name=m.name, batch_buckets=list(m.batch_buckets))
 
     @activity.defn(name="prepare_path")
     async def prepare_path(self, target: Target) -> PrepareResult:

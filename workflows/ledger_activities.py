@@ -18,6 +18,7 @@ import grpc
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from workflows.activities import Clock, now_us
@@ -174,25 +175,12 @@ class LedgerActivities:
         row = next((r for r in report.rows if r.group.get("path") == t.ledger_path), None)
         if row is None:
             raise ApplicationError(f"the ledger has no cost rows for {t.ledger_path} in trial {t.trial_id}")
-        return EconomicsResult(
+        return copy_fields(
+            EconomicsResult,
+            row,
             currency=row.currency or reservation.currency,
-            total_micros=row.total_micros,
-            busy_micros=row.busy_micros,
-            idle_micros=row.idle_micros,
-            prepare_micros=row.prepare_micros,
             reserved_micros=reservation.cost_micros,
-            jobs_completed=row.jobs_completed,
-            jobs_failed=row.jobs_failed,
-            cost_per_completed_job_micros=row.cost_per_completed_job_micros,
             unpriced=row.unpriced_events > 0 or not row.currency,
-            unpriced_events=row.unpriced_events,
-            prompt_tokens=row.prompt_tokens,
-            output_tokens=row.output_tokens,
-            generation_micros=row.generation_micros,
-            generation_jobs_completed=row.generation_jobs_completed,
-            cost_per_completed_generation_job_micros=row.cost_per_completed_generation_job_micros,
-            cost_per_million_output_tokens_micros=row.cost_per_million_output_tokens_micros,
-            cost_per_million_prompt_tokens_micros=row.cost_per_million_prompt_tokens_micros,
         )
 
     @activity.defn(name="record_trial")

@@ -20,6 +20,7 @@ import grpc
 from clients.local_cluster.local_routes import PATH_IDS
 from switchyard import tls
 from switchyard.errors import FailedPrecondition
+from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc, metering_pb2, metering_pb2_grpc
 from switchyard.money import per_job_text
 
@@ -135,21 +136,7 @@ async def report(metering: str, since_us: int) -> list[PathCost]:
         reply = await metering_pb2_grpc.MeteringStub(channel).CostReport(
             metering_pb2.CostReportRequest(group_by=["path"], since_unix_us=since_us, actor=ACTOR), timeout=30
         )
-    return [
-        PathCost(
-            path=row.group.get("path", "?"),
-            jobs_completed=row.jobs_completed,
-            jobs_failed=row.jobs_failed,
-            total_micros=row.total_micros,
-            busy_micros=row.busy_micros,
-            idle_micros=row.idle_micros,
-            prepare_micros=row.prepare_micros,
-            cost_per_completed_job_micros=row.cost_per_completed_job_micros,
-            unpriced_events=row.unpriced_events,
-            currency=row.currency,
-        )
-        for row in reply.rows
-    ]
+    return [copy_fields(PathCost, row, path=row.group.get("path", "?")) for row in reply.rows]
 
 
 def money(micros: int) -> str:

@@ -7,6 +7,7 @@ from services.evaluator.compare import Criteria, compare
 from services.evaluator.evaluator_errors import BadTensor
 from services.evaluator.loss import LossCriteria, compare_loss
 from services.evaluator.tensors import DecodedTensor, decode
+from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as pb
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServicerContext
@@ -94,15 +95,4 @@ class EvaluatorServicer(pb_grpc.EvaluatorServicer):
                 max_steps_to_target_ratio=request.max_steps_to_target_ratio,
             ),
         )
-        return pb.CompareLossResponse(
-            deviation=result.deviation,
-            max_relative_deviation=result.max_relative_deviation,
-            final_reference=result.final_reference,
-            final_candidate=result.final_candidate,
-            reference_steps_to_target=result.reference_steps_to_target,
-            candidate_steps_to_target=result.candidate_steps_to_target,
-            passed=result.passed,
-            verdict=result.verdict,
-            reasons=result.reasons,
-            justification=result.justification,
-        )
+        return copy_fields(pb.CompareLossResponse, result)

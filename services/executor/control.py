@@ -11,6 +11,7 @@ from __future__ import annotations
 from services.executor.backends.detect import device_info
 from services.executor.executor_runtime import Executor, find_all
 from services.executor.loaded_model import LoadedModel, LoadOptions
+from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import executor_pb2 as pb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServicerContext
@@ -27,12 +28,7 @@ def model_status(model: LoadedModel) -> pb.ModelStatus:
         precision=options.precision,
         batch_buckets=list(options.batch_buckets),
         checkpoint_sha256=model.sha256,
-        timings=pb.PhaseTimings(
-            checkpoint_load_s=model.times.checkpoint_load_s,
-            to_device_s=model.times.to_device_s,
-            compile_s=model.times.compile_s,
-            total_s=model.times.total_s,
-        ),
+        timings=copy_fields(pb.PhaseTimings, model.times),
         compatibility=pb.CompatibilityReport(
             fallback_ops=[pb.FallbackOp(op=op, count=n) for op, n in during.fallback_ops],
             graph_breaks=during.graph_breaks,
@@ -56,17 +52,7 @@ def model_status(model: LoadedModel) -> pb.ModelStatus:
         max_queue_size=options.max_queue_size,
     )
     if model.batcher is not None:
-        c = model.batcher.counters
-        status.counters.CopyFrom(
-            pb.ModelCounters(
-                requests=c.requests,
-                executions=c.executions,
-                rows=c.rows,
-                expired_in_queue=c.expired_in_queue,
-                cancelled_in_queue=c.cancelled_in_queue,
-                rejected_queue_full=c.rejected_queue_full,
-            )
-        )
+        status.counters.CopyFrom(copy_fields(pb.ModelCounters, model.batcher.counters))
     return status
 
 
@@ -133,18 +119,7 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
             per_rank_batch=run.per_rank_batch,
             global_batch=run.global_batch,
             tokens_per_sample=run.tokens_per_sample,
-            ranks=[
-                pb.RankReport(
-                    rank=r.rank,
-                    step_seconds=r.step_seconds,
-                    comm_seconds=r.comm_seconds,
-                    peak_memory_bytes=r.peak_memory_bytes,
-                    memory_source=r.memory_source,
-                    device=r.device,
-                    error=r.error,
-                )
-                for r in run.ranks
-            ],
+            ranks=[copy_fields(pb.RankReport, r) for r in run.ranks],
             ok=run.ok,
             failed_rank=run.failed_rank,
             error=run.error,

@@ -9,6 +9,7 @@ from typing import Any
 from services.metering.authorize import Authorized
 from services.metering.records import Actor, UsageEvent
 from switchyard import authz, telemetry
+from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 
 
@@ -79,13 +80,7 @@ def reservation_msg(r: Any) -> pb.Reservation:
 
 
 def price_msg(r: Any) -> pb.Price:
-    return pb.Price(
-        price_key=r.price_key,
-        micros_per_hour=r.micros_per_hour,
-        currency=r.currency,
-        effective_from_unix_us=r.effective_from_us,
-        version=r.version,
-    )
+    return copy_fields(pb.Price, r, effective_from_unix_us=r.effective_from_us)
 
 
 def audit_msg(r: Any) -> pb.AuditRecord:
@@ -116,17 +111,7 @@ def route_change_msg(r: Any) -> pb.RouteChange:
 
 
 def limit_change_msg(r: Any) -> pb.LimitChange:
-    return pb.LimitChange(
-        fleet=r.fleet,
-        principal_id=r.principal_id,
-        rate_per_s=r.rate_per_s,
-        burst=r.burst,
-        max_in_flight=r.max_in_flight,
-        reset=r.reset,
-        revision=r.id,
-        changed_unix_us=r.changed_us,
-        principal=r.principal,
-    )
+    return copy_fields(pb.LimitChange, r, revision=r.id, changed_unix_us=r.changed_us)
 
 
 def authorized_msg(done: Authorized) -> pb.AuthorizeResponse:
@@ -140,12 +125,4 @@ def authorized_msg(done: Authorized) -> pb.AuthorizeResponse:
 
 def path_msg(r: Any, priced: bool = False, created_unix_us: int = 0) -> pb.PathInfo:
     """A registered path; `priced` and its creation time where the caller lists paths."""
-    return pb.PathInfo(
-        path=r.path,
-        backend=r.backend,
-        resource_class=r.resource_class,
-        price_key=r.price_key,
-        host=r.host,
-        priced=priced,
-        created_unix_us=created_unix_us,
-    )
+    return copy_fields(pb.PathInfo, r, priced=priced, created_unix_us=created_unix_us)

@@ -23,6 +23,7 @@ from services.metering.metering_messages import (
 from services.metering.records import JobInfo
 from services.metering.report_rpcs import ReportRpcs
 from services.metering.usage import check_batch
+from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 
@@ -84,16 +85,7 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
                 r.prepare_us,
             )
         )
-        return pb.Job(
-            job_id=job.job_id,
-            path=job.path,
-            model=job.model,
-            team=job.team,
-            status=job.status,
-            met_quality=job.met_quality,
-            trial_id=job.trial_id,
-            ended_unix_us=job.ended_us,
-        )
+        return copy_fields(pb.Job, job, ended_unix_us=job.ended_us)
 
     async def SetPrice(self, request: pb.SetPriceRequest, context: Any) -> pb.Price:
         if not request.HasField("price"):

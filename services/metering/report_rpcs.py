@@ -14,6 +14,7 @@ from services.metering.metering_messages import (
     path_msg,
     route_change_msg,
 )
+from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 
 
@@ -48,32 +49,7 @@ class ReportRpcs(LedgerCalls):
         rows = await self._r(
             lambda: self.ledger.cost_report(list(r.group_by), r.since_unix_us, r.until_unix_us, r.trial_id)
         )
-        return pb.CostReportResponse(
-            rows=[
-                pb.CostRow(
-                    group=row.group,
-                    total_micros=row.total_micros,
-                    busy_micros=row.busy_micros,
-                    idle_micros=row.idle_micros,
-                    prepare_micros=row.prepare_micros,
-                    jobs_completed=row.jobs_completed,
-                    jobs_failed=row.jobs_failed,
-                    cost_per_completed_job_micros=row.cost_per_completed_job_micros,
-                    unpriced_events=row.unpriced_events,
-                    currency=row.currency,
-                    jobs_total=row.jobs_total,
-                    prompt_tokens=row.prompt_tokens,
-                    output_tokens=row.output_tokens,
-                    generation_micros=row.generation_micros,
-                    generation_jobs_completed=row.generation_jobs_completed,
-                    generation_jobs_total=row.generation_jobs_total,
-                    cost_per_completed_generation_job_micros=row.cost_per_completed_generation_job_micros,
-                    cost_per_million_output_tokens_micros=row.cost_per_million_output_tokens_micros,
-                    cost_per_million_prompt_tokens_micros=row.cost_per_million_prompt_tokens_micros,
-                )
-                for row in rows
-            ]
-        )
+        return pb.CostReportResponse(rows=[copy_fields(pb.CostRow, row) for row in rows])
 
     async def Export(self, request: pb.ExportRequest, context: Any) -> AsyncIterator[pb.ExportChunk]:
         chunks = self.ledger.export(request.format, request.since_unix_us, request.until_unix_us)

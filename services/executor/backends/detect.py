@@ -14,6 +14,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from switchyard.field_copy import copy_fields
+
 if TYPE_CHECKING:
     from services.executor.backends.base import DeviceDescription
     from switchyard.gen.switchyard.v1 import executor_pb2
@@ -23,16 +25,7 @@ def device_info(device: DeviceDescription) -> executor_pb2.DeviceInfo:
     """A backend's device description as Describe and `switchyard backends` report it."""
     from switchyard.gen.switchyard.v1 import executor_pb2 as pb
 
-    return pb.DeviceInfo(
-        backend=device.backend,
-        device_type=device.device_type,
-        device_name=device.device_name,
-        device_count=device.device_count,
-        memory_total_bytes=device.memory_total_bytes,
-        memory_available_bytes=device.memory_available_bytes,
-        available=device.available,
-        unavailable_reason=device.unavailable_reason,
-    )
+    return copy_fields(pb.DeviceInfo, device)
 
 
 def describe_backend(name: str) -> Any:
