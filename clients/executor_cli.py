@@ -84,6 +84,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from switchyard import transport
+
+    transport.prefer_low_latency()  # before anything imports grpc
     from services.executor import executor_metrics as metrics
     from services.executor.executor_config import DEFAULT_PORTS, ExecutorConfig
     from services.executor.executor_server import start_executor

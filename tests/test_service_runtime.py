@@ -97,6 +97,19 @@ def test_the_router_transport_turns_event_engine_endpoints_off_unless_told_other
     assert "grpc was imported before the transport was chosen" in log
 
 
+def test_executor_serve_chooses_the_low_latency_transport_before_grpc_loads() -> None:
+    # the real CLI, stopped by a bad metrics port: it fails after the transport is chosen
+    code = "import os\nfrom switchyard import cli\ntry:\n    cli.main(['executor', 'serve'])\n"
+    code += "except ValueError as exc:\n    print(exc)\nprint(os.environ.get('GRPC_EXPERIMENTS', '<unset>'))"
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parent.parent), SWITCHYARD_METRICS_PORT="many")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    refusal, experiments = out.stdout.strip().splitlines()
+    assert "SWITCHYARD_METRICS_PORT='many'" in refusal
+    assert experiments == transport.LOW_LATENCY_EXPERIMENTS
+    assert "grpc was imported before" not in out.stderr
+
+
 ALLOCATIONS = """
 import resource
 from switchyard import allocator
