@@ -244,7 +244,7 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
         into error_message as "STATUS: why". With tracing on, each request is its own span,
         parented on the `traceparent` request parameter (the router sends it)."""
         span = (
-            telemetry.server_span(_INFER_METHOD, _carrier(request.parameters))
+            telemetry.ServerSpan(_INFER_METHOD, _carrier(request.parameters))
             if self._tracing
             else contextlib.nullcontext()
         )
@@ -260,7 +260,7 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         if not self._tracing:
             return await self.infer(request, context.time_remaining())
-        with telemetry.server_span(_INFER_METHOD, telemetry.extract_context(context.invocation_metadata())):
+        with telemetry.ServerSpan(_INFER_METHOD, telemetry.extract_context(context.invocation_metadata())):
             return await self.infer(request, context.time_remaining())
 
     async def infer(

@@ -162,6 +162,8 @@ async def test_one_trace_router_executor_metering(child_lines: list[str]) -> Non
     (denied_trace,) = _printed(lines, "AUDIT")
     refused = next(r for r in roots if r is not answered)
     assert denied_trace == format(refused["trace"], "032x")  # the audit row names the request's trace
+    assert (refused["status"], answered["status"]) == ("ERROR", "UNSET")  # the refusal raised in its span
+    assert answered["attributes"]["rpc.method"] == "ModelInfer", answered
 
 
 async def test_control_rpcs_are_spans_without_a_server_interceptor(child_lines: list[str]) -> None:
