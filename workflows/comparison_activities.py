@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as epb
 from workflows import payloads
 from workflows.connections import Connections, grpc_errors
@@ -15,17 +16,7 @@ from workflows.types import CompareRequest, CorrectnessResult, OutputVerdict, Te
 
 
 def _criteria(c: Criteria, precision: str) -> epb.Criteria:
-    return epb.Criteria(
-        precision=precision,
-        error_multiplier=c.error_multiplier,
-        min_cosine=c.min_cosine,
-        min_top1_agreement=c.min_top1_agreement,
-        min_topk_agreement=c.min_topk_agreement,
-        top_k=c.top_k,
-        max_kl=c.max_kl,
-        logits=c.logits,
-        atol_floor=c.atol_floor,
-    )
+    return copy_fields(epb.Criteria, c, precision=precision)
 
 
 def _tensor(t: TensorData | None) -> epb.Tensor | None:

@@ -12,6 +12,7 @@ from services.router.administration import Caller, RouterAdministration
 from services.router.limits import Limit
 from services.router.router_config import Policy, Route, ShadowSpec, Target
 from switchyard.errors import InvalidArgument
+from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
 from switchyard.grpcio import ServicerContext as Ctx
@@ -52,12 +53,7 @@ def route_to_proto(route: Route) -> rpb.Route:
 
 
 def _limit_msg(principal: str, limit: Limit) -> rpb.PrincipalLimit:
-    return rpb.PrincipalLimit(
-        principal_id=principal,
-        rate_per_s=limit.rate_per_s,
-        burst=limit.burst,
-        max_in_flight=limit.max_in_flight,
-    )
+    return copy_fields(rpb.PrincipalLimit, limit, principal_id=principal)
 
 
 class AdminServicer(rgrpc.RouterAdminServicer):
@@ -132,26 +128,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
         await self._caller(context, "shadow", need_admin=False)
         return rpb.ShadowReportResponse(
             stats=[
-                rpb.ShadowStats(
-                    model=s.model,
-                    candidate=s.candidate,
-                    pairs=s.pairs,
-                    failures=s.failures + s.skipped,
-                    diverged=s.diverged,
-                    max_abs_error=s.max_abs_error,
-                    mean_max_abs_error=s.mean_max_abs_error,
-                    min_cosine=s.min_cosine,
-                    comparer=s.comparer,
-                    generations=s.generations,
-                    token_divergences=s.token_divergences,
-                    rule_failures=s.rule_failures,
-                    unchecked=s.unchecked,
-                    sampled=s.sampled,
-                    first_divergence_min=s.first_divergence_min,
-                    first_divergence_mean=s.first_divergence_mean,
-                    first_divergences=s.first_divergences,
-                    last_reasons=s.last_reasons,
-                )
+                copy_fields(rpb.ShadowStats, s, failures=s.failures + s.skipped)
                 for s in self.admin.shadow_stats(request.model)
             ]
         )
