@@ -28,6 +28,13 @@ def _client(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _client_command(p: argparse.ArgumentParser, name: str) -> None:
+    """A command that calls the metering service: its address and actor options, run by
+    `clients.metering_commands.<name>`."""
+    _client(p)
+    p.set_defaults(func=_run(name))
+
+
 def _window(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", default="", help="ISO date/time (UTC) or microseconds since the epoch")
     p.add_argument(
@@ -88,41 +95,35 @@ def _register_ledger(sub: argparse._SubParsersAction[Any]) -> None:
     report.add_argument("--trial", default="", help="only this trial's lines and jobs")
     report.add_argument("--format", choices=("table", "csv", "json"), default="table")
     _window(report)
-    _client(report)
-    report.set_defaults(func=_run("report"))
+    _client_command(report, "report")
     export = lsub.add_parser("export", help="the journal as CSV or FOCUS 1.2 columns")
     export.add_argument("--format", choices=("focus", "csv"), default="focus")
     export.add_argument("-o", "--output", required=True, help="file to write ('-' = stdout)")
     _window(export)
-    _client(export)
-    export.set_defaults(func=_run("export"))
+    _client_command(export, "export")
     html = lsub.add_parser("html", help="a self-contained HTML report with charts")
     html.add_argument("-o", "--output", required=True)
     _window(html)
-    _client(html)
-    html.set_defaults(func=_run("html"))
+    _client_command(html, "html")
 
     reverse = lsub.add_parser("reverse", help="correct the ledger: a reversal line cancels one usage line")
     reverse.add_argument("line_key", help="idempotency key of the usage line to cancel")
     reverse.add_argument("--reason", required=True)
     reverse.add_argument("--key", default="", help="idempotency key of the correction (default: derived)")
-    _client(reverse)
-    reverse.set_defaults(func=_run("reverse"))
+    _client_command(reverse, "reverse")
 
 
 def _register_audit(sub: argparse._SubParsersAction[Any]) -> None:
     audit = sub.add_parser("audit", help="the audit trail")
     asub = audit.add_subparsers(dest="audit_command", required=True)
     verify = asub.add_parser("verify", help="recompute the hash chain; name the first broken row")
-    _client(verify)
-    verify.set_defaults(func=_run("audit_verify"))
+    _client_command(verify, "audit_verify")
     query = asub.add_parser("query", help="recent audit rows")
     query.add_argument("--action", default="")
     query.add_argument("--principal", default="")
     query.add_argument("--limit", type=int, default=50)
     _window(query)
-    _client(query)
-    query.set_defaults(func=_run("audit_query"))
+    _client_command(query, "audit_query")
 
 
 def _register_admin(sub: argparse._SubParsersAction[Any]) -> None:
@@ -136,8 +137,7 @@ def _register_admin(sub: argparse._SubParsersAction[Any]) -> None:
     pset.add_argument(
         "--from", dest="effective_from", default="", help="ISO date/time or microseconds; default now"
     )
-    _client(pset)
-    pset.set_defaults(func=_run("prices_set"))
+    _client_command(pset, "prices_set")
 
     principals = sub.add_parser("principals", help="users, services and teams")
     prsub = principals.add_subparsers(dest="principals_command", required=True)
@@ -145,20 +145,17 @@ def _register_admin(sub: argparse._SubParsersAction[Any]) -> None:
     pcreate.add_argument("name")
     pcreate.add_argument("--kind", choices=("user", "service", "team"), default="user")
     pcreate.add_argument("--team", default="")
-    _client(pcreate)
-    pcreate.set_defaults(func=_run("principals_create"))
+    _client_command(pcreate, "principals_create")
 
     keys = sub.add_parser("keys", help="API keys (the secret is shown once)")
     ksub = keys.add_subparsers(dest="keys_command", required=True)
     kcreate = ksub.add_parser("create")
     kcreate.add_argument("principal", help="principal name or id")
     kcreate.add_argument("--expires", default="", help="ISO date/time or microseconds; default never")
-    _client(kcreate)
-    kcreate.set_defaults(func=_run("keys_create"))
+    _client_command(kcreate, "keys_create")
     krevoke = ksub.add_parser("revoke")
     krevoke.add_argument("key_id")
-    _client(krevoke)
-    krevoke.set_defaults(func=_run("keys_revoke"))
+    _client_command(krevoke, "keys_revoke")
 
     roles = sub.add_parser(
         "roles", help="role bindings (infer, trials:run, workloads:read, ledger:read, admin)"
@@ -169,5 +166,4 @@ def _register_admin(sub: argparse._SubParsersAction[Any]) -> None:
         rp.add_argument("principal")
         rp.add_argument("role")
         rp.add_argument("--scope", default="*", help="'*', 'model:<name>' or 'team:<name>'")
-        _client(rp)
-        rp.set_defaults(func=_run(f"roles_{verb}"))
+        _client_command(rp, f"roles_{verb}")
