@@ -14,13 +14,9 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 
 
 def trace_id_of(context: Any) -> str:
-    """The caller's trace id from its W3C `traceparent` metadata (00-<trace id>-<span id>-<flags>)."""
-    for key, value in (context.invocation_metadata() or ()) if context is not None else ():
-        if key == "traceparent":
-            parts = (value.decode() if isinstance(value, bytes) else value).split("-")
-            if len(parts) == 4 and len(parts[1]) == 32:
-                return parts[1]
-    return telemetry.current_trace_id()
+    """The caller's trace id from its `traceparent` metadata, else the current span's."""
+    metadata = context.invocation_metadata() if context is not None else ()
+    return telemetry.trace_id_of_metadata(metadata) or telemetry.current_trace_id()
 
 
 def actor_of(msg: pb.Actor, context: Any = None) -> Actor:
