@@ -76,15 +76,12 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
         return reservation_msg(res)
 
     async def CompleteJob(self, request: pb.CompleteJobRequest, context: Any) -> pb.Job:
-        r = request
-        job = await self._w(
-            lambda: self.ledger.complete_job(
-                JobInfo(
-                    r.job_id, r.path, r.model, r.team, r.status, r.met_quality, r.trial_id, r.ended_unix_us
-                ),
-                r.prepare_us,
+        if not request.HasField("job"):
+            raise BadInput(
+                "CompleteJobRequest.job is required: the Job that ended (job_id, path, status, ...)"
             )
-        )
+        info = copy_fields(JobInfo, request.job, ended_us=request.job.ended_unix_us)
+        job = await self._w(lambda: self.ledger.complete_job(info, request.prepare_us))
         return copy_fields(pb.Job, job, ended_unix_us=job.ended_us)
 
     async def SetPrice(self, request: pb.SetPriceRequest, context: Any) -> pb.Price:

@@ -174,8 +174,11 @@ async def test_the_focus_export_of_a_real_ledger_passes_focus_validator(
     )
     await stub.CompleteJob(
         pb.CompleteJobRequest(
-            job_id="prep", path="cpu-eager@h1", status="completed", met_quality=True, prepare_us=7_000_000,
-            ended_unix_us=T0 + 60_000_000,
+            job=pb.Job(
+                job_id="prep", path="cpu-eager@h1", status="completed", met_quality=True,
+                ended_unix_us=T0 + 60_000_000,
+            ),
+            prepare_us=7_000_000,
         )
     )  # fmt: skip
     await stub.CloseReservation(

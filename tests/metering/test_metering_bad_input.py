@@ -152,9 +152,15 @@ CASES: list[tuple[str, Callable[[Stub], Awaitable[object]], grpc.StatusCode, str
     ("unknown job", lambda s: s.GetJobCost(pb.GetJobCostRequest(job_id="nope")), NOT_FOUND, "unknown job"),
     (
         "job outcome changed",
-        lambda s: s.CompleteJob(pb.CompleteJobRequest(job_id="done-1", status="failed")),
+        lambda s: s.CompleteJob(pb.CompleteJobRequest(job=pb.Job(job_id="done-1", status="failed"))),
         PRECONDITION,
         "already ended",
+    ),
+    (
+        "a request without the job that ended (an old client's)",
+        lambda s: s.CompleteJob(pb.CompleteJobRequest(prepare_us=5)),
+        INVALID,
+        "CompleteJobRequest.job is required",
     ),
     (
         "unknown trial",

@@ -118,12 +118,14 @@ async def test_reservation_idle_is_shared_by_busy_time_and_conserved(stub: pb_gr
     await stub.RecordUsage(pb.RecordUsageRequest(events=events))
     done = await stub.CompleteJob(
         pb.CompleteJobRequest(
-            job_id="prep-1",
-            path="cpu-eager@h1",
-            status="completed",
-            met_quality=True,
+            job=pb.Job(
+                job_id="prep-1",
+                path="cpu-eager@h1",
+                status="completed",
+                met_quality=True,
+                ended_unix_us=T0 + 60_000_000,
+            ),
             prepare_us=7_000_000,
-            ended_unix_us=T0 + 60_000_000,
         )
     )
     assert done.status == "completed"

@@ -381,49 +381,29 @@ Global___Reservation: _TypeAlias = Reservation  # noqa: Y015
 
 @_typing.final
 class CompleteJobRequest(_message.Message):
+    """The job's fields once stood in the request itself (numbers reserved; see SetPriceRequest)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    JOB_ID_FIELD_NUMBER: _builtins.int
-    PATH_FIELD_NUMBER: _builtins.int
-    MODEL_FIELD_NUMBER: _builtins.int
-    TEAM_FIELD_NUMBER: _builtins.int
-    STATUS_FIELD_NUMBER: _builtins.int
-    MET_QUALITY_FIELD_NUMBER: _builtins.int
-    TRIAL_ID_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
     PREPARE_US_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
-    ENDED_UNIX_US_FIELD_NUMBER: _builtins.int
-    job_id: _builtins.str
-    path: _builtins.str
-    model: _builtins.str
-    team: _builtins.str
-    status: _builtins.str
-    """completed | failed | cancelled"""
-    met_quality: _builtins.bool
-    trial_id: _builtins.str
     prepare_us: _builtins.int
     """preparation / compile time charged to the path"""
-    ended_unix_us: _builtins.int
-    """when the job ended; 0 = now"""
+    @_builtins.property
+    def job(self) -> Global___Job: ...
     @_builtins.property
     def actor(self) -> Global___Actor: ...
     def __init__(
         self,
         *,
-        job_id: _builtins.str = ...,
-        path: _builtins.str = ...,
-        model: _builtins.str = ...,
-        team: _builtins.str = ...,
-        status: _builtins.str = ...,
-        met_quality: _builtins.bool = ...,
-        trial_id: _builtins.str = ...,
+        job: Global___Job | None = ...,
         prepare_us: _builtins.int = ...,
         actor: Global___Actor | None = ...,
-        ended_unix_us: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "ended_unix_us", b"ended_unix_us", "job_id", b"job_id", "met_quality", b"met_quality", "model", b"model", "path", b"path", "prepare_us", b"prepare_us", "status", b"status", "team", b"team", "trial_id", b"trial_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "job", b"job", "prepare_us", b"prepare_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -443,10 +423,12 @@ class Job(_message.Message):
     TRIAL_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     ended_unix_us: _builtins.int
+    """when the job ended; 0 in CompleteJob = now"""
     path: _builtins.str
     model: _builtins.str
     team: _builtins.str
     status: _builtins.str
+    """completed | failed | cancelled"""
     met_quality: _builtins.bool
     trial_id: _builtins.str
     def __init__(
