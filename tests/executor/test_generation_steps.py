@@ -1,7 +1,9 @@
 """The generation runtime's steps against the model's own full forward pass: an eager mixed
 step (decode rows at scattered slots, with free rows among them, and several prompts packed
-in one forward) gives, for every row, the logits the model gives the whole sequence at its
-last position. In float64, so a wrong mask, position or cache row shows far above rounding."""
+in one forward) and the compiled paths' steps (a decode step over the leading slots, then
+each prompt padded to its bucket, here run eagerly) give, for every row, the logits the model
+gives the whole sequence at its last position. In float64, so a wrong mask, position or cache
+row shows far above rounding."""
 
 from __future__ import annotations
 
@@ -36,11 +38,14 @@ def tiny() -> tuple[nn.Module, Forward]:
     return model, lambda ids: model(torch.tensor([ids]))[0, -1]
 
 
+@pytest.mark.parametrize("path", ["mixed", "bucketed"])
 @pytest.mark.parametrize("kind", ["llama", "tiny-lm"])
-def test_a_mixed_step_equals_the_full_forward_of_every_row(kind: str, llama_dir: Path) -> None:
+def test_every_row_of_a_step_equals_the_full_forward(kind: str, path: str, llama_dir: Path) -> None:
     module, forward = llama(llama_dir) if kind == "llama" else tiny()
     runtime = GenerationRuntime(module, SETTINGS, select_backend("cpu"), "eager", torch.float64)
     assert runtime.mixed_step is not None  # eager: one forward an iteration
+    if path == "bucketed":
+        runtime.mixed_step = None  # the steps compiled graphs run (xla, tpu, cpu-compile)
     vocab = runtime.vocab_size
     prompts = {slot: [(7 * slot + 3 * i) % vocab for i in range(n)] for slot, n in
                ((0, 5), (2, 11), (5, 3), (1, 7), (3, 2))}  # fmt: skip

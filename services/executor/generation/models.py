@@ -98,7 +98,9 @@ class MixedRows:
         at = positions[decoded:]
         self.prompt_mask = (segment[:, None] == segment[None, :]) & (at[None, :] <= at[:, None])
         ends = counts.cumsum(0) + decoded - 1
-        self.logit_rows = torch.cat([torch.arange(decoded, device=slots.device), ends])
+        self.last_mask = self.prompt_mask.index_select(0, ends - decoded)  # the last layer's
+        # rows that give logits: every decode row and each prompt's last token (None: all)
+        self.logit_rows = torch.cat([torch.arange(decoded, device=slots.device), ends]) if lengths else None
 
     def attend(self, attention: Attention, keys: torch.Tensor, values: torch.Tensor) -> Attend:
         n, width, slots = self.n, self.width, self.slots[: self.n]
@@ -117,7 +119,9 @@ class MixedRows:
                     out = out.index_select(0, slots)
                 parts.append(out[:, :, 0].transpose(0, 1).unsqueeze(0))
             if q.shape[2] > n:
-                parts.append(attention(q[:, :, n:], k[:, :, n:], v[:, :, n:], self.prompt_mask))
+                whole = q.shape[2] == k.shape[2]  # else the last layer's, each prompt's last token
+                mask = self.prompt_mask if whole else self.last_mask
+                parts.append(attention(q[:, :, n:], k[:, :, n:], v[:, :, n:], mask))
             return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
 
         return attend
@@ -135,7 +139,11 @@ class CausalLM(nn.Module):
     def _layers(self) -> Any:
         raise NotImplementedError
 
-    def _layer(self, layer: Any, x: torch.Tensor, context: Any, attend: Attend) -> torch.Tensor:
+    def _layer(
+        self, layer: Any, x: torch.Tensor, context: Any, attend: Attend, keep: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The layer over `x` [b, s, d]; with `keep`, its output only at those positions (keys and
+        values still from all of them): the last layer's, where only some rows give logits."""
         raise NotImplementedError
 
     def _attention(
@@ -146,9 +154,15 @@ class CausalLM(nn.Module):
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _run(self, x: torch.Tensor, context: Any, attend_at: Callable[[int], Attend]) -> torch.Tensor:
-        for i, layer in enumerate(self._layers()):
-            x = self._layer(layer, x, context, attend_at(i))
+    def _run(
+        self, x: torch.Tensor, context: Any, attend_at: Callable[[int], Attend], keep: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The layers; the last one computes its queries, attention and MLP at `keep` only (the
+        positions whose logits are read; None: all): a prompt's other positions need only its
+        keys and values there, for the cache."""
+        layers = list(self._layers())
+        for i, layer in enumerate(layers):
+            x = self._layer(layer, x, context, attend_at(i), keep if i == len(layers) - 1 else None)
         return x
 
     def prefill(
@@ -163,11 +177,13 @@ class CausalLM(nn.Module):
             def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 _store_prompt(keys[i], slot, k)
                 _store_prompt(values[i], slot, v)
-                return self._attention(q, k, v, causal)
+                return self._attention(
+                    q, k, v, causal if q.shape[2] == s else causal.index_select(0, length - 1)
+                )
 
             return attend
 
-        return self._logits(self._run(x, context, attend_at).index_select(1, length - 1))[:, 0]
+        return self._logits(self._run(x, context, attend_at, length - 1))[:, 0]
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Layers) -> torch.Tensor:
         keys, values = cache
@@ -181,7 +197,7 @@ class CausalLM(nn.Module):
 
             return attend
 
-        return self._logits(self._run(x, context, attend_at))[:, 0]
+        return self._logits(self._run(x, context, attend_at, None))[:, 0]
 
     def mixed(
         self,
@@ -199,7 +215,7 @@ class CausalLM(nn.Module):
         def attend_at(i: int) -> Attend:
             return rows.attend(self._attention, keys[i], values[i])
 
-        return self._logits(self._run(x, context, attend_at).index_select(1, rows.logit_rows))[0]
+        return self._logits(self._run(x, context, attend_at, rows.logit_rows))[0]
 
 
 class TinyLMAdapter(CausalLM):
@@ -220,15 +236,19 @@ class TinyLMAdapter(CausalLM):
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm.head(self.lm.ln_f(x))  # type: ignore[no-any-return]
 
-    def _layer(self, layer: Any, x: torch.Tensor, context: Any, attend: Attend) -> torch.Tensor:
+    def _layer(
+        self, layer: Any, x: torch.Tensor, context: Any, attend: Attend, keep: torch.Tensor | None
+    ) -> torch.Tensor:
         b, s, d = x.shape
         heads, dim = self.cache_shape.kv_heads, self.cache_shape.head_dim
         q, k, v = layer.qkv(layer.ln1(x)).split(d, dim=-1)
-        q = q.view(b, s, heads, dim).transpose(1, 2)
+        if keep is not None:
+            q, x = q.index_select(1, keep), x.index_select(1, keep)
+        q = q.reshape(b, -1, heads, dim).transpose(1, 2)
         k = k.view(b, s, heads, dim).transpose(1, 2)
         v = v.view(b, s, heads, dim).transpose(1, 2)
         attn = attend(q, k, v)
-        x = x + layer.proj(attn.transpose(1, 2).reshape(b, s, d))
+        x = x + layer.proj(attn.transpose(1, 2).reshape(b, -1, d))
         return x + layer.ff2(nn.functional.gelu(layer.ff1(layer.ln2(x))))  # type: ignore[no-any-return]
 
     def _attention(
@@ -266,16 +286,25 @@ class LlamaAdapter(CausalLM):
 
         self._rotary = modeling_llama.apply_rotary_pos_emb
 
-    def _layer(self, layer: Any, x: torch.Tensor, context: Any, attend: Attend) -> torch.Tensor:
+    def _layer(
+        self, layer: Any, x: torch.Tensor, context: Any, attend: Attend, keep: torch.Tensor | None
+    ) -> torch.Tensor:
         b, s, _ = x.shape
         dim = self.cache_shape.head_dim
         attn = layer.self_attn
         h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(b, s, -1, dim).transpose(1, 2)
         k = attn.k_proj(h).view(b, s, -1, dim).transpose(1, 2)
         v = attn.v_proj(h).view(b, s, -1, dim).transpose(1, 2)
-        q, k = self._rotary(q, k, *context)
-        out = attend(q, k, v).transpose(1, 2).reshape(b, s, -1)
+        if keep is None:
+            q = attn.q_proj(h).view(b, s, -1, dim).transpose(1, 2)
+            q, k = self._rotary(q, k, *context)
+        else:  # the queries at `keep` only, each rotated at its own position
+            h, x = h.index_select(1, keep), x.index_select(1, keep)
+            q = attn.q_proj(h).view(b, len(keep), -1, dim).transpose(1, 2)
+            cos, sin = context
+            q = self._rotary(q, q, cos.index_select(1, keep), sin.index_select(1, keep))[0]
+            k = self._rotary(k, k, cos, sin)[1]
+        out = attend(q, k, v).transpose(1, 2).reshape(b, q.shape[2], -1)
         x = x + attn.o_proj(out)
         return x + layer.mlp(layer.post_attention_layernorm(x))  # type: ignore[no-any-return]
 
