@@ -6,10 +6,12 @@ hand-written grpc.aio OIP server, KServe 0.21 (its own venv, `make setup-kserve`
 model only), the switchyard executor as a user starts it (batching on, buckets 1-32), the
 executor at the documented production tracing setting (OTLP batches to a local collector,
 parent-based 1% sampling), and the router in front of the executor; one torch thread
-everywhere. Load: tritonclient sync clients in their own processes, closed loop, at 1 and 16
-clients, servers loaded one at a time, rounds interleaved. Every server's output for a fixed
-probe input must be identical. Ratios against the minimal server and KServe of the same run
-and the issue's targets are printed and written to out/bench/executor.json.
+everywhere. Load: tritonclient sync clients in their own processes, closed loop. At 16
+clients the servers are loaded one at a time, rounds interleaved; at 1 client one client
+process alternates between all of them in short windows, many passes
+(`benchmarks/alternating.py`), with a second copy of the minimal server as a control. Every
+server's output for a fixed probe input must be identical. Ratios against the minimal server
+and KServe of the same run and the issue's targets are printed and written to out/bench/executor.json.
 
     .venv/bin/python benchmarks/bench_executor.py [--cases small-mlp mlp tiny-lm] [--seconds 8] [--rounds 2]
     .venv/bin/python benchmarks/bench_executor.py --async-clients   # the in-process client comparison below
@@ -47,6 +49,10 @@ from switchyard.gen.inference import grpc_service_pb2 as oip  # noqa: E402
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc  # noqa: E402
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl  # noqa: E402
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc  # noqa: E402
+
+# A second copy of the minimal server, measured at one client only: its ratio to the first is
+# how far two identical servers differ in one run (the noise floor of the c=1 ratios).
+CONTROL = "minimal_control"
 
 
 def _threads() -> int:
@@ -374,6 +380,11 @@ def outside(args: argparse.Namespace) -> dict[str, Any]:
             "seconds_per_window": args.seconds,
             "warmup_s": args.warmup,
             "rounds": args.rounds,
+            "c1": (
+                f"one client process, every server in turn for {args.c1_window} s windows after "
+                f"{args.c1_warmup} s, {args.c1_alternations} passes (order reversed every other pass) "
+                "after one unmeasured pass; figures over the pooled windows"
+            ),
             "executor_buckets": args.outside_buckets,
             "production_tracing": production | {"OTEL_EXPORTER_OTLP_ENDPOINT": "a local OTLP collector"},
             "host_cores": os.cpu_count(),
@@ -385,18 +396,11 @@ def outside(args: argparse.Namespace) -> dict[str, Any]:
         name, data = o.example_input(repo, model)
         data_file = repo / f"{model}-probe.npy"
         np.save(data_file, data)
+        minimal = [__file__.replace("bench_executor.py", "bench_outside.py"), "serve-minimal"]
+        minimal += ["--repo", str(repo), "--model", model]
         servers = [
-            o.Server(
-                "minimal",
-                [
-                    __file__.replace("bench_executor.py", "bench_outside.py"),
-                    "serve-minimal",
-                    "--repo",
-                    str(repo),
-                    "--model",
-                    model,
-                ],
-            ),
+            o.Server("minimal", minimal),
+            o.Server(CONTROL, minimal),  # the same server again: how far two copies differ
             o.executor_server("executor", repo, model, args.outside_buckets),
             o.executor_server("executor_production_tracing", repo, model, args.outside_buckets, production),
         ]
@@ -454,21 +458,7 @@ def outside(args: argparse.Namespace) -> dict[str, Any]:
                         time.sleep(1)
             case["outputs_identical"] = len(set(outputs.values())) == 1
             case["outputs_differ"] = sorted(k for k, v in outputs.items() if v != outputs["minimal"])
-            rounds: dict[tuple[str, int], list[dict[str, Any]]] = {}
-            # the mean batch from the executor's own statistics (the router's: the executor behind it)
-            stats_of = {s.name: s.address for s in servers if s.name.startswith("executor")}
-            stats_of["router_to_executor"] = executor.address
-            for _ in range(args.rounds):
-                for server in servers:
-                    for clients in args.loads:
-                        r = o.run_load(
-                            server.address, model, name, data_file, clients, args.seconds, args.warmup,
-                            stats_address=stats_of.get(server.name, ""),
-                        )  # fmt: skip
-                        rounds.setdefault((server.name, clients), []).append(r)
-            case["servers"] = {
-                s.name: {f"c{c}": o.summarize(rounds[(s.name, c)]) for c in args.loads} for s in servers
-            }
+            case["servers"] = _measure(args, servers, model, name, data_file, executor.address)
         finally:
             for server in servers:
                 server.stop()
@@ -477,6 +467,40 @@ def outside(args: argparse.Namespace) -> dict[str, Any]:
     sink.stop()
     result["otlp_spans_received"] = sink.spans
     return result
+
+
+def _measure(
+    args: argparse.Namespace, servers: list[Any], model: str, name: str, data_file: Path, executor: str
+) -> dict[str, dict[str, Any]]:
+    """Every server's figures per load: one client as alternating short windows (all servers,
+    the control too), more clients as `args.rounds` interleaved rounds of one window each."""
+    from benchmarks import alternating
+    from benchmarks import bench_outside as o
+
+    figures: dict[str, dict[str, Any]] = {s.name: {} for s in servers}
+    if 1 in args.loads:
+        windows = alternating.run(
+            {s.name: s.address for s in servers}, model, name, data_file,
+            args.c1_window, args.c1_alternations, args.c1_warmup,
+        )  # fmt: skip
+        for server, summary in alternating.summarize(windows, args.c1_window, "minimal").items():
+            figures[server]["c1"] = summary
+    rounds: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    # the mean batch from the executor's own statistics (the router's: the executor behind it)
+    stats_of = {s.name: s.address for s in servers if s.name.startswith("executor")}
+    stats_of["router_to_executor"] = executor
+    loaded = [s for s in servers if s.name != CONTROL]
+    for _ in range(args.rounds):
+        for server in loaded:
+            for clients in (c for c in args.loads if c != 1):
+                r = o.run_load(
+                    server.address, model, name, data_file, clients, args.seconds, args.warmup,
+                    stats_address=stats_of.get(server.name, ""),
+                )  # fmt: skip
+                rounds.setdefault((server.name, clients), []).append(r)
+    for (server, clients), runs in rounds.items():
+        figures[server][f"c{clients}"] = o.summarize(runs)
+    return figures
 
 
 def outside_ratios(servers: dict[str, Any], loads: list[int]) -> dict[str, Any]:
@@ -492,6 +516,9 @@ def outside_ratios(servers: dict[str, Any], loads: list[int]) -> dict[str, Any]:
     ex, mn, ks, rt = "executor", "minimal", "kserve", "router_to_executor"
     out: dict[str, Any] = {
         "executor_c1_p50_over_minimal": ratio(get(ex, lo, "p50_ms"), get(mn, lo, "p50_ms")),
+        "executor_c1_p50_over_minimal_median_of_passes": get(ex, lo, "p50_ratio_to_minimal"),
+        "control_c1_p50_over_minimal": ratio(get(CONTROL, lo, "p50_ms"), get(mn, lo, "p50_ms")),
+        "control_c1_p50_over_minimal_median_of_passes": get(CONTROL, lo, "p50_ratio_to_minimal"),
         "executor_c16_rps_over_minimal": ratio(get(ex, hi, "requests_per_s"), get(mn, hi, "requests_per_s")),
         "executor_c16_rps_over_kserve": ratio(get(ex, hi, "requests_per_s"), get(ks, hi, "requests_per_s")),
         "executor_c16_p99_over_minimal": ratio(get(ex, hi, "p99_ms"), get(mn, hi, "p99_ms")),
@@ -549,7 +576,7 @@ def report_outside(result: dict[str, Any]) -> None:
                 continue
             target = case["ratios"]["targets"].get(key, {})
             shown = "n/a" if value is None else f"{value:.3f}"
-            print(f"  {key:42s} {shown:>8s}  target {target.get('target')}: met={target.get('met')}")
+            print(f"  {key:48s} {shown:>8s}  target {target.get('target')}: met={target.get('met')}")
     print(f"OTLP spans received from the production-tracing executor: {result['otlp_spans_received']}")
 
 
@@ -577,6 +604,11 @@ def main() -> None:
     parser.add_argument("--loads", nargs="*", type=int, default=[1, 16], help="concurrent outside clients")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up before each window")
     parser.add_argument("--outside-buckets", default="1,2,4,8,16,32")
+    parser.add_argument("--c1-window", type=float, default=1.0, help="seconds per one-client window")
+    parser.add_argument("--c1-warmup", type=float, default=0.2, help="seconds before each one-client window")
+    parser.add_argument(
+        "--c1-alternations", type=int, default=12, help="passes over all servers at one client"
+    )
     parser.add_argument(
         "--async-clients", action="store_true", help="run the in-process client comparison too"
     )
