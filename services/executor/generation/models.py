@@ -78,13 +78,15 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], t
 
 class MixedRows:
     """Where a mixed step's rows go. Decode rows (the first n tokens, any slots in slot order)
-    attend over the cache rows up to the highest of their slots: a free row inside that width
-    attends too and is dropped (attention is a small part of a row's cost; the weights'
-    matmuls run over the step's own rows only). The prompts packed after them attend each
+    attend over the cache rows up to the highest of their slots, and over the positions up to
+    the furthest of theirs (not the whole context: the cache is read, not recomputed, so the
+    positions past every row's are only memory traffic): a free row inside that width attends
+    too and is dropped (attention is a small part of a row's cost; the weights' matmuls run
+    over the step's own rows only). The prompts packed after them attend each
     within itself (block-diagonal and causal); none reads the cache, which they only write."""
 
     def __init__(
-        self, positions: torch.Tensor, slots: torch.Tensor, decoded: int, lengths: list[int], context: int
+        self, positions: torch.Tensor, slots: torch.Tensor, decoded: int, lengths: list[int]
     ) -> None:
         self.n, self.slots, self.positions = decoded, slots, positions
         self.width = int(slots[:decoded].max()) + 1 if decoded else 0
@@ -92,7 +94,8 @@ class MixedRows:
         wide = positions[:decoded]
         if not self.dense:
             wide = wide.new_zeros(self.width).index_copy_(0, slots[:decoded], wide)
-        self.decode_mask = _decode_mask(wide, context)
+        self.span = int(wide.max()) + 1 if decoded else 0
+        self.decode_mask = _decode_mask(wide, self.span)
         counts = torch.tensor(lengths, dtype=torch.int64, device=slots.device)
         segment = torch.repeat_interleave(torch.arange(len(lengths), device=slots.device), counts)
         at = positions[decoded:]
@@ -103,7 +106,7 @@ class MixedRows:
         self.logit_rows = torch.cat([torch.arange(decoded, device=slots.device), ends]) if lengths else None
 
     def attend(self, attention: Attention, keys: torch.Tensor, values: torch.Tensor) -> Attend:
-        n, width, slots = self.n, self.width, self.slots[: self.n]
+        n, width, span, slots = self.n, self.width, self.span, self.slots[: self.n]
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             # every new key and value to its (slot, position) at once: [T, kv heads, dim]
@@ -114,7 +117,7 @@ class MixedRows:
                 rows = q[0, :, :n].transpose(0, 1).unsqueeze(2)  # [n, heads, 1, dim]
                 if not self.dense:
                     rows = rows.new_zeros((width, *rows.shape[1:])).index_copy_(0, slots, rows)
-                out = attention(rows, keys[:width], values[:width], self.decode_mask)
+                out = attention(rows, keys[:width, :, :span], values[:width, :, :span], self.decode_mask)
                 if not self.dense:
                     out = out.index_select(0, slots)
                 parts.append(out[:, :, 0].transpose(0, 1).unsqueeze(0))
@@ -209,7 +212,7 @@ class CausalLM(nn.Module):
         cache: Layers,
     ) -> torch.Tensor:
         keys, values = cache
-        rows = MixedRows(positions, slots, int(decoded), prompt_lengths.tolist(), keys[0].shape[2])
+        rows = MixedRows(positions, slots, int(decoded), prompt_lengths.tolist())
         x, context = self._embed(tokens[None, :], positions[None, :])
 
         def attend_at(i: int) -> Attend:
