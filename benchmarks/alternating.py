@@ -1,8 +1,8 @@
 """The one-client comparison as many short windows that alternate between the servers.
 
 One tritonclient sync client, in its own process, keeps a connection to every server and
-measures each in turn for `window` seconds (after `warmup` seconds on that server), the order
-reversed every other pass, for `alternations` passes after one unmeasured pass. Drift on the
+measures each in turn for `window` seconds (after `warmup` seconds on that server), in a new
+random order every pass (seeded), for `alternations` passes after one unmeasured pass. Drift on the
 host (another process's burst, a frequency or placement change) then lands on every server
 alike, where one long window per server lets it land on one: in two-round runs of 8 s windows
 a server's c=1 median moved by up to 0.4 ms between rounds, more than the 5% being measured.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -47,10 +48,12 @@ def alternate(args: argparse.Namespace) -> dict[str, list[list[float]]]:
         inp.set_data_from_numpy(data)
         calls[name] = (triton.InferenceServerClient(address), inp)
     windows: dict[str, list[list[float]]] = {name: [] for name in targets}
-    names = list(targets)
+    order = random.Random(0)
     try:
         for turn in range(-1, args.alternations):  # turn -1: each server once, not measured
-            for name in names if turn % 2 == 0 else names[::-1]:
+            names = list(targets)
+            order.shuffle(names)  # no server keeps a place in the pass, or a neighbour
+            for name in names:
                 client, inp = calls[name]
                 until = time.perf_counter() + args.warmup
                 while time.perf_counter() < until:
