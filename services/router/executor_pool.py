@@ -8,9 +8,12 @@ status (switchyard.inband_status).
 
 Each deployment gets one channel with short reconnect back-off (so a restarted executor is
 found again within a second or two) and a watcher task that asks `grpc.health.v1` every
-`health_interval_s`: a failing executor is ejected with a cooldown that doubles per
-consecutive ejection, and re-admitted by the first passing probe after the cooldown. A
-call that meets UNAVAILABLE ejects its deployment at once (passive health, `forwarder`). The
+`health_interval_s`: an executor that answers with a failure (UNAVAILABLE: refused or
+unreachable; a status other than SERVING) is ejected at once, one whose probes time out only
+after `health_timeouts_to_eject` in a row (a long XLA compile or a big batch makes a live
+executor answer late; a passing probe resets the count). The cooldown doubles per
+consecutive ejection; the first passing probe after it re-admits. A call that meets
+UNAVAILABLE ejects its deployment at once (passive health, `forwarder`). The
 watcher also asks ExecutorControl.GetLoad, so least-loaded routing has fresh numbers for
 deployments that have not answered a request within the interval, and (re)opens the frame
 connection after a passing probe.
@@ -116,8 +119,8 @@ class ExecutorPool:
         if was_admitted:
             log.warning("ejected deployment %s: %s", deployment, reason)
 
-    async def _probe(self, name: str) -> str:
-        """'' when healthy, else why not."""
+    async def _probe(self, name: str) -> tuple[str, bool]:
+        """('', False) when healthy, else why not and whether it merely timed out."""
         channel = self.channels[name]
         timeout = self._settings.health_timeout_s
         try:
@@ -125,10 +128,23 @@ class ExecutorPool:
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout
             )
         except grpc.aio.AioRpcError as exc:
-            return f"health check failed: {exc.code().name}"
+            timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            return f"health check failed: {exc.code().name}", timed_out
         if reply.status != health_pb2.HealthCheckResponse.SERVING:
-            return f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}"
-        return ""
+            return f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}", False
+        return "", False
+
+    def _probe_failed(self, name: str, problem: str, timed_out: bool) -> None:
+        """Ejects on a definite failure at once, on timeouts once enough come in a row."""
+        state = self.states[name]
+        if not timed_out:
+            self.eject(name, problem)
+            return
+        if state.probe_timed_out(self._settings):
+            self.eject(name, f"{problem} ({state.probe_timeouts} probes in a row)")
+        else:
+            limit = self._settings.health_timeouts_to_eject
+            log.info("deployment %s: %s, %d of %d in a row", name, problem, state.probe_timeouts, limit)
 
     async def _refresh_load(self, name: str) -> None:
         fresh = time.monotonic() - self.states[name].load_at < self._settings.health_interval_s
@@ -145,9 +161,9 @@ class ExecutorPool:
         self.states[name].report_load(load.in_flight, load.queue_depth)
 
     async def _check(self, name: str) -> None:
-        problem = await self._probe(name)
+        problem, timed_out = await self._probe(name)
         if problem:
-            self.eject(name, problem)
+            self._probe_failed(name, problem, timed_out)
             return
         if self.states[name].probe_succeeded():
             log.info("re-admitted deployment %s after its cooldown", name)

@@ -29,6 +29,7 @@ class DeploymentState:
     ejected_until: float = 0.0
     ejections: int = 0  # consecutive; resets after a healthy spell
     admitted_since: float = 0.0
+    probe_timeouts: int = 0  # health probes in a row that got no answer in time
     last_error: str = ""
     in_flight: int = 0
     queue_depth: int = 0
@@ -51,9 +52,17 @@ class DeploymentState:
         self.ejected_until = now + cooldown
         self.last_error = reason
 
+    def probe_timed_out(self, settings: Settings) -> bool:
+        """A health probe got no answer in time; True when that makes
+        `health_timeouts_to_eject` in a row (eject it). A busy executor answers late; only a
+        run of late answers says it is stuck."""
+        self.probe_timeouts += 1
+        return self.probe_timeouts >= settings.health_timeouts_to_eject
+
     def probe_succeeded(self, now: float | None = None) -> bool:
         """A health probe passed; re-admits once the cooldown is over. True if re-admitted."""
         now = time.monotonic() if now is None else now
+        self.probe_timeouts = 0
         if self.ejected_until and now >= self.ejected_until:
             self.ejected_until = 0.0
             self.admitted_since = now

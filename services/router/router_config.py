@@ -91,6 +91,10 @@ class Settings:
     auth_cache_entries: int = 10_000  # API keys the auth cache holds (least recently used go)
     health_interval_s: float = 0.5
     health_timeout_s: float = 1.0
+    # Probes in a row that get no answer within health_timeout_s before the deployment is
+    # ejected: a busy executor (a long compile, a big batch) answers late, a dead one refuses
+    # (UNAVAILABLE) or says NOT_SERVING, which ejects at once (Envoy's unhealthy_threshold).
+    health_timeouts_to_eject: int = 3
     eject_base_s: float = 1.0  # first cooldown; doubles per consecutive ejection
     eject_max_s: float = 30.0
     auth_cache_ttl_s: float = 2.0  # a revoked key stops working within this (+ one RPC)
@@ -265,6 +269,11 @@ def parse(raw: Mapping[str, Any]) -> RouterConfig:
         raise InvalidArgument(
             "[router] spool_max_mb must be >= 1 and spool_alarm_fraction in (0, 1], got "
             f"{settings.spool_max_mb} and {settings.spool_alarm_fraction}"
+        )
+    if settings.health_timeouts_to_eject < 1:
+        raise InvalidArgument(
+            "[router] health_timeouts_to_eject must be >= 1 (1: the first timed-out probe ejects), "
+            f"got {settings.health_timeouts_to_eject}"
         )
     if settings.route_sync_s < 0:
         raise InvalidArgument(
