@@ -2,12 +2,14 @@
 
 Keys and values of layer l live in `keys[l]` / `values[l]`, each
 [decode_slots, kv_heads, max_context, head_dim] on the device, allocated once at load: no
-step ever allocates or reshapes the cache, so every step has the same shapes. A prefill
-writes its slot's row whole (the prompt, zero-padded to max_context); a decode step writes
-one position per slot. Positions past a slot's length hold stale values that attention masks.
+step ever allocates or reshapes the cache, so every step has the same shapes. A compiled
+prefill writes its slot's row whole (the prompt, zero-padded to max_context), an eager mixed
+step the prompt's positions; a decode step writes one position per slot. Positions past a
+slot's length hold stale values that attention masks.
 
-Slots are handed out lowest-first, so the running requests sit in the leading rows and a
-decode step of width n (a decode bucket) covers rows [0, n).
+Slots are handed out lowest-first, so the running requests sit in the leading rows: a
+compiled decode step of width n (a decode bucket) covers rows [0, n), an eager one attends
+over rows up to the highest slot in use.
 """
 
 from __future__ import annotations
