@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from services.executor.backends.base import PRECISIONS, Backend, DeviceDescription, host_id
@@ -104,12 +105,12 @@ class Executor(ExecutorTraining):
         With batching off no batch can form, so a short request computes right here instead:
         a thread hand-off would only add its cost (and, for Python-heavy eager models, GIL
         contention between the loop and the device thread)."""
-        if not model.options.dynamic_batching and self._inline_ok(model, batch[0].rows):
+        if not model.options.dynamic_batching and self._inline_ok(model, batch[0].arrays, batch[0].rows):
             return model.compute(batch)
         return await self.on_device(model.compute, batch)
 
-    def _inline_ok(self, model: LoadedModel, rows: int) -> bool:
-        return self.inline_ok(model.expected_compute_s(rows))
+    def _inline_ok(self, model: LoadedModel, arrays: list[np.ndarray], rows: int) -> bool:
+        return self.inline_ok(model.expected_compute_s(arrays, rows))
 
     def inline_ok(self, expected_s: float) -> bool:
         """May work expected to take `expected_s` run on the event loop: nothing is on the device
@@ -215,7 +216,7 @@ class Executor(ExecutorTraining):
         quiet = idle > LOOP_IDLE_S
         self.in_flight += 1
         try:
-            if quiet and self.in_flight == 1 and batcher.idle and self._inline_ok(model, rows):
+            if quiet and self.in_flight == 1 and batcher.idle and self._inline_ok(model, arrays, rows):
                 # Requests that reached gRPC while the loop was busy show up within a few loop
                 # turns; counted in flight, this one makes them queue rather than go inline.
                 for _ in range(INLINE_LOOK_TURNS):

@@ -100,6 +100,10 @@ class LoadedModel:
         self.sha256 = spec.sha256
         self._warm_counters = CompileCounters()
         self.warm_compute_s: dict[int, float] = {}
+        # Input shapes (batch padded) computed so far: with padding on (static shapes, compiled
+        # graphs) a shape not among them compiles on its first run, seconds of work that holds
+        # the GIL, so it must go to the device thread, never inline on the event loop.
+        self._run_shapes: set[tuple[tuple[int, ...], ...]] = set()
         self._valid_signatures: dict[tuple[tuple[str, str, tuple[int, ...]], ...], tuple[int, ...]] = {}
         self._datatypes = {
             np.dtype(codec.element_dtype(d)): d for d in codec.DATATYPES if d not in ("BYTES", "BF16")
@@ -205,8 +209,12 @@ class LoadedModel:
             self._valid_signatures[signature] = tuple(position[s.name] for s in self.spec.inputs)
         return arrays, rows
 
-    def expected_compute_s(self, rows: int) -> float:
-        return self.warm_compute_s.get(self.bucket_for(rows), float("inf"))
+    def expected_compute_s(self, arrays: list[np.ndarray], rows: int) -> float:
+        """The warm time of a batch of these inputs; infinite where it would compile first."""
+        bucket = self.bucket_for(rows)
+        if self.pad_to_buckets and tuple((bucket, *a.shape[1:]) for a in arrays) not in self._run_shapes:
+            return float("inf")  # a shape never run: XLA or inductor compiles it first
+        return self.warm_compute_s.get(bucket, float("inf"))
 
     def bucket_for(self, rows: int) -> int:
         buckets = self.options.batch_buckets
@@ -269,6 +277,8 @@ class LoadedModel:
         with self.backend.inference_context():
             result = self.prepared.run(moved)
         self.backend.synchronize()
+        if self.pad_to_buckets:
+            self._run_shapes.add(tuple(tuple(t.shape) for t in tensors))
         outs = list(result) if isinstance(result, tuple | list) else [result]
         if device.type == "cpu":  # .to("cpu") and detach cost a dispatch even as no-ops
             return [o.detach() if o.requires_grad else o for o in outs]

@@ -3,6 +3,8 @@ buckets, nothing compiled while serving, outputs within tolerance of eager."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from pathlib import Path
 
 import grpc
@@ -70,3 +72,36 @@ async def test_graph_breaks_are_reported_with_reasons(executor: RunningExecutor,
     assert loaded.compatibility.graph_breaks >= 1
     assert loaded.compatibility.graph_break_reasons
     assert loaded.compatibility.compilations >= 2  # the graph is split in two
+
+
+async def test_a_shape_that_would_compile_goes_to_the_device_thread_not_inline(
+    executor: RunningExecutor,
+) -> None:
+    """A lone request on a quiet executor computes inline on the event loop, but not one whose
+    shape was never run: with padding on (compile mode here, every XLA model) it compiles first,
+    seconds that would hold the loop, so health checks and other calls would go unanswered."""
+    runtime = executor.executor
+    config = runtime.config
+    # the inline limit is compared with warm-up timings; a loaded host must not decide the test
+    runtime.config = dataclasses.replace(config, inline_compute_us=10_000_000)
+    try:
+        async with grpc.aio.insecure_channel(executor.address) as channel:
+            control = ctl_grpc.ExecutorControlStub(channel)
+            request = ctl.LoadModelRequest(model_name="tiny-lm", mode="compile", batch_buckets=[1])
+            assert (await control.LoadModel(request)).model.state == "READY"  # warmed at seq 32
+            stub = oip_grpc.GRPCInferenceServiceStub(channel)
+            counters = runtime.find("tiny-lm", "").batcher.counters  # type: ignore[union-attr]
+            ids = np.random.default_rng(2).integers(0, 256, (1, 12)).astype(np.int64)
+            ran: list[tuple[int, int]] = []
+            for _ in range(2):
+                await asyncio.sleep(0.01)  # quiet
+                before = counters.ran_inline
+                reply = await stub.ModelInfer(build_infer_request("tiny-lm", {"input_ids": ids}))
+                ran.append(
+                    (counters.ran_inline - before, reply.parameters["compilations_after_warmup"].int64_param)
+                )
+        # seq 12 compiled on the device thread; once compiled, the same shape may run inline
+        assert ran == [(0, 1), (1, 1)], ran
+    finally:
+        runtime.config = config
+        await runtime.load_model("tiny-lm", "", runtime.default_options("tiny-lm"))
