@@ -39,6 +39,10 @@ class ExecutorConfig:
     # the device thread, where batches form.
     inline_compute_us: int = 10_000
     cpu_threads: int = 0  # torch intra-op threads; 0 = cores - 1 (at least 1)
+    # The interpreter's GIL switch interval (Python's default is 5 ms). The device thread
+    # gives up the GIL at every torch op and needs it back for the next; while the event loop
+    # holds it (building and writing streamed responses), the device waits up to this long.
+    gil_switch_interval_us: int = 500
     # With mTLS: the services (identity names, spiffe://switchyard/<name>) that may call
     # inference straight here (OIP and frames); the control API takes router and worker only.
     oip_identities: tuple[str, ...] = ("router", "worker")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from services.executor.executor_runtime import Executor
 from services.executor.executor_servicer import InferenceServicer
 from services.executor.frame_server import FrameServer
 from switchyard import authz, tls
+from switchyard.errors import InvalidArgument
 from switchyard.gen.inference import grpc_service_pb2_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc
 from switchyard.grpcio import OnServer, RunningServer, ServerOptions, start_server
@@ -137,6 +139,11 @@ async def start_executor(config: ExecutorConfig, security: tls.Security | None =
     """`security`: mTLS identity, or explicit plaintext (None: the process's, from the environment)."""
     security = tls.resolve(security)
     backend = select_backend(config.backend, config.cpu_threads)
+    if config.gil_switch_interval_us < 1:
+        raise InvalidArgument(
+            f"gil_switch_interval_us is {config.gil_switch_interval_us}; use 1 or more (microseconds)"
+        )
+    sys.setswitchinterval(config.gil_switch_interval_us / 1e6)
     root = Path(config.model_repository) if config.model_repository else default_repository()
     executor = Executor(config, backend, Repository(root.resolve(), config.allowed_factories))
     audit = (

@@ -14,6 +14,7 @@ import pytest_asyncio
 from clients.executor_client import build_infer_request
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import RunningExecutor, start_executor
+from switchyard.errors import InvalidArgument
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
@@ -114,6 +115,11 @@ async def test_over_the_size_limit_is_resource_exhausted() -> None:
             await _expect(stub, big, grpc.StatusCode.RESOURCE_EXHAUSTED, "")
     finally:
         await running.stop(1)
+
+
+async def test_a_switch_interval_below_one_microsecond_is_refused_at_start() -> None:
+    with pytest.raises(InvalidArgument, match="gil_switch_interval_us is 0; use 1 or more"):
+        await start_executor(ExecutorConfig(gil_switch_interval_us=0))
 
 
 async def _load_slow_queue(address: str, queue_size: int) -> None:
