@@ -44,13 +44,19 @@ setup-main: $(MAIN_ENV)/.ready
 
 # Every environment: built in place, marked ready only when complete; a half-built env is
 # rebuilt. No file prerequisites: the hash in the path is the key (a fresh clone has new mtimes).
+# One build at a time per env (flock on <env>.lock): a test that builds an env it needs (focus,
+# perf) and a `make setup-*` of the same env would otherwise delete each other's files, and
+# one of them mark an empty env ready. A build that waited finds the env ready and stops.
 # $(1) the env folder, $(2) its requirements file, $(3) what it is (no commas).
 define build_env
-	@echo "== building $(3) in $(1)"
-	rm -rf $(1)
-	$(PYTHON) -m venv $(1)
-	$(1)/bin/python -m pip install -q --upgrade pip
-	$(1)/bin/python -m pip install -q -r $(2)
+	@mkdir -p $(dir $(1))
+	@exec 9>$(1).lock && flock 9 && \
+	if [ -f $@ ]; then echo "== $(3): built meanwhile in $(1)"; exit 0; fi && \
+	echo "== building $(3) in $(1)" && \
+	rm -rf $(1) && \
+	$(PYTHON) -m venv $(1) && \
+	$(1)/bin/python -m pip install -q --upgrade pip && \
+	$(1)/bin/python -m pip install -q -r $(2) && \
 	touch $@
 endef
 
