@@ -27,8 +27,8 @@ def field_names(cls: type[Any]) -> list[str]:
 
 def copy_fields(cls: type[T], source: object, **given: Any) -> T:
     """`cls` with each field from `given`, else from `source`'s attribute of that name."""
-    values = {name: given[name] if name in given else getattr(source, name) for name in field_names(cls)}
-    unknown = set(given) - set(values)
-    if unknown:
+    names = field_names(cls)
+    unknown = set(given) - set(names)
+    if unknown:  # before reading the source: a misspelt given name is named as such
         raise TypeError(f"{cls.__name__} has no field {', '.join(sorted(unknown))}")
-    return cls(**values)
+    return cls(**{name: given[name] if name in given else getattr(source, name) for name in names})

@@ -50,3 +50,6 @@ def test_a_field_the_source_lacks_is_an_error_not_an_empty_value() -> None:
 def test_a_given_field_the_target_does_not_have_is_an_error() -> None:
     with pytest.raises(TypeError, match="PhaseTimings has no field totl_s"):
         copy_fields(xpb.PhaseTimings, Timings(1.0, 2.0, 4.0), totl_s=3.0)
+    # named even where the source lacks the field the misspelt name stands for
+    with pytest.raises(TypeError, match="PathInfo has no field prced"):
+        copy_fields(mpb.PathInfo, object(), prced=True)

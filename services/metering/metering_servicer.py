@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from google.protobuf.message import Message
+
 from services.metering.access_rpcs import AccessRpcs
 from services.metering.jobs import TrialUpdate
 from services.metering.limit_changes import PrincipalLimit
@@ -76,20 +78,13 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
         return reservation_msg(res)
 
     async def CompleteJob(self, request: pb.CompleteJobRequest, context: Any) -> pb.Job:
-        if not request.HasField("job"):
-            raise BadInput(
-                "CompleteJobRequest.job is required: the Job that ended (job_id, path, status, ...)"
-            )
-        info = copy_fields(JobInfo, request.job, ended_us=request.job.ended_unix_us)
+        ended = _required(request, "job", "the Job that ended (job_id, path, status, ...)")
+        info = copy_fields(JobInfo, ended, ended_us=ended.ended_unix_us)
         job = await self._w(lambda: self.ledger.complete_job(info, request.prepare_us))
         return copy_fields(pb.Job, job, ended_unix_us=job.ended_us)
 
     async def SetPrice(self, request: pb.SetPriceRequest, context: Any) -> pb.Price:
-        if not request.HasField("price"):
-            raise BadInput(
-                "SetPriceRequest.price is required: the Price to set (price_key, micros_per_hour, currency)"
-            )
-        p = request.price
+        p = _required(request, "price", "the Price to set (price_key, micros_per_hour, currency)")
         row = await self._w(
             lambda: self.ledger.set_price(
                 actor_of(request.actor, context),
@@ -102,12 +97,9 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
         return price_msg(row)
 
     async def RegisterPath(self, request: pb.RegisterPathRequest, context: Any) -> pb.PathInfo:
-        if not request.HasField("path_info"):
-            raise BadInput(
-                "RegisterPathRequest.path_info is required: the PathInfo to register (path, backend, "
-                "resource_class, price_key, host)"
-            )
-        p = request.path_info
+        p = _required(
+            request, "path_info", "the PathInfo to register (path, backend, resource_class, price_key, host)"
+        )
         row = await self._w(
             lambda: self.ledger.register_path(
                 actor_of(request.actor, context), p.path, p.backend, p.resource_class, p.price_key, p.host
@@ -152,3 +144,10 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
             )
         )
         return limit_change_msg(row)
+
+
+def _required(request: Message, field: str, what: str) -> Any:
+    """`request`'s message field `field`, which must be set: else INVALID_ARGUMENT naming it."""
+    if not request.HasField(field):
+        raise BadInput(f"{type(request).__name__}.{field} is required: {what}")
+    return getattr(request, field)
