@@ -138,11 +138,11 @@ async def _frames_and_models(
 async def start_executor(config: ExecutorConfig, security: tls.Security | None = None) -> RunningExecutor:
     """`security`: mTLS identity, or explicit plaintext (None: the process's, from the environment)."""
     security = tls.resolve(security)
-    backend = select_backend(config.backend, config.cpu_threads)
-    if config.gil_switch_interval_us < 1:
+    if config.gil_switch_interval_us < 1:  # refused before any process-wide setting changes
         raise InvalidArgument(
             f"gil_switch_interval_us is {config.gil_switch_interval_us}; use 1 or more (microseconds)"
         )
+    backend = select_backend(config.backend, config.cpu_threads)
     sys.setswitchinterval(config.gil_switch_interval_us / 1e6)
     root = Path(config.model_repository) if config.model_repository else default_repository()
     executor = Executor(config, backend, Repository(root.resolve(), config.allowed_factories))

@@ -52,9 +52,9 @@ class GenerationRuntime:
         # step per width, then each prompt alone, padded to its bucket. Eager runs an
         # iteration as one mixed step at its own shapes: the decode rows in use and every
         # prompt whole, so the matmuls run once over all of them and nothing is padding.
-        self.pad_to_buckets = backend.static_shapes or mode == "compile"
+        pad_to_buckets = backend.static_shapes or mode == "compile"
         mixed = Step(self.lm, layers, "mixed", 5)
-        self.mixed_step = None if self.pad_to_buckets else backend.prepare(mixed, mode)
+        self.mixed_step = None if pad_to_buckets else backend.prepare(mixed, mode)
         self._warm = 0
         self.warm_prefill_s: dict[int, float] = {}
         self.warm_decode_s: dict[int, float] = {}
@@ -101,10 +101,10 @@ class GenerationRuntime:
             width = decodes[-1][0] + 1
             buckets = self.settings.decode_buckets
             width = buckets[bisect.bisect_left(buckets, width)]
-            t, p = torch.zeros(width, dtype=torch.int64), torch.zeros(width, dtype=torch.int64)
+            t, p = [0] * width, [0] * width
             for slot, token, position in decodes:
                 t[slot], p[slot] = token, position
-            logits = self._run(self.decode_step, [t, p])
+            logits = self._run(self.decode_step, [torch.tensor(t), torch.tensor(p)])
             rows.append(logits[torch.tensor([slot for slot, _, _ in decodes])])
         for slot, ids in prompts:
             padded = torch.zeros((1, self.bucket_for(len(ids))), dtype=torch.int64)
@@ -113,7 +113,7 @@ class GenerationRuntime:
             rows.append(
                 self._run(self.prefill_step, [padded, length, torch.tensor([slot], dtype=torch.int64)])
             )
-        return torch.cat(rows)
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
 
     def warm(self) -> None:
         """Runs every prefill bucket and decode width once (compiling each on compiling paths),
