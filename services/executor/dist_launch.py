@@ -117,9 +117,9 @@ def _describe_exit(code: int, log: Path | None = None) -> str:
     lines: list[str] = []
     if log is not None and log.exists():
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    # an XLA runtime abort ("<date> <time>: F <file>] <why>", then SIGABRT) says more than the
-    # signal or the traceback
-    fatal = [ln for ln in lines if re.match(r"^\S+ \S+: F ", ln)]
+    # an XLA runtime abort ("<date> <time>: F <file>] <why>") or a C++ std::terminate, each
+    # then SIGABRT, says more than the signal or the traceback
+    fatal = [ln for ln in lines if re.match(r"^\S+ \S+: F ", ln) or ln.startswith("terminate called")]
     if code < 0:
         killed = f"killed by signal {signal.Signals(-code).name}"
         return killed + (f": {fatal[-1][:500]}" if fatal else "")

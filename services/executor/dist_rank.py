@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import threading
 import time
@@ -64,8 +65,6 @@ def run_rank(job_dir: Path, rank: int, local_rank: int, replicas: Any = None) ->
 def _train(
     job_dir: Path, job: dict[str, Any], config: DistributedConfig, rank: int, local_rank: int, replicas: Any
 ) -> None:
-    import os
-
     import torch
 
     if config.path == "cpu":  # ranks share the host's cores; oversubscribed OpenMP pools crawl
@@ -136,8 +135,6 @@ def xla_replica(index: int, job_dir: str) -> None:
 def main(argv: list[str]) -> int:
     job_dir, rank = Path(argv[0]), int(argv[1])
     if rank < 0:
-        import os
-
         import torch_xla
 
         from services.executor import dist_rank  # by module name, so spawn can pickle it
@@ -163,5 +160,16 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """Ends the rank process without the interpreter's finalization; every result and error
+    file is written and closed by now. Finalization runs C++ static destructors while a gloo
+    or TCPStore thread may still be joinable, and now and then (2 of 33 two-rank gloo runs
+    here) that aborts the process ("terminate called without an active exception", SIGABRT)
+    after it wrote a complete result, so a finished rank was reported as failed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_now(main(sys.argv[1:]))

@@ -15,13 +15,15 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from services.executor import distributed
-from tests.conftest import IN_CI
+from tests.conftest import IN_CI, ROOT
 from tests.trial.stack import Stack
 from tests.trial.trial_helpers import run_trial
 
@@ -99,6 +101,29 @@ def test_backends_are_named_in_one_place_and_refused_with_a_reason() -> None:
         assert not nccl.available and "nccl" in nccl.reason and "unavailable" in nccl.reason
     with pytest.raises(distributed.DistributedUnavailable, match="unavailable on path"):
         distributed.plan("tpu", 2)
+
+
+def test_a_finished_rank_exits_with_its_code_whatever_finalization_would_do() -> None:
+    # a rank that wrote its result exits without finalization, where torch's C++ teardown can
+    # abort a process that has finished; the abort stands in as an atexit handler here
+    script = (
+        "import atexit, os, signal\n"
+        "from services.executor.dist_rank import exit_now\n"
+        "atexit.register(lambda: os.kill(os.getpid(), signal.SIGABRT))\n"
+        "exit_now(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, timeout=120)
+    assert done.returncode == 3, done.stderr.decode()
+
+
+def test_a_rank_killed_by_a_cpp_terminate_says_so(tmp_path: Path) -> None:
+    from services.executor.dist_launch import _describe_exit
+
+    log = tmp_path / "launch-1.log"
+    log.write_text("terminate called without an active exception\nFatal Python error: Aborted\n")
+    described = _describe_exit(-signal.SIGABRT, log)
+    assert described == "killed by signal SIGABRT: terminate called without an active exception"
+    assert _describe_exit(-signal.SIGKILL, tmp_path / "absent.log") == "killed by signal SIGKILL"
 
 
 def test_a_failed_training_phase_is_inconclusive_not_skipped() -> None:
