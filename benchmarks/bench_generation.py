@@ -19,8 +19,17 @@ They go
   per token, or per several when the stream's writer lags), as a closed loop of C streams
   (1, 8, 32): each stream sends the next waiting request when its previous one finished,
   until all N are done (the 1-stream run takes the first `--one-stream` requests only).
+- to the bare streamer, a peer in its own process on the executor's transport and event loop
+  (gRPC's EventEngine endpoints off, uvloop) that computes nothing: for each request it
+  streams max_tokens prebuilt-shape responses back to back, as the same client reads them,
+  at 1 and 32 streams. Its output tokens/s at 32 streams is what any grpc.aio server sending
+  a message per token could reach on this host at best, and its 1-stream TTFT is the
+  transport's own first-message time: `prefill_plus_bare_ttft_p50_over_prefill_p50` is the
+  best TTFT ratio a server paying it could reach. (Its runs' `executor_cpu_*` figures are the
+  bare server's CPU.)
 The measurements are interleaved: each of `--rounds` rounds runs the two floors, the
-in-process prefill with the 1-stream run, and the 8- and 32-stream runs once, in an order
+in-process prefill with the 1-stream run, the 8- and 32-stream runs and the bare streamer's
+two runs once, in an order
 rotated by one each round, so a host whose load drifts moves both sides of every ratio
 alike. Each ratio is taken within a round; the report gives every round's and their median.
 Per concurrency: TTFT, TPOT ((e2e - ttft) / (output_tokens - 1)), ITL (gaps between streamed
@@ -267,7 +276,8 @@ async def executor_run(
     }
 
 
-STEPS = (*(f"floor-{b}" for b in FLOOR_BATCHES), *(str(c) for c in CONCURRENCY))
+BARE = (1, 32)  # the bare streamer's concurrencies: the TTFT and the throughput a message per token allows
+STEPS = (*(f"floor-{b}" for b in FLOOR_BATCHES), *(str(c) for c in CONCURRENCY), *(f"bare-{c}" for c in BARE))
 
 
 def rotation(round_: int) -> tuple[str, ...]:
@@ -281,23 +291,12 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-class ExecutorProcess:
-    """An executor in its own process, as it is deployed, serving the benchmark's repository on
-    a free loopback port, plaintext: `--backend cpu` in this environment, `--backend xla` in
-    the XLA environment (SWITCHYARD_XLA_PYTHON), PJRT_DEVICE as set (CPU when unset). The
-    client (this process) never shares the executor's interpreter, GIL or event loop."""
+class ServerProcess:
+    """A server in its own process, announcing " serving on <address>" in its output: the
+    executor as it is deployed (`executor_process`) or the bare streamer (`bare_process`). The
+    client (this process) never shares its interpreter, GIL or event loop."""
 
-    def __init__(self, root: Path, backend: str) -> None:
-        python = sys.executable
-        env = dict(os.environ)
-        if backend == "xla":
-            python = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
-            if not python:
-                raise SystemExit("--backend xla needs SWITCHYARD_XLA_PYTHON (the XLA environment's python)")
-            env["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE", "CPU")
-        cmd = [python, "-m", "switchyard", "executor", "serve", "--backend", backend, "--port", "0"]
-        cmd += ["--models", "llama-bench", "--model-repository", str(root)]
-        env["SWITCHYARD_SECURITY_INSECURE"] = "true"  # loopback only
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
         self.process = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -329,27 +328,110 @@ class ExecutorProcess:
         stop_child(self.process)
 
 
+def executor_process(root: Path, backend: str, mode: str = "") -> ServerProcess:
+    """An executor serving the benchmark's repository on a free loopback port, plaintext:
+    `--backend cpu` in this environment, `--backend xla` in the XLA environment
+    (SWITCHYARD_XLA_PYTHON), PJRT_DEVICE as set (CPU when unset)."""
+    python = sys.executable
+    env = dict(os.environ)
+    if backend == "xla":
+        python = os.environ.get("SWITCHYARD_XLA_PYTHON", "")
+        if not python:
+            raise SystemExit("--backend xla needs SWITCHYARD_XLA_PYTHON (the XLA environment's python)")
+        env["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE", "CPU")
+    cmd = [python, "-m", "switchyard", "executor", "serve", "--backend", backend, "--port", "0"]
+    cmd += ["--models", "llama-bench", "--model-repository", str(root)]
+    cmd += ["--mode", mode] if mode else []
+    env["SWITCHYARD_SECURITY_INSECURE"] = "true"  # loopback only
+    return ServerProcess(cmd, env)
+
+
+def bare_process() -> ServerProcess:
+    """The bare streamer (`--serve-bare`) on the executor's transport and event loop."""
+    from switchyard.transport import LOW_LATENCY_EXPERIMENTS
+
+    env = {**os.environ, "GRPC_EXPERIMENTS": os.environ.get("GRPC_EXPERIMENTS", LOW_LATENCY_EXPERIMENTS)}
+    return ServerProcess([sys.executable, "-m", "benchmarks.bench_generation", "--serve-bare"], env)
+
+
+def _max_tokens(request: pb.ModelInferRequest) -> int:
+    names = [t.name for t in request.inputs]
+    raw = request.raw_input_contents[names.index("sampling_parameters")]
+    return int(json.loads(codec.decode("p", "BYTES", [1], raw).array[0])["max_tokens"])
+
+
+async def bare_stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    """ModelStreamInfer with no model: for each request, max_tokens responses back to back,
+    each built as the executor's (a token id in `output_ids`, the running count, `final` on the
+    last). What a message per token costs through grpc.aio on this host, and nothing else."""
+    token = np.array([7], np.int64).tobytes()
+    async for request in requests:
+        n = _max_tokens(request)
+        for i in range(1, n + 1):
+            message = pb.ModelStreamInferResponse()
+            r = message.infer_response
+            r.model_name, r.id = request.model_name, request.id
+            r.outputs.add(name="output_ids", datatype="INT64", shape=[1])
+            r.raw_output_contents.append(token)
+            r.parameters[oip_params.NUM_OUTPUT_TOKENS].int64_param = i
+            r.parameters[oip_params.COMPILATIONS_AFTER_WARMUP].int64_param = 0
+            r.parameters[oip_params.FINAL].bool_param = i == n
+            yield message
+
+
+async def serve_bare() -> None:
+    server = grpc.aio.server()
+    handler = grpc.stream_stream_rpc_method_handler(
+        bare_stream,
+        request_deserializer=pb.ModelInferRequest.FromString,
+        response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+    )
+    service = STREAM.split("/")[1]
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, {"ModelStreamInfer": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"bare streamer serving on 127.0.0.1:{port}", flush=True)
+    await server.wait_for_termination()
+
+
 async def one_round(
-    r: int, reference: Any, executor: ExecutorProcess, requests: list[tuple[list[int], int]], one: int
+    r: int,
+    reference: Any,
+    servers: dict[str, ServerProcess],
+    requests: list[tuple[list[int], int]],
+    one: int,
 ) -> dict[str, Any]:
     """Every step once, in round r's rotated order; the ratios of this round's figures."""
     order = rotation(r)
     result: dict[str, Any] = {"order": list(order), "load_1m_before": os.getloadavg()[0], "floor": {},
-                              "executor": {}}  # fmt: skip
+                              "executor": {}, "bare": {}}  # fmt: skip
     for step in order:
         if step.startswith("floor-"):
             batch = int(step.removeprefix("floor-"))
             result["floor"][str(batch)] = await asyncio.to_thread(hf_floor, reference, requests, batch)
             continue
-        subset = requests[:one] if step == "1" else requests
+        kind, _, streams = step.rpartition("-")
+        server = servers[kind or "executor"]
+        subset = requests[:one] if streams == "1" else requests
         if step == "1":  # the baseline of the 1-stream TTFT, just before it
             result["prefill_s"] = await asyncio.to_thread(prefill_times, reference, subset)
-        result["executor"][step] = await executor_run(executor.address, subset, int(step), executor.cpu_s)
-    floor, served = result["floor"], result["executor"]
+        run = await executor_run(server.address, subset, int(streams), server.cpu_s)
+        result[kind or "executor"][streams] = run
+    floor, served, bare = result["floor"], result["executor"], result["bare"]
+    prefill = result["prefill_s"]["p50"]
     result["ratios"] = {
         **{f"output_tokens_per_s_{b}_streams_over_floor": served[str(b)]["output_tokens_per_s"]
            / floor[str(b)]["output_tokens_per_s"] for b in FLOOR_BATCHES},
-        "ttft_p50_1_stream_over_prefill_p50": served["1"]["ttft_s"]["p50"] / result["prefill_s"]["p50"],
+        "ttft_p50_1_stream_over_prefill_p50": served["1"]["ttft_s"]["p50"] / prefill,
+        # what a message per token allows at all: the bare streamer computes nothing
+        "output_tokens_per_s_bare_32_streams_over_floor": bare["32"]["output_tokens_per_s"]
+        / floor["32"]["output_tokens_per_s"],
+        "output_tokens_per_s_32_streams_over_bare_32": served["32"]["output_tokens_per_s"]
+        / bare["32"]["output_tokens_per_s"],
+        # the best TTFT ratio a server paying this transport's first-message time could reach
+        "prefill_plus_bare_ttft_p50_over_prefill_p50": (prefill + bare["1"]["ttft_s"]["p50"]) / prefill,
     }  # fmt: skip
     # not a target: CPU time per output token, which the host's load moves far less
     result["cpu_per_token_floor_over_streams"] = {
@@ -378,6 +460,9 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             ("executor_cpu_us_per_output_token", lambda x: x["executor_cpu_us_per_output_token"]),
         ):
             out[f"streams_{c}_{key}"] = over(lambda r, c=c, get=get: get(r["executor"][str(c)]))
+    for c in BARE:
+        out[f"bare_{c}_output_tokens_per_s"] = over(lambda r, c=c: r["bare"][str(c)]["output_tokens_per_s"])
+        out[f"bare_{c}_ttft_p50_s"] = over(lambda r, c=c: r["bare"][str(c)]["ttft_s"]["p50"])
     return out
 
 
@@ -411,12 +496,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     root = work / "repo"
     seed_builtins(root, ["tiny-lm"])
     add_generative(root, "llama-bench", directory, GENERATION, "hf")
-    executor = ExecutorProcess(root, args.backend)
+    servers = {"executor": executor_process(root, args.backend, args.mode), "bare": bare_process()}
     rounds: list[dict[str, Any]] = []
     try:
-        await executor.start()
+        for server in servers.values():
+            await server.start()
         for r in range(args.rounds):
-            rounds.append(await one_round(r, reference, executor, requests, args.one_stream))
+            rounds.append(await one_round(r, reference, servers, requests, args.one_stream))
             print(
                 f"round {r + 1}/{args.rounds} ({', '.join(rounds[-1]['order'])}; load "
                 f"{rounds[-1]['load_1m_after']:.1f}): "
@@ -424,7 +510,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
     finally:
-        executor.stop()
+        for server in servers.values():
+            server.stop()
     ratios = {k: median([r["ratios"][k] for r in rounds]) for k in rounds[0]["ratios"]}
     compilations = sorted(
         {c for r in rounds for run in r["executor"].values() for c in run["compilations_after_warmup"]}
@@ -479,7 +566,14 @@ def run() -> None:
         "--rounds", type=int, default=5, help="interleaved rounds (each runs every step once)"
     )
     parser.add_argument("--backend", choices=("cpu", "xla"), default="cpu", help="the executor's backend")
+    parser.add_argument("--mode", default="", help="the executor's mode (default: the backend's first)")
+    parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)  # the peer's process
     args = parser.parse_args()
+    if args.serve_bare:
+        from switchyard.grpcio import run_service
+
+        run_service(serve_bare())
+        return
     report = asyncio.run(main(args))
     last = report["rounds"][-1]
     for b, floor in last["floor"].items():
@@ -496,6 +590,12 @@ def run() -> None:
             f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token), "
             f"TTFT p50 {r['ttft_s']['p50'] * 1e3:.1f} ms "
             f"p99 {r['ttft_s']['p99'] * 1e3:.1f} ms, TPOT p50 {r['tpot_s']['p50'] * 1e3:.2f} ms"
+        )
+    for c, r in last["bare"].items():
+        print(
+            f"last round: bare streamer (no model) {c:>2} streams: {r['output_tokens_per_s']:.1f} tok/s "
+            f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token), "
+            f"TTFT p50 {r['ttft_s']['p50'] * 1e3:.2f} ms"
         )
     for b, cpu in report["cpu_per_token_floor_over_streams"].items():
         print(
