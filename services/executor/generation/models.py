@@ -89,21 +89,28 @@ class MixedRows:
         self, positions: torch.Tensor, slots: torch.Tensor, decoded: int, lengths: list[int]
     ) -> None:
         self.n, self.slots, self.positions = decoded, slots, positions
-        self.width = int(slots[:decoded].max()) + 1 if decoded else 0
-        self.dense = self.width == decoded  # rows [0, n) in order: no free row inside
-        wide = positions[:decoded]
-        if not self.dense:
-            wide = wide.new_zeros(self.width).index_copy_(0, slots[:decoded], wide)
-        self.span = int(wide.max()) + 1 if decoded else 0
-        self.decode_mask = _decode_mask(wide, self.span)
-        counts = torch.tensor(lengths, dtype=torch.int64, device=slots.device)
-        segment = torch.repeat_interleave(torch.arange(len(lengths), device=slots.device), counts)
-        at = positions[decoded:]
-        self.prompt_mask = (segment[:, None] == segment[None, :]) & (at[None, :] <= at[:, None])
-        ends = counts.cumsum(0) + decoded - 1
-        self.last_mask = self.prompt_mask.index_select(0, ends - decoded)  # the last layer's
-        # rows that give logits: every decode row and each prompt's last token (None: all)
-        self.logit_rows = torch.cat([torch.arange(decoded, device=slots.device), ends]) if lengths else None
+        self.width = self.span = 0
+        self.dense = True  # rows [0, n) in order: no free row inside
+        self.logit_rows: torch.Tensor | None = None  # the rows that give logits (None: all)
+        # each half's masks only when the step has rows of it: a decode-only step (most steps
+        # under load) builds no prompt masks
+        if decoded:
+            self.width = int(slots[:decoded].max()) + 1
+            self.dense = self.width == decoded
+            wide = positions[:decoded]
+            if not self.dense:
+                wide = wide.new_zeros(self.width).index_copy_(0, slots[:decoded], wide)
+            self.span = int(wide.max()) + 1
+            self.decode_mask = _decode_mask(wide, self.span)
+        if lengths:
+            counts = torch.tensor(lengths, dtype=torch.int64, device=slots.device)
+            segment = torch.repeat_interleave(torch.arange(len(lengths), device=slots.device), counts)
+            at = positions[decoded:]
+            self.prompt_mask = (segment[:, None] == segment[None, :]) & (at[None, :] <= at[:, None])
+            ends = counts.cumsum(0) + decoded - 1
+            self.last_mask = self.prompt_mask.index_select(0, ends - decoded)  # the last layer's
+            # every decode row and each prompt's last token
+            self.logit_rows = torch.cat([torch.arange(decoded, device=slots.device), ends])
 
     def attend(self, attention: Attention, keys: torch.Tensor, values: torch.Tensor) -> Attend:
         n, width, span, slots = self.n, self.width, self.span, self.slots[: self.n]
