@@ -63,7 +63,7 @@ async def test_tiny_lm_greedy_equals_full_forward_decoding_under_continuous_batc
     # 12 requests for 8 slots, prompts 3..30 tokens, outputs 5..24: requests join and leave
     prompts = [[(11 * i + 3 * j) % 256 for j in range(3 + (i * 7) % 28)] for i in range(12)]
     lengths = [5 + (i * 5) % 20 for i in range(12)]
-    before = m.engine.counters.decode_steps
+    before, rows_before = m.engine.counters.decode_steps, m.engine.counters.decode_rows
     streams = [
         executor.generate(m, p, SamplingParams(temperature=0.0, max_tokens=n), False, None)
         for p, n in zip(prompts, lengths, strict=True)
@@ -74,7 +74,9 @@ async def test_tiny_lm_greedy_equals_full_forward_decoding_under_continuous_batc
         assert evs[-1].finish_reason == "length" and evs[-1].output_tokens == n
         assert all(e.finish_reason is None for e in evs[:-1])
     steps = m.engine.counters.decode_steps - before
-    assert steps < sum(lengths) / 4  # decode steps were shared by the running requests
+    rows = m.engine.counters.decode_rows - rows_before
+    assert rows == sum(lengths) - len(prompts)  # each first token comes from the prefill
+    assert rows / steps > 4  # decode steps were shared by the running requests
     assert m.compilations_after_warmup() == 0
     assert m.engine.running == 0 and m.engine.depth == 0
 

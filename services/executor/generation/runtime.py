@@ -76,8 +76,7 @@ class GenerationRuntime:
         return out.detach().to("cpu", wide)  # type: ignore[no-any-return]
 
     def bucket_for(self, length: int) -> int:
-        buckets = self.settings.prompt_buckets
-        return buckets[bisect.bisect_left(buckets, length)]
+        return _smallest_fit(self.settings.prompt_buckets, length)
 
     def step(self, decodes: list[DecodeRow], prompts: list[Prompt]) -> torch.Tensor:
         """One iteration: a decode step over `decodes` ((slot, token, position), in slot order)
@@ -98,9 +97,7 @@ class GenerationRuntime:
         again, whole), then each prompt alone, padded to its bucket."""
         rows: list[torch.Tensor] = []
         if decodes:
-            width = decodes[-1][0] + 1
-            buckets = self.settings.decode_buckets
-            width = buckets[bisect.bisect_left(buckets, width)]
+            width = _smallest_fit(self.settings.decode_buckets, decodes[-1][0] + 1)
             t, p = [0] * width, [0] * width
             for slot, token, position in decodes:
                 t[slot], p[slot] = token, position
@@ -156,3 +153,8 @@ class GenerationRuntime:
 
     def compilations_after_warmup(self) -> int:
         return self.compilations() - self._warm
+
+
+def _smallest_fit(buckets: tuple[int, ...], n: int) -> int:
+    """The smallest of the ascending `buckets` that holds `n` (the engine admits no more)."""
+    return buckets[bisect.bisect_left(buckets, n)]
