@@ -327,15 +327,14 @@ def _record_call(span: trace.Span, context: Any, metadata: Metadata) -> None:
 
 
 def current_trace_id() -> str:
-    ctx = trace.get_current_span().get_span_context()
-    return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+    return _trace_id(trace.get_current_span())
 
 
 def trace_id_of_metadata(metadata: Any) -> str:
-    """The trace id of a W3C `traceparent` (00-<trace id>-<span id>-<flags>) in gRPC metadata."""
-    for key, value in metadata or ():
-        if key == "traceparent":
-            parts = (value.decode() if isinstance(value, bytes) else value).split("-")
-            if len(parts) == 4 and len(parts[1]) == 32:
-                return parts[1]
-    return ""
+    """The trace id of the W3C `traceparent` in gRPC metadata ("" when none, or malformed)."""
+    return _trace_id(trace.get_current_span(extract_context(metadata)))
+
+
+def _trace_id(span: trace.Span) -> str:
+    ctx = span.get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else ""

@@ -191,3 +191,20 @@ def test_the_images_install_what_the_manifests_configure() -> None:
             assert re.search(r'"\.\[server,[a-z]+\]"', text), f"{dockerfile.name} lacks the server extra"
         else:
             assert "requirements/xla.txt" in text or "requirements/tpu.txt" in text, dockerfile.name
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "4bf92f3577b34da6a3ce929d0e0e4736"),
+        (b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "4bf92f3577b34da6a3ce929d0e0e4736"),
+        ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", ""),  # W3C: the invalid id
+        ("00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01", ""),  # not hex
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-01", ""),  # no span id
+    ],
+)
+def test_the_trace_id_of_metadata_is_a_valid_traceparents_only(value: str | bytes, expected: str) -> None:
+    from switchyard import telemetry
+
+    assert telemetry.trace_id_of_metadata([("user-agent", "x"), ("traceparent", value)]) == expected
+    assert telemetry.trace_id_of_metadata(None) == ""
