@@ -60,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +210,10 @@ def _request(prompt: list[int], max_tokens: int, rid: str) -> pb.ModelInferReque
 
 
 async def executor_run(
-    address: str, requests: list[tuple[list[int], int]], concurrency: int, cpu_s: Any
+    address: str,
+    requests: list[tuple[list[int], int]],
+    concurrency: int,
+    cpu_s: Callable[[], tuple[float, float]],
 ) -> dict[str, Any]:
     channel = grpc.aio.insecure_channel(address)
     open_stream = channel.stream_stream(
@@ -253,11 +257,12 @@ async def executor_run(
                 tpot.append((stamps[-1] - stamps[0]) / (count - 1))
             itl.extend(b - a for a, b in itertools.pairwise(stamps))
 
-    cpu = cpu_s()
+    cpu, loop = cpu_s()
     begin = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     seconds = time.perf_counter() - begin
-    cpu = cpu_s() - cpu
+    total, main_thread = cpu_s()
+    cpu, loop = total - cpu, main_thread - loop
     await channel.close()
     return {
         "concurrency": concurrency,
@@ -268,6 +273,7 @@ async def executor_run(
         "requests_per_s": len(requests) / seconds,
         "executor_cpu_s": cpu,
         "executor_cpu_us_per_output_token": cpu / tokens * 1e6,
+        "executor_loop_thread_cpu_us_per_output_token": loop / tokens * 1e6,
         "ttft_s": quantiles(ttft),
         "tpot_s": quantiles(tpot),
         "itl_s": quantiles(itl),
@@ -302,10 +308,16 @@ class ServerProcess:
         )
         self.address = ""
 
-    def cpu_s(self) -> float:
-        """User + system CPU seconds the executor process has used so far (all its threads)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def cpu_s(self) -> tuple[float, float]:
+        """User + system CPU seconds the process has used so far: all its threads, and its main
+        thread's (the event loop's: gRPC, the engine's scheduling, building responses)."""
+
+        def used(stat: str) -> float:
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        pid = self.process.pid
+        return used(f"/proc/{pid}/stat"), used(f"/proc/{pid}/task/{pid}/stat")
 
     async def start(self, timeout_s: float = 900) -> str:
         out = self.process.stdout
@@ -458,6 +470,10 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             ("ttft_p50_s", lambda x: x["ttft_s"]["p50"]),
             ("tpot_p50_s", lambda x: x["tpot_s"]["p50"]),
             ("executor_cpu_us_per_output_token", lambda x: x["executor_cpu_us_per_output_token"]),
+            (
+                "executor_loop_thread_cpu_us_per_output_token",
+                lambda x: x["executor_loop_thread_cpu_us_per_output_token"],
+            ),
         ):
             out[f"streams_{c}_{key}"] = over(lambda r, c=c, get=get: get(r["executor"][str(c)]))
     for c in BARE:
@@ -587,14 +603,16 @@ def run() -> None:
         print(
             f"last round: executor ({report['backend']}) {c:>2} streams: "
             f"{r['output_tokens_per_s']:.1f} tok/s, "
-            f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token), "
+            f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token, "
+            f"{r['executor_loop_thread_cpu_us_per_output_token']:.0f} of them the loop's), "
             f"TTFT p50 {r['ttft_s']['p50'] * 1e3:.1f} ms "
             f"p99 {r['ttft_s']['p99'] * 1e3:.1f} ms, TPOT p50 {r['tpot_s']['p50'] * 1e3:.2f} ms"
         )
     for c, r in last["bare"].items():
         print(
             f"last round: bare streamer (no model) {c:>2} streams: {r['output_tokens_per_s']:.1f} tok/s "
-            f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token), "
+            f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token, "
+            f"{r['executor_loop_thread_cpu_us_per_output_token']:.0f} of them the loop's), "
             f"TTFT p50 {r['ttft_s']['p50'] * 1e3:.2f} ms"
         )
     for b, cpu in report["cpu_per_token_floor_over_streams"].items():
