@@ -7,7 +7,9 @@ model only), the switchyard executor as a user starts it (batching on, buckets 1
 executor at the documented production tracing setting (OTLP batches to a local collector,
 parent-based 1% sampling), and the router in front of the executor; one torch thread
 everywhere. Load: tritonclient sync clients in their own processes, closed loop. At 16
-clients the servers are loaded one at a time, rounds interleaved; at 1 client one client
+clients the servers are loaded one at a time, in a new seeded order each round (the
+production-tracing ratio also as the median over rounds of the two executors' ratio in the
+same round); at 1 client one client
 process alternates between all of them in short windows, many passes
 (`benchmarks/alternating.py`), with a second copy of the minimal server as a control. Every
 server's output for a fixed probe input must be identical. Ratios against the minimal server
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -490,8 +493,10 @@ def _measure(
     stats_of = {s.name: s.address for s in servers if s.name.startswith("executor")}
     stats_of["router_to_executor"] = executor
     loaded = [s for s in servers if s.name != CONTROL]
-    for _ in range(args.rounds):
-        for server in loaded:
+    for round_ in range(args.rounds):
+        # a new seeded order each round: in a fixed one a server always followed the same
+        # neighbour into the same slot (c16 windows here differ by up to 20% back to back)
+        for server in random.Random(round_).sample(loaded, len(loaded)):
             for clients in (c for c in args.loads if c != 1):
                 r = o.run_load(
                     server.address, model, name, data_file, clients, args.seconds, args.warmup,
@@ -501,6 +506,14 @@ def _measure(
     for (server, clients), runs in rounds.items():
         figures[server][f"c{clients}"] = o.summarize(runs)
     return figures
+
+
+def _paired(servers: dict[str, Any], a: str, b: str, load: str) -> float | None:
+    """The median over rounds of a's requests/s over b's in the same round."""
+    runs = [servers.get(name, {}).get(load, {}).get("rounds", []) for name in (a, b)]
+    pairs = [x["requests_per_s"] / y["requests_per_s"] for x, y in zip(*runs, strict=False)
+             if "requests_per_s" in x and y.get("requests_per_s")]  # fmt: skip
+    return statistics.median(pairs) if pairs else None
 
 
 def outside_ratios(servers: dict[str, Any], loads: list[int]) -> dict[str, Any]:
@@ -531,6 +544,9 @@ def outside_ratios(servers: dict[str, Any], loads: list[int]) -> dict[str, Any]:
         "router_c16_rps_over_executor": ratio(get(rt, hi, "requests_per_s"), get(ex, hi, "requests_per_s")),
         "production_tracing_c16_rps_over_default": ratio(
             get("executor_production_tracing", hi, "requests_per_s"), get(ex, hi, "requests_per_s")
+        ),
+        "production_tracing_c16_rps_over_default_median_of_rounds": _paired(
+            servers, "executor_production_tracing", ex, hi
         ),
     }
     targets = {
