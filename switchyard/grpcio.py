@@ -199,6 +199,12 @@ class ServerOptions:
         return net.message_options(self.max_receive_bytes, self.max_send_bytes)
 
 
+# gRPC sets SO_REUSEPORT on Linux by default, so a second server (ours or anyone's of the same
+# user) may bind a port a service holds, and the kernel then splits new connections between
+# the two: half of a service's callers reach another server ("Method not found!"). Off, a
+# port already held fails the bind, loudly.
+NO_PORT_SHARING = ("grpc.so_reuseport", 0)
+
 # (add_XServicer_to_server, servicer, full service name)
 Registration = tuple[Callable[[Any, Any], None], Any, str]
 
@@ -354,7 +360,7 @@ async def start_server(
     in_servicers = options.map_errors_in_servicers or guard is not None or telemetry.enabled()
     mapping = [] if in_servicers and not interceptors else [ErrorInterceptor()]
     server = grpc.aio.server(
-        interceptors=[*interceptors, *mapping] or None, options=options.channel_options()
+        interceptors=[*interceptors, *mapping] or None, options=[*options.channel_options(), NO_PORT_SHARING]
     )
     names = []
     hot = options.registered_methods
@@ -393,7 +399,7 @@ async def start_server(
                 f"{HEALTH_PORT_ENV}={os.environ[HEALTH_PORT_ENV]!r}: give a port number"
             ) from None
     if health_port is not None and health_port >= 0:
-        probe = grpc.aio.server()
+        probe = grpc.aio.server(options=[NO_PORT_SHARING])
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probe)
         running.health_port = probe.add_insecure_port(f"{options.host}:{health_port}")
         if running.health_port == 0:

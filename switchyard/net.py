@@ -1,5 +1,5 @@
 """Network definitions every process shares: the message limit, the channel options that carry
-it, and a free port for services started on port 0.
+it, and free ports for services started on port 0.
 
 No grpc import: the router chooses its gRPC transport before grpc is first imported
 (switchyard.transport), and a client-only install uses this as well. The servicer context's
@@ -8,7 +8,9 @@ type, which needs grpc, is `switchyard.grpcio.ServicerContext`.
 
 from __future__ import annotations
 
+import random
 import socket
+from collections.abc import Collection
 
 MIB = 1024 * 1024
 # The largest gRPC message (and frame) any switchyard server or client sends or accepts: a
@@ -26,6 +28,40 @@ def message_options(
 
 # The same options as a constant, for channels that never change them.
 CHANNEL_OPTIONS: list[tuple[str, int]] = message_options()
+
+
+def planned_port(host: str = "127.0.0.1", taken: Collection[int] = ()) -> int:
+    """A TCP port free on `host` now, not in `taken`, and below the kernel's ephemeral range
+    where it has one: for a port chosen now and bound later by another process (a cluster's
+    plan). A `free_port` port comes from that range, so until its service binds it any bind
+    to port 0 or outgoing connection on the host may be given it; this one no such call is."""
+    low = _ephemeral_low()
+    chooser = random.Random()
+    for _ in range(200 if low > PLANNED_FLOOR + 1 else 0):
+        port = chooser.randrange(PLANNED_FLOOR, low)
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
+    while (port := free_port(host)) in taken:
+        pass
+    return port
+
+
+PLANNED_FLOOR = 20000  # planned ports are drawn from here to the ephemeral range's start
+
+
+def _ephemeral_low() -> int:
+    """The first port of Linux's ephemeral range (ip_local_port_range), or 0 where unknown."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -179,3 +179,38 @@ async def test_methods_left_unregistered_with_the_core_are_still_served() -> Non
                 assert "grpc.health.v1.Health" in names
         finally:
             await server.drain(0)
+
+
+async def test_a_second_server_cannot_take_a_port_a_service_holds() -> None:
+    # gRPC's default SO_REUSEPORT would let both bind and split the callers between them
+    import grpc
+
+    from switchyard import tls
+    from switchyard.grpcio import ServerOptions, start_server
+
+    server = await start_server([], ServerOptions(security=tls.Security(insecure=True)))
+    try:
+        with pytest.raises((OSError, RuntimeError)):
+            await start_server([], ServerOptions(port=server.port, security=tls.Security(insecure=True)))
+        stranger = grpc.aio.server()  # a server on gRPC's defaults (port sharing on) is refused too
+        with pytest.raises(RuntimeError):
+            stranger.add_insecure_port(f"127.0.0.1:{server.port}")
+    finally:
+        await server.drain(0)
+
+
+def test_a_planned_port_is_free_distinct_and_outside_the_ephemeral_range() -> None:
+    import socket
+
+    from switchyard import net
+
+    low = net._ephemeral_low()
+    taken: set[int] = set()
+    for _ in range(20):
+        port = net.planned_port("127.0.0.1", taken)
+        assert port not in taken
+        if low > net.PLANNED_FLOOR + 1:  # Linux: never a port bind(0) could hand out
+            assert net.PLANNED_FLOOR <= port < low
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+        taken.add(port)

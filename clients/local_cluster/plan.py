@@ -58,8 +58,13 @@ class Ports:
 
 
 def resolve_ports(config: Config, executors: Iterable[ExecutorConfig]) -> Ports:
+    """Each zero replaced by a planned port (`net.planned_port`), none of them twice."""
+    taken: set[int] = set()
+
     def pick(port: int) -> int:
-        return port if port else net.free_port(config.host)
+        port = port or net.planned_port(config.host, taken)
+        taken.add(port)
+        return port
 
     return Ports(
         temporal=pick(config.temporal.port),
