@@ -30,29 +30,38 @@ def message_options(
 CHANNEL_OPTIONS: list[tuple[str, int]] = message_options()
 
 
-def planned_port(host: str = "127.0.0.1", taken: Collection[int] = ()) -> int:
-    """A TCP port free on `host` now, not in `taken`, and below the kernel's ephemeral range
-    where it has one: for a port chosen now and bound later by another process (a cluster's
-    plan). A `free_port` port comes from that range, so until its service binds it any bind
-    to port 0 or outgoing connection on the host may be given it; this one no such call is."""
+PORT_FLOOR = 20000  # free ports are drawn from here up to the ephemeral range's start
+
+
+def free_port(host: str = "127.0.0.1", taken: Collection[int] = ()) -> int:
+    """A TCP port free on `host` now and not in `taken`, for a service that another process
+    binds later (services started on port 0 by a cluster or a test, a distributed run's
+    rendezvous). Below the kernel's ephemeral range where it has one: a port from that range
+    (what a bind to port 0 returns) may be handed to any other bind to port 0 or outgoing
+    connection on the host before its service binds it; one below it cannot be. Configured
+    ports never go through here.
+    """
     low = _ephemeral_low()
     chooser = random.Random()
-    for _ in range(200 if low > PLANNED_FLOOR + 1 else 0):
-        port = chooser.randrange(PLANNED_FLOOR, low)
-        if port in taken:
-            continue
+    for _ in range(200 if low > PORT_FLOOR + 1 else 0):
+        port = chooser.randrange(PORT_FLOOR, low)
+        if port not in taken and _bindable(host, port):
+            return port
+    while True:  # no ephemeral range known, or none free below it: any port the kernel gives
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-        return port
-    while (port := free_port(host)) in taken:
-        pass
-    return port
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in taken:
+            return port
 
 
-PLANNED_FLOOR = 20000  # planned ports are drawn from here to the ephemeral range's start
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _ephemeral_low() -> int:
@@ -62,14 +71,3 @@ def _ephemeral_low() -> int:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now.
-
-    A brief window exists between close and the child's bind; acceptable for port 0 in tests
-    and local clusters, and configured ports never go through here.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])

@@ -199,7 +199,7 @@ async def test_a_second_server_cannot_take_a_port_a_service_holds() -> None:
         await server.drain(0)
 
 
-def test_a_planned_port_is_free_distinct_and_outside_the_ephemeral_range() -> None:
+def test_a_free_port_is_free_distinct_and_outside_the_ephemeral_range() -> None:
     import socket
 
     from switchyard import net
@@ -207,10 +207,10 @@ def test_a_planned_port_is_free_distinct_and_outside_the_ephemeral_range() -> No
     low = net._ephemeral_low()
     taken: set[int] = set()
     for _ in range(20):
-        port = net.planned_port("127.0.0.1", taken)
+        port = net.free_port("127.0.0.1", taken)
         assert port not in taken
-        if low > net.PLANNED_FLOOR + 1:  # Linux: never a port bind(0) could hand out
-            assert net.PLANNED_FLOOR <= port < low
+        if low > net.PORT_FLOOR + 1:  # Linux: never a port bind(0) could hand out
+            assert net.PORT_FLOOR <= port < low
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
         taken.add(port)

@@ -58,11 +58,11 @@ class Ports:
 
 
 def resolve_ports(config: Config, executors: Iterable[ExecutorConfig]) -> Ports:
-    """Each zero replaced by a planned port (`net.planned_port`), none of them twice."""
+    """Each zero replaced by a free port (`net.free_port`), none of them twice."""
     taken: set[int] = set()
 
     def pick(port: int) -> int:
-        port = port or net.planned_port(config.host, taken)
+        port = port or net.free_port(config.host, taken)
         taken.add(port)
         return port
 
