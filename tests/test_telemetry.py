@@ -208,3 +208,76 @@ def test_the_trace_id_of_metadata_is_a_valid_traceparents_only(value: str | byte
 
     assert telemetry.trace_id_of_metadata([("user-agent", "x"), ("traceparent", value)]) == expected
     assert telemetry.trace_id_of_metadata(None) == ""
+
+
+@pytest.mark.parametrize("sampler", ["always_on", "always_off", "traceidratio"])
+@pytest.mark.parametrize("parent_based", [True, False])
+def test_the_leaf_rule_decides_as_the_sampler_does(sampler: str, parent_based: bool) -> None:
+    import random
+
+    from opentelemetry import trace
+
+    name = f"parentbased_{sampler}" if parent_based else sampler
+    config = TelemetryConfig("t", "none", sampler=name, sampler_arg=0.3)
+    sdk, rule = config.make_sampler(), config.sampling_rule()
+    draw = random.Random(7)
+    for _ in range(2000):
+        trace_id = draw.getrandbits(128) or 1
+        flags = trace.TraceFlags(draw.choice([0, trace.TraceFlags.SAMPLED]))
+        caller = trace.SpanContext(trace_id, draw.getrandbits(64) or 1, is_remote=True, trace_flags=flags)
+        under = trace.set_span_in_context(trace.NonRecordingSpan(caller))
+        as_root = sdk.should_sample(None, trace_id, "m").decision.is_sampled()  # type: ignore[no-untyped-call]
+        as_child = sdk.should_sample(under, trace_id, "m").decision.is_sampled()  # type: ignore[no-untyped-call]
+        assert rule.samples(trace_id) == as_root, (name, trace_id)
+        assert rule.samples(trace_id, caller) == as_child, (name, trace_id, flags)
+
+
+LEAF_CHILD = """
+import json
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from switchyard import telemetry
+
+memory = InMemorySpanExporter()
+telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-test"), exporter=memory)
+M = "/inference.GRPCInferenceService/ModelInfer"
+made = recording = 0
+for _ in range(2000):
+    with telemetry.leaf_span(M, {}) as span:
+        made += span is not None
+        recording += span is not None and span.is_recording()
+roots = len(memory.get_finished_spans())
+memory.clear()
+tid, sid = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+with telemetry.leaf_span(M, {"traceparent": f"00-{tid}-{sid}-01"}):
+    pass
+with telemetry.leaf_span(M, {"traceparent": f"00-{tid}-{sid}-00"}) as dropped:
+    pass
+child = memory.get_finished_spans()
+print(json.dumps({"roots": roots, "made": made, "recording": recording,
+                  "children": [[format(s.context.trace_id, "032x"), format(s.parent.span_id, "016x")]
+                               for s in child], "dropped": dropped}))
+"""
+
+
+def test_a_leaf_span_is_made_only_where_it_is_sampled() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", LEAF_CHILD],
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SWITCHYARD_TRACES"))},
+            "PYTHONPATH": str(ROOT),
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.25",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    # about a quarter of the roots (binomial sd 19) make a span, each one the SDK's sampler
+    # records (the drawn trace id reached it); the others make none at all
+    assert got["made"] == got["recording"] == got["roots"] and 400 < got["roots"] < 600, got
+    assert got["children"] == [["4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"]]
+    assert got["dropped"] is None

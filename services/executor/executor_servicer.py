@@ -241,10 +241,10 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, time_remaining: float | None
     ) -> pb.ModelStreamInferResponse:
         """One request of a stream or of a frame connection (switchyard.frames): an error goes
-        into error_message as "STATUS: why". With tracing on, each request is its own span,
+        into error_message as "STATUS: why". With tracing on, each sampled request is its own span,
         parented on the `traceparent` request parameter (the router sends it)."""
         span = (
-            telemetry.ServerSpan(_INFER_METHOD, _carrier(request.parameters))
+            telemetry.leaf_span(_INFER_METHOD, _carrier(request.parameters))
             if self._tracing
             else contextlib.nullcontext()
         )
@@ -260,7 +260,8 @@ class InferenceServicer(MetadataRpcs, pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         if not self._tracing:
             return await self.infer(request, context.time_remaining())
-        with telemetry.ServerSpan(_INFER_METHOD, telemetry.extract_context(context.invocation_metadata())):
+        carrier = telemetry.metadata_carrier(context.invocation_metadata())
+        with telemetry.leaf_span(_INFER_METHOD, carrier):
             return await self.infer(request, context.time_remaining())
 
     async def infer(
