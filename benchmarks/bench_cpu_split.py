@@ -8,6 +8,13 @@ each window it reads every server thread's on-CPU and run-queue time from
 requests answered (warm-up included, since the threads' times are too):
 
     .venv/bin/python benchmarks/bench_cpu_split.py [--rounds 2] [--seconds 6]
+    .venv/bin/python benchmarks/bench_cpu_split.py --tracing --rounds 8   # what tracing costs
+
+`--tracing` measures the cost of the documented production tracing setting instead, at 16
+clients: the executor as a user starts it, the same executor again (a control: how far two
+identical executors differ), and one at the production setting (OTLP batches to a local
+collector, parent-based 1% sampling), in a new seeded order each round; it prints each one's
+median server CPU per request and its ratio to the default's.
 
 Run-queue time is time a thread was ready to run but waited for a core: on a shared host it
 is where the tail goes. Linux only. Writes out/bench/cpu_split.json.
@@ -18,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,11 +113,59 @@ def measure(
     }
 
 
+def tracing_cost(repo: Path, data_file: Path, args: argparse.Namespace) -> None:
+    """`--tracing`: see the module docstring."""
+    sink = o.OtlpSink()
+    sink.start()
+    buckets = "1,2,4,8,16,32"
+    servers = [
+        o.executor_server("executor", repo, o.SMALL, buckets),
+        o.executor_server("executor_control", repo, o.SMALL, buckets),
+        o.executor_server("executor_production_tracing", repo, o.SMALL, buckets, o.production_tracing(sink)),
+    ]
+    rows: list[dict[str, Any]] = []
+    try:
+        for server in servers:
+            server.start()
+        for round_ in range(args.rounds):
+            order = list(servers)
+            random.Random(round_).shuffle(order)
+            for server in order:
+                assert server.proc is not None
+                pids = {server.name: server.proc.pid}
+                row = measure(server.name, server.address, pids, data_file, 16, args)
+                rows.append(row)
+                print(
+                    f"{row['server']:28s} c=16 {row['requests_per_s']:6.0f} req/s  server CPU "
+                    f"{row['server_cpu_us_per_request']} us/request",
+                    flush=True,
+                )
+    finally:
+        for server in servers:
+            server.stop()
+        sink.stop()
+    cpu = {
+        s.name: statistics.median(r["server_cpu_us_per_request"] for r in rows if r["server"] == s.name)
+        for s in servers
+    }
+    summary = {n: {"median_server_cpu_us": us, "over_default": us / cpu["executor"]} for n, us in cpu.items()}
+    for name, us in cpu.items():
+        print(f"{name:28s} median {us:6.0f} us/request  x{us / cpu['executor']:.3f} the default's")
+    print(f"OTLP spans received: {sink.spans}")
+    write_report(
+        "cpu_split_tracing",
+        {"model": o.SMALL, "clients": 16, "host_cores": os.cpu_count(), "rounds": args.rounds,
+         "seconds": args.seconds, "warmup_s": args.warmup, "otlp_spans": sink.spans,
+         "summary": summary, "rows": rows},
+    )  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--tracing", action="store_true", help="the cost of production tracing instead")
     args = parser.parse_args()
     repo = Path(tempfile.mkdtemp(prefix="bench-repo-"))
     from switchyard.models.repository import seed_builtins
@@ -118,6 +175,9 @@ def main() -> None:
     input_name, data = o.example_input(repo, o.SMALL)
     data_file = repo / "probe.npy"
     np.save(data_file, data)
+    if args.tracing:
+        tracing_cost(repo, data_file, args)
+        return
     script = str(ROOT / "benchmarks" / "bench_outside.py")
     minimal = o.Server("minimal", [script, "serve-minimal", "--repo", str(repo), "--model", o.SMALL])
     executor = o.executor_server("executor", repo, o.SMALL, "1,2,4,8,16,32")

@@ -368,12 +368,7 @@ def outside(args: argparse.Namespace) -> dict[str, Any]:
     repo = _scratch_repository(o)
     sink = o.OtlpSink()
     sink.start()
-    production = {
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.port}",
-        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-        "OTEL_TRACES_SAMPLER_ARG": "0.01",
-    }
+    production = o.production_tracing(sink)
     kserve = o.kserve_python()
     result: dict[str, Any] = {
         "config": {

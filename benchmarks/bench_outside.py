@@ -245,6 +245,16 @@ class OtlpSink:
             self._server.stop(0)
 
 
+def production_tracing(sink: OtlpSink) -> dict[str, str]:
+    """The documented production tracing setting (docs/observability.md), exporting to `sink`."""
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.port}",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.01",
+    }
+
+
 # ---- servers -------------------------------------------------------------------------------------
 @dataclass
 class Server:
