@@ -11,7 +11,8 @@ clients the servers are loaded one at a time, in a new seeded order each round (
 production-tracing ratio also as the median over rounds of the two executors' ratio in the
 same round); at 1 client one client
 process alternates between all of them in short windows, many passes
-(`benchmarks/alternating.py`), with a second copy of the minimal server as a control. Every
+(`benchmarks/alternating.py`), with a second copy of the minimal server as a control; at 16
+clients a second default executor is the production-tracing ratio's control. Every
 server's output for a fixed probe input must be identical. Ratios against the minimal server
 and KServe of the same run and the issue's targets are printed and written to out/bench/executor.json.
 
@@ -56,6 +57,9 @@ from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc  # noqa: 
 # A second copy of the minimal server, measured at one client only: its ratio to the first is
 # how far two identical servers differ in one run (the noise floor of the c=1 ratios).
 CONTROL = "minimal_control"
+# A second default executor, measured at 16 clients only: its ratio to the first is how far two
+# identical executors differ in one run (the noise floor of the production-tracing ratio).
+EXECUTOR_CONTROL = "executor_control"
 
 
 def _threads() -> int:
@@ -400,6 +404,7 @@ def outside(args: argparse.Namespace) -> dict[str, Any]:
             o.Server("minimal", minimal),
             o.Server(CONTROL, minimal),  # the same server again: how far two copies differ
             o.executor_server("executor", repo, model, args.outside_buckets),
+            o.executor_server(EXECUTOR_CONTROL, repo, model, args.outside_buckets),
             o.executor_server("executor_production_tracing", repo, model, args.outside_buckets, production),
         ]
         if kserve and model == o.SMALL:
@@ -470,15 +475,16 @@ def outside(args: argparse.Namespace) -> dict[str, Any]:
 def _measure(
     args: argparse.Namespace, servers: list[Any], model: str, name: str, data_file: Path, executor: str
 ) -> dict[str, dict[str, Any]]:
-    """Every server's figures per load: one client as alternating short windows (all servers,
-    the control too), more clients as `args.rounds` interleaved rounds of one window each."""
+    """Every server's figures per load: one client as alternating short windows (all servers
+    but the executor's control, the minimal server's too), more clients as `args.rounds`
+    interleaved rounds of one window each (all but the minimal server's control)."""
     from benchmarks import alternating
     from benchmarks import bench_outside as o
 
     figures: dict[str, dict[str, Any]] = {s.name: {} for s in servers}
     if 1 in args.loads:
         windows = alternating.run(
-            {s.name: s.address for s in servers}, model, name, data_file,
+            {s.name: s.address for s in servers if s.name != EXECUTOR_CONTROL}, model, name, data_file,
             args.c1_window, args.c1_alternations, args.c1_warmup,
         )  # fmt: skip
         for server, summary in alternating.summarize(windows, args.c1_window, "minimal").items():
@@ -543,6 +549,10 @@ def outside_ratios(servers: dict[str, Any], loads: list[int]) -> dict[str, Any]:
         "production_tracing_c16_rps_over_default_median_of_rounds": _paired(
             servers, "executor_production_tracing", ex, hi
         ),
+        "executor_control_c16_rps_over_default": ratio(
+            get(EXECUTOR_CONTROL, hi, "requests_per_s"), get(ex, hi, "requests_per_s")
+        ),
+        "executor_control_c16_rps_over_default_median_of_rounds": _paired(servers, EXECUTOR_CONTROL, ex, hi),
     }
     targets = {
         "executor_c1_p50_over_minimal": ("<=", 1.05),
