@@ -14,7 +14,8 @@ requests answered (warm-up included, since the threads' times are too):
 clients: the executor as a user starts it, the same executor again (a control: how far two
 identical executors differ), and one at the production setting (OTLP batches to a local
 collector, parent-based 1% sampling), in a new seeded order each round; it prints each one's
-median server CPU per request and its ratio to the default's.
+median server CPU per request and its ratio to the default's, and the median over rounds of
+its requests/s over the default's in the same round.
 
 Run-queue time is time a thread was ready to run but waited for a core: on a shared host it
 is where the tail goes. Linux only. Writes out/bench/cpu_split.json.
@@ -144,13 +145,26 @@ def tracing_cost(repo: Path, data_file: Path, args: argparse.Namespace) -> None:
         for server in servers:
             server.stop()
         sink.stop()
-    cpu = {
-        s.name: statistics.median(r["server_cpu_us_per_request"] for r in rows if r["server"] == s.name)
-        for s in servers
-    }
-    summary = {n: {"median_server_cpu_us": us, "over_default": us / cpu["executor"]} for n, us in cpu.items()}
-    for name, us in cpu.items():
-        print(f"{name:28s} median {us:6.0f} us/request  x{us / cpu['executor']:.3f} the default's")
+    of = {s.name: [r for r in rows if r["server"] == s.name] for s in servers}  # in round order
+    default_cpu = statistics.median(r["server_cpu_us_per_request"] for r in of["executor"])
+    summary: dict[str, dict[str, float]] = {}
+    for name, runs in of.items():
+        cpu = statistics.median(r["server_cpu_us_per_request"] for r in runs)
+        rps = statistics.median(r["requests_per_s"] for r in runs)
+        # each round's requests/s over the default's in the same round; the median over rounds
+        paired = statistics.median(
+            r["requests_per_s"] / d["requests_per_s"] for r, d in zip(runs, of["executor"], strict=True)
+        )
+        summary[name] = {
+            "median_server_cpu_us": cpu,
+            "cpu_over_default": cpu / default_cpu,
+            "median_requests_per_s": rps,
+            "rps_over_default_median_of_rounds": paired,
+        }
+        print(
+            f"{name:28s} median {cpu:6.0f} us/request (x{cpu / default_cpu:.3f} the default's), "
+            f"{rps:6.0f} req/s (x{paired:.3f} the default's, paired by round)"
+        )
     print(f"OTLP spans received: {sink.spans}")
     write_report(
         "cpu_split_tracing",
