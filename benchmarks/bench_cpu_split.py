@@ -118,11 +118,10 @@ def tracing_cost(repo: Path, data_file: Path, args: argparse.Namespace) -> None:
     """`--tracing`: see the module docstring."""
     sink = o.OtlpSink()
     sink.start()
-    buckets = "1,2,4,8,16,32"
     servers = [
-        o.executor_server("executor", repo, o.SMALL, buckets),
-        o.executor_server("executor_control", repo, o.SMALL, buckets),
-        o.executor_server("executor_production_tracing", repo, o.SMALL, buckets, o.production_tracing(sink)),
+        o.executor_server("executor", repo, o.SMALL),
+        o.executor_server("executor_control", repo, o.SMALL),
+        o.executor_server("executor_production_tracing", repo, o.SMALL, env=o.production_tracing(sink)),
     ]
     rows: list[dict[str, Any]] = []
     try:
@@ -151,10 +150,8 @@ def tracing_cost(repo: Path, data_file: Path, args: argparse.Namespace) -> None:
     for name, runs in of.items():
         cpu = statistics.median(r["server_cpu_us_per_request"] for r in runs)
         rps = statistics.median(r["requests_per_s"] for r in runs)
-        # each round's requests/s over the default's in the same round; the median over rounds
-        paired = statistics.median(
-            r["requests_per_s"] / d["requests_per_s"] for r, d in zip(runs, of["executor"], strict=True)
-        )
+        paired = o.paired_ratio(runs, of["executor"])
+        assert paired is not None  # every round answered (measure raises otherwise)
         summary[name] = {
             "median_server_cpu_us": cpu,
             "cpu_over_default": cpu / default_cpu,
@@ -194,7 +191,7 @@ def main() -> None:
         return
     script = str(ROOT / "benchmarks" / "bench_outside.py")
     minimal = o.Server("minimal", [script, "serve-minimal", "--repo", str(repo), "--model", o.SMALL])
-    executor = o.executor_server("executor", repo, o.SMALL, "1,2,4,8,16,32")
+    executor = o.executor_server("executor", repo, o.SMALL)
     servers = [minimal, executor]
     rows: list[dict[str, Any]] = []
     try:

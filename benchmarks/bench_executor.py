@@ -511,10 +511,10 @@ def _measure(
 
 def _paired(servers: dict[str, Any], a: str, b: str, load: str) -> float | None:
     """The median over rounds of a's requests/s over b's in the same round."""
-    runs = [servers.get(name, {}).get(load, {}).get("rounds", []) for name in (a, b)]
-    pairs = [x["requests_per_s"] / y["requests_per_s"] for x, y in zip(*runs, strict=False)
-             if "requests_per_s" in x and y.get("requests_per_s")]  # fmt: skip
-    return statistics.median(pairs) if pairs else None
+    from benchmarks import bench_outside as o
+
+    a_runs, b_runs = (servers.get(name, {}).get(load, {}).get("rounds", []) for name in (a, b))
+    return o.paired_ratio(a_runs, b_runs)
 
 
 def outside_ratios(servers: dict[str, Any], loads: list[int]) -> dict[str, Any]:
@@ -603,6 +603,8 @@ def report_outside(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    from benchmarks import bench_outside as o
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--requests", type=int, default=400, help="batch-1 requests per server per round")
@@ -625,7 +627,7 @@ def main() -> None:
     )
     parser.add_argument("--loads", nargs="*", type=int, default=[1, 16], help="concurrent outside clients")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up before each window")
-    parser.add_argument("--outside-buckets", default="1,2,4,8,16,32")
+    parser.add_argument("--outside-buckets", default=o.BUCKETS)
     parser.add_argument("--c1-window", type=float, default=1.0, help="seconds per one-client window")
     parser.add_argument("--c1-warmup", type=float, default=0.2, help="seconds before each one-client window")
     parser.add_argument(

@@ -245,6 +245,14 @@ class OtlpSink:
             self._server.stop(0)
 
 
+def paired_ratio(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> float | None:
+    """The median over rounds of a's requests/s over b's in the same round (rounds in order;
+    a round either lacks is left out)."""
+    pairs = [x["requests_per_s"] / y["requests_per_s"] for x, y in zip(a, b, strict=False)
+             if "requests_per_s" in x and y.get("requests_per_s")]  # fmt: skip
+    return statistics.median(pairs) if pairs else None
+
+
 def production_tracing(sink: OtlpSink) -> dict[str, str]:
     """The documented production tracing setting (docs/observability.md), exporting to `sink`."""
     return {
@@ -296,8 +304,11 @@ class Server:
                 self.proc.kill()
 
 
+BUCKETS = "1,2,4,8,16,32"  # the executor's batch sizes in the outside benchmarks
+
+
 def executor_server(
-    name: str, repo: Path, model: str, buckets: str, env: dict[str, str] | None = None
+    name: str, repo: Path, model: str, buckets: str = BUCKETS, env: dict[str, str] | None = None
 ) -> Server:
     # frames on (the default, --frames-port 0): a router on this host reaches it over them
     args = [
