@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -89,10 +90,11 @@ provider.shutdown()
 """
 
 
-def _child(env: dict[str, str]) -> dict[str, object]:
+def _child(env: dict[str, str], script: str = CHILD) -> dict[str, Any]:
+    """`script`'s last line (JSON), run in a child process under `env` and no other OTEL_*."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SWITCHYARD_TRACES"))}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD],
+        [sys.executable, "-c", script],
         env={**clean, "PYTHONPATH": str(ROOT), **env},
         capture_output=True,
         text=True,
@@ -100,7 +102,7 @@ def _child(env: dict[str, str]) -> dict[str, object]:
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
 
@@ -260,22 +262,14 @@ print(json.dumps({"roots": roots, "made": made, "recording": recording,
 
 
 def test_a_leaf_span_is_made_only_where_it_is_sampled() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", LEAF_CHILD],
-        env={
-            **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SWITCHYARD_TRACES"))},
-            "PYTHONPATH": str(ROOT),
+    got = _child(
+        {
             "OTEL_TRACES_EXPORTER": "none",
             "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
             "OTEL_TRACES_SAMPLER_ARG": "0.25",
         },
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
+        LEAF_CHILD,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
     # about a quarter of the roots (binomial sd 19) make a span, each one the SDK's sampler
     # records (the drawn trace id reached it); the others make none at all
     assert got["made"] == got["recording"] == got["roots"] and 400 < got["roots"] < 600, got
