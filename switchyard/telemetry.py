@@ -59,6 +59,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 EXPORTERS = ("otlp", "console", "none")
 SAMPLERS = (
@@ -147,9 +148,11 @@ class SamplingRule:
     parent_based: bool
     bound: int
 
-    def samples(self, trace_id: int, parent: trace.SpanContext | None = None) -> bool:
-        if parent is not None and self.parent_based:
-            return parent.trace_flags.sampled
+    def samples(self, trace_id: int, parent_sampled: bool | None = None) -> bool:
+        """`parent_sampled`: the caller's flag (None: no caller; the trace id is then the
+        call's own, else the caller's)."""
+        if parent_sampled is not None and self.parent_based:
+            return parent_sampled
         return trace_id & samplers.TraceIdRatioBased.TRACE_ID_LIMIT < self.bound
 
 
@@ -323,7 +326,7 @@ class _RootSpan(ServerSpan):
 
     __slots__ = ("_ids", "_trace_id")
 
-    def __init__(self, method: str, parent: otel_context.Context, ids: DrawnIds, trace_id: int) -> None:
+    def __init__(self, method: str, parent: Mapping[str, str], ids: DrawnIds, trace_id: int) -> None:
         super().__init__(method, parent)
         self._ids, self._trace_id = ids, trace_id
 
@@ -343,14 +346,30 @@ def leaf_span(method: str, carrier: Mapping[str, str]) -> contextlib.AbstractCon
     if _LEAF_SAMPLING is None:
         return ServerSpan(method, carrier)
     rule, ids = _LEAF_SAMPLING
-    parent = otel_context.Context()
-    if "traceparent" in carrier:
-        parent = propagate.extract(carrier)
-        caller = trace.get_current_span(parent).get_span_context()
-        if caller.is_valid:
-            return ServerSpan(method, parent) if rule.samples(caller.trace_id, caller) else _NO_SPAN
+    traceparent = carrier.get("traceparent")
+    caller = caller_of(traceparent) if traceparent else None
+    if caller is not None:
+        return ServerSpan(method, carrier) if rule.samples(*caller) else _NO_SPAN
     trace_id = random.getrandbits(128) or 1
-    return _RootSpan(method, parent, ids, trace_id) if rule.samples(trace_id) else _NO_SPAN
+    return _RootSpan(method, carrier, ids, trace_id) if rule.samples(trace_id) else _NO_SPAN
+
+
+_TRACEPARENT = TraceContextTextMapPropagator._TRACEPARENT_HEADER_FORMAT_RE
+_TRACEPARENT_MAX = TraceContextTextMapPropagator._TRACEPARENT_MAXIMUM_LENGTH
+
+
+def caller_of(traceparent: str) -> tuple[int, bool] | None:
+    """The trace id and sampled flag of a W3C traceparent that OpenTelemetry's propagator
+    accepts (its own pattern and checks), else None, as it then extracts no parent. Without
+    the span context, trace state and Context that `propagate.extract` builds: 3.7 us a call
+    in a loop, more than the rest of an unsampled leaf span's decision (`leaf_span`)."""
+    match = _TRACEPARENT.search(traceparent) if len(traceparent) <= _TRACEPARENT_MAX else None
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if trace_id == "0" * 32 or span_id == "0" * 16 or version == "ff" or (version == "00" and rest):
+        return None
+    return int(trace_id, 16), bool(int(flags, 16) & trace.TraceFlags.SAMPLED)
 
 
 # The codes that are the server's fault: a server span's status is ERROR for these only

@@ -231,7 +231,34 @@ def test_the_leaf_rule_decides_as_the_sampler_does(sampler: str, parent_based: b
         as_root = sdk.should_sample(None, trace_id, "m").decision.is_sampled()  # type: ignore[no-untyped-call]
         as_child = sdk.should_sample(under, trace_id, "m").decision.is_sampled()  # type: ignore[no-untyped-call]
         assert rule.samples(trace_id) == as_root, (name, trace_id)
-        assert rule.samples(trace_id, caller) == as_child, (name, trace_id, flags)
+        assert rule.samples(trace_id, flags.sampled) == as_child, (name, trace_id, flags)
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03",  # other flag bits set
+        " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\t",  # blanks around it
+        "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-later",  # a later version's fields
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",  # version 00 has none
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # the forbidden version
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # the invalid trace id
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # the invalid span id
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  # upper case
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-01",  # no span id
+        "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-" + "x" * 500,  # too long
+    ],
+)
+def test_a_traceparent_is_read_as_the_propagator_reads_it(traceparent: str) -> None:
+    from opentelemetry import propagate, trace
+
+    from switchyard.telemetry import caller_of
+
+    caller = trace.get_current_span(propagate.extract({"traceparent": traceparent})).get_span_context()
+    expected = (caller.trace_id, caller.trace_flags.sampled) if caller.is_valid else None
+    assert caller_of(traceparent) == expected
 
 
 LEAF_CHILD = """
