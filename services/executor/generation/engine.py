@@ -40,7 +40,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -125,6 +125,7 @@ class _Request:
     output: list[int] = field(default_factory=list)
     cancelled: bool = False
     done: bool = False
+    rid: int = -1  # its id between the executor and its engine process (`engine_process`)
     enqueued: float = field(default_factory=time.perf_counter)
     first_token_at: float = 0.0
     busy_ns: int = 0  # this request's share of the steps it was in (device time)
@@ -134,10 +135,14 @@ class _Request:
         return self.eos_ids if early else ()
 
 
+class Canceller(Protocol):
+    def cancel(self, request: _Request) -> None: ...
+
+
 class GenerationStream:
     """A submitted request: iterate for its events; `cancel()` (or leaving) frees its slot."""
 
-    def __init__(self, engine: GenerationEngine, request: _Request) -> None:
+    def __init__(self, engine: Canceller, request: _Request) -> None:
         self._engine = engine
         self._request = request
         self.prompt_tokens = len(request.prompt)
@@ -157,9 +162,7 @@ class GenerationStream:
         return (r.first_token_at - r.enqueued) if r.first_token_at else 0.0
 
     def cancel(self) -> None:
-        if not self._request.done:
-            self._request.cancelled = True
-            self._engine.wake()
+        self._engine.cancel(self._request)
 
     def on_ready(self, callback: Callable[[], None]) -> None:
         """`callback()` when events come that were not there at the last `take()` (called now if
@@ -222,6 +225,13 @@ class EngineCounters:
     compute_ns: int = 0
 
 
+def engine_full(s: GenerationSettings) -> EngineFull:
+    return EngineFull(
+        f"all {s.decode_slots} decode slots are busy and {s.max_queue} requests wait (the queue's "
+        "bound); retry later"
+    )
+
+
 def check_prompt(s: GenerationSettings, vocab: int, prompt: list[int], params: SamplingParams) -> int:
     """The request's max_tokens, or INVALID_ARGUMENT with the lengths that do not fit."""
     if not prompt:
@@ -253,9 +263,11 @@ class GenerationEngine:
         self,
         runtime: GenerationRuntime,
         tokenizer: Tokenizer,
-        run_on_device: RunOnDevice,
+        run_on_device: RunOnDevice | None,
         inline_ok: InlineOk | None = None,
     ) -> None:
+        """With `run_on_device` None, no loop runs: the caller drives the engine by `iterate()`
+        on its own thread (the engine process, `engine_process`)."""
         self.runtime = runtime
         self.settings = runtime.settings
         self.tokenizer = tokenizer
@@ -269,7 +281,7 @@ class GenerationEngine:
         self._wakeup = asyncio.Event()
         self._closed = False
         self.counters = EngineCounters()
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._task = None if run_on_device is None else asyncio.get_running_loop().create_task(self._loop())
 
     # ---- admission -----------------------------------------------------------------------
     @property
@@ -280,6 +292,14 @@ class GenerationEngine:
     def running(self) -> int:
         return len(self._running)
 
+    @property
+    def busy(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runtime.vocab_size
+
     def submit(
         self, prompt: list[int], params: SamplingParams, with_text: bool, deadline: float | None = None
     ) -> GenerationStream:
@@ -288,10 +308,7 @@ class GenerationEngine:
         max_tokens = check_prompt(self.settings, self.runtime.vocab_size, prompt, params)
         if self._slots.free == 0 and len(self._waiting) >= self.settings.max_queue:
             self.counters.rejected_full += 1
-            raise EngineFull(
-                f"all {self.settings.decode_slots} decode slots are busy and {len(self._waiting)} requests "
-                "wait (the queue's bound); retry later"
-            )
+            raise engine_full(self.settings)
         eos = () if params.ignore_eos else tuple(self.runtime.eos_token_ids)
         request = _Request(
             prompt=list(prompt),
@@ -310,6 +327,12 @@ class GenerationEngine:
 
     def wake(self) -> None:
         self._wakeup.set()
+
+    def cancel(self, request: _Request) -> None:
+        """The consumer left: the request leaves at the next iteration."""
+        if not request.done:
+            request.cancelled = True
+            self.wake()
 
     # ---- the loop ------------------------------------------------------------------------
     def _sweep(self) -> None:
@@ -343,31 +366,57 @@ class GenerationEngine:
         else:
             self.counters.completed += 1
 
+    def _admit(self) -> tuple[list[_Request], list[_Request]]:
+        """This iteration's rows: the running requests (in slot order) and the waiting ones that
+        take free slots now, up to `max_prefills_per_step`."""
+        decodes = sorted(self._running.values(), key=lambda r: r.slot)
+        admitted: list[_Request] = []
+        while self._waiting and self._slots.free and len(admitted) < self.settings.max_prefills_per_step:
+            request = self._waiting.popleft()
+            request.slot = self._slots.take()
+            self._running[request.slot] = request
+            admitted.append(request)
+        return decodes, admitted
+
+    def _failed(self, requests: list[_Request], exc: Exception) -> None:
+        """A failed step fails the requests in it, not the engine."""
+        log.exception("a generation step failed")
+        for request in requests:
+            self._finish(request, "error")
+            request.events.put_nowait(exc)
+
+    def iterate(self) -> None:
+        """One iteration on this thread, if any request is waiting or running (the engine
+        process's loop: its step needs no thread hand-off, the process computes nothing else)."""
+        self._sweep()
+        if not self.busy:
+            return
+        decodes, admitted = self._admit()
+        try:
+            chosen = self._compute(decodes, admitted)
+        except Exception as exc:
+            self._failed([*decodes, *admitted], exc)
+            return
+        for request, choice in chosen:
+            self._deliver(request, choice)
+
     async def _loop(self) -> None:
+        assert self._on_device is not None
         while not self._closed:
             self._sweep()
-            if not self._running and not self._waiting:
+            if not self.busy:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            decodes = sorted(self._running.values(), key=lambda r: r.slot)
-            admitted: list[_Request] = []
-            while self._waiting and self._slots.free and len(admitted) < self.settings.max_prefills_per_step:
-                request = self._waiting.popleft()
-                request.slot = self._slots.take()
-                self._running[request.slot] = request
-                admitted.append(request)
+            decodes, admitted = self._admit()
             try:
                 if len(decodes) + len(admitted) == 1 and self._inline_ok(self.step_s):
                     self.counters.inline_steps += 1
                     chosen = self._compute(decodes, admitted)
                 else:
                     chosen = await self._on_device(self._compute, decodes, admitted)
-            except Exception as exc:  # a failed step fails the requests in it, not the engine
-                log.exception("a generation step failed")
-                for request in (*decodes, *admitted):
-                    self._finish(request, "error")
-                    request.events.put_nowait(exc)
+            except Exception as exc:
+                self._failed([*decodes, *admitted], exc)
                 continue
             for request, choice in chosen:
                 self._deliver(request, choice)
@@ -429,9 +478,10 @@ class GenerationEngine:
     async def close(self) -> None:
         self._closed = True
         self._wakeup.set()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         for request in (*self._waiting, *self._running.values()):
             if not request.done:
                 request.done = True

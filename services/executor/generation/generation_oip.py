@@ -112,7 +112,7 @@ def parse_call(model: LoadedModel, tensors: list[WireTensor], wanted: list[str])
         if t.datatype not in ("INT64", "INT32"):
             raise InvalidArgument(f"input 'input_ids' has datatype {t.datatype}; send INT64")
         prompt = [int(v) for v in t.array.reshape(-1)]
-        vocab = engine.runtime.vocab_size  # out-of-range ids are refused by the engine, with the fix
+        vocab = engine.vocab_size  # out-of-range ids are refused by the engine, with the fix
         text = tokenizer.decode([i for i in prompt if 0 <= i < vocab])  # text_output for token prompts too
     else:
         t = by_name[prompts[0]]
@@ -127,7 +127,7 @@ def parse_call(model: LoadedModel, tensors: list[WireTensor], wanted: list[str])
             text = tokenizer.chat_prompt(messages)
         prompt = tokenizer.encode(text)
     raw_params = _text(by_name["sampling_parameters"]) if "sampling_parameters" in by_name else ""
-    params = parse_sampling(raw_params, engine.runtime.vocab_size)
+    params = parse_sampling(raw_params, engine.vocab_size)
     outputs = {"text_output", "output_ids"}
     unknown_out = sorted(set(wanted) - outputs)
     if unknown_out:
