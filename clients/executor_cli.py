@@ -65,6 +65,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "microseconds runs on the event loop instead of the device thread",
     )
     serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: cores - 1)")
+    serve.add_argument(
+        "--generation-engine",
+        choices=("process", "inline"),
+        default="process",
+        help="on cpu, a causal LM's generation engine runs in a process of its own (default) or "
+        "on the executor's device thread",
+    )
     serve.add_argument("--metrics-port", type=int, default=None)  # help: switchyard.cli_help
     serve.add_argument(
         "--metering",
@@ -117,6 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
         price_key=args.price_key,
         cpu_threads=args.threads,
         inline_compute_us=args.inline_compute_us,
+        generation_engine=args.generation_engine,
         metering=args.metering,
         oip_identities=tuple(i.strip() for i in args.oip_identities.split(",") if i.strip()),
     )

@@ -8,6 +8,7 @@ from switchyard import net
 
 DEFAULT_BUCKETS = (1, 2, 4, 8)
 DEFAULT_PORTS = {"cpu": 8101, "xla": 8102, "cuda": 8103, "tpu": 8104}
+GENERATION_ENGINES = ("process", "inline")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class ExecutorConfig:
     # gives up the GIL at every torch op and needs it back for the next; while the event loop
     # holds it (building and writing streamed responses), the device waits up to this long.
     gil_switch_interval_us: int = 500
+    # Where a causal LM's generation engine runs on the cpu backend: "process", a process of its
+    # own (the executor's loop and the engine's steps then hold no GIL in common), or "inline",
+    # on this process's device thread (the only choice on accelerators).
+    generation_engine: str = "process"
     # With mTLS: the services (identity names, spiffe://switchyard/<name>) that may call
     # inference straight here (OIP and frames); the control API takes router and worker only.
     oip_identities: tuple[str, ...] = ("router", "worker")

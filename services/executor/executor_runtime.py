@@ -25,6 +25,7 @@ from services.executor.batching import Batcher, BatchPolicy, BatchResult, Queued
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_training import ExecutorTraining
 from services.executor.generation.engine import GenerationEngine, GenerationStream
+from services.executor.generation.engine_process import EngineProcess, RemoteEngine
 from services.executor.generation.settings import SamplingParams
 from services.executor.generation.tokenizer import load_tokenizer
 from services.executor.loaded_model import LoadedModel, LoadOptions
@@ -90,6 +91,8 @@ class Executor(ExecutorTraining):
         self._device_jobs = 0
         self._last_done = 0.0  # time.perf_counter() when the last request left `infer`
         self._last_done_cpu = 0.0  # time.thread_time() of the loop's thread then
+        # causal LMs' engines in processes of their own on the host CPU (generation.engine_process)
+        self.engine_process = config.generation_engine == "process" and backend.name == "cpu"
 
     async def on_device(self, fn: Any, *args: Any) -> Any:
         self._device_jobs += 1
@@ -142,7 +145,7 @@ class Executor(ExecutorTraining):
             raise Draining("executor is draining; load the model on another executor")
         spec = self.registry.get(name, version)
         options = check_options(self.backend, options)
-        model = LoadedModel(spec, self.backend, options)
+        model = LoadedModel(spec, self.backend, options, self.engine_process)
         key = (spec.name, spec.version)
         async with self._load_lock:
             first = key not in self.models  # a reload keeps serving the old one meanwhile
@@ -313,7 +316,10 @@ def _start_serving(
     options = model.options
     if model.generation is not None:
         tokenizer = load_tokenizer(model.generation.settings.tokenizer, model.spec.folder)
-        model.engine = GenerationEngine(model.generation, tokenizer, on_device, inline_ok)
+        if isinstance(model.generation, EngineProcess):
+            model.engine = RemoteEngine(model.generation, tokenizer)
+        else:
+            model.engine = GenerationEngine(model.generation, tokenizer, on_device, inline_ok)
     policy = BatchPolicy(
         max_batch=model.max_batch,
         max_queue_delay_us=options.max_queue_delay_us,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from services.executor.control import ControlServicer
 from services.executor.device import select_backend
-from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_config import GENERATION_ENGINES, ExecutorConfig
 from services.executor.executor_runtime import Executor
 from services.executor.executor_servicer import InferenceServicer
 from services.executor.frame_server import FrameServer
@@ -141,6 +141,10 @@ async def start_executor(config: ExecutorConfig, security: tls.Security | None =
     if config.gil_switch_interval_us < 1:  # refused before any process-wide setting changes
         raise InvalidArgument(
             f"gil_switch_interval_us is {config.gil_switch_interval_us}; use 1 or more (microseconds)"
+        )
+    if config.generation_engine not in GENERATION_ENGINES:
+        raise InvalidArgument(
+            f"generation_engine is {config.generation_engine!r}; use one of {list(GENERATION_ENGINES)}"
         )
     backend = select_backend(config.backend, config.cpu_threads)
     sys.setswitchinterval(config.gil_switch_interval_us / 1e6)

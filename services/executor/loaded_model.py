@@ -23,6 +23,7 @@ import torch
 from services.executor.backends.base import PRECISIONS, Backend, CompileCounters, PreparedModel
 from services.executor.batching import Batcher, Phases, QueuedRequest
 from services.executor.generation.engine import GenerationEngine
+from services.executor.generation.engine_process import EngineProcess, RemoteEngine
 from services.executor.generation.runtime import GenerationRuntime
 from services.executor.generation.settings import GenerationSettings
 from switchyard import codec
@@ -84,7 +85,9 @@ def _during_load(own: CompileCounters, process: CompileCounters) -> CompileCount
 
 
 class LoadedModel:
-    def __init__(self, spec: ModelSpec, backend: Backend, options: LoadOptions) -> None:
+    def __init__(
+        self, spec: ModelSpec, backend: Backend, options: LoadOptions, engine_process: bool = False
+    ) -> None:
         self.spec = spec
         self.backend = backend
         self.options = options
@@ -94,8 +97,9 @@ class LoadedModel:
         self.findings = Findings()
         self.prepared: PreparedModel | None = None
         self.batcher: Batcher | None = None
-        self.generation: GenerationRuntime | None = None  # a causal LM's device side
-        self.engine: GenerationEngine | None = None  # its scheduler, once READY
+        self.generation: GenerationRuntime | EngineProcess | None = None  # a causal LM's device side
+        self.engine: GenerationEngine | RemoteEngine | None = None  # its scheduler, once READY
+        self.engine_process = engine_process  # a causal LM's engine in a process of its own
         self.generation_settings = spec.generation  # [generation] of model.toml, read once
         self.sha256 = spec.sha256
         self._warm_counters = CompileCounters()
@@ -123,6 +127,12 @@ class LoadedModel:
 
     # ---- loading (runs on the device thread) ------------------------------------------
     def load(self) -> None:
+        if self.generation_settings is not None and self.engine_process:
+            self.generation = EngineProcess.start(
+                self.spec, self.options, self.backend.name, torch.get_num_threads()
+            )
+            self.times, self.findings = self.generation.times, self.generation.findings
+            return
         start = time.perf_counter()
         module = load_module(self.spec, self.options.checkpoint_sha256)
         self.times.checkpoint_load_s = time.perf_counter() - start
@@ -133,7 +143,7 @@ class LoadedModel:
         self.times.to_device_s = time.perf_counter() - start
 
         if self.generation_settings is not None:
-            self._load_generation(module, self.generation_settings)
+            _load_generation(self, module, self.generation_settings)
             return
         before = self.backend.counters()
         start = time.perf_counter()
@@ -158,26 +168,6 @@ class LoadedModel:
         # precisions this path cannot run (e.g. fp64 on TPU): a compatibility finding for trials
         self.findings.unsupported_dtypes = [p for p in PRECISIONS if p not in self.backend.precisions]
         self._warm_counters = own
-
-    def _load_generation(self, module: torch.nn.Module, settings: GenerationSettings) -> None:
-        """A causal LM: the generation runtime, every prefill bucket and decode width warmed."""
-        before = self.backend.counters()
-        start = time.perf_counter()
-        runtime = GenerationRuntime(module, settings, self.backend, self.options.mode, self.dtype)
-        runtime.warm()
-        self.backend.synchronize()
-        self.times.compile_s = time.perf_counter() - start
-        own = runtime.counters()
-        process = self.backend.counters().since(before)
-        self.findings.during_load = _during_load(own, process)
-        self.findings.adaptations = [
-            f"generation: static KV cache of {settings.decode_slots} slots x "
-            f"{settings.max_context} positions ({runtime.cache.nbytes} bytes); "
-            f"prefill buckets {list(settings.prompt_buckets)}, "
-            f"decode widths {list(settings.decode_buckets)}"
-        ]
-        self.findings.unsupported_dtypes = [p for p in PRECISIONS if p not in self.backend.precisions]
-        self.generation = runtime
 
     def compilations_after_warmup(self) -> int:
         if self.generation is not None:
@@ -326,3 +316,24 @@ def _check_inputs(model: LoadedModel, inputs: list[WireTensor]) -> tuple[list[np
     if rows < 1 or rows > model.max_batch:
         raise InvalidArgument(f"batch dimension is {rows}; this model accepts 1 to {model.max_batch} rows")
     return arrays, rows
+
+
+def _load_generation(model: LoadedModel, module: torch.nn.Module, settings: GenerationSettings) -> None:
+    """A causal LM: the generation runtime, every prefill bucket and decode width warmed."""
+    before = model.backend.counters()
+    start = time.perf_counter()
+    runtime = GenerationRuntime(module, settings, model.backend, model.options.mode, model.dtype)
+    runtime.warm()
+    model.backend.synchronize()
+    model.times.compile_s = time.perf_counter() - start
+    own = runtime.counters()
+    process = model.backend.counters().since(before)
+    model.findings.during_load = _during_load(own, process)
+    model.findings.adaptations = [
+        f"generation: static KV cache of {settings.decode_slots} slots x "
+        f"{settings.max_context} positions ({runtime.cache.nbytes} bytes); "
+        f"prefill buckets {list(settings.prompt_buckets)}, "
+        f"decode widths {list(settings.decode_buckets)}"
+    ]
+    model.findings.unsupported_dtypes = [p for p in PRECISIONS if p not in model.backend.precisions]
+    model.generation = runtime

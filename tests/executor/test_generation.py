@@ -31,12 +31,16 @@ from tests.gen_models import (
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20)
 
 
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def executor(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Executor]:
+@pytest_asyncio.fixture(loop_scope="session", scope="module", params=["process", "inline"])
+async def executor(
+    request: pytest.FixtureRequest, llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Executor]:
+    """An executor with its generation engines in processes of their own (the cpu default), and
+    one with them on its device thread."""
     root = tmp_path_factory.mktemp("gen-repo")
     registry = repository_with_llama(root, llama_dir)
     add_tiny_lm_variant(root, "tiny-lm-gen-one-slot", decode_slots=1, max_queue=1)
-    ex = Executor(ExecutorConfig(), select_backend("cpu"), registry)
+    ex = Executor(ExecutorConfig(generation_engine=request.param), select_backend("cpu"), registry)
     for name in ("tiny-lm-gen", "llama-tiny", "tiny-lm-gen-one-slot"):
         await ex.load_model(name, "", ex.default_options())
     yield ex

@@ -51,7 +51,7 @@ from services.executor.generation.settings import GenerationSettings, SamplingPa
 from services.executor.generation.tokenizer import Detokenizer, Tokenizer
 from switchyard.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 
-__all__ = ["GenerationEngine", "GenerationRuntime", "GenerationStream", "TokenEvent"]
+__all__ = ["EngineCore", "GenerationEngine", "GenerationRuntime", "GenerationStream", "TokenEvent"]
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class EventBuffer:
 
 
 @dataclass
-class _Request:
+class Request:
     prompt: list[int]
     params: SamplingParams
     max_tokens: int
@@ -136,13 +136,13 @@ class _Request:
 
 
 class Canceller(Protocol):
-    def cancel(self, request: _Request) -> None: ...
+    def cancel(self, request: Request) -> None: ...
 
 
 class GenerationStream:
     """A submitted request: iterate for its events; `cancel()` (or leaving) frees its slot."""
 
-    def __init__(self, engine: Canceller, request: _Request) -> None:
+    def __init__(self, engine: Canceller, request: Request) -> None:
         self._engine = engine
         self._request = request
         self.prompt_tokens = len(request.prompt)
@@ -258,30 +258,21 @@ def check_prompt(s: GenerationSettings, vocab: int, prompt: list[int], params: S
     return wanted
 
 
-class GenerationEngine:
-    def __init__(
-        self,
-        runtime: GenerationRuntime,
-        tokenizer: Tokenizer,
-        run_on_device: RunOnDevice | None,
-        inline_ok: InlineOk | None = None,
-    ) -> None:
-        """With `run_on_device` None, no loop runs: the caller drives the engine by `iterate()`
-        on its own thread (the engine process, `engine_process`)."""
+class EngineCore:
+    """The scheduler, run one iteration at a time by `iterate()` on the caller's thread: what
+    the engine process drives (`engine_process`), and `GenerationEngine` from its event loop."""
+
+    def __init__(self, runtime: GenerationRuntime, tokenizer: Tokenizer) -> None:
         self.runtime = runtime
         self.settings = runtime.settings
         self.tokenizer = tokenizer
-        self._on_device = run_on_device
-        self._inline_ok = inline_ok or (lambda _s: False)
         self.step_s = runtime.warm_step_s()  # expected iteration length (moving average)
         self._clock = time.thread_time_ns if runtime.device.type == "cpu" else time.perf_counter_ns
         self._slots = SlotAllocator(self.settings.decode_slots)
-        self._waiting: deque[_Request] = deque()
-        self._running: dict[int, _Request] = {}  # by slot
-        self._wakeup = asyncio.Event()
+        self._waiting: deque[Request] = deque()
+        self._running: dict[int, Request] = {}  # by slot
         self._closed = False
         self.counters = EngineCounters()
-        self._task = None if run_on_device is None else asyncio.get_running_loop().create_task(self._loop())
 
     # ---- admission -----------------------------------------------------------------------
     @property
@@ -310,7 +301,7 @@ class GenerationEngine:
             self.counters.rejected_full += 1
             raise engine_full(self.settings)
         eos = () if params.ignore_eos else tuple(self.runtime.eos_token_ids)
-        request = _Request(
+        request = Request(
             prompt=list(prompt),
             params=params,
             max_tokens=max_tokens,
@@ -326,9 +317,9 @@ class GenerationEngine:
         return GenerationStream(self, request)
 
     def wake(self) -> None:
-        self._wakeup.set()
+        """A request came or left (a loop that waits for one wakes)."""
 
-    def cancel(self, request: _Request) -> None:
+    def cancel(self, request: Request) -> None:
         """The consumer left: the request leaves at the next iteration."""
         if not request.done:
             request.cancelled = True
@@ -341,7 +332,7 @@ class GenerationEngine:
         for request in list(self._running.values()):
             if request.cancelled:
                 self._finish(request, None)
-        kept: deque[_Request] = deque()
+        kept: deque[Request] = deque()
         for request in self._waiting:
             if request.cancelled:
                 self.counters.cancelled += 1
@@ -355,7 +346,7 @@ class GenerationEngine:
                 kept.append(request)
         self._waiting = kept
 
-    def _finish(self, request: _Request, reason: str | None) -> None:
+    def _finish(self, request: Request, reason: str | None) -> None:
         if request.slot >= 0:
             self._running.pop(request.slot, None)
             self._slots.give_back(request.slot)
@@ -366,11 +357,11 @@ class GenerationEngine:
         else:
             self.counters.completed += 1
 
-    def _admit(self) -> tuple[list[_Request], list[_Request]]:
+    def _admit(self) -> tuple[list[Request], list[Request]]:
         """This iteration's rows: the running requests (in slot order) and the waiting ones that
         take free slots now, up to `max_prefills_per_step`."""
         decodes = sorted(self._running.values(), key=lambda r: r.slot)
-        admitted: list[_Request] = []
+        admitted: list[Request] = []
         while self._waiting and self._slots.free and len(admitted) < self.settings.max_prefills_per_step:
             request = self._waiting.popleft()
             request.slot = self._slots.take()
@@ -378,7 +369,7 @@ class GenerationEngine:
             admitted.append(request)
         return decodes, admitted
 
-    def _failed(self, requests: list[_Request], exc: Exception) -> None:
+    def _failed(self, requests: list[Request], exc: Exception) -> None:
         """A failed step fails the requests in it, not the engine."""
         log.exception("a generation step failed")
         for request in requests:
@@ -400,31 +391,7 @@ class GenerationEngine:
         for request, choice in chosen:
             self._deliver(request, choice)
 
-    async def _loop(self) -> None:
-        assert self._on_device is not None
-        while not self._closed:
-            self._sweep()
-            if not self.busy:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            decodes, admitted = self._admit()
-            try:
-                if len(decodes) + len(admitted) == 1 and self._inline_ok(self.step_s):
-                    self.counters.inline_steps += 1
-                    chosen = self._compute(decodes, admitted)
-                else:
-                    chosen = await self._on_device(self._compute, decodes, admitted)
-            except Exception as exc:
-                self._failed([*decodes, *admitted], exc)
-                continue
-            for request, choice in chosen:
-                self._deliver(request, choice)
-            # the streams send what they got before the next step: the events went straight to
-            # the consumers (a stream's writer builds and writes its response in one pass)
-            await asyncio.sleep(0)
-
-    def _compute(self, decodes: list[_Request], admitted: list[_Request]) -> list[tuple[_Request, Choice]]:
+    def _compute(self, decodes: list[Request], admitted: list[Request]) -> list[tuple[Request, Choice]]:
         """One iteration on the device thread: the decode step and the prefills (one mixed step
         on eager), then each request's next choice."""
         start = time.perf_counter_ns()
@@ -449,7 +416,7 @@ class GenerationEngine:
         self.step_s += STEP_EMA * ((self._clock() - clock) / 1e9 - self.step_s)
         return out
 
-    def _deliver(self, request: _Request, choice: Choice) -> None:
+    def _deliver(self, request: Request, choice: Choice) -> None:
         if request.done or request.cancelled:
             if not request.done:
                 self._finish(request, None)
@@ -475,13 +442,56 @@ class GenerationEngine:
             )
         )
 
+
+class GenerationEngine(EngineCore):
+    """The engine in this process: its loop runs on the event loop, its steps on the device
+    thread (`run_on_device`) or, for a lone short one, inline (`inline_ok`)."""
+
+    def __init__(
+        self,
+        runtime: GenerationRuntime,
+        tokenizer: Tokenizer,
+        run_on_device: RunOnDevice,
+        inline_ok: InlineOk | None = None,
+    ) -> None:
+        super().__init__(runtime, tokenizer)
+        self._on_device = run_on_device
+        self._inline_ok = inline_ok or (lambda _s: False)
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    async def _loop(self) -> None:
+        while not self._closed:
+            self._sweep()
+            if not self.busy:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            decodes, admitted = self._admit()
+            try:
+                if len(decodes) + len(admitted) == 1 and self._inline_ok(self.step_s):
+                    self.counters.inline_steps += 1
+                    chosen = self._compute(decodes, admitted)
+                else:
+                    chosen = await self._on_device(self._compute, decodes, admitted)
+            except Exception as exc:
+                self._failed([*decodes, *admitted], exc)
+                continue
+            for request, choice in chosen:
+                self._deliver(request, choice)
+            # the streams send what they got before the next step: the events went straight to
+            # the consumers (a stream's writer builds and writes its response in one pass)
+            await asyncio.sleep(0)
+
     async def close(self) -> None:
         self._closed = True
         self._wakeup.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
         for request in (*self._waiting, *self._running.values()):
             if not request.done:
                 request.done = True
@@ -492,10 +502,10 @@ class GenerationEngine:
         self._running.clear()
 
 
-def _choices(rows: list[_Request], logits: torch.Tensor) -> list[tuple[_Request, Choice]]:
+def _choices(rows: list[Request], logits: torch.Tensor) -> list[tuple[Request, Choice]]:
     """Each row's next token: greedy rows from one argmax over the step, the others sampled."""
     best = torch.argmax(logits, dim=-1).tolist()
-    out: list[tuple[_Request, Choice]] = []
+    out: list[tuple[Request, Choice]] = []
     for i, r in enumerate(rows):
         banned = r.banned()
         if r.params.greedy and r.params.logprobs is None and not banned:
@@ -505,7 +515,7 @@ def _choices(rows: list[_Request], logits: torch.Tensor) -> list[tuple[_Request,
     return out
 
 
-def _append_token(request: _Request, token: int) -> tuple[str | None, str]:
+def _append_token(request: Request, token: int) -> tuple[str | None, str]:
     """Adds `token` to the request's output: (the finish reason, None while it goes on; the
     text it releases)."""
     request.output.append(token)

@@ -1,0 +1,82 @@
+"""The generation engine in a process of its own (the cpu default): where it runs, that it
+stops with its model, what a lost engine process does to its requests, a failed load's error,
+and the setting's check. The engine's own behaviour through the process (exact tokens,
+continuous batching, cancellation, the queue's bound, bad input) is tested in
+test_generation.py, on both engines."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from services.executor.device import select_backend
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_runtime import Executor
+from services.executor.executor_server import start_executor
+from services.executor.generation.engine_process import EngineProcess, RemoteEngine
+from services.executor.generation.settings import SamplingParams
+from switchyard.errors import InvalidArgument, Unavailable
+from switchyard.models.registry import ModelRegistry
+from switchyard.models.repository import CheckpointMismatch, seed_builtins
+from tests.gen_models import repository_with_llama, tiny_lm_reference
+
+
+def _executor(root: Path) -> Executor:
+    seed_builtins(root, ["tiny-lm-gen"])
+    return Executor(ExecutorConfig(), select_backend("cpu"), ModelRegistry(root))
+
+
+async def test_the_engine_runs_in_a_child_process_that_stops_with_its_model(tmp_path: Path) -> None:
+    ex = _executor(tmp_path)
+    try:
+        m = await ex.load_model("tiny-lm-gen", "", ex.default_options())
+        assert isinstance(m.engine, RemoteEngine) and isinstance(m.generation, EngineProcess)
+        child = m.generation.process
+        assert child.pid != os.getpid() and child.poll() is None
+        assert m.times.compile_s > 0 and m.findings.adaptations  # the child's load, reported here
+        stream = ex.generate(m, list(b"hello"), SamplingParams(temperature=0.0, max_tokens=12), False, None)
+        tokens = [t async for e in stream for t in e.token_ids]
+        assert tokens == tiny_lm_reference(list(b"hello"), 12)
+        assert stream.output_tokens == 12 and stream.busy_us > 0
+        await ex.unload("tiny-lm-gen", "")
+        assert child.returncode == 0  # asked to leave, and it left
+    finally:
+        await ex.close()
+
+
+async def test_a_lost_engine_process_fails_its_requests_with_unavailable(tmp_path: Path) -> None:
+    ex = _executor(tmp_path)
+    try:
+        m = await ex.load_model("tiny-lm-gen", "", ex.default_options())
+        assert isinstance(m.generation, EngineProcess)
+        stream = ex.generate(m, list(b"long"), SamplingParams(temperature=0.0, max_tokens=50), False, None)
+        it = stream.__aiter__()
+        await anext(it)
+        os.kill(m.generation.process.pid, signal.SIGKILL)
+        with pytest.raises(Unavailable, match="generation engine exited"):
+            while True:  # the tokens already sent, then the error
+                await anext(it)
+        with pytest.raises(Unavailable, match="load the model again"):
+            ex.generate(m, list(b"next"), SamplingParams(max_tokens=2), False, None)
+    finally:
+        await ex.close()
+
+
+async def test_a_failed_load_raises_the_engine_process_error(tmp_path: Path, llama_dir: Path) -> None:
+    ex = Executor(ExecutorConfig(), select_backend("cpu"), repository_with_llama(tmp_path, llama_dir))
+    (weights,) = (tmp_path / "llama-tiny" / "1").glob("*.safetensors")
+    weights.write_bytes(weights.read_bytes() + b"\0")
+    try:
+        with pytest.raises(CheckpointMismatch, match="hashes to"):
+            await ex.load_model("llama-tiny", "", ex.default_options())
+        assert not ex.models and not ex.loading
+    finally:
+        await ex.close()
+
+
+async def test_an_unknown_generation_engine_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="generation_engine is 'thread'; use one of"):
+        await start_executor(ExecutorConfig(generation_engine="thread"))
