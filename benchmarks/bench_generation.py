@@ -15,10 +15,14 @@ They go
   order (left-padded; a batch runs until its longest request is done, as static batching
   does); output tokens/s counts each request's own tokens only;
 - to a real executor in its own process (gRPC, port 0; cpu eager fp32 in this environment,
-  or `--backend xla`: in the XLA environment) over ModelStreamInfer (stream=true, a response
-  per token, or per several when the stream's writer lags), as a closed loop of C streams
-  (1, 8, 32): each stream sends the next waiting request when its previous one finished,
-  until all N are done (the 1-stream run takes the first `--one-stream` requests only).
+  its generation engine in a process of its own, the default; or `--backend xla`: in the XLA
+  environment) over ModelStreamInfer (stream=true, a response per token, or per several when
+  the stream's writer lags), as a closed loop of C streams (1, 8, 32): each stream sends the
+  next waiting request when its previous one finished, until all N are done (the 1-stream run
+  takes the first `--one-stream` requests only);
+- on cpu, at 1 and 32 streams, to a second executor with its engine in process
+  (`--generation-engine inline`: its steps on the device thread, sharing the executor's GIL):
+  what the engine process changes, in the same run.
 - to the bare streamer, a peer in its own process on the executor's transport and event loop
   (gRPC's EventEngine endpoints off, uvloop) that computes nothing: for each request it
   streams max_tokens responses back to back to the same client, at 1 and 32 streams, each
@@ -30,8 +34,8 @@ They go
   best TTFT ratio a server paying it could reach. (Its runs' `executor_cpu_*` figures are the
   bare server's CPU.)
 The measurements are interleaved: each of `--rounds` rounds runs the two floors, the
-in-process prefill with the 1-stream run, the 8- and 32-stream runs and the bare streamer's
-two runs once, in an order
+in-process prefill with the 1-stream run, the 8- and 32-stream runs, the bare streamer's two
+runs and the in-process engine's two once, in an order
 rotated by one each round, so a host whose load drifts moves both sides of every ratio
 alike. Each ratio is taken within a round; the report gives every round's and their median.
 Per concurrency: TTFT, TPOT ((e2e - ttft) / (output_tokens - 1)), ITL (gaps between streamed
@@ -285,12 +289,19 @@ async def executor_run(
 
 
 BARE = (1, 32)  # the bare streamer's concurrencies: the TTFT and the throughput a message per token allows
+INLINE = (1, 32)  # the executor with its engine in process (cpu): what the engine process changes
 STEPS = (*(f"floor-{b}" for b in FLOOR_BATCHES), *(str(c) for c in CONCURRENCY), *(f"bare-{c}" for c in BARE))
 
 
-def rotation(round_: int) -> tuple[str, ...]:
-    k = round_ % len(STEPS)
-    return STEPS[k:] + STEPS[:k]
+def steps(servers: dict[str, ServerProcess]) -> tuple[str, ...]:
+    """Every step of a round: the in-process engine's runs too where it runs (on cpu; an
+    accelerator's engine is always in process)."""
+    return STEPS + tuple(f"inline-{c}" for c in INLINE) if "inline" in servers else STEPS
+
+
+def rotation(round_: int, every: tuple[str, ...]) -> tuple[str, ...]:
+    k = round_ % len(every)
+    return every[k:] + every[:k]
 
 
 def median(values: list[float]) -> float:
@@ -311,15 +322,21 @@ class ServerProcess:
         self.address = ""
 
     def cpu_s(self) -> tuple[float, float]:
-        """User + system CPU seconds the process has used so far: all its threads, and its main
-        thread's (the event loop's: gRPC, the engine's scheduling, building responses)."""
+        """User + system CPU seconds used so far by the process and its children (the executor's
+        engine process): all their threads; and the main thread's of the process itself (the
+        event loop's: gRPC, building responses, and in process the engine's scheduling)."""
 
         def used(stat: str) -> float:
             fields = Path(stat).read_text().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+        def tree(pid: int) -> list[int]:  # the process and its descendants, whichever thread started them
+            tasks = Path(f"/proc/{pid}/task").iterdir()
+            children = [int(c) for task in tasks for c in (task / "children").read_text().split()]
+            return [pid, *(p for child in children for p in tree(child))]
+
         pid = self.process.pid
-        return used(f"/proc/{pid}/stat"), used(f"/proc/{pid}/task/{pid}/stat")
+        return sum(used(f"/proc/{p}/stat") for p in tree(pid)), used(f"/proc/{pid}/task/{pid}/stat")
 
     async def start(self, timeout_s: float = 900) -> str:
         out = self.process.stdout
@@ -342,10 +359,11 @@ class ServerProcess:
         stop_child(self.process)
 
 
-def executor_process(root: Path, backend: str, mode: str = "") -> ServerProcess:
+def executor_process(root: Path, backend: str, mode: str = "", engine: str = "process") -> ServerProcess:
     """An executor serving the benchmark's repository on a free loopback port, plaintext:
-    `--backend cpu` in this environment, `--backend xla` in the XLA environment
-    (SWITCHYARD_XLA_PYTHON), PJRT_DEVICE as set (CPU when unset)."""
+    `--backend cpu` in this environment (its generation engine in a process of its own, or
+    `engine` "inline"), `--backend xla` in the XLA environment (SWITCHYARD_XLA_PYTHON),
+    PJRT_DEVICE as set (CPU when unset)."""
     python = sys.executable
     env = dict(os.environ)
     if backend == "xla":
@@ -356,6 +374,7 @@ def executor_process(root: Path, backend: str, mode: str = "") -> ServerProcess:
     cmd = [python, "-m", "switchyard", "executor", "serve", "--backend", backend, "--port", "0"]
     cmd += ["--models", "llama-bench", "--model-repository", str(root)]
     cmd += ["--mode", mode] if mode else []
+    cmd += ["--generation-engine", engine] if backend == "cpu" else []
     env["SWITCHYARD_SECURITY_INSECURE"] = "true"  # loopback only
     return ServerProcess(cmd, env)
 
@@ -419,9 +438,9 @@ async def one_round(
     one: int,
 ) -> dict[str, Any]:
     """Every step once, in round r's rotated order; the ratios of this round's figures."""
-    order = rotation(r)
+    order = rotation(r, steps(servers))
     result: dict[str, Any] = {"order": list(order), "load_1m_before": os.getloadavg()[0], "floor": {},
-                              "executor": {}, "bare": {}}  # fmt: skip
+                              "executor": {}, "bare": {}, "inline": {}}  # fmt: skip
     for step in order:
         if step.startswith("floor-"):
             batch = int(step.removeprefix("floor-"))
@@ -448,6 +467,14 @@ async def one_round(
         # the best TTFT ratio a server paying this transport's first-message time could reach
         "prefill_plus_bare_ttft_p50_over_prefill_p50": (prefill + bare["1"]["ttft_s"]["p50"]) / prefill,
     }  # fmt: skip
+    if result["inline"]:  # the engine process against the engine on the executor's device thread
+        inline = result["inline"]
+        result["ratios"]["output_tokens_per_s_32_streams_over_inline_32"] = (
+            served["32"]["output_tokens_per_s"] / inline["32"]["output_tokens_per_s"]
+        )
+        result["ratios"]["ttft_p50_1_stream_over_inline_1"] = (
+            served["1"]["ttft_s"]["p50"] / inline["1"]["ttft_s"]["p50"]
+        )
     # not a target: CPU time per output token, which the host's load moves far less
     result["cpu_per_token_floor_over_streams"] = {
         str(b): floor[str(b)]["cpu_us_per_output_token"] / served[str(b)]["executor_cpu_us_per_output_token"]
@@ -479,9 +506,12 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             ),
         ):
             out[f"streams_{c}_{key}"] = over(lambda r, c=c, get=get: get(r["executor"][str(c)]))
-    for c in BARE:
-        out[f"bare_{c}_output_tokens_per_s"] = over(lambda r, c=c: r["bare"][str(c)]["output_tokens_per_s"])
-        out[f"bare_{c}_ttft_p50_s"] = over(lambda r, c=c: r["bare"][str(c)]["ttft_s"]["p50"])
+    for kind, runs in (("bare", BARE), ("inline", INLINE)):
+        for c in runs if rounds[0][kind] else ():
+            out[f"{kind}_{c}_output_tokens_per_s"] = over(
+                lambda r, k=kind, c=c: r[k][str(c)]["output_tokens_per_s"]
+            )
+            out[f"{kind}_{c}_ttft_p50_s"] = over(lambda r, k=kind, c=c: r[k][str(c)]["ttft_s"]["p50"])
     return out
 
 
@@ -516,6 +546,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     seed_builtins(root, ["tiny-lm"])
     add_generative(root, "llama-bench", directory, GENERATION, "hf")
     servers = {"executor": executor_process(root, args.backend, args.mode), "bare": bare_process()}
+    if args.backend == "cpu":
+        servers["inline"] = executor_process(root, args.backend, args.mode, "inline")
     rounds: list[dict[str, Any]] = []
     try:
         for server in servers.values():
@@ -611,6 +643,13 @@ def run() -> None:
             f"TTFT p50 {r['ttft_s']['p50'] * 1e3:.1f} ms "
             f"p99 {r['ttft_s']['p99'] * 1e3:.1f} ms, TPOT p50 {r['tpot_s']['p50'] * 1e3:.2f} ms"
         )
+    for c, r in last["inline"].items():
+        print(
+            f"last round: executor, engine in process {c:>2} streams: {r['output_tokens_per_s']:.1f} tok/s "
+            f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token, "
+            f"{r['executor_loop_thread_cpu_us_per_output_token']:.0f} of them the loop's), "
+            f"TTFT p50 {r['ttft_s']['p50'] * 1e3:.2f} ms"
+        )
     for c, r in last["bare"].items():
         print(
             f"last round: bare streamer (no model) {c:>2} streams: {r['output_tokens_per_s']:.1f} tok/s "
@@ -620,7 +659,8 @@ def run() -> None:
         )
     for b, cpu in report["cpu_per_token_floor_over_streams"].items():
         print(
-            f"CPU time per output token, floor / executor process at {b} streams (not a target): "
+            f"CPU time per output token, floor / executor (engine process included) at {b} streams "
+            f"(not a target): "
             f"x{cpu['median']:.2f} (rounds: {', '.join(f'x{v:.2f}' for v in cpu['per_round'])})"
         )
     for k, rounds in report["ratios_per_round"].items():
