@@ -31,20 +31,37 @@ from tests.gen_models import (
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20)
 
 
-@pytest_asyncio.fixture(loop_scope="session", scope="module", params=["process", "inline"])
-async def executor(
-    request: pytest.FixtureRequest, llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Executor]:
-    """An executor with its generation engines in processes of their own (the cpu default), and
-    one with them on its device thread."""
-    root = tmp_path_factory.mktemp("gen-repo")
+async def _executor(engine: str, llama_dir: Path, root: Path) -> Executor:
     registry = repository_with_llama(root, llama_dir)
     add_tiny_lm_variant(root, "tiny-lm-gen-one-slot", decode_slots=1, max_queue=1)
-    ex = Executor(ExecutorConfig(generation_engine=request.param), select_backend("cpu"), registry)
+    ex = Executor(ExecutorConfig(generation_engine=engine), select_backend("cpu"), registry)
     for name in ("tiny-lm-gen", "llama-tiny", "tiny-lm-gen-one-slot"):
         await ex.load_model(name, "", ex.default_options())
+    return ex
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def executor(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Executor]:
+    """An executor with its generation engines in processes of their own (the cpu default)."""
+    ex = await _executor("process", llama_dir, tmp_path_factory.mktemp("gen-repo"))
     yield ex
     await ex.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def inline_executor(
+    llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Executor]:
+    """One with its engines on its device thread (`--generation-engine inline`)."""
+    ex = await _executor("inline", llama_dir, tmp_path_factory.mktemp("gen-repo-inline"))
+    yield ex
+    await ex.close()
+
+
+@pytest.fixture(params=["process", "inline"])
+def either(request: pytest.FixtureRequest, executor: Executor, inline_executor: Executor) -> Executor:
+    """Each engine in turn: the tests of batching, exact tokens and cancellation run on both."""
+    return executor if request.param == "process" else inline_executor
 
 
 async def events(stream: GenerationStream) -> list[TokenEvent]:
@@ -60,8 +77,9 @@ def model(ex: Executor, name: str) -> LoadedModel:
 
 
 async def test_tiny_lm_greedy_equals_full_forward_decoding_under_continuous_batching(
-    executor: Executor,
+    either: Executor,
 ) -> None:
+    executor = either
     m = model(executor, "tiny-lm-gen")
     assert m.engine is not None
     # 12 requests for 8 slots, prompts 3..30 tokens, outputs 5..24: requests join and leave
@@ -85,7 +103,8 @@ async def test_tiny_lm_greedy_equals_full_forward_decoding_under_continuous_batc
     assert m.engine.running == 0 and m.engine.depth == 0
 
 
-async def test_llama_greedy_equals_hf_generate(executor: Executor, llama_dir: Path) -> None:
+async def test_llama_greedy_equals_hf_generate(either: Executor, llama_dir: Path) -> None:
+    executor = either
     m = model(executor, "llama-tiny")
     assert m.engine is not None
     texts = ["the quick brown", "hello", "serving language models one", "a switchyard routes trains from"]
@@ -156,7 +175,8 @@ async def test_stop_ids_and_stop_strings_end_the_generation(executor: Executor) 
     assert by_text[-1].finish_reason == "stop"
 
 
-async def test_cancellation_frees_the_slot_at_the_next_step(executor: Executor) -> None:
+async def test_cancellation_frees_the_slot_at_the_next_step(either: Executor) -> None:
+    executor = either
     m = model(executor, "tiny-lm-gen-one-slot")
     assert m.engine is not None
     long = SamplingParams(temperature=0.0, max_tokens=50)
