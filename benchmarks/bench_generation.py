@@ -264,9 +264,11 @@ async def executor_run(
             itl.extend(b - a for a, b in itertools.pairwise(stamps))
 
     cpu, loop = cpu_s()
+    client_cpu = time.process_time()  # this process runs nothing else meanwhile
     begin = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     seconds = time.perf_counter() - begin
+    client_cpu = time.process_time() - client_cpu
     total, main_thread = cpu_s()
     cpu, loop = total - cpu, main_thread - loop
     await channel.close()
@@ -280,6 +282,8 @@ async def executor_run(
         "executor_cpu_s": cpu,
         "executor_cpu_us_per_output_token": cpu / tokens * 1e6,
         "executor_loop_thread_cpu_us_per_output_token": loop / tokens * 1e6,
+        # the client's share of the host: with the servers', what a token costs the 2 cores
+        "client_cpu_us_per_output_token": client_cpu / tokens * 1e6,
         "ttft_s": quantiles(ttft),
         "tpot_s": quantiles(tpot),
         "itl_s": quantiles(itl),
@@ -634,29 +638,18 @@ def run() -> None:
             f"({floor['cpu_us_per_output_token']:.0f} us CPU/token)"
         )
     print(f"last round: in-process prefill p50 {last['prefill_s']['p50'] * 1e3:.1f} ms")
-    for c, r in last["executor"].items():
-        print(
-            f"last round: executor ({report['backend']}) {c:>2} streams: "
-            f"{r['output_tokens_per_s']:.1f} tok/s, "
-            f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token, "
-            f"{r['executor_loop_thread_cpu_us_per_output_token']:.0f} of them the loop's), "
-            f"TTFT p50 {r['ttft_s']['p50'] * 1e3:.1f} ms "
-            f"p99 {r['ttft_s']['p99'] * 1e3:.1f} ms, TPOT p50 {r['tpot_s']['p50'] * 1e3:.2f} ms"
-        )
-    for c, r in last["inline"].items():
-        print(
-            f"last round: executor, engine in process {c:>2} streams: {r['output_tokens_per_s']:.1f} tok/s "
-            f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token, "
-            f"{r['executor_loop_thread_cpu_us_per_output_token']:.0f} of them the loop's), "
-            f"TTFT p50 {r['ttft_s']['p50'] * 1e3:.2f} ms"
-        )
-    for c, r in last["bare"].items():
-        print(
-            f"last round: bare streamer (no model) {c:>2} streams: {r['output_tokens_per_s']:.1f} tok/s "
-            f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token, "
-            f"{r['executor_loop_thread_cpu_us_per_output_token']:.0f} of them the loop's), "
-            f"TTFT p50 {r['ttft_s']['p50'] * 1e3:.2f} ms"
-        )
+    labels = {"executor": f"executor ({report['backend']})", "inline": "executor, engine in process",
+              "bare": "bare streamer (no model)"}  # fmt: skip
+    for kind, label in labels.items():
+        for c, r in last[kind].items():
+            print(
+                f"last round: {label} {c:>2} streams: {r['output_tokens_per_s']:.1f} tok/s "
+                f"({r['executor_cpu_us_per_output_token']:.0f} us CPU/token, "
+                f"{r['executor_loop_thread_cpu_us_per_output_token']:.0f} of them the loop's; the "
+                f"client's {r['client_cpu_us_per_output_token']:.0f}), TTFT p50 "
+                f"{r['ttft_s']['p50'] * 1e3:.2f} ms p99 {r['ttft_s']['p99'] * 1e3:.1f} ms, "
+                f"TPOT p50 {r['tpot_s']['p50'] * 1e3:.2f} ms"
+            )
     for b, cpu in report["cpu_per_token_floor_over_streams"].items():
         print(
             f"CPU time per output token, floor / executor (engine process included) at {b} streams "
