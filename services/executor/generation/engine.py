@@ -1,8 +1,10 @@
 """The generation engine: iteration-level (continuous) batching over a static KV cache.
 
-`GenerationRuntime` (`generation.runtime`) is the device side, run on the executor's device
-thread. `GenerationEngine` is the scheduler (on the event loop). Requests wait in a bounded queue
-(beyond `max_queue`, RESOURCE_EXHAUSTED) for a free slot. Each iteration:
+`GenerationRuntime` (`generation.runtime`) is the device side. `EngineCore` is the scheduler,
+run one iteration at a time: by the engine process on its one thread (`engine_process`, the
+cpu default), or by `GenerationEngine` in the executor's own process, from the event loop with
+the steps on the device thread (accelerators, and `--generation-engine inline`). Requests wait
+in a bounded queue (beyond `max_queue`, RESOURCE_EXHAUSTED) for a free slot. Each iteration:
 1. requests cancelled or past their deadline leave, and their slots are freed;
 2. up to `max_prefills_per_step` waiting requests take free slots;
 3. one step: a decode row for every running request (one new token each, each at its own
@@ -14,8 +16,8 @@ Tokens are chosen with the step (host sampling, `sampling`), so the event loop o
 events to the streams: each request's wait in its `EventBuffer` until its consumer takes them,
 all that came at once (a stream's writer that lagged sends them in one response).
 
-Where a step runs: on the device thread, unless it serves one request alone and the executor
-says a step of its expected length may run on the event loop (`inline_ok`: nothing else on
+Where a step runs in process: on the device thread, unless it serves one request alone and the
+executor says a step of its expected length may run on the event loop (`inline_ok`: nothing else on
 the device and the step short, as for a lone unary request). A short eager step is
 Python-bound: on a thread of its own it pays two thread hand-offs per step and contends with
 the event loop for the GIL (every torch op releases it, and takes it back only when the loop
@@ -392,8 +394,8 @@ class EngineCore:
             self._deliver(request, choice)
 
     def _compute(self, decodes: list[Request], admitted: list[Request]) -> list[tuple[Request, Choice]]:
-        """One iteration on the device thread: the decode step and the prefills (one mixed step
-        on eager), then each request's next choice."""
+        """One iteration's compute (on the device thread, inline, or in the engine process): the
+        decode step and the prefills (one mixed step on eager), then each request's next choice."""
         start = time.perf_counter_ns()
         clock = self._clock()
         logits = self.runtime.step(
