@@ -652,7 +652,7 @@ def run() -> None:
             )
     for b, cpu in report["cpu_per_token_floor_over_streams"].items():
         print(
-            f"CPU time per output token, floor / executor (engine process included) at {b} streams "
+            f"CPU time per output token, floor / executor (its child processes included) at {b} streams "
             f"(not a target): "
             f"x{cpu['median']:.2f} (rounds: {', '.join(f'x{v:.2f}' for v in cpu['per_round'])})"
         )
