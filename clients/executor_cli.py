@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from services.executor.executor_config import GENERATION_ENGINES
 from switchyard import net
 
 
@@ -67,7 +68,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: cores - 1)")
     serve.add_argument(
         "--generation-engine",
-        choices=("process", "inline"),
+        choices=GENERATION_ENGINES,
         default="process",
         help="on cpu, a causal LM's generation engine runs in a process of its own (default) or "
         "on the executor's device thread",
