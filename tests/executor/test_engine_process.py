@@ -1,13 +1,15 @@
 """The generation engine in a process of its own (the cpu default): where it runs, that it
-stops with its model, what a lost engine process does to its requests, a failed load's error,
-and the setting's check. The engine's own behaviour through the process (exact tokens,
+stops with its model, a deadline that passes in its queue, a reload that takes the spare, what
+a lost engine process does to its requests, a failed load's error, and the setting's check. The engine's own behaviour through the process (exact tokens,
 continuous batching, cancellation, the queue's bound, bad input) is tested in
 test_generation.py, on both engines."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -16,12 +18,13 @@ from services.executor.device import select_backend
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_runtime import Executor
 from services.executor.executor_server import start_executor
+from services.executor.generation import engine_process
 from services.executor.generation.engine_process import EngineProcess, RemoteEngine
 from services.executor.generation.settings import SamplingParams
-from switchyard.errors import InvalidArgument, Unavailable
+from switchyard.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from switchyard.models.registry import ModelRegistry
 from switchyard.models.repository import CheckpointMismatch, seed_builtins
-from tests.gen_models import repository_with_llama, tiny_lm_reference
+from tests.gen_models import add_tiny_lm_variant, repository_with_llama, tiny_lm_reference
 
 
 def _executor(root: Path) -> Executor:
@@ -43,6 +46,41 @@ async def test_the_engine_runs_in_a_child_process_that_stops_with_its_model(tmp_
         assert stream.output_tokens == 12 and stream.busy_us > 0
         await ex.unload("tiny-lm-gen", "")
         assert child.returncode == 0  # asked to leave, and it left
+    finally:
+        await ex.close()
+
+
+async def test_a_deadline_that_passes_in_the_engine_process_queue_is_deadline_exceeded(
+    tmp_path: Path,
+) -> None:
+    """The deadline crosses into the child as a perf_counter instant (one clock on Linux)."""
+    add_tiny_lm_variant(tmp_path, "one-slot", decode_slots=1, max_queue=4)
+    ex = _executor(tmp_path)
+    try:
+        m = await ex.load_model("one-slot", "", ex.default_options())
+        long = SamplingParams(temperature=0.0, max_tokens=50)
+        first = ex.generate(m, list(b"first"), long, False, None)
+        it = first.__aiter__()
+        await anext(it)  # it holds the only slot
+        late = ex.generate(m, list(b"late"), long, False, time.perf_counter() + 0.001)
+        with pytest.raises(DeadlineExceeded, match="while the request waited for a decode slot"):
+            await asyncio.wait_for(anext(late.__aiter__()), 30)
+        first.cancel()
+    finally:
+        await ex.close()
+
+
+async def test_a_reload_takes_the_spare_engine_process(tmp_path: Path) -> None:
+    ex = _executor(tmp_path)
+    add_tiny_lm_variant(tmp_path, "tiny-lm-gen-again")
+    try:
+        await ex.load_model("tiny-lm-gen", "", ex.default_options())
+        spare = engine_process._SPARE._child  # started with that load, importing meanwhile
+        assert spare is not None and spare[0].poll() is None
+        m = await ex.load_model("tiny-lm-gen-again", "", ex.default_options())
+        assert isinstance(m.generation, EngineProcess) and m.generation.process is spare[0]
+        stream = ex.generate(m, list(b"spare"), SamplingParams(temperature=0.0, max_tokens=6), False, None)
+        assert [t async for e in stream for t in e.token_ids] == tiny_lm_reference(list(b"spare"), 6)
     finally:
         await ex.close()
 
