@@ -1,8 +1,8 @@
 """The generation engine in a process of its own (the cpu default): where it runs, that it
 stops with its model, a deadline that passes in its queue, a reload that takes the spare, what
-a lost engine process does to its requests, a failed load's error, and the setting's check. The engine's own behaviour through the process (exact tokens,
-continuous batching, cancellation, the queue's bound, bad input) is tested in
-test_generation.py, on both engines."""
+a lost engine process does to its requests, a failed load's error, and the setting's check.
+The engine's own behaviour through the process (exact tokens, continuous batching,
+cancellation, the queue's bound, bad input) is tested in test_generation.py."""
 
 from __future__ import annotations
 
