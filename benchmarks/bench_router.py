@@ -1,38 +1,34 @@
 """Router overhead: direct-to-executor versus through the router, measured in one run.
 
-Each service runs in its own process, as deployed: a CPU executor serving two light user
-models (block means of the input, so model compute does not dilute the overhead), metering on
-a temporary SQLite file, and the router started with `switchyard router serve` (auth through
-metering with its cache, usage events to metering, telemetry off). One client process sends
-pre-serialised ModelInferRequests over grpc.aio straight to the executor (the baseline),
-through a bare grpc.aio pass-through hop (unary bytes in, unary bytes out, nothing else: the
-plain Python hop the issue compares with, on gRPC's and asyncio's defaults), and through three
-routers: as deployed (uvloop, gRPC's EventEngine endpoints off: see switchyard/transport.py;
-inference to the executor in frames: switchyard/frames.py), the same over gRPC streams to the
-executor (`router_grpc`), and over streams on stock settings (`router_stock`: asyncio's loop,
-gRPC's default transport). The five alternate in rounds so the machine's drifting load hits
-each alike, with a 1 KB input (1 x 256 FP32, `small`) and a 1 MiB input (1 x 262144 FP32,
-`wide`), at 1 and 16 concurrent clients. `router_capture` is `router` with workload capture on
-(share 0.1, `--capture-share`): its throughput over `router's` is the cost of capture. Prints
-p50/p99, throughput at 16 and the ratios,
-and writes out/bench/router.json.
+The default is the production configuration (issue 34): `router` is `switchyard router
+serve` with mutual TLS on every internal hop (its own certificate to an executor and a metering
+that require one: frames over TLS, Authenticate and RecordUsage over mTLS gRPC, certificates as
+`switchyard up` issues them), auth through metering with its cache, usage events to metering
+(SQLite), and every service at the documented production tracing setting (OTLP to a local
+collector, parent-based 1% sampling; `--tracing none` turns it off everywhere). `direct` calls
+that executor straight, on mTLS with a router certificate. The client's leg to every router is
+plaintext, as `switchyard up` serves the public port (it takes API keys).
 
-Service identity: the plaintext targets run with SWITCHYARD_SECURITY_INSECURE=true, by name.
-`router_mtls` is the deployed router with every internal hop on mutual TLS: its own
-certificate to a second executor and a second metering that require one (frames over TLS,
-Authenticate and RecordUsage over mTLS gRPC), certificates issued as `switchyard up` issues
-them. `direct_mtls` calls that executor straight, with a router certificate. The client's leg
-to every router, router_mtls included, is plaintext (the public port takes API keys), so
-router_mtls and router differ only in the encrypted internal hops. The mTLS cost is
-router_mtls's p50 minus router's at 1 KB, c=1 (target <= 0.15 ms), and router_mtls's
-throughput at 16 clients against direct's (>= 0.6). Each row also gives the CPU time per
-request of every process on its path (client, router, executor, metering; all threads, from
-/proc/<pid>/task/*/schedstat), which shows where a difference goes.
+The plaintext figures stand beside it, never instead: `router_plaintext` and
+`direct_plaintext` are the same router and executor on plaintext hops
+(SWITCHYARD_SECURITY_INSECURE=true, by name), with a bare grpc.aio pass-through hop
+(`passthrough`: unary bytes in and out, asyncio's and gRPC's defaults), the router over gRPC
+streams to the executor (`router_grpc`), over streams on stock settings (`router_stock`:
+asyncio's loop, gRPC's default transport) and with workload capture on (`router_capture`,
+share 0.1, `--capture-share`: its throughput over router_plaintext's is the cost of capture).
+All targets alternate in rounds so the machine's drifting load hits each alike, with a 1 KB
+input (1 x 256 FP32, `small`) and a 1 MiB input (1 x 262144 FP32, `wide`), at 1 and 16
+concurrent clients. The mTLS cost is router's p50 minus router_plaintext's. Each row also gives
+the CPU time per request of every process on its path (client, router, executor, metering;
+all threads, from /proc/<pid>/task/*/schedstat), which shows where a difference goes. Prints
+p50/p99, throughput at 16 and the ratios (a production and a plaintext row per cell) and
+writes out/bench/router.json.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_router.py [--scale 0.5]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_router.py [--scale 0.5] [--sizes 1KB]
 
-Targets (issue 5): <= 0.5 ms added at p50 and <= 1.5 ms at p99 for 1 KB at concurrency 1;
-through-router throughput >= 0.6 of direct at 16 clients.
+Targets: issue 5, <= 0.5 ms added at p50 and <= 1.5 ms at p99 for 1 KB at concurrency 1,
+through-router throughput >= 0.6 of direct at 16 clients, mTLS adding <= 0.15 ms at p50;
+issue 34, >= 0.8 of direct at 16 clients, with mTLS on.
 """
 
 from __future__ import annotations
@@ -55,6 +51,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from benchmarks.bench_outside import OtlpSink, production_tracing
 from services.router import wire
 from switchyard import net, tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
@@ -75,7 +72,7 @@ INFER = "/inference.GRPCInferenceService/ModelInfer"
 STOCK = {"SWITCHYARD_LOOP": "asyncio", "GRPC_EXPERIMENTS": ""}
 # The routers measured: name -> (environment, executor_transport).
 ROUTERS: dict[str, tuple[dict[str, str], str]] = {
-    "router": ({}, "frames"),
+    "router_plaintext": ({}, "frames"),
     "router_grpc": ({}, "grpc"),
     "router_stock": (STOCK, "grpc"),
     # as deployed, with workload capture on every route (share CAPTURE_SHARE, --capture-share)
@@ -90,9 +87,11 @@ import gc, sys
 from pathlib import Path
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import start_executor
+from switchyard import telemetry
 from switchyard.grpcio import run_service
 
 async def main() -> None:
+    telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-executor"))
     cfg = ExecutorConfig(port=int(sys.argv[1]), models={MODELS!r}, batch_buckets={BUCKETS!r},
                          max_queue_size=1024, model_repository=sys.argv[2],
                          allowed_factories=("benchmarks",))
@@ -135,9 +134,11 @@ asyncio.run(main())
 METERING = """
 import sys
 from services.metering.metering_server import start_metering
+from switchyard import telemetry
 from switchyard.grpcio import ServerOptions, run_service
 
 async def main() -> None:
+    telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-metering"))
     running = await start_metering(sys.argv[2], ServerOptions(port=int(sys.argv[1])))
     print("READY", flush=True)
     await running.serve_until_signal()
@@ -396,19 +397,27 @@ def _row(r: Result, size: str, concurrency: int) -> str:
 def _paths(pid: dict[str, int]) -> dict[str, dict[str, int]]:
     """The processes on each target's path (name -> pid), whose CPU per request is reported."""
     return {
-        "direct": {"executor": pid["executor"]},
-        "direct_mtls": {"executor": pid["executor_mtls"]},
+        "direct": {"executor": pid["executor_mtls"]},
+        "direct_plaintext": {"executor": pid["executor"]},
         "passthrough": {"passthrough": pid["passthrough"], "executor": pid["executor"]},
         **{
             name: {"router": pid[name], "executor": pid["executor"], "metering": pid["metering"]}
             for name in ROUTERS
         },
-        "router_mtls": {
-            "router": pid["router_mtls"],
+        "router": {
+            "router": pid["router"],
             "executor": pid["executor_mtls"],
             "metering": pid["metering_mtls"],
         },
     }
+
+
+def _base_env(tracing: str, sink: OtlpSink) -> tuple[dict[str, str], dict[str, str]]:
+    """The tracing variables and every child's environment but its identity: every service at
+    the same tracing setting, so router and router_plaintext differ in TLS only."""
+    traces = production_tracing(sink) if tracing == "production" else {"OTEL_TRACES_EXPORTER": "none"}
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("SWITCHYARD_SECURITY_", "OTEL_"))}
+    return traces, {**inherited, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", **traces}
 
 
 async def run(
@@ -416,17 +425,32 @@ async def run(
     capture_share: float = CAPTURE_SHARE,
     sizes: tuple[str, ...] = tuple(SIZES),
     rounds_c16: int = 3,
+    tracing: str = "production",
+) -> dict[str, Any]:
+    """The whole run, with a local OTLP collector for the production tracing setting."""
+    sink = OtlpSink()
+    sink.start()
+    try:
+        report = await _run(scale, capture_share, sizes, rounds_c16, tracing, sink)
+    finally:
+        sink.stop()
+    report["configuration"]["tracing"]["otlp_spans_received"] = sink.spans
+    return report
+
+
+async def _run(
+    scale: float, capture_share: float, sizes: tuple[str, ...], rounds_c16: int, tracing: str, sink: OtlpSink
 ) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
-    env = {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.INSECURE_ENV: "true"}
+    traces, base = _base_env(tracing, sink)
+    env = {**base, tls.INSECURE_ENV: "true"}
     pki = tls.ensure_local_pki(tmp / "tls", ["executor-cpu", "metering", "router", "operator"])
     ids = {name: tls.Security.from_dir(folder) for name, folder in pki.items()}
 
     def mtls_env(name: str) -> dict[str, str]:
-        return {**base, "PYTHONPATH": str(ROOT), "SWITCHYARD_TRACES": "none", tls.TLS_DIR_ENV: str(pki[name])}
+        return {**base, tls.TLS_DIR_ENV: str(pki[name])}
 
-    names = ("executor", "metering", "executor_mtls", "metering_mtls", "passthrough", *ROUTERS, "router_mtls")
+    names = ("executor", "metering", "executor_mtls", "metering_mtls", "passthrough", *ROUTERS, "router")
     ports = {name: free_port() for name in names}
     addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     _write_route_files(tmp, addr, capture_share)
@@ -471,8 +495,8 @@ async def run(
         )
         key = await setup_key(addr["metering"], tls.Security.plaintext())
         key_mtls = await setup_key(addr["metering_mtls"], operator)
-        procs.append(await spawn_router("router_mtls", "mtls", addr["metering_mtls"], mtls_env("router")))
-        await wait_serving(addr["router_mtls"])
+        procs.append(await spawn_router("router", "mtls", addr["metering_mtls"], mtls_env("router")))
+        await wait_serving(addr["router"])
         for name, (settings, transport) in ROUTERS.items():
             procs.append(await spawn_router(name, transport, addr["metering"], {**env, **settings}))
             await wait_serving(addr[name])
@@ -481,7 +505,7 @@ async def run(
             {
                 name: proc.pid
                 for name, proc in zip(
-                    [*(c[1] for c in children), "passthrough", "router_mtls", *ROUTERS], procs, strict=True
+                    [*(c[1] for c in children), "passthrough", "router", *ROUTERS], procs, strict=True
                 )
             }
         )
@@ -506,11 +530,11 @@ async def run(
             await wait_answering(addr["passthrough"], body)
             n = max(20 * rounds, int(count * scale))
             targets: list[tuple[str, str, Any, tls.Security | None]] = [
-                ("direct", addr["executor"], None, None),
-                ("direct_mtls", addr["executor_mtls"], None, ids["router"]),
+                ("direct", addr["executor_mtls"], None, ids["router"]),
+                ("direct_plaintext", addr["executor"], None, None),
                 ("passthrough", addr["passthrough"], None, None),
                 *((name, addr[name], auth, None) for name in ROUTERS),
-                ("router_mtls", addr["router_mtls"], [("authorization", f"Bearer {key_mtls}")], None),
+                ("router", addr["router"], [("authorization", f"Bearer {key_mtls}")], None),
             ]
             for r in await measure_cell(targets, body, concurrency, n, rounds, size, x.nbytes, paths):
                 results.append(r)
@@ -521,7 +545,7 @@ async def run(
                 proc.terminate()
         for proc in procs:
             await proc.wait()
-    report = summarise(results, scale, sizes)
+    report = summarise(results, scale, sizes, {"setting": tracing, **traces})
     from services.router.capture import list_workloads
 
     captured = sum(int(w["requests"]) for w in list_workloads(tmp / "workloads"))
@@ -536,7 +560,7 @@ def _capture_summary(
     by = {(r.target, r.size, r.concurrency): r for r in results}
     ratios = {
         f"{size}_c{c}": by[("router_capture", size, c)].throughput_rps
-        / by[("router", size, c)].throughput_rps
+        / by[("router_plaintext", size, c)].throughput_rps
         for size in sizes
         for c in (1, 16)
     }
@@ -556,41 +580,57 @@ def _added(x: Result, direct: Result) -> dict[str, float]:
     }
 
 
-def summarise(results: list[Result], scale: float, sizes: tuple[str, ...] = tuple(SIZES)) -> dict[str, Any]:
+PLAINTEXT_ROWS = ("passthrough", *(name for name in ROUTERS if name != "router_plaintext"))
+
+
+def _comparison(
+    by: dict[tuple[str, str, int], Result], row: str, size: str, concurrency: int
+) -> dict[str, Any]:
+    """One row of a cell: `production` (router against direct, both on mTLS) or `plaintext`
+    (router_plaintext against direct_plaintext, with the other plaintext hops beside them)."""
+    suffix = "" if row == "production" else "_plaintext"
+    d, r = by[(f"direct{suffix}", size, concurrency)], by[(f"router{suffix}", size, concurrency)]
+    out: dict[str, Any] = {"row": row, "size": size, "input_bytes": d.input_bytes, "concurrency": concurrency}
+    out |= _added(r, d)
+    if row == "production":
+        plain = by[("router_plaintext", size, concurrency)]
+        # what mutual TLS on the router's hops adds: router against router_plaintext
+        out["mtls_added_p50_ms"] = r.p50_ms - plain.p50_ms
+        out["mtls_added_p99_ms"] = r.p99_ms - plain.p99_ms
+        out["mtls_throughput_vs_plaintext"] = r.throughput_rps / plain.throughput_rps
+        out["others"] = {}
+    else:
+        floor = by[("passthrough", size, concurrency)]
+        # the router's added p50 as a share of the bare hop's (below 1: cheaper)
+        out["added_p50_vs_passthrough"] = (r.p50_ms - d.p50_ms) / max(1e-9, floor.p50_ms - d.p50_ms)
+        out["others"] = {name: _added(by[(name, size, concurrency)], d) for name in PLAINTEXT_ROWS}
+    return out
+
+
+def summarise(
+    results: list[Result],
+    scale: float,
+    sizes: tuple[str, ...] = tuple(SIZES),
+    tracing: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     by = {(r.target, r.size, r.concurrency): r for r in results}
-    comparisons: list[dict[str, Any]] = []
-    for size in sizes:
-        for concurrency in (1, 16):
-            d, r = by[("direct", size, concurrency)], by[("router", size, concurrency)]
-            floor = by[("passthrough", size, concurrency)]
-            comparisons.append(
-                {
-                    "size": size,
-                    "input_bytes": d.input_bytes,
-                    "concurrency": concurrency,
-                    **_added(r, d),
-                    # the router's added p50 as a share of the bare hop's (below 1: cheaper)
-                    "added_p50_vs_passthrough": (r.p50_ms - d.p50_ms) / max(1e-9, floor.p50_ms - d.p50_ms),
-                    "others": {
-                        name: _added(by[(name, size, concurrency)], d)
-                        for name in ("passthrough", *ROUTERS, "direct_mtls", "router_mtls")
-                        if name != "router"
-                    },
-                    # what mutual TLS on the router's hops adds: router_mtls against router
-                    "mtls_added_p50_ms": by[("router_mtls", size, concurrency)].p50_ms - r.p50_ms,
-                    "mtls_added_p99_ms": by[("router_mtls", size, concurrency)].p99_ms - r.p99_ms,
-                    "mtls_throughput_vs_router": by[("router_mtls", size, concurrency)].throughput_rps
-                    / r.throughput_rps,
-                }
-            )
-    key = {(c["size"], c["concurrency"]): c for c in comparisons}
+    comparisons = [
+        _comparison(by, row, size, concurrency)
+        for size in sizes
+        for concurrency in (1, 16)
+        for row in ("production", "plaintext")
+    ]
+    key = {(c["row"], c["size"], c["concurrency"]): c for c in comparisons}
+    prod1, prod16 = key[("production", "1KB", 1)], key[("production", "1KB", 16)]
+    plain1, plain16 = key[("plaintext", "1KB", 1)], key[("plaintext", "1KB", 16)]
     targets = {
-        "added_p50_ms_1KB_c1<=0.5": key[("1KB", 1)]["added_p50_ms"] <= 0.5,
-        "added_p99_ms_1KB_c1<=1.5": key[("1KB", 1)]["added_p99_ms"] <= 1.5,
-        "throughput_ratio_1KB_c16>=0.6": key[("1KB", 16)]["throughput_ratio"] >= 0.6,
-        "mtls_added_p50_ms_1KB_c1<=0.15": key[("1KB", 1)]["mtls_added_p50_ms"] <= 0.15,
-        "mtls_throughput_ratio_1KB_c16>=0.6": key[("1KB", 16)]["others"]["router_mtls"]["throughput_ratio"]
-        >= 0.6,
+        "added_p50_ms_1KB_c1<=0.5": prod1["added_p50_ms"] <= 0.5,
+        "added_p99_ms_1KB_c1<=1.5": prod1["added_p99_ms"] <= 1.5,
+        "throughput_ratio_1KB_c16>=0.6": prod16["throughput_ratio"] >= 0.6,
+        "throughput_ratio_1KB_c16>=0.8 (issue 34)": prod16["throughput_ratio"] >= 0.8,
+        "mtls_added_p50_ms_1KB_c1<=0.15": prod1["mtls_added_p50_ms"] <= 0.15,
+        "plaintext_added_p50_ms_1KB_c1<=0.5": plain1["added_p50_ms"] <= 0.5,
+        "plaintext_throughput_ratio_1KB_c16>=0.8": plain16["throughput_ratio"] >= 0.8,
     }
     return {
         "benchmark": "router",
@@ -602,9 +642,11 @@ def summarise(results: list[Result], scale: float, sizes: tuple[str, ...] = tupl
             },
             "executor": {"batch_buckets": BUCKETS, "dynamic_batching": True, "max_queue_delay_us": 0},
             "router": "switchyard router serve: pinned route, Bearer auth via metering (2 s cache), "
-            "usage events batched to metering (SQLite), telemetry off; `router` as deployed: "
-            "uvloop, gRPC's EventEngine endpoints off (switchyard/transport.py), inference to the "
-            "executor in frames (switchyard/frames.py); `router_grpc` the same over gRPC "
+            "usage events batched to metering (SQLite), tracing at --tracing (every service alike); "
+            "`router` as deployed: mTLS to its executor (frames over TLS) and metering, uvloop, "
+            "gRPC's EventEngine endpoints off (switchyard/transport.py), inference to the "
+            "executor in frames (switchyard/frames.py); `router_plaintext` the same on plaintext "
+            "hops, to a plaintext executor and metering; `router_grpc` that over gRPC "
             "ModelStreamInfer streams (executor_transport = grpc); `router_stock` over streams on "
             "asyncio's loop and gRPC's default transport",
             "passthrough": "a bare grpc.aio hop on asyncio's loop and gRPC's default transport",
@@ -614,11 +656,14 @@ def summarise(results: list[Result], scale: float, sizes: tuple[str, ...] = tupl
             "1MB c=1 240/3, 1MB c=16 480/3, times --scale; --sizes and --rounds-c16 narrow it",
             "sizes": list(sizes),
             "processes": "executor, metering, each router and the client in its own process",
-            "legs": "client->router plaintext for every router; router_mtls: router->executor "
-            "(frames, gRPC control) and router->metering on mTLS; direct_mtls: client->executor mTLS",
+            "legs": "client->router plaintext for every router (the public port takes API keys, "
+            "as `switchyard up` serves it); router: router->executor (frames, gRPC control) and "
+            "router->metering on mTLS; direct: client->executor on mTLS with a router certificate; "
+            "the *_plaintext rows, passthrough, router_grpc/stock/capture: plaintext hops",
             "cpu_us_per_request": "CPU time of each process on the target's path during its "
             "rounds, all threads (schedstat), over the requests",
             "scale": scale,
+            "tracing": dict(tracing or {}),
             "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpc": grpc.__version__},
         },
         "results": [asdict(r) for r in results],
@@ -643,23 +688,32 @@ def main() -> int:
         default=3,
         help="rounds of the 16-client cells (default 3; more spreads a noisy machine's bursts)",
     )
+    parser.add_argument(
+        "--tracing",
+        choices=("production", "none"),
+        default="production",
+        help="every service's tracing: the documented production setting (default; OTLP to a "
+        "local collector, parent-based 1%% sampling) or none",
+    )
     args = parser.parse_args()
     sizes = tuple(s.strip() for s in args.sizes.split(",") if s.strip())
     unknown = sorted(set(sizes) - set(SIZES))
     if unknown or "1KB" not in sizes:
         parser.error(f"--sizes: give 1KB and optionally 1MB (got {args.sizes!r})")
-    report = asyncio.run(run(args.scale, args.capture_share, sizes, max(1, args.rounds_c16)))
+    report = asyncio.run(run(args.scale, args.capture_share, sizes, max(1, args.rounds_c16), args.tracing))
     report["configuration"]["rounds_c16"] = max(1, args.rounds_c16)
     for c in report["comparisons"]:
-        print(
-            f"{c['size']} c={c['concurrency']:2d}: mTLS on the router's hops adds p50 "
-            f"{c['mtls_added_p50_ms']:+.3f} ms, p99 {c['mtls_added_p99_ms']:+.3f} ms; throughput "
-            f"{c['mtls_throughput_vs_router']:.2f} of the plaintext router's"
-        )
-        print(f"{c['size']} c={c['concurrency']:2d}, added to direct:")
-        for name, x in {"router": c, **c["others"]}.items():
+        if c["row"] == "production":
             print(
-                f"    {name:12s} p50 {x['added_p50_ms']:+.3f} ms  p99 {x['added_p99_ms']:+.3f} ms  "
+                f"{c['size']} c={c['concurrency']:2d}: mTLS on the router's hops adds p50 "
+                f"{c['mtls_added_p50_ms']:+.3f} ms, p99 {c['mtls_added_p99_ms']:+.3f} ms; throughput "
+                f"{c['mtls_throughput_vs_plaintext']:.2f} of the plaintext router's"
+            )
+        suffix = "" if c["row"] == "production" else "_plaintext"
+        print(f"{c['size']} c={c['concurrency']:2d}, {c['row']}: added to direct{suffix}:")
+        for name, x in {f"router{suffix}": c, **c["others"]}.items():
+            print(
+                f"    {name:16s} p50 {x['added_p50_ms']:+.3f} ms  p99 {x['added_p99_ms']:+.3f} ms  "
                 f"throughput ratio {x['throughput_ratio']:.2f}"
             )
     for name, ok in report["targets_met"].items():
