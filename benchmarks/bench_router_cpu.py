@@ -1,0 +1,210 @@
+"""The router's CPU time per request, as deployed, in a same-run A/B (issue 34).
+
+`bench_router.py` measures every hop; this measures the router alone, where its CPU goes, and
+what a change to it saves. Processes as `bench_router.py` runs them: an executor and a
+metering on mutual TLS, every service at the documented production tracing setting (OTLP to a
+local collector, parent-based 1% sampling), and `router` (`switchyard router serve`, frames
+over TLS, Bearer auth and usage to metering over mTLS) from this tree; beside it
+`router_plaintext`, the same on plaintext hops to a plaintext executor and metering, and, with
+`--baseline TREE`, `router_baseline`: the production router run from another source tree (a
+`git worktree` of the commit before a change), against the same executor and metering. The
+routers alternate in rounds (order rotating) at each concurrency, so the machine's drifting
+load hits each alike, and each one's CPU time per request (all threads, schedstat) is the
+figure: on a shared host it moves far less than wall-clock latency. `--py-spy SECONDS`
+records the production router with py-spy (`--py-spy-bin`, rate 250 Hz, idle samples left out)
+during an extra window at the highest concurrency and writes its collapsed stacks beside the JSON.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_router_cpu.py [--baseline /tmp/before] \\
+        [--rounds 8] [--requests 400] [--py-spy 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import bench_router as br
+from benchmarks.bench_outside import OtlpSink, production_tracing
+from switchyard import tls
+from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.net import free_port
+
+ROOT = br.ROOT
+
+
+async def _spawn(args: list[str], env: dict[str, str], log: Path, tree: Path = ROOT) -> Any:
+    with log.open("wb") as sink:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, *args, env={**env, "PYTHONPATH": str(tree)}, cwd=tree, stdout=sink, stderr=sink
+        )
+
+
+def _body() -> bytes:
+    x = np.random.default_rng(0).standard_normal((1, br.SMALL)).astype(np.float32)
+    req = pb.ModelInferRequest(model_name="small")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, br.SMALL])
+    req.raw_input_contents.append(x.tobytes())
+    return req.SerializeToString()
+
+
+def _py_spy(binary: str, pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    args = [binary, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "250", "-f", "raw"]
+    return subprocess.Popen([*args, "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="router-cpu-"))
+    sink = OtlpSink()
+    sink.start()
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("SWITCHYARD_SECURITY_", "OTEL_"))}
+    base = {**inherited, "SWITCHYARD_TRACES": "none", **production_tracing(sink)}
+    plain = {**base, tls.INSECURE_ENV: "true"}
+    pki = tls.ensure_local_pki(tmp / "tls", ["executor-cpu", "metering", "router", "operator"])
+    mtls = {name: {**base, tls.TLS_DIR_ENV: str(folder)} for name, folder in pki.items()}
+    names = [
+        "executor",
+        "metering",
+        "executor_mtls",
+        "metering_mtls",
+        *br.ROUTERS,
+        "router",
+        "router_baseline",
+    ]
+    addr = {name: f"127.0.0.1:{free_port()}" for name in names}
+    br._write_route_files(tmp, addr, br.CAPTURE_SHARE)
+    br.write_block_means_repository(tmp / "models")
+    children = {
+        "executor": (br.EXECUTOR, str(tmp / "models"), plain),
+        "metering": (br.METERING, f"sqlite:///{tmp / 'ledger.db'}", plain),
+        "executor_mtls": (br.EXECUTOR, str(tmp / "models"), mtls["executor-cpu"]),
+        "metering_mtls": (br.METERING, f"sqlite:///{tmp / 'ledger-mtls.db'}", mtls["metering"]),
+    }
+    procs = {
+        name: await _spawn(["-c", script, addr[name].rsplit(":", 1)[1], arg], env, tmp / f"{name}.log")
+        for name, (script, arg, env) in children.items()
+    }
+    operator = tls.Security.from_dir(pki["operator"])
+
+    async def router(name: str, routes: str, metering: str, env: dict[str, str], tree: Path = ROOT) -> None:
+        procs[name] = await _spawn(
+            ["-m", "switchyard", "router", "serve", "--port", addr[name].rsplit(":", 1)[1],
+             "--config", str(tmp / f"routes-{routes}.toml"), "--metering", addr[metering],
+             "--spool-dir", str(tmp / f"spool-{name}")],
+            env, tmp / f"{name}.log", tree,
+        )  # fmt: skip
+        await br.wait_serving(addr[name])
+
+    try:
+        await br.wait_serving(addr["executor"])
+        await br.wait_serving(addr["executor_mtls"], operator)
+        await br.wait_serving(addr["metering"])
+        await br.wait_serving(addr["metering_mtls"], operator)
+        await br.wait_models_ready(addr["executor"], br.MODELS)
+        await br.wait_models_ready(
+            addr["executor_mtls"], br.MODELS, security=tls.Security.from_dir(pki["router"])
+        )
+        key = await br.setup_key(addr["metering"], tls.Security.plaintext())
+        key_mtls = await br.setup_key(addr["metering_mtls"], operator)
+        await router("router", "mtls", "metering_mtls", mtls["router"])
+        await router("router_plaintext", "frames", "metering", plain)
+        targets = [
+            ("router", addr["router"], [("authorization", f"Bearer {key_mtls}")], None),
+            ("router_plaintext", addr["router_plaintext"], [("authorization", f"Bearer {key}")], None),
+        ]
+        if args.baseline:
+            await router("router_baseline", "mtls", "metering_mtls", mtls["router"], Path(args.baseline))
+            targets.append(("router_baseline", addr["router_baseline"], targets[0][2], None))
+        cells = await _measure(args, targets, {name: procs[name].pid for name, *_ in targets})
+    finally:
+        for proc in procs.values():
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in procs.values():
+            await proc.wait()
+        sink.stop()
+    return {
+        "benchmark": "router_cpu",
+        "configuration": {
+            "tracing": production_tracing(sink) | {"otlp_spans_received": sink.spans},
+            "rounds": args.rounds,
+            "requests_per_round": args.requests,
+            "baseline": args.baseline or None,
+            "host_cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
+        },
+        "cells": cells,
+    }
+
+
+async def _measure(args: argparse.Namespace, targets: list[Any], pids: dict[str, int]) -> dict[str, Any]:
+    """Every concurrency's cell (the routers alternating in rounds), then the py-spy window."""
+    paths = {name: {"router": pid} for name, pid in pids.items()}
+    body = _body()
+    cells: dict[str, Any] = {}
+    for concurrency in args.concurrency:
+        n = args.requests * args.rounds * (4 if concurrency > 1 else 1)
+        results = await br.measure_cell(targets, body, concurrency, n, args.rounds, "1KB", len(body), paths)
+        cells[f"c{concurrency}"] = {r.target: _figures(r) for r in results}
+        for r in results:
+            print(br._row(r, "1KB", concurrency), flush=True)
+    if args.py_spy:
+        out = Path(args.out).with_suffix(".pyspy.txt")
+        spy = _py_spy(args.py_spy_bin, pids["router"], args.py_spy, out)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + args.py_spy
+        while loop.time() < deadline:
+            await br.measure_cell(targets[:1], body, max(args.concurrency), 400, 1, "1KB", len(body), paths)
+        spy.wait()
+    return cells
+
+
+def _figures(r: br.Result) -> dict[str, float]:
+    return {
+        "router_cpu_us_per_request": r.cpu_us_per_request["router"],
+        "client_cpu_us_per_request": r.cpu_us_per_request["client"],
+        "p50_ms": r.p50_ms,
+        "p99_ms": r.p99_ms,
+        "throughput_rps": r.throughput_rps,
+        "router_own_p50_us": r.router_own_p50_us,
+        "requests": r.requests,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", default="", help="a source tree to run router_baseline from")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument(
+        "--requests", type=int, default=300, help="requests per target per round at c=1 (x4 at c>1)"
+    )
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 16])
+    parser.add_argument(
+        "--py-spy", type=float, default=0.0, help="seconds of py-spy on the production router"
+    )
+    parser.add_argument("--py-spy-bin", default="py-spy")
+    parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "router-cpu.json"))
+    args = parser.parse_args()
+    report = asyncio.run(run(args))
+    for cell, rows in report["cells"].items():
+        for name, f in rows.items():
+            ratio = f["router_cpu_us_per_request"] / rows["router"]["router_cpu_us_per_request"]
+            cpu = f["router_cpu_us_per_request"]
+            print(f"{cell} {name:17s} router CPU {cpu:7.0f} us/request (x{ratio:.3f} of router's)")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
