@@ -302,3 +302,59 @@ def test_a_leaf_span_is_made_only_where_it_is_sampled() -> None:
     assert got["made"] == got["recording"] == got["roots"] and 400 < got["roots"] < 600, got
     assert got["children"] == [["4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"]]
     assert got["dropped"] is None
+
+
+CALL_CHILD = """
+import json
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from switchyard import telemetry
+
+memory = InMemorySpanExporter()
+telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-test"), exporter=memory)
+M = "/inference.GRPCInferenceService/ModelInfer"
+flags, recording = [], 0
+for _ in range(2000):
+    with telemetry.call_span(M, ()) as span:
+        flags.append(telemetry.trace_parameters()["traceparent"].rsplit("-", 1)[1])
+        recording += span.is_recording()
+roots = len(memory.get_finished_spans())
+memory.clear()
+tid, sid = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+sent = {}
+for name, metadata in {
+    "sampled": (("traceparent", f"00-{tid}-{sid}-01"),),
+    "unsampled": (("traceparent", f"00-{tid}-{sid}-00"),),
+    "unsampled_state": (("traceparent", f"00-{tid}-{sid}-00"), ("tracestate", "vendor=x")),
+}.items():
+    with telemetry.call_span(M, metadata):
+        sent[name] = telemetry.trace_parameters()
+        sent[name + "_id"] = telemetry.current_trace_id()
+print(json.dumps({"roots": roots, "recording": recording, "flags": sorted(set(flags)),
+                  "unsampled_flags": flags.count("02"), "sent": sent,
+                  "children": [format(s.parent.span_id, "016x") for s in memory.get_finished_spans()]}))
+"""
+
+
+def test_a_call_span_passes_on_its_trace_where_it_is_not_sampled() -> None:
+    got = _child(
+        {
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.25",
+        },
+        CALL_CHILD,
+    )
+    # about a quarter of the roots recorded and exported; every other one still sends a
+    # traceparent on, not sampled, so the calls it makes follow its decision
+    assert got["recording"] == got["roots"] and 400 < got["roots"] < 600, got
+    # (flags as the SDK sets them: 02 the random-trace-id bit of a root, 01 sampled)
+    assert got["flags"] == ["02", "03"] and got["unsampled_flags"] == 2000 - got["roots"]
+    tid, sid = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    sent = got["sent"]
+    assert got["children"] == [sid]  # the sampled caller's call: a span, its child
+    version, trace_id, span_id, flag = sent["unsampled"]["traceparent"].split("-")
+    assert (version, trace_id, flag) == ("00", tid, "00") and span_id not in (sid, "0" * 16)
+    assert sent["unsampled_id"] == tid and "tracestate" not in sent["unsampled"]
+    # a caller's tracestate: the SDK's own dropped span, which keeps it
+    assert sent["unsampled_state"]["tracestate"] == "vendor=x"
+    assert sent["unsampled_state"]["traceparent"].startswith(f"00-{tid}-") and sent["sampled"]["traceparent"]

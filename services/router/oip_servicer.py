@@ -43,7 +43,7 @@ class OipServicer:
     async def model_infer(self, raw: bytes, context: Ctx) -> bytes:
         metadata = context.invocation_metadata() or ()
         span = (
-            telemetry.ServerSpan(f"/{SERVICE}/ModelInfer", telemetry.extract_context(metadata))
+            telemetry.call_span(f"/{SERVICE}/ModelInfer", metadata)
             if self._tracing
             else contextlib.nullcontext()
         )
@@ -144,7 +144,7 @@ class OipServicer:
     ) -> bytes:
         # with tracing on, each message is a span of the trace the stream's metadata names
         span = (
-            telemetry.ServerSpan(f"/{SERVICE}/ModelStreamInfer", telemetry.extract_context(metadata))
+            telemetry.call_span(f"/{SERVICE}/ModelStreamInfer", metadata)
             if self._tracing
             else contextlib.nullcontext()
         )
