@@ -11,8 +11,9 @@ over TLS, Bearer auth and usage to metering over mTLS) from this tree; beside it
 routers alternate in rounds (order rotating) at each concurrency, so the machine's drifting
 load hits each alike, and each one's CPU time per request (all threads, schedstat) is the
 figure: on a shared host it moves far less than wall-clock latency. `--py-spy SECONDS`
-records the production router with py-spy (`--py-spy-bin`, rate 250 Hz, idle samples left out)
-during an extra window at the highest concurrency and writes its collapsed stacks beside the JSON.
+records the production router (or `--py-spy-targets`, in turn) with py-spy (`--py-spy-bin`,
+250 Hz, idle samples left out) during extra windows at the highest concurrency, and writes
+each one's collapsed stacks beside the JSON (<out>.<router>.pyspy.txt).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_router_cpu.py [--baseline /tmp/before] \\
         [--rounds 8] [--requests 400] [--py-spy 15]
@@ -156,13 +157,14 @@ async def _measure(args: argparse.Namespace, targets: list[Any], pids: dict[str,
         cells[f"c{concurrency}"] = {r.target: _figures(r) for r in results}
         for r in results:
             print(br._row(r, "1KB", concurrency), flush=True)
-    if args.py_spy:
-        out = Path(args.out).with_suffix(".pyspy.txt")
-        spy = _py_spy(args.py_spy_bin, pids["router"], args.py_spy, out)
+    for name in args.py_spy_targets if args.py_spy else ():
+        target = [t for t in targets if t[0] == name]
+        out = Path(args.out).with_suffix(f".{name}.pyspy.txt")
+        spy = _py_spy(args.py_spy_bin, pids[name], args.py_spy, out)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + args.py_spy
         while loop.time() < deadline:
-            await br.measure_cell(targets[:1], body, max(args.concurrency), 400, 1, "1KB", len(body), paths)
+            await br.measure_cell(target, body, max(args.concurrency), 400, 1, "1KB", len(body), paths)
         spy.wait()
     return cells
 
@@ -191,6 +193,7 @@ def main() -> int:
         "--py-spy", type=float, default=0.0, help="seconds of py-spy on the production router"
     )
     parser.add_argument("--py-spy-bin", default="py-spy")
+    parser.add_argument("--py-spy-targets", nargs="*", default=["router"], help="routers to record, in turn")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "router-cpu.json"))
     args = parser.parse_args()
     report = asyncio.run(run(args))
