@@ -179,7 +179,7 @@ def format_table(rows: list[PathCost]) -> str:
             f"{r.idle_share:.1%}",
             str(r.output_tokens) if r.output_tokens else "-",
             # The ledger's exact integer: generation cost x 10^6 / output tokens.
-            money(r.cost_per_million_output_tokens_micros) if r.output_tokens else "-",
+            f"{money(r.cost_per_million_output_tokens_micros)} {r.currency}" if r.output_tokens else "-",
             # Usage with no price in force is reported as such, never folded in as zero.
             f"{r.unpriced_events} unpriced events" if r.unpriced_events else "",
         )
