@@ -162,7 +162,7 @@ class RequestPath:
             self.mirror.offer_generation(charge, raw, kept, time_remaining)
         capture = self.captures.get(charge.route.model)
         if capture is not None and outcome.status == "completed":
-            capture.offer(raw)  # the prompt and sampling parameters (input tensors); never waits
+            capture.offer(raw, outcome.output_tokens)  # prompt, sampling parameters; never waits
 
     async def ask(
         self,

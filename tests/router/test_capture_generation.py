@@ -19,7 +19,7 @@ import tritonclient.grpc as triton
 
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import RunningExecutor, start_executor
-from services.router.capture import find_workload, list_workloads, read_requests
+from services.router.capture import SEEN, find_workload, list_workloads, read_requests
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from tests.gen_models import text_inputs
 from tests.router.conftest import Metering, RouterFactory, routes_config
@@ -99,7 +99,10 @@ async def test_streamed_and_openai_generations_are_captured_as_their_prompts(
     assert _text(second["text_input"]) == "the quick"
     params = json.loads(_text(second["sampling_parameters"]))
     assert (params["max_tokens"], params["temperature"], params["seed"]) == (3, 0.5, 9)
-    assert all(not r.id and not r.parameters for r in records)  # nothing of the caller
+    assert all(not r.id for r in records)  # nothing of the caller; the router's own count only
+    seen = [r.parameters[SEEN].int64_param for r in records]
+    assert seen == [sampling["max_tokens"], done.usage.completion_tokens]
+    assert all(set(r.parameters) == {SEEN} for r in records)
     assert key.encode() not in path.read_bytes() and b"secret-request" not in path.read_bytes()
 
 
