@@ -23,6 +23,7 @@ from services.router.capture import SEEN, find_workload, list_workloads, read_re
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from tests.gen_models import text_inputs
 from tests.router.conftest import Metering, RouterFactory, routes_config
+from workflows import genload
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 MODEL = "tiny-lm-gen"
@@ -103,6 +104,16 @@ async def test_streamed_and_openai_generations_are_captured_as_their_prompts(
     seen = [r.parameters[SEEN].int64_param for r in records]
     assert seen == [sampling["max_tokens"], done.usage.completion_tokens]
     assert all(set(r.parameters) == {SEEN} for r in records)
+    # what a generation trial replays (inputs.workload of a generation scenario): each prompt
+    # with the length its answer had
+    replay = genload.captured_requests(records, 16)
+    assert [(r.text, r.max_tokens) for r in replay] == [("hello world", seen[0]), ("the quick", seen[1])]
+    stopped = pb.ModelInferRequest()
+    stopped.CopyFrom(records[0])
+    stopped.parameters[SEEN].int64_param = 2  # an answer that ended at EOS after 2 of its 5
+    assert genload.captured_requests([stopped], 16)[0].max_tokens == 2
+    del stopped.parameters[SEEN]  # a record without the count: the request's own max_tokens
+    assert genload.captured_requests([stopped], 16)[0].max_tokens == sampling["max_tokens"]
     assert key.encode() not in path.read_bytes() and b"secret-request" not in path.read_bytes()
 
 
