@@ -8,11 +8,10 @@ usage that the ledger charges per output token.
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-
-import openai
 
 from switchyard.errors import FailedPrecondition
 
@@ -47,6 +46,8 @@ async def stream_completion(
     base_url: str, key: str, model: str, max_tokens: int = 24, prompt: str = PROMPT
 ) -> StreamedCompletion:
     """One greedy completion, streamed, with `stream_options.include_usage`."""
+    import openai  # the demo's client only: a wheel without it skips this step
+
     out = StreamedCompletion(model)
     began = time.monotonic()
     async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=60) as client:
@@ -85,6 +86,9 @@ async def demo_generation(
     model = generative_model(models)
     if not base_url or not model:
         tell("generation skipped: the router's OpenAI API is off or no executor serves tiny-lm-gen")
+        return None
+    if importlib.util.find_spec("openai") is None:
+        tell("generation skipped: the `openai` client is not installed (pip install openai)")
         return None
     done = await stream_completion(base_url, key, model)
     tell(
