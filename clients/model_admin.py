@@ -48,6 +48,7 @@ class Validation:
     batch: int
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
     output_shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    generated: str | None = None  # a generative model's greedy text (it equals the reference's)
 
 
 def detect_format(source: Path) -> str:
@@ -71,14 +72,18 @@ def detect_format(source: Path) -> str:
     )
 
 
-def _hf_defaults(source: Path, name: str) -> ModelToml:
-    """I/O of a transformers directory from its config.json: encoders take input_ids and
-    attention_mask; a *ForCausalLM returns logits per position, a *ForSequenceClassification
-    logits per label, anything else last_hidden_state."""
-    try:
-        config = json.loads((source / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InvalidArgument(f"{source}/config.json cannot be read as JSON: {exc}") from None
+def _hf_defaults(source: Path, name: str, generation: bool | None = None) -> ModelToml:
+    """I/O of a transformers directory from its config.json: a Llama-family causal LM with a
+    tokenizer.json is generative (`model_generation`; `generation` True or False overrides);
+    encoders take input_ids and attention_mask; a *ForCausalLM returns logits per position, a
+    *ForSequenceClassification logits per label, anything else last_hidden_state."""
+    from clients import model_generation
+
+    config = model_generation.read_config(source)
+    if generation is None:
+        generation = model_generation.is_generative_folder(source, config)
+    if generation:
+        return model_generation.generative_declaration(source, name, config)
     arch = (config.get("architectures") or ["AutoModel"])[0]
     vocab = int(config.get("vocab_size", 2))
     max_pos = int(config.get("max_position_embeddings", 512))
@@ -165,7 +170,10 @@ def _factory_io(m: ModelToml, allowed: Sequence[str]) -> IO | None:
 
 def validate(spec: ModelSpec, batch: int = 2) -> Validation:
     """Loads on the CPU and runs seeded example inputs; the outputs must match the declared
-    count, datatypes and dims (INVALID_ARGUMENT naming both shapes otherwise)."""
+    count, datatypes and dims (INVALID_ARGUMENT naming both shapes otherwise). A generative
+    model generates greedily instead, and must agree with its own decoding."""
+    if spec.generation is not None:
+        return _validate_generation(spec)
     module = load_module(spec)
     inputs = spec.example_inputs(batch, torch.Generator().manual_seed(0))
     with torch.inference_mode():
@@ -174,6 +182,23 @@ def validate(spec: ModelSpec, batch: int = 2) -> Validation:
     shapes = check_outputs(spec, outs, batch)
     in_shapes = tuple((s.name, tuple(t.shape)) for s, t in zip(spec.inputs, inputs, strict=True))
     return Validation(batch, in_shapes, shapes)
+
+
+def _validate_generation(spec: ModelSpec) -> Validation:
+    from clients.model_generation import validate_generation
+
+    check = validate_generation(spec)
+    if not check.agrees:
+        raise InvalidArgument(
+            f"{spec.name} generates {list(check.tokens)} greedily on {check.backend}, but its "
+            f"{check.reference_name} gives {list(check.reference)}; the model does not serve as it decodes"
+        )
+    return Validation(
+        1,
+        (("input_ids", (1, check.prompt_tokens)),),
+        (("output_ids", (1, len(check.tokens))),),
+        generated=check.text,
+    )
 
 
 def check_outputs(
@@ -242,14 +267,16 @@ def _check_names(name: str, version: str, fmt: str) -> None:
         raise InvalidArgument(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
 
 
-def _declaration(source: Path, name: str, fmt: str, existing: ModelToml | None) -> ModelToml:
+def _declaration(
+    source: Path, name: str, fmt: str, existing: ModelToml | None, generation: bool | None = None
+) -> ModelToml:
     """The model-level declaration: the source's model.toml, else the repository's, else inferred."""
     if source.is_dir() and (source / "model.toml").is_file():
         base = dataclasses.replace(read_model_toml(source, partial=True, name=name), name=name)
     elif existing is not None:
         base = existing
     elif fmt == "hf":
-        base = _hf_defaults(source, name)
+        base = _hf_defaults(source, name, generation)
     elif fmt == "torch_export":
         if source.is_file():  # copied in as model.pt2
             base = _export_defaults(source.parent, name, source.name)
@@ -311,8 +338,10 @@ def add_model(
     replace: bool = False,
     allowed_factories: Sequence[str] = (),
     description: str = "",
+    generation: bool | None = None,
 ) -> tuple[ModelSpec, Validation]:
-    """Adds `source` as `name:version`; returns the spec and what validation ran."""
+    """Adds `source` as `name:version`; returns the spec and what validation ran. `generation`
+    None infers a generative model from a Hugging Face folder, True or False says it."""
     _check_names(name, version, fmt)
     source = source.resolve()
     fmt = fmt or detect_format(source)
@@ -329,7 +358,9 @@ def add_model(
         raise InvalidArgument(
             f"{name} is a {existing.format} model; a new version must be {existing.format} too"
         )
-    base = _declaration(source, name, fmt, existing)
+    if generation and fmt != "hf":
+        raise InvalidArgument(f"--generation makes a Hugging Face folder generative; {source} is {fmt}")
+    base = _declaration(source, name, fmt, existing, generation)
     if description:
         base = dataclasses.replace(base, description=description)
     base = _complete(base, _factory_io(base, allowed_factories))

@@ -33,6 +33,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add.add_argument("--format", default="", choices=["", "hf", "torch_export", "factory"])
     add.add_argument("--replace", action="store_true", help="overwrite an existing version")
     add.add_argument("--description", default="")
+    add.add_argument(
+        "--generation",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve a Hugging Face causal LM by the generation engine (default: when the folder is a "
+        "Llama-family causal LM with a tokenizer.json); [generation] is filled from its config",
+    )
     add.add_argument("--allow-factory", action="append", default=[], metavar="PACKAGE")
     add.add_argument("--metering", default="", help="also audit to metering at this address")
     common(add)
@@ -102,7 +109,15 @@ def _add(args: argparse.Namespace) -> int:
 
     root, allowed = _settings(args)
     spec, checked = add_model(
-        root, args.name, Path(args.path), args.version, args.format, args.replace, allowed, args.description
+        root,
+        args.name,
+        Path(args.path),
+        args.version,
+        args.format,
+        args.replace,
+        allowed,
+        args.description,
+        args.generation,
     )
     print(f"added {spec.name}:{spec.version} ({spec.manifest.format}) to {root}")
     print(f"  sha256 {spec.sha256}")
@@ -110,6 +125,9 @@ def _add(args: argparse.Namespace) -> int:
         print(f"  validated: input {name} {list(shape)}")
     for name, shape in checked.output_shapes:
         print(f"  validated: output {name} {list(shape)} (matches model.toml)")
+    if checked.generated is not None:
+        print(f"  generation {dict(spec.manifest.generation)}")
+        print(f"  validated: greedy generation {checked.generated!r} equals the model's own")
     if args.metering:
         detail = {"model": spec.name, "version": spec.version, "sha256": spec.sha256, "by": _user()}
         _audit_metering(args.metering, "model.add", f"model/{spec.name}:{spec.version}", detail)
@@ -199,6 +217,8 @@ def _validate(args: argparse.Namespace) -> int:
 
     root, allowed = _settings(args)
     spec = Repository(root, allowed).get(args.name, args.version)
+    if spec.generation is not None:
+        return _validate_generation(spec, args)
     backend = select_backend(args.backend, 0)
     precision = args.precision or spec.manifest.precision_for(backend.name)
     if precision not in backend.precisions or precision not in PRECISIONS:
@@ -249,6 +269,44 @@ def _validate(args: argparse.Namespace) -> int:
     print(f"  compilations: {f.compilations} ({f.compile_time_s:.2f} s)")
     for line in model.findings.adaptations + list(f.notes):
         print(f"  note: {line}")
+    return 0
+
+
+def _validate_generation(spec: Any, args: argparse.Namespace) -> int:
+    """A generative model: a short greedy generation on the backend, against the model's own."""
+    from clients.model_generation import validate_generation
+    from switchyard.errors import InvalidArgument
+
+    check = validate_generation(spec, args.backend, args.mode)
+    report = {
+        "model": spec.name,
+        "version": spec.version,
+        "sha256": spec.sha256,
+        "backend": check.backend,
+        "mode": check.mode,
+        "precision": "fp32",
+        "prompt_tokens": check.prompt_tokens,
+        "generated_ids": list(check.tokens),
+        "reference_ids": list(check.reference),
+        "reference": check.reference_name,
+        "text": check.text,
+        "agrees": check.agrees,
+        "load_s": round(check.load_s, 3),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    if not check.agrees:
+        raise InvalidArgument(
+            f"{spec.name}:{spec.version} on {check.backend} generates {list(check.tokens)} greedily, but "
+            f"its {check.reference_name} gives {list(check.reference)}"
+        )
+    if not args.json:
+        print(f"{spec.name}:{spec.version} on {check.backend} ({check.mode}, fp32): OK")
+        print(f"  sha256 {spec.sha256}")
+        print(
+            f"  greedy generation of {len(check.tokens)} tokens from a {check.prompt_tokens}-token prompt "
+            f"equals the model's {check.reference_name}: {check.text!r}"
+        )
     return 0
 
 

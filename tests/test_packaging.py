@@ -195,7 +195,7 @@ def test_server_install_version_models_and_up_from_tmp(server_venv: Path, tmp_pa
     config.write_text(
         'state_dir = "state"\n[temporal]\nport = 0\nui_port = 0\n'
         "[metering]\nport = 0\n[evaluator]\nport = 0\n"
-        "[router]\nport = 0\n"
+        "[router]\nport = 0\nopenai_port = 0\n"
         '[executors.cpu]\nport = 0\nmodels = ["mlp"]\n[executors.xla]\nenabled = false\n'
     )
     log = tmp_path / "up.log"

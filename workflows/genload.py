@@ -76,13 +76,21 @@ def _first_bytes(raw: bytes) -> bytes:
     return raw[4 : 4 + n]
 
 
+OUTPUT_TOKENS_SEEN = "output_tokens_seen"  # services/router/capture.py SEEN: kept on a captured generation
+
+
 def captured_requests(captured: list[oip.ModelInferRequest], default_max_tokens: int) -> list[GenRequest]:
-    """The prompts of a captured workload as captured, each with its own max_tokens."""
+    """The prompts of a captured workload as captured, each with the output length the router
+    saw (`output_tokens_seen`: replayed with ignore_eos, a request that stopped early is as long
+    as it was), else its own max_tokens."""
     out: list[GenRequest] = []
     for r in captured:
         tensors = {t.name: (t, r.raw_input_contents[i]) for i, t in enumerate(r.inputs)}
         max_tokens = default_max_tokens
-        if "sampling_parameters" in tensors:
+        seen = r.parameters[OUTPUT_TOKENS_SEEN].int64_param if OUTPUT_TOKENS_SEEN in r.parameters else 0
+        if seen > 0:
+            max_tokens = int(seen)
+        elif "sampling_parameters" in tensors:
             blob = _first_bytes(tensors["sampling_parameters"][1])
             with contextlib.suppress(ValueError, IndexError, AttributeError):
                 max_tokens = int(json.loads(blob).get("max_tokens") or default_max_tokens)

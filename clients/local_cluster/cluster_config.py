@@ -60,6 +60,7 @@ port = 8301
 port = 8001
 routes_file = ""               # "" = routes derived from the executors started here
 shadow_share = 0.2             # share of requests mirrored to the shadow path in derived routes
+openai_port = 8000             # the OpenAI-compatible HTTP API; -1 = off, 0 = any free port
 
 [worker]
 enabled = true
@@ -82,7 +83,7 @@ allowed_factories = []         # packages whose factory-format models executors 
 [executors.cpu]
 enabled = "true"
 port = 8101
-models = ["mlp", "tiny-lm", "minilm-l6"]
+models = ["mlp", "tiny-lm", "minilm-l6", "tiny-lm-gen"]  # tiny-lm-gen: generative, for the OpenAI API
 mode = ""                      # "" = the backend's default mode
 python = ""                    # "" = the interpreter running switchyard
 
@@ -132,6 +133,7 @@ class RouterConfig:
     port: int
     routes_file: str
     shadow_share: float
+    openai_port: int = -1  # -1 = no OpenAI API, 0 = any free port
 
 
 @dataclass(frozen=True)
@@ -344,6 +346,7 @@ def _build(tree: Mapping[str, Any]) -> Config:
             port=_port(router, "router"),
             routes_file=str(_get(router, "routes_file", str, "router")),
             shadow_share=share,
+            openai_port=_openai_port(router),
         ),
         worker_enabled=bool(_get(tree["worker"], "enabled", bool, "worker")),
         telemetry=TelemetryConfig(
@@ -359,6 +362,13 @@ def _build(tree: Mapping[str, Any]) -> Config:
             pki_dir=str(_get(tree["security"], "pki_dir", str, "security")),
         ),
     )
+
+
+def _openai_port(router: Mapping[str, Any]) -> int:
+    port = int(_get(router, "openai_port", int, "router"))
+    if not -1 <= port <= 65535:
+        raise ConfigError(f"'router.openai_port' must be -1 (off) or between 0 and 65535, got {port}")
+    return port
 
 
 def _packages(value: Any) -> tuple[str, ...]:

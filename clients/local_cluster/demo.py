@@ -3,7 +3,8 @@
 The main job (`run_main_job`) only needs the services' addresses, so the end-to-end test
 drives it against a `switchyard up` running in another process, exactly as here:
 a team principal and key, a few hundred requests through the router with `tritonclient.grpc`
-(a share mirrored to the XLA path), a `tiny-lm` trial cpu-eager vs xla to its verdict, and
+(a share mirrored to the XLA path), one `tiny-lm-gen` completion streamed through the
+router's OpenAI API with the `openai` client, a `tiny-lm` trial cpu-eager vs xla to its verdict, and
 the finance report from the ledger.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clients.local_cluster import demo_finance as finance
+from clients.local_cluster import demo_generation as gen_demo
 from clients.local_cluster import demo_trial as trials
 from clients.local_cluster import health
 from clients.local_cluster.cluster_config import Config
@@ -48,6 +50,7 @@ class Endpoints:
     paths: Mapping[str, str]  # backend -> ledger path id
     models: Mapping[str, tuple[str, ...]]  # backend -> models it serves
     temporal_ui: str = ""
+    openai_url: str = ""  # the router's OpenAI API base URL ("" = off)
 
     @classmethod
     def from_state(cls, state: Mapping[str, object], namespace: str = "default",
@@ -77,6 +80,7 @@ class Endpoints:
                 if name.startswith("executor-")
             },
             temporal_ui=str(state.get("temporal_ui", "")),
+            openai_url=str(state.get("openai_url", "")),
         )
 
 
@@ -89,6 +93,7 @@ class MainJobResult:
     reports: dict[str, Path] = field(default_factory=dict)
     shadow: list[str] = field(default_factory=list)
     after_trial: list[TrafficResult] = field(default_factory=list)
+    generation: gen_demo.StreamedCompletion | None = None
     wall_s: float = 0.0
 
 
@@ -129,6 +134,7 @@ async def run_main_job(
                 f"router's own p50 {traffic.overhead_p50_us():.0f} us; answered by {traffic.answered_by}"
                 + (f"; errors {traffic.errors}" if traffic.errors else "")
             )
+        result.generation = await gen_demo.demo_generation(ep.openai_url, team.key, ep.models, tell)
         # Mirrored requests finish after the callers' answers and usage reaches the ledger in
         # batches: the window closes only once all of it has landed (a closed reservation's
         # cost is final, so later usage inside it would be refused).

@@ -2,7 +2,8 @@
 
 Prices for the local paths, reservations that frame the job's window (so idle reserved time
 shows up as idle lines, not as nothing), and the cost report per path: cost per completed
-job and the idle share, in integer micro-units as the ledger keeps them.
+job, the idle share and generation jobs' cost per million output tokens, in integer
+micro-units as the ledger keeps them.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class PathCost:
     cost_per_completed_job_micros: int
     unpriced_events: int
     currency: str
+    output_tokens: int = 0  # generation jobs' tokens, and their cost per million of them
+    cost_per_million_output_tokens_micros: int = 0
 
     @property
     def idle_share(self) -> float:
@@ -157,6 +160,8 @@ def format_table(rows: list[PathCost]) -> str:
         "prepare",
         "per completed job",
         "idle share",
+        "output tokens",
+        "per 1M output tokens",
         "",
     )
     body = [
@@ -172,6 +177,9 @@ def format_table(rows: list[PathCost]) -> str:
             # costs under a micro-unit (0.000000 per job would say nothing).
             per_job_text(r.total_micros, r.jobs_completed, r.currency) if r.jobs_completed else "n/a",
             f"{r.idle_share:.1%}",
+            str(r.output_tokens) if r.output_tokens else "-",
+            # The ledger's exact integer: generation cost x 10^6 / output tokens.
+            f"{money(r.cost_per_million_output_tokens_micros)} {r.currency}" if r.output_tokens else "-",
             # Usage with no price in force is reported as such, never folded in as zero.
             f"{r.unpriced_events} unpriced events" if r.unpriced_events else "",
         )

@@ -55,6 +55,7 @@ class Ports:
     evaluator: int
     router: int
     executors: Mapping[str, int]
+    openai: int = -1  # the router's OpenAI API; -1 = off
 
 
 def resolve_ports(config: Config, executors: Iterable[ExecutorConfig]) -> Ports:
@@ -73,6 +74,7 @@ def resolve_ports(config: Config, executors: Iterable[ExecutorConfig]) -> Ports:
         evaluator=pick(config.evaluator_port),
         router=pick(config.router.port),
         executors={ex.backend: pick(ex.port) for ex in executors},
+        openai=-1 if config.router.openai_port < 0 else pick(config.router.openai_port),
     )
 
 
@@ -301,10 +303,13 @@ def build_plan(
                 evaluator,
                 "--spool-dir",
                 str(state / "spool"),
+                "--openai-port",
+                str(ports.openai),
             ),
             f"{host}:{ports.router}",
             "grpc",
             env=identity_env("router"),
+            info=f"OpenAI API http://{host}:{ports.openai}/v1" if ports.openai >= 0 else "",
         )
     )
     if config.worker_enabled:

@@ -28,7 +28,7 @@ from clients.local_cluster.supervisor import StartupFailed, Supervisor
 from switchyard import layout, tls
 from switchyard.errors import FailedPrecondition
 from switchyard.gen.switchyard.v1 import metering_pb2
-from switchyard.models.repository import seed_builtins
+from switchyard.models.repository import builtin_sources, seed_builtins
 
 UI_PRINCIPAL = "temporal-ui"
 ROOT = layout.checkout_root()  # None when installed: children import the installed package
@@ -105,11 +105,22 @@ class LocalCluster:
                     f"port {port} for {spec.name} is in use (another `switchyard up`?); stop it or "
                     f"set a different port in the config (e.g. SWITCHYARD_ROUTER_PORT)"
                 )
+        openai = self.ports.openai
+        if openai > 0 and _port_taken(self.config.host, openai):
+            raise FailedPrecondition(
+                f"port {openai} for the router's OpenAI API is in use; set another "
+                f"(SWITCHYARD_ROUTER_OPENAI_PORT=8010) or turn it off (-1)"
+            )
         (self.state_dir / "spool").mkdir(parents=True, exist_ok=True)
         repository = self.config.model_repository
         if not repository.exists() or not any(repository.iterdir()):
             added = seed_builtins(repository)
             self._say(f"model repository {repository}: seeded with the built-ins ({', '.join(added)})")
+        else:  # a repository seeded before a built-in joined the defaults (tiny-lm-gen) gets it
+            named = {m for spec in self.specs for m in spec.models} & set(builtin_sources())
+            added = seed_builtins(repository, sorted(named))
+            if added:
+                self._say(f"model repository {repository}: added the built-ins {', '.join(added)}")
         self._prepare_identities()
 
     def _prepare_identities(self) -> None:
@@ -198,6 +209,7 @@ class LocalCluster:
                 }
                 for s in self.specs
             },
+            "openai_url": self.openai_url(),
             "temporal_ui": next((s.info.removeprefix("UI ") for s in self.specs if s.name == "temporal"), ""),
             "ledger_url": self.config.ledger_url if not self.config.database_url else "(configured)",
             "state_dir": str(self.state_dir),
@@ -210,6 +222,12 @@ class LocalCluster:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2), encoding="utf-8")
         tmp.replace(path)
+
+    def openai_url(self) -> str:
+        """The base URL of the router's OpenAI API ("" when it is off)."""
+        if self.ports is None or self.ports.openai < 0:
+            return ""
+        return f"http://{self.config.host}:{self.ports.openai}/v1"
 
     def _process_state(self, name: str) -> dict[str, object]:
         assert self.supervisor is not None

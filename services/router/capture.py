@@ -4,7 +4,8 @@ Opt-in per route (`[routes.X.capture] share, max_mb, retention`). On the hot pat
 request's bytes are appended to a bounded in-memory queue and nothing else; when the queue is
 full the request is not captured (counted in `dropped`): capture never makes serving wait.
 A writer task drains the queue on a thread: it keeps only the input tensors (name, datatype,
-shape, raw bytes; never the caller's identity, request id or parameters) and appends them as
+shape, raw bytes; never the caller's identity, request id or parameters; a generation adds the
+output length the router saw, `output_tokens_seen`) and appends them as
 length-prefixed ModelInferRequests to the route's current segment file. A segment closes when
 it reaches its size (max_mb / 4) or the router stops; its sha256 then goes into the route's
 `manifest.json`, and each closed segment is one workload, `<route>.<time-ordered id>`, immutable
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 RECORD = struct.Struct("<I")
 FLUSH_S = 0.25  # how often the writer takes what was sampled
+SEEN = "output_tokens_seen"  # a captured generation's output length, as the router saw it
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class Capturer:
     stats: CaptureStats = field(default_factory=CaptureStats)
 
     def __post_init__(self) -> None:
-        self.queue: deque[bytes] = deque()
+        self.queue: deque[bytes | tuple[bytes, int]] = deque()
         self.wake = asyncio.Event()
         self.segment_bytes = max(64 * 1024, self.spec.max_mb * (1 << 20) // 4)
         self._file: Any = None
@@ -118,14 +120,16 @@ class Capturer:
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     # ---- hot path -------------------------------------------------------------------------
-    def offer(self, raw: bytes) -> None:
+    def offer(self, raw: bytes, output_tokens: int | None = None) -> None:
+        """A served request, sampled at the route's share; a generation also gives the output
+        length it saw (kept as the record's only parameter, `output_tokens_seen`)."""
         if self.rng.random() >= self.spec.share:
             return
         self.stats.sampled += 1
         if len(self.queue) >= self.spec.max_pending:
             self.stats.dropped += 1
             return
-        self.queue.append(raw)
+        self.queue.append(raw if output_tokens is None else (raw, output_tokens))
 
     # ---- writer -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -157,12 +161,15 @@ class Capturer:
                     exc,
                 )
 
-    def _write(self, batch: list[bytes]) -> None:
-        for raw in batch:
+    def _write(self, batch: list[bytes | tuple[bytes, int]]) -> None:
+        for item in batch:
+            raw, seen = item if isinstance(item, tuple) else (item, None)
             try:
                 record = inputs_only(raw)
             except Exception:  # not a request the router would have served
                 continue
+            if seen is not None:  # the router's own count, not the caller's parameters
+                record += wire.parameters_field({SEEN: seen})
             if self._file is None:
                 self._open()
             self._file.write(RECORD.pack(len(record)) + record)

@@ -160,6 +160,9 @@ class RequestPath:
                 self.meter.record(charge, outcome)
         if kept is not None and outcome.status == "completed":
             self.mirror.offer_generation(charge, raw, kept, time_remaining)
+        capture = self.captures.get(charge.route.model)
+        if capture is not None and outcome.status == "completed":
+            capture.offer(raw, outcome.output_tokens)  # prompt, sampling parameters; never waits
 
     async def ask(
         self,

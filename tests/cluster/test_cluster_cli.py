@@ -26,7 +26,7 @@ def test_up_refuses_a_taken_port_before_starting_anything(tmp_path: Path) -> Non
         port = taken.getsockname()[1]
         config = tmp_path / "c.toml"
         config.write_text(
-            f'state_dir = "{tmp_path}/state"\n[router]\nport = {port}\n'
+            f'state_dir = "{tmp_path}/state"\n[router]\nport = {port}\nopenai_port = 0\n'
             "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n"
             "[executors.cpu]\nport = 0\n[executors.xla]\nenabled = false\n"
         )

@@ -124,7 +124,7 @@ def test_port_zero_gets_a_free_port_for_every_service(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
     f.write_text(
         "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n[router]\nport = 0\n"
-        "[executors.cpu]\nport = 0\n[executors.xla]\nenabled = false\n"
+        "openai_port = 0\n[executors.cpu]\nport = 0\n[executors.xla]\nenabled = false\n"
     )
     specs, ports = build_plan(load_config(f, env={}), ROOT)
     addresses = [s.address for s in specs if s.address]

@@ -81,7 +81,7 @@ def test_up_with_postgres_and_a_remote_temporal(
     config = tmp_path / "switchyard.toml"
     config.write_text(
         f'state_dir = "{tmp_path / "state"}"\n'
-        "[metering]\nport = 0\n[evaluator]\nport = 0\n[router]\nport = 0\n"
+        "[metering]\nport = 0\n[evaluator]\nport = 0\n[router]\nport = 0\nopenai_port = 0\n"
         '[executors.cpu]\nport = 0\nmodels = ["mlp"]\n[executors.xla]\nenabled = false\n'
     )
     env = {

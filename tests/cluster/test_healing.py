@@ -105,7 +105,7 @@ def _write_config(tmp_path: Path, state: Path, supervised: int, spare: int) -> P
     config.write_text(
         f'state_dir = "{state}"\n'
         "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n"
-        f'[router]\nport = 0\nroutes_file = "{routes}"\n'
+        f'[router]\nport = 0\nopenai_port = 0\nroutes_file = "{routes}"\n'
         f'[executors.cpu]\nport = {supervised}\nmodels = ["mlp"]\n[executors.xla]\nenabled = false\n'
     )
     return config

@@ -31,8 +31,9 @@ def test_a_user_model_is_served_by_up_and_trialled_from_the_temporal_cli(tmp_pat
     config.write_text(
         f'state_dir = "{tmp_path / "state"}"\n[models]\nrepository = "{models}"\n'
         "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n[router]\nport = 0\n"
-        '[executors.cpu]\nport = 0\nmodels = ["team-bert"]\n[executors.xla]\nenabled = false\n'
-        "[executors.cuda]\nenabled = false\n[executors.tpu]\nenabled = false\n"
+        'openai_port = 0\n[executors.cpu]\nport = 0\nmodels = ["team-bert"]\n'
+        "[executors.xla]\nenabled = false\n[executors.cuda]\nenabled = false\n"
+        "[executors.tpu]\nenabled = false\n"
     )
     log = tmp_path / "up.log"
     proc = start_up(config, tmp_path, log)

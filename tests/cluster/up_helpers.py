@@ -18,7 +18,7 @@ def xla_cluster_config(tmp: Path, xla_python: str) -> Path:
     path.write_text(
         f'state_dir = "{tmp / "state"}"\n'
         "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n"
-        "[router]\nport = 0\nshadow_share = 0.25\n"
+        "[router]\nport = 0\nopenai_port = 0\nshadow_share = 0.25\n"
         '[executors.cpu]\nport = 0\nmodels = ["mlp", "tiny-lm"]\n'
         f'[executors.xla]\nenabled = true\nport = 0\nmodels = ["mlp", "tiny-lm"]\npython = "{xla_python}"\n'
     )

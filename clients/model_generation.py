@@ -1,0 +1,208 @@
+"""Generative models in `switchyard models add|validate`: the declaration and the check.
+
+A Hugging Face causal LM of the Llama family with a `tokenizer.json` becomes a generative
+entry: the tensors Triton's vLLM backend names (`text_input`, `stream`,
+`sampling_parameters`, ... and the token ids both ways) and a `[generation]` table filled from
+the model's own limits (`max_position_embeddings`). Its validation is no tensor run (a BYTES
+prompt has no example tensor) but a short greedy generation through the executor's engine,
+on the backend asked, checked token for token against the model's own decoding:
+transformers' `generate()` for a Hugging Face model, full forward passes for a factory one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from switchyard.errors import InvalidArgument
+from switchyard.models.generation import MAX_GRAPHS_PER_KIND
+from switchyard.models.manifest import HFEntry, ModelToml, TensorSpec
+from switchyard.models.repository import ModelSpec, load_module
+
+PROMPT = "the quick brown fox"
+CHECK_TOKENS = 8
+MAX_CONTEXT = 2048  # the default KV cache length when the model allows more
+DECODE_SLOTS = 8
+LLAMA_FAMILY = ("llama", "mistral", "qwen2")  # services/executor/generation/models.py serves these
+
+
+@dataclass(frozen=True)
+class GenerationCheck:
+    """What a generative validation ran and saw."""
+
+    backend: str
+    mode: str
+    prompt_tokens: int
+    tokens: tuple[int, ...]
+    reference: tuple[int, ...]
+    text: str
+    reference_name: str
+    load_s: float
+
+    @property
+    def agrees(self) -> bool:
+        return self.tokens == self.reference
+
+
+def is_generative_folder(source: Path, config: dict[str, Any]) -> bool:
+    """A Llama-family causal LM with a tokenizer.json: what `models add` makes generative."""
+    arch = (config.get("architectures") or [""])[0]
+    return (
+        arch.endswith("ForCausalLM")
+        and config.get("model_type") in LLAMA_FAMILY
+        and (source / "tokenizer.json").is_file()
+    )
+
+
+def generation_table(config: dict[str, Any]) -> dict[str, Any]:
+    """`[generation]` from the model's limits: the context it was trained for (at most
+    MAX_CONTEXT), half of it for new tokens, prompt buckets of powers of two up to the rest."""
+    context = min(int(config.get("max_position_embeddings") or 0), MAX_CONTEXT)
+    if context < 4:
+        raise InvalidArgument(
+            f"config.json's max_position_embeddings is {context}; a generative model needs 4 or more"
+        )
+    new_tokens = context // 2
+    prompt = context - new_tokens
+    buckets: list[int] = []
+    size = 8
+    while size < prompt:
+        buckets.append(size)
+        size *= 2
+    buckets = [*buckets, prompt][-MAX_GRAPHS_PER_KIND:]
+    return {
+        "max_context": context,
+        "max_new_tokens": new_tokens,
+        "prompt_buckets": buckets,
+        "decode_slots": DECODE_SLOTS,
+    }
+
+
+def generative_declaration(source: Path, name: str, config: dict[str, Any]) -> ModelToml:
+    """The model.toml of a generative Hugging Face folder (its tokenizer.json is the tokenizer)."""
+    if not (source / "tokenizer.json").is_file():
+        raise InvalidArgument(
+            f"{source} has no tokenizer.json; a generative model needs one (save it with "
+            "tokenizer.save_pretrained, or drop --generation)"
+        )
+    if config.get("model_type") not in LLAMA_FAMILY:
+        raise InvalidArgument(
+            f"generation serves Hugging Face causal LMs of type {', '.join(LLAMA_FAMILY)}; "
+            f"{source}/config.json says model_type {config.get('model_type')!r}"
+        )
+    table = generation_table(config)
+    inputs = (
+        TensorSpec("text_input", "BYTES", (1,)),
+        TensorSpec("stream", "BOOL", (1,)),
+        TensorSpec("sampling_parameters", "BYTES", (1,)),
+        TensorSpec("exclude_input_in_output", "BOOL", (1,)),
+        TensorSpec("input_ids", "INT64", (-1,), (table["prompt_buckets"][-1],)),
+    )
+    outputs = (
+        TensorSpec("text_output", "BYTES", (-1,)),
+        TensorSpec("output_ids", "INT64", (-1,), (table["max_new_tokens"],)),
+    )
+    arch = (config.get("architectures") or ["AutoModelForCausalLM"])[0]
+    return ModelToml(
+        name,
+        "hf",
+        inputs,
+        outputs,
+        (),
+        hf=HFEntry(model_class=arch),
+        description=f"{arch} served by the generation engine (context {table['max_context']})",
+        generation=tuple(sorted(table.items())),
+    )
+
+
+def read_config(source: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(f"{source}/config.json cannot be read as JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"{source}/config.json is not a JSON object")
+    return config
+
+
+def validate_generation(
+    spec: ModelSpec, backend_name: str = "cpu", mode: str = "", tokens: int = CHECK_TOKENS
+) -> GenerationCheck:
+    """Loads `spec` on the backend as the executor does, generates greedily from PROMPT and
+    compares the token ids with the model's own greedy decoding on the CPU (fp32)."""
+    from services.executor.device import select_backend
+    from services.executor.generation.engine import EngineCore
+    from services.executor.generation.runtime import GenerationRuntime
+    from services.executor.generation.settings import SamplingParams
+    from services.executor.generation.tokenizer import load_tokenizer
+    from services.executor.loaded_model import LoadedModel, LoadOptions
+
+    backend = select_backend(backend_name, 0)
+    options = LoadOptions(
+        mode=mode or backend.modes[0],
+        precision="fp32",
+        batch_buckets=(1,),
+        max_queue_delay_us=0,
+        max_queue_size=8,
+        dynamic_batching=False,
+    )
+    model = LoadedModel(spec, backend, options)
+    model.load()
+    runtime = model.generation
+    assert isinstance(runtime, GenerationRuntime)  # in process: no engine_process was asked
+    tokenizer = load_tokenizer(runtime.settings.tokenizer, spec.folder)
+    prompt = tokenizer.encode(PROMPT)[: runtime.settings.max_prompt]
+    tokens = min(tokens, runtime.settings.max_new_tokens)
+    engine = EngineCore(runtime, tokenizer)
+    stream = engine.submit(prompt, SamplingParams(max_tokens=tokens, temperature=0.0), with_text=True)
+    while engine.busy:
+        engine.iterate()
+    events, error = stream.take()
+    if error is not None:
+        raise error
+    got = tuple(t for e in events for t in e.token_ids)
+    reference, how = _reference(spec, prompt, tokens, tuple(runtime.eos_token_ids))
+    return GenerationCheck(
+        backend.name,
+        options.mode,
+        len(prompt),
+        got,
+        reference,
+        "".join(e.text for e in events),
+        how,
+        model.times.total_s,
+    )
+
+
+def _reference(
+    spec: ModelSpec, prompt: list[int], tokens: int, eos: tuple[int, ...]
+) -> tuple[tuple[int, ...], str]:
+    """The model's own greedy decoding on the CPU in fp32: (new token ids, what produced them)."""
+    module = load_module(spec)
+    module.train(False)
+    ids = torch.tensor([prompt])
+    hf = getattr(module, "model", module)  # the hf format wraps the transformers model
+    with torch.no_grad():
+        generate = getattr(hf, "generate", None)
+        if callable(generate) and getattr(hf, "config", None) is not None:
+            out = generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=tokens,
+                eos_token_id=list(eos) or None,
+                pad_token_id=eos[0] if eos else 0,
+            )
+            return tuple(int(t) for t in out[0, len(prompt) :]), "transformers generate()"
+        seq = list(prompt)
+        for _ in range(tokens):
+            logits = module(torch.tensor([seq]))
+            logits = logits[0] if isinstance(logits, tuple | list) else logits
+            seq.append(int(torch.argmax(logits[0, -1])))
+            if seq[-1] in eos:
+                break
+        return tuple(seq[len(prompt) :]), "full forward passes"

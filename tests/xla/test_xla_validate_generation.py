@@ -1,0 +1,53 @@
+"""`switchyard models validate NAME --backend xla` of generative models: a Llama folder that
+`models add` made generative, and the built-in tiny-lm-gen, generate greedily through the
+engine on XLA (the command re-runs itself under SWITCHYARD_XLA_PYTHON) and give the ids of
+the model's own decoding on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clients.model_admin import add_model
+from clients.model_generation import PROMPT
+from switchyard.models.repository import seed_builtins
+from tests.conftest import ROOT
+from tests.gen_models import build_llama, reference_greedy, tiny_lm_reference
+from tests.xla.conftest import require_xla_env
+
+pytestmark = pytest.mark.xla
+
+
+def _validate_on_xla(repository: Path, name: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}  # the command sets it
+    env.update(SWITCHYARD_XLA_PYTHON=require_xla_env(), PYTHONPATH=str(ROOT))
+    argv = [sys.executable, "-m", "switchyard", "models", "validate", name, "--backend", "xla"]
+    argv += ["--repository", str(repository), "--json"]
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def test_an_added_llama_and_the_builtin_generate_on_xla_as_on_the_cpu(tmp_path: Path) -> None:
+    require_xla_env()
+    llama = build_llama(tmp_path / "llama", seed=5)
+    root = tmp_path / "repo"
+    seed_builtins(root, ["tiny-lm-gen"])
+    spec, _ = add_model(root, "my-llama", llama)
+    assert spec.generation is not None
+    from tokenizers import Tokenizer
+
+    prompt = Tokenizer.from_file(str(llama / "tokenizer.json")).encode(PROMPT).ids
+    report = _validate_on_xla(root, "my-llama")
+    assert report["backend"] == "xla" and report["sha256"] == spec.sha256
+    assert report["generated_ids"] == reference_greedy(llama, prompt, 8)
+    builtin = _validate_on_xla(root, "tiny-lm-gen")
+    assert builtin["backend"] == "xla"
+    assert builtin["generated_ids"] == tiny_lm_reference(list(PROMPT.encode()), 8)
