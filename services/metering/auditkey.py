@@ -18,7 +18,6 @@ newer anchor with an older one (replicas that share the file take a lock to writ
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import hmac
@@ -138,16 +137,18 @@ def read_anchor(path: Path | None, key: bytes) -> Anchor | None:
     return anchor
 
 
-def write_anchor(path: Path, key: bytes, seq: int, digest: str, written_us: int) -> bool:
-    """Write the anchor atomically if it is newer than the one there; True when written."""
+def write_anchor(path: Path, key: bytes, seq: int, digest: str, written_us: int, force: bool = False) -> bool:
+    """Write the anchor atomically if it is newer than the one there; True when written.
+
+    An anchor there that does not verify raises AnchorError and stays as it is, unless
+    `force` (the operator's re-anchoring after an investigation)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = path.with_name(path.name + ".lock")
     with lock.open("a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        with contextlib.suppress(AnchorError):
-            old = read_anchor(path, key)
-            if old is not None and old.seq >= seq:
-                return False
+        old = None if force else read_anchor(path, key)
+        if old is not None and old.seq >= seq:
+            return False
         body = {"seq": seq, "hash": digest, "written_us": written_us}
         body["mac"] = _anchor_mac(key, seq, digest, written_us)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from services.metering import (
     audit,
     auditkey,
+    integrity,
     jobs,
     limit_changes,
     reports,
@@ -61,6 +62,7 @@ class Ledger(LedgerAccess):
         self.audit_key = audit_key if audit_key is not None else auditkey.load_key(engines.url)
         default = anchor_path == DEFAULT_ANCHOR
         self.anchor_path = auditkey.default_anchor(engines.url) if default else anchor_path
+        self.watch = integrity.Watch()
 
     @classmethod
     def open(
@@ -80,6 +82,7 @@ class Ledger(LedgerAccess):
 
     def write(self, fn: Callable[[Connection, int], T]) -> T:
         """Run `fn` in one write transaction, retrying when it lost a race with another writer."""
+        self.watch.check_writable()
         for attempt in range(RETRIES):
             try:
                 with self.engines.write.begin() as conn:
