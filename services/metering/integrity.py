@@ -47,6 +47,7 @@ class Watch:
 
     anchored_seq: int = 0
     marked: bool = False  # the chain holds its `audit.anchor` row
+    witnessed_seq: int = 0  # the newest head the witness countersigned for this process
     halted: str = ""
     failures: int = 0
 

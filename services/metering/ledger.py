@@ -28,6 +28,7 @@ from services.metering import (
     reservations,
     route_changes,
     usage,
+    witness_client,
 )
 from services.metering.db import Engines, make_engines, migrate
 from services.metering.ledger_access import LedgerAccess
@@ -63,6 +64,7 @@ class Ledger(LedgerAccess):
         default = anchor_path == DEFAULT_ANCHOR
         self.anchor_path = auditkey.default_anchor(engines.url) if default else anchor_path
         self.watch = integrity.Watch()
+        self.witness = witness_client.WitnessClient.from_env()
 
     @classmethod
     def open(

@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
-from services.metering import access, audit, auditkey, integrity, reports
+from services.metering import access, audit, auditkey, integrity, reports, witness_client
 from services.metering.auditkey import AnchorError
 from services.metering.db import Engines
 from services.metering.metering_errors import AuthFailed
@@ -28,6 +28,7 @@ class Transactions(Protocol):
     audit_key: bytes
     anchor_path: Path | None
     watch: integrity.Watch
+    witness: witness_client.WitnessClient | None
 
     def write(self: Transactions, fn: Callable[[Connection, int], T]) -> T: ...
 
@@ -36,6 +37,10 @@ class Transactions(Protocol):
     def append_audit(
         self: Transactions, actor: Actor, action: str, resource: str, outcome: str, detail: dict[str, Any]
     ) -> audit.AuditRecord: ...
+
+    def _witness(self: Transactions, seq: int, digest: str) -> None: ...
+
+    def _witness_break(self: Transactions) -> str: ...
 
 
 class LedgerAccess:
@@ -121,9 +126,30 @@ class LedgerAccess:
                     integrity.check_anchor(conn, self.anchor_path, self.audit_key, self.watch.anchored_seq)
                 except AnchorError as exc:
                     return audit.Verification(False, verdict.rows_checked, 0, "anchor", str(exc))
+            broken = self._witness_break()
+            if broken:
+                return audit.Verification(False, verdict.rows_checked, 0, "witness", broken)
         if self.watch.halted:
             return audit.Verification(False, verdict.rows_checked, 0, "anchor", self.watch.halted)
         return verdict
+
+    def _witness_break(self: Transactions) -> str:
+        """The chain against the witness's newest countersigned head ("" when it agrees)."""
+        if self.witness is None:
+            return ""
+        try:
+            head = self.witness.latest()
+        except witness_client.WitnessUnreachable as exc:  # fail closed: nothing vouches for the tail
+            return str(exc)
+        with self.engines.read.connect() as conn:
+            if head is None:  # a witness with nothing to show for an anchored chain vouches for nothing
+                anchored = integrity.was_anchored(conn)
+                return (
+                    f"the witness has no head of log {self.witness.log}, yet the chain was anchored"
+                    if anchored
+                    else ""
+                )
+            return witness_client.chain_break(conn, head)
 
     def write_anchor(self: Transactions) -> bool:
         """Sign the committed head into the anchor file (if one is configured and it moved).
@@ -146,6 +172,7 @@ class LedgerAccess:
         seq, digest = audit.head(self.engines.read)
         if seq == 0:
             return False
+        self._witness(seq, digest)
         written = auditkey.write_anchor(self.anchor_path, self.audit_key, seq, digest, self.clock())
         self.watch.anchored_seq = max(self.watch.anchored_seq, seq)
         if not self.watch.marked:  # the chain remembers that it is anchored, once the file is there
@@ -156,6 +183,20 @@ class LedgerAccess:
                 self.append_audit(integrity.SERVICE, integrity.ANCHORED, "audit/anchor", "ok", detail)
             self.watch.marked = True
         return written
+
+    def _witness(self: Transactions, seq: int, digest: str) -> None:
+        """Have the witness countersign the head before it is anchored; its refusal halts."""
+        if self.witness is None or seq <= self.watch.witnessed_seq:
+            return
+        try:
+            self.witness.submit(seq, digest)
+        except witness_client.WitnessRefused as exc:
+            integrity.halt(self.engines.write, self.audit_key, self.watch, str(exc))
+            raise AnchorError(str(exc)) from None
+        except witness_client.WitnessUnreachable as exc:  # anchored locally; the next round retries
+            integrity.log.warning("audit head not countersigned: %s", exc)
+            return
+        self.watch.witnessed_seq = seq
 
     def reanchor(self: Transactions, actor: Actor, reason: str) -> int:
         """The operator's decision after investigating a failure: the chain as it is now (which
