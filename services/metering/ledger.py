@@ -98,6 +98,7 @@ class Ledger(LedgerAccess):
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         with self.engines.read.connect() as conn:
+            audit.bind_key(conn, self.audit_key)  # row MACs are checked on reads (rowmac.py)
             return fn(conn)
 
     # -- usage and cost -----------------------------------------------------------------

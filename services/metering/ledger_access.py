@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
-from services.metering import access, audit, auditkey, integrity, reports, witness_client
+from services.metering import access, audit, auditkey, integrity, reports, rowmac, witness_client
 from services.metering.auditkey import AnchorError
 from services.metering.db import Engines
 from services.metering.metering_errors import AuthFailed
@@ -117,6 +117,11 @@ class LedgerAccess:
         if not verdict.ok:
             return verdict
         with self.engines.read.connect() as conn:
+            audit.bind_key(conn, self.audit_key)
+            forged = rowmac.forged_rows(conn)
+            if forged:
+                message = f"rows written behind metering's back: {', '.join(forged[:20])}"
+                return audit.Verification(False, verdict.rows_checked, 0, "row", message)
             failure = integrity.unresolved_failure(conn)
             if failure is not None:
                 message = f"integrity failure recorded at row {failure[0]}: {failure[1]}"
