@@ -27,6 +27,7 @@ from services.metering import (
     reports,
     reservations,
     route_changes,
+    statefiles,
     usage,
     witness_client,
 )
@@ -59,6 +60,7 @@ class Ledger(LedgerAccess):
         anchor_path: Path | None = DEFAULT_ANCHOR,
     ) -> None:
         self.engines = engines
+        statefiles.protect_sqlite(engines.url)
         self.clock = clock
         self.audit_key = audit_key if audit_key is not None else auditkey.load_key(engines.url)
         default = anchor_path == DEFAULT_ANCHOR
