@@ -2,7 +2,7 @@
 
 switchyard metering serve --db URL --port N
 switchyard ledger report|export|html      (reads, through the metering service)
-switchyard audit verify|query
+switchyard audit verify|query|reanchor
 switchyard prices set, switchyard keys create|revoke, switchyard roles grant|revoke,
 switchyard principals create             (writes, always through the metering service:
                                            it is the ledger's only writer)
@@ -118,6 +118,15 @@ def _register_audit(sub: argparse._SubParsersAction[Any]) -> None:
     asub = audit.add_subparsers(dest="audit_command", required=True)
     verify = asub.add_parser("verify", help="recompute the hash chain; name the first broken row")
     _client_command(verify, "audit_verify")
+    reanchor = asub.add_parser(
+        "reanchor",
+        help="after investigating an integrity failure: anchor the chain as it is now (local; "
+        "needs the database and the audit key; restart metering afterwards)",
+    )
+    reanchor.add_argument("--db", default=None, help="database URL (default $SWITCHYARD_DATABASE_URL)")
+    reanchor.add_argument("--reason", required=True, help="what the investigation found (audited)")
+    reanchor.add_argument("--as", dest="actor", default=os.environ.get("USER", "cli"), help="who acts")
+    reanchor.set_defaults(func=_run("audit_reanchor"))
     query = asub.add_parser("query", help="recent audit rows")
     query.add_argument("--action", default="")
     query.add_argument("--principal", default="")

@@ -133,7 +133,8 @@ def serve(args: argparse.Namespace) -> int:
         stop = stop_signal()  # before the address is announced: see stop_signal
         running = await start_metering(args.db, ServerOptions(host=args.host, port=args.port))
         servicer = running.servicer
-        collectors = [metrics.collector(servicer.stats, servicer.write_queue_depth)]
+        watch = running.ledger.watch
+        collectors = [metrics.collector(servicer.stats, servicer.write_queue_depth, lambda: watch.failures)]
         with prometheus.serving(collectors, args.host, metrics_port, "metering"):
             print(f"metering serving on {running.address}", flush=True)
             await running.serve_until_signal(stop)
@@ -273,6 +274,24 @@ def audit_verify(args: argparse.Namespace) -> int:
         return 0
     print(f"audit chain BROKEN at seq {v.first_broken_seq}: row {v.problem} ({v.rows_checked} rows checked)")
     return 1
+
+
+def audit_reanchor(args: argparse.Namespace) -> int:
+    """Local, like migrate: the operator's re-anchoring after an investigation."""
+    from services.metering.ledger import Ledger
+    from services.metering.metering_errors import MeteringError
+    from services.metering.records import Actor
+
+    ledger = Ledger.open(args.db, run_migrations=False)
+    try:
+        seq = ledger.reanchor(Actor(args.actor, "cli audit reanchor"), args.reason)
+    except MeteringError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ledger.close()
+    print(f"audit chain re-anchored at seq {seq}; restart metering to resume ledger writes")
+    return 0
 
 
 @guarded

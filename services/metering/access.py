@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, delete, select, update
 
+from services.metering import rowmac
 from services.metering.metering_errors import AuthFailed, BadInput, Conflict, UnknownEntity
 from services.metering.records import check_key, check_time
 from services.metering.schema import BINDINGS, KEYS, PRINCIPALS
@@ -90,14 +91,16 @@ def create_key(
     who = find_principal(conn, principal)
     key_id = KEY_PREFIX + secrets.token_hex(8)
     secret = secrets.token_urlsafe(32)
+    digest = secret_hash(key_id, secret)
     conn.execute(
         KEYS.insert().values(
             key_id=key_id,
             principal_id=who.principal_id,
-            secret_hash=secret_hash(key_id, secret),
+            secret_hash=digest,
             created_us=now_us,
             expires_us=expires_us,
             revoked_us=None,
+            mac=rowmac.key_mac(conn, key_id, who.principal_id, digest, now_us, expires_us, None),
         )
     )
     return who, NewKey(key_id, secret, expires_us)
@@ -109,7 +112,10 @@ def revoke_key(conn: Connection, key_id: str, now_us: int) -> str:
     if row is None:
         raise UnknownEntity(f"unknown key id {key_id!r}")
     if row.revoked_us is None:
-        conn.execute(update(KEYS).where(KEYS.c.key_id == key_id).values(revoked_us=now_us))
+        mac = rowmac.key_mac(
+            conn, key_id, row.principal_id, row.secret_hash, row.created_us, row.expires_us, now_us
+        )
+        conn.execute(update(KEYS).where(KEYS.c.key_id == key_id).values(revoked_us=now_us, mac=mac))
     return str(row.principal_id)
 
 
@@ -130,8 +136,11 @@ def grant_role(conn: Connection, principal: str, role: str, scope: str, now_us: 
         )
     ).first()
     if exists is None:
+        mac = rowmac.binding_mac(conn, who.principal_id, role, scope, now_us)
         conn.execute(
-            BINDINGS.insert().values(principal_id=who.principal_id, role=role, scope=scope, created_us=now_us)
+            BINDINGS.insert().values(
+                principal_id=who.principal_id, role=role, scope=scope, created_us=now_us, mac=mac
+            )
         )
     return who
 
@@ -157,25 +166,22 @@ def authenticate(conn: Connection, key: str, now_us: int) -> Identity:
     row = conn.execute(select(KEYS).where(KEYS.c.key_id == key_id)).first()
     if row is None or not hmac.compare_digest(row.secret_hash, secret_hash(key_id, secret)):
         raise AuthFailed(AUTH_FAILED)
+    if not rowmac.key_ok(conn, row):  # written behind metering's back: refused like a wrong key
+        raise AuthFailed(AUTH_FAILED)
     if row.revoked_us is not None or (row.expires_us and row.expires_us <= now_us):
         raise AuthFailed(AUTH_FAILED)
     who = find_principal(conn, row.principal_id)
-    roles = conn.execute(
-        select(BINDINGS.c.role, BINDINGS.c.scope)
-        .where(BINDINGS.c.principal_id == who.principal_id)
-        .order_by(BINDINGS.c.role, BINDINGS.c.scope)
-    ).all()
-    return Identity(who, tuple((r.role, r.scope) for r in roles), key_id)
+    return Identity(who, roles_of(conn, who.principal_id), key_id)
 
 
 def roles_of(conn: Connection, principal_id: str) -> tuple[tuple[str, str], ...]:
-    """The principal's (role, scope) bindings now."""
+    """The principal's (role, scope) bindings now; one whose MAC does not match grants nothing."""
     rows = conn.execute(
-        select(BINDINGS.c.role, BINDINGS.c.scope)
+        select(BINDINGS)
         .where(BINDINGS.c.principal_id == principal_id)
         .order_by(BINDINGS.c.role, BINDINGS.c.scope)
     ).all()
-    return tuple((r.role, r.scope) for r in rows)
+    return tuple((r.role, r.scope) for r in rows if rowmac.binding_ok(conn, r))
 
 
 def missing_roles(roles: tuple[tuple[str, str], ...], needed: Iterable[str], scope: str) -> list[str]:

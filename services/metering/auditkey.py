@@ -5,20 +5,21 @@ who can write the tables cannot recompute a valid chain after changing or removi
 The key comes from (first found):
 - SWITCHYARD_AUDIT_KEY: the key itself (at least 32 characters);
 - SWITCHYARD_AUDIT_KEY_FILE: a file holding it (a mounted Secret in production);
-- a file `audit.key` in the ledger's state directory (beside the SQLite file, else `var/`),
-  created with 0600 permissions on first use.
+- by default a file of its own, not beside the database (services/metering/statefiles.py:
+  `~/.config/switchyard/audit-keys/<ledger id>.key`), 0600 in a 0700 folder, created on
+  first use.
 
 The head digest (the "anchor") is the chain's last seq and hash, signed with a key derived
 from the audit key, written periodically to a file outside the database
-(SWITCHYARD_AUDIT_ANCHOR; default beside the SQLite file). `verify` checks the chain against
-it, so deleting the newest rows, TRUNCATE, or a head row put back are detected even when the
-database's own head row was reset. The anchor only moves forward: a writer never replaces a
-newer anchor with an older one (replicas that share the file take a lock to write it).
+(SWITCHYARD_AUDIT_ANCHOR; default `<sqlite file>.anchor/audit-head.json`, 0600 in a 0700
+folder). `verify` checks the chain against it, so deleting the newest rows, TRUNCATE, or a
+head row put back are detected even when the database's own head row was reset. The anchor
+only moves forward: a writer never replaces a newer anchor with an older one (replicas that
+share the file take a lock to write it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import hmac
@@ -29,8 +30,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy.engine import make_url
-
+from services.metering import statefiles
 from services.metering.metering_errors import BadInput
 from switchyard import layout
 
@@ -43,23 +43,14 @@ MIN_KEY = 32
 ROOT = layout.data_root()  # the checkout, or the working directory of an installed wheel
 
 
-def _state_dir(url: str) -> Path:
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
-        return Path(parsed.database).resolve().parent
-    return ROOT / "var"
-
-
 def default_anchor(url: str) -> Path | None:
-    """SWITCHYARD_AUDIT_ANCHOR, else `<sqlite file>.audit-head.json`; None for a server
+    """SWITCHYARD_AUDIT_ANCHOR, else `<sqlite file>.anchor/audit-head.json`; None for a server
     database with no anchor configured (verify then relies on the database's head row)."""
     configured = os.environ.get(ENV_ANCHOR, "")
     if configured:
         return Path(configured)
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
-        return Path(parsed.database).resolve().with_name(Path(parsed.database).name + ".audit-head.json")
-    return None
+    db = statefiles.sqlite_file(url)
+    return statefiles.default_anchor_path(db) if db is not None else None
 
 
 def load_key(url: str) -> bytes:
@@ -70,7 +61,7 @@ def load_key(url: str) -> bytes:
             raise BadInput(f"{ENV_KEY} is {len(value)} characters; use at least {MIN_KEY} random ones")
         return value.encode()
     file = os.environ.get(ENV_KEY_FILE, "")
-    path = Path(file) if file else _state_dir(url) / "audit.key"
+    path = Path(file) if file else statefiles.default_key_path(url)
     if not file and not path.exists():
         _create_key_file(path)
     try:
@@ -84,7 +75,7 @@ def load_key(url: str) -> bytes:
 
 def _create_key_file(path: Path) -> None:
     """Write a fresh random key with 0600 permissions; a concurrent creator's key wins."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    statefiles.private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -138,20 +129,22 @@ def read_anchor(path: Path | None, key: bytes) -> Anchor | None:
     return anchor
 
 
-def write_anchor(path: Path, key: bytes, seq: int, digest: str, written_us: int) -> bool:
-    """Write the anchor atomically if it is newer than the one there; True when written."""
+def write_anchor(path: Path, key: bytes, seq: int, digest: str, written_us: int, force: bool = False) -> bool:
+    """Write the anchor atomically (0600) if it is newer than the one there; True when written.
+
+    An anchor there that does not verify raises AnchorError and stays as it is, unless
+    `force` (the operator's re-anchoring after an investigation)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = path.with_name(path.name + ".lock")
     with lock.open("a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        with contextlib.suppress(AnchorError):
-            old = read_anchor(path, key)
-            if old is not None and old.seq >= seq:
-                return False
+        old = None if force else read_anchor(path, key)
+        if old is not None and old.seq >= seq:
+            return False
         body = {"seq": seq, "hash": digest, "written_us": written_us}
         body["mac"] = _anchor_mac(key, seq, digest, written_us)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with tmp.open("w", encoding="utf-8") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(json.dumps(body, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())

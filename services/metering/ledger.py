@@ -21,12 +21,15 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from services.metering import (
     audit,
     auditkey,
+    integrity,
     jobs,
     limit_changes,
     reports,
     reservations,
     route_changes,
+    statefiles,
     usage,
+    witness_client,
 )
 from services.metering.db import Engines, make_engines, migrate
 from services.metering.ledger_access import LedgerAccess
@@ -57,10 +60,13 @@ class Ledger(LedgerAccess):
         anchor_path: Path | None = DEFAULT_ANCHOR,
     ) -> None:
         self.engines = engines
+        statefiles.protect_sqlite(engines.url)
         self.clock = clock
         self.audit_key = audit_key if audit_key is not None else auditkey.load_key(engines.url)
         default = anchor_path == DEFAULT_ANCHOR
         self.anchor_path = auditkey.default_anchor(engines.url) if default else anchor_path
+        self.watch = integrity.Watch()
+        self.witness = witness_client.WitnessClient.from_env()
 
     @classmethod
     def open(
@@ -80,6 +86,7 @@ class Ledger(LedgerAccess):
 
     def write(self, fn: Callable[[Connection, int], T]) -> T:
         """Run `fn` in one write transaction, retrying when it lost a race with another writer."""
+        self.watch.check_writable()
         for attempt in range(RETRIES):
             try:
                 with self.engines.write.begin() as conn:
@@ -93,6 +100,7 @@ class Ledger(LedgerAccess):
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         with self.engines.read.connect() as conn:
+            audit.bind_key(conn, self.audit_key)  # row MACs are checked on reads (rowmac.py)
             return fn(conn)
 
     # -- usage and cost -----------------------------------------------------------------

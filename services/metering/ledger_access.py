@@ -11,7 +11,8 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
-from services.metering import access, audit, auditkey, reports
+from services.metering import access, audit, auditkey, integrity, reports, rowmac, witness_client
+from services.metering.auditkey import AnchorError
 from services.metering.db import Engines
 from services.metering.metering_errors import AuthFailed
 from services.metering.records import Actor
@@ -26,6 +27,8 @@ class Transactions(Protocol):
     clock: Callable[[], int]
     audit_key: bytes
     anchor_path: Path | None
+    watch: integrity.Watch
+    witness: witness_client.WitnessClient | None
 
     def write(self: Transactions, fn: Callable[[Connection, int], T]) -> T: ...
 
@@ -34,6 +37,10 @@ class Transactions(Protocol):
     def append_audit(
         self: Transactions, actor: Actor, action: str, resource: str, outcome: str, detail: dict[str, Any]
     ) -> audit.AuditRecord: ...
+
+    def _witness(self: Transactions, seq: int, digest: str) -> None: ...
+
+    def _witness_break(self: Transactions) -> str: ...
 
 
 class LedgerAccess:
@@ -88,7 +95,8 @@ class LedgerAccess:
             return self.read(lambda conn: access.authenticate(conn, key, self.clock()))
         except AuthFailed:
             key_id = key.partition(".")[0][:40]  # never the secret
-            self.append_audit(actor or Actor(), "auth.denied", f"key/{key_id}", "denied", {})
+            if not self.watch.halted:  # a halted ledger still answers UNAUTHENTICATED
+                self.append_audit(actor or Actor(), "auth.denied", f"key/{key_id}", "denied", {})
             raise
 
     # -- audit --------------------------------------------------------------------------
@@ -104,13 +112,117 @@ class LedgerAccess:
         return audit.query(self.engines.read, action, principal, since_us, until_us, limit)
 
     def verify_audit(self: Transactions) -> audit.Verification:
-        return audit.verify(self.engines.read, self.audit_key, self.anchor_path)
+        """The chain's verdict, failing closed on the anchor (services/metering/integrity.py)."""
+        verdict = audit.verify(self.engines.read, self.audit_key, self.anchor_path)
+        if not verdict.ok:
+            return verdict
+        with self.engines.read.connect() as conn:
+            audit.bind_key(conn, self.audit_key)
+            forged = rowmac.forged_rows(conn)
+            if forged:
+                message = f"rows written behind metering's back: {', '.join(forged[:20])}"
+                return audit.Verification(False, verdict.rows_checked, 0, "row", message)
+            failure = integrity.unresolved_failure(conn)
+            if failure is not None:
+                message = f"integrity failure recorded at row {failure[0]}: {failure[1]}"
+                return audit.Verification(False, verdict.rows_checked, failure[0], "anchor", message)
+            if self.anchor_path is not None:
+                try:
+                    integrity.check_anchor(conn, self.anchor_path, self.audit_key, self.watch.anchored_seq)
+                except AnchorError as exc:
+                    return audit.Verification(False, verdict.rows_checked, 0, "anchor", str(exc))
+            broken = self._witness_break()
+            if broken:
+                return audit.Verification(False, verdict.rows_checked, 0, "witness", broken)
+        if self.watch.halted:
+            return audit.Verification(False, verdict.rows_checked, 0, "anchor", self.watch.halted)
+        return verdict
+
+    def _witness_break(self: Transactions) -> str:
+        """The chain against the witness's newest countersigned head ("" when it agrees)."""
+        if self.witness is None:
+            return ""
+        try:
+            head = self.witness.latest()
+        except witness_client.WitnessUnreachable as exc:  # fail closed: nothing vouches for the tail
+            return str(exc)
+        with self.engines.read.connect() as conn:
+            if head is None:  # a witness with nothing to show for an anchored chain vouches for nothing
+                anchored = integrity.was_anchored(conn)
+                return (
+                    f"the witness has no head of log {self.witness.log}, yet the chain was anchored"
+                    if anchored
+                    else ""
+                )
+            return witness_client.chain_break(conn, head)
 
     def write_anchor(self: Transactions) -> bool:
-        """Sign the committed head into the anchor file (if one is configured and it moved)."""
-        if self.anchor_path is None:
+        """Sign the committed head into the anchor file (if one is configured and it moved).
+
+        The anchor there is checked first (integrity.check_anchor); one that fails is never
+        overwritten: the ledger halts and AnchorError is raised.
+        """
+        if self.anchor_path is None or self.watch.halted:
             return False
+        try:
+            with self.engines.read.connect() as conn:
+                if not self.watch.marked and (failure := integrity.unresolved_failure(conn)):
+                    raise AnchorError(f"integrity failure recorded at row {failure[0]}: {failure[1]}")
+                anchor = integrity.check_anchor(
+                    conn, self.anchor_path, self.audit_key, self.watch.anchored_seq
+                )
+        except AnchorError as exc:
+            integrity.halt(self.engines.write, self.audit_key, self.watch, str(exc))
+            raise
         seq, digest = audit.head(self.engines.read)
         if seq == 0:
             return False
-        return auditkey.write_anchor(self.anchor_path, self.audit_key, seq, digest, self.clock())
+        self._witness(seq, digest)
+        written = auditkey.write_anchor(self.anchor_path, self.audit_key, seq, digest, self.clock())
+        self.watch.anchored_seq = max(self.watch.anchored_seq, seq)
+        if not self.watch.marked:  # the chain remembers that it is anchored, once the file is there
+            with self.engines.read.connect() as conn:
+                marked = integrity.was_anchored(conn)
+            if not marked:
+                detail = {"seq": seq, "anchor_found": anchor is not None}
+                self.append_audit(integrity.SERVICE, integrity.ANCHORED, "audit/anchor", "ok", detail)
+            self.watch.marked = True
+        return written
+
+    def _witness(self: Transactions, seq: int, digest: str) -> None:
+        """Have the witness countersign the head before it is anchored; its refusal halts."""
+        if self.witness is None or seq <= self.watch.witnessed_seq:
+            return
+        try:
+            self.witness.submit(seq, digest)
+        except witness_client.WitnessRefused as exc:
+            integrity.halt(self.engines.write, self.audit_key, self.watch, str(exc))
+            raise AnchorError(str(exc)) from None
+        except witness_client.WitnessUnreachable as exc:  # anchored locally; the next round retries
+            integrity.log.warning("audit head not countersigned: %s", exc)
+            return
+        self.watch.witnessed_seq = seq
+
+    def reanchor(self: Transactions, actor: Actor, reason: str) -> int:
+        """The operator's decision after investigating a failure: the chain as it is now (which
+        must walk cleanly) becomes the anchored one. Returns the anchored seq."""
+        if self.anchor_path is None:
+            raise integrity.IntegrityHalted("no anchor file is configured (SWITCHYARD_AUDIT_ANCHOR)")
+        walk = audit.verify(self.engines.read, self.audit_key, None)
+        if not walk.ok:
+            raise integrity.IntegrityHalted(
+                f"the chain itself is broken at seq {walk.first_broken_seq} ({walk.problem}): {walk.message}"
+            )
+        try:
+            old = repr(auditkey.read_anchor(self.anchor_path, self.audit_key))
+        except AnchorError as exc:
+            old = str(exc)
+        detail = {"reason": reason, "previous_anchor": old[:512]}
+        rec = self.write(
+            lambda conn, now: audit.append(
+                conn, actor, integrity.REANCHORED, "audit/anchor", "ok", now, detail
+            )
+        )
+        auditkey.write_anchor(self.anchor_path, self.audit_key, rec.seq, rec.hash, self.clock(), force=True)
+        self.watch.halted, self.watch.anchored_seq = "", rec.seq
+        return rec.seq

@@ -10,6 +10,7 @@ up here as a lag, and its depth as `switchyard_router_spool_depth` on that route
 - `switchyard_metering_ingest_lag_seconds` (histogram, per event), and
   `switchyard_metering_last_ingest_lag_seconds` (gauge, the largest of the last batch).
 - `switchyard_metering_write_queue_depth` (gauge): calls waiting for the ledger's writer.
+- `switchyard_metering_audit_integrity_failures_total`: anchor checks that failed (writes halt).
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ class MeteringStats:
         self.events["unpriced"] += unpriced
 
 
-def collector(stats: MeteringStats, write_queue: Callable[[], int]) -> CallbackCollector:
+def collector(
+    stats: MeteringStats, write_queue: Callable[[], int], integrity_failures: Callable[[], int] = lambda: 0
+) -> CallbackCollector:
     def families() -> Iterable[Any]:
         events = counter("switchyard_metering_usage_events_total", "Usage events received", ("outcome",))
         for outcome, n in stats.events.items():
@@ -59,6 +62,12 @@ def collector(stats: MeteringStats, write_queue: Callable[[], int]) -> CallbackC
         lag = stats.lag.family(
             "switchyard_metering_ingest_lag_seconds", "From a request's end to its usage in the ledger", ()
         )
-        return (events, batches, lag, last, queue)
+        failures = counter(
+            "switchyard_metering_audit_integrity_failures_total",
+            "Audit anchor checks that failed (the ledger then refuses writes)",
+            (),
+        )
+        failures.add((), integrity_failures())
+        return (events, batches, lag, last, queue, failures)
 
     return CallbackCollector(families)

@@ -3,7 +3,8 @@
 `start_metering(url, ServerOptions(port=0))` migrates the database to head, opens the
 ledger and serves it; the returned object has `.address`, `.ledger` and `async stop()`.
 While it serves, it signs the audit chain's head into the anchor file every `anchor_s`
-seconds (SWITCHYARD_AUDIT_ANCHOR_S, default 10) and once more at stop.
+seconds (SWITCHYARD_AUDIT_ANCHOR_S, default 10), at start and once more at stop; an anchor
+that fails its check halts the ledger's writes (services/metering/integrity.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from services.metering.auditkey import AnchorError
 from services.metering.db import resolve_url
 from services.metering.guard import MeteringGuard
 from services.metering.ledger import Ledger
@@ -34,6 +36,8 @@ async def _anchor_loop(ledger: Ledger, every_s: float) -> None:
         await asyncio.sleep(every_s)
         try:
             await asyncio.to_thread(ledger.write_anchor)
+        except AnchorError:  # the ledger halted; integrity.halt logged, counted and audited it
+            pass
         except Exception as exc:  # keep serving; the next round tries again
             log.warning("could not write the audit head digest to %s: %s", ledger.anchor_path, exc)
 
@@ -41,6 +45,8 @@ async def _anchor_loop(ledger: Ledger, every_s: float) -> None:
 async def _final_anchor(ledger: Ledger) -> None:
     try:
         await asyncio.to_thread(ledger.write_anchor)
+    except AnchorError:
+        pass
     except Exception as exc:
         log.warning("could not write the audit head digest to %s: %s", ledger.anchor_path, exc)
 
@@ -98,6 +104,8 @@ async def start_metering(
     log.info("metering serving on %s (%s; %s)", server.address, ledger.engines.dialect, security.describe())
     task = None
     if ledger.anchor_path is not None:
+        with contextlib.suppress(AnchorError):  # a failure halts the ledger; integrity logs it
+            await asyncio.to_thread(ledger.write_anchor)
         every_s = float(os.environ.get(ENV_ANCHOR_S, "10"))
         task = asyncio.create_task(_anchor_loop(ledger, every_s), name="audit-anchor")
     else:

@@ -178,6 +178,7 @@ class RoleBindingRow(Base):
     role: Mapped[str] = mapped_column(String(32))
     scope: Mapped[str] = mapped_column(String(200))
     created_us: Mapped[int] = mapped_column(BigInteger)
+    mac: Mapped[str | None] = mapped_column(String(64))  # services/metering/rowmac.py
 
 
 class ApiKeyRow(Base):
@@ -191,6 +192,7 @@ class ApiKeyRow(Base):
     created_us: Mapped[int] = mapped_column(BigInteger)
     expires_us: Mapped[int] = mapped_column(BigInteger)
     revoked_us: Mapped[int | None] = mapped_column(BigInteger)
+    mac: Mapped[str | None] = mapped_column(String(64))  # services/metering/rowmac.py
 
 
 class AuditRow(Base):

@@ -7,6 +7,7 @@ file. Each kind of tampering must be detected and named by `verify`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from sqlalchemy import create_engine, select, text
 
 from services.metering import audit
+from services.metering.auditkey import AnchorError
 from services.metering.db import make_engines, resolve_url
 from services.metering.ledger import Ledger
 from services.metering.records import Actor, UsageEvent
@@ -125,7 +127,8 @@ def test_a_forged_anchor_is_named(ledger: Ledger, tmp_path: Path) -> None:
     ledger.append_audit(ACTOR, "test.action", "thing/1", "ok", {})
     assert ledger.write_anchor()
     assert ledger.anchor_path is not None
-    ledger.anchor_path.write_text(ledger.anchor_path.read_text().replace('"seq": 1', '"seq": 9'))
+    forged = json.loads(ledger.anchor_path.read_text()) | {"seq": 9}
+    ledger.anchor_path.write_text(json.dumps(forged))
     verdict = ledger.verify_audit()
     assert (verdict.ok, verdict.problem) == (False, "anchor")
 
@@ -133,11 +136,16 @@ def test_a_forged_anchor_is_named(ledger: Ledger, tmp_path: Path) -> None:
 def test_the_anchor_never_moves_back(ledger: Ledger, db_url: str) -> None:
     for i in range(3):
         ledger.append_audit(ACTOR, "test.action", f"thing/{i}", "ok", {})
+    assert ledger.write_anchor()  # the first anchoring appends its `audit.anchor` row
     assert ledger.write_anchor() and not ledger.write_anchor()  # unchanged head: not rewritten
+    assert ledger.anchor_path is not None
+    anchored = ledger.anchor_path.read_bytes()
     drop_guards(db_url)
-    plain_sql(db_url, "DELETE FROM audit_log WHERE seq = 3")
+    plain_sql(db_url, "DELETE FROM audit_log WHERE seq >= 3")
     set_head(db_url, 2, rows(ledger)[1].hash)
-    assert not ledger.write_anchor()  # a head put back does not overwrite the newer digest
+    with pytest.raises(AnchorError, match="below the anchored seq"):
+        ledger.write_anchor()  # a head put back halts the ledger, never re-signs the digest
+    assert ledger.anchor_path.read_bytes() == anchored
     assert ledger.verify_audit().problem == "deleted"
 
 

@@ -1,0 +1,1 @@
+"""The audit witness: a separate service that countersigns metering's audit head."""

@@ -1,0 +1,106 @@
+"""An insider writes power rows behind metering's back; using them must fail, verify must name them.
+
+Against the real metering service on SQLite and PostgreSQL: a role binding inserted by SQL
+(`admin` on `*`, without a MAC or with another row's MAC) grants nothing; a revoked key
+whose `revoked_us` is cleared does not authenticate; a key row inserted by SQL with a valid
+secret hash does not authenticate; and `audit verify` names each row (problem `row`).
+A key put back exactly as it was before its revocation (with that state's MAC) passes the
+MAC at use, but verify names it from the chain's `key.revoke` row.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from sqlalchemy import create_engine, text
+
+from services.metering import access
+from services.metering.db import resolve_url
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+from tests.metering.test_integrity import plain_sql
+from tests.security.ledger_attack import Metering
+
+
+def scalar(url: str, sql: str) -> str:
+    engine = create_engine(resolve_url(url))
+    try:
+        with engine.connect() as conn:
+            return str(conn.execute(text(sql)).scalar_one())
+    finally:
+        engine.dispose()
+
+
+async def setup_alice(stub: mgrpc.MeteringAsyncStub) -> tuple[str, str]:
+    """alice, who may infer on `model:mlp`: her principal id and a key."""
+    who = await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="alice", kind="user"))
+    await stub.GrantRole(mpb.RoleRequest(principal="alice", role="infer", scope="model:mlp"))
+    key = await stub.CreateKey(mpb.CreateKeyRequest(principal="alice"))
+    return who.principal_id, f"{key.key_id}.{key.secret}"
+
+
+async def roles(stub: mgrpc.MeteringAsyncStub, key: str) -> set[tuple[str, str]]:
+    ident = await stub.Authenticate(mpb.AuthenticateRequest(key=key))
+    return {(r.role, r.scope) for r in ident.roles}
+
+
+async def assert_unauthenticated(stub: mgrpc.MeteringAsyncStub, key: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Authenticate(mpb.AuthenticateRequest(key=key))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def assert_named(metering: Metering, stub: mgrpc.MeteringAsyncStub, row: str) -> None:
+    verdict = await stub.VerifyAudit(mpb.VerifyAuditRequest())
+    assert (verdict.ok, verdict.problem) == (False, "row"), verdict
+    assert metering.running is not None
+    assert row in metering.running.ledger.verify_audit().message
+
+
+@pytest.mark.parametrize("mac", ["none", "copied"])
+async def test_an_inserted_admin_binding_grants_nothing(metering: Metering, db_url: str, mac: str) -> None:
+    stub = await metering.start()
+    pid, key = await setup_alice(stub)
+    assert await roles(stub, key) == {("infer", "model:mlp")}
+    assert (await stub.VerifyAudit(mpb.VerifyAuditRequest())).ok
+    copied = scalar(db_url, f"SELECT mac FROM role_bindings WHERE principal_id = '{pid}'")
+    value = "NULL" if mac == "none" else f"'{copied}'"
+    plain_sql(
+        db_url,
+        "INSERT INTO role_bindings (principal_id, role, scope, created_us, mac) "
+        f"VALUES ('{pid}', 'admin', '*', 1, {value})",
+    )
+    assert await roles(stub, key) == {("infer", "model:mlp")}  # admin on * is not granted
+    bad = scalar(db_url, f"SELECT id FROM role_bindings WHERE role = 'admin' AND principal_id = '{pid}'")
+    await assert_named(metering, stub, f"role_binding/{bad}")
+
+
+async def test_a_revoked_key_stays_revoked_when_the_column_is_cleared(
+    metering: Metering, db_url: str
+) -> None:
+    stub = await metering.start()
+    _, key = await setup_alice(stub)
+    key_id = key.partition(".")[0]
+    live_mac = scalar(db_url, f"SELECT mac FROM api_keys WHERE key_id = '{key_id}'")
+    await stub.RevokeKey(mpb.RevokeKeyRequest(key_id=key_id))
+    await assert_unauthenticated(stub, key)
+    plain_sql(db_url, f"UPDATE api_keys SET revoked_us = NULL WHERE key_id = '{key_id}'")
+    await assert_unauthenticated(stub, key)
+    await assert_named(metering, stub, f"api_key/{key_id}")
+    # Put back exactly as it was before the revocation, MAC included: the chain remembers.
+    plain_sql(db_url, f"UPDATE api_keys SET mac = '{live_mac}' WHERE key_id = '{key_id}'")
+    await assert_named(metering, stub, f"api_key/{key_id}")
+
+
+async def test_a_key_inserted_by_sql_does_not_authenticate(metering: Metering, db_url: str) -> None:
+    stub = await metering.start()
+    pid, key = await setup_alice(stub)
+    forged_id, secret = "sk_00000000deadbeef", "s" * 43
+    plain_sql(
+        db_url,
+        "INSERT INTO api_keys (key_id, principal_id, secret_hash, created_us, expires_us, revoked_us, mac) "
+        f"VALUES ('{forged_id}', '{pid}', '{access.secret_hash(forged_id, secret)}', 1, 0, NULL, NULL)",
+    )
+    await assert_unauthenticated(stub, f"{forged_id}.{secret}")
+    assert await roles(stub, key) == {("infer", "model:mlp")}  # the genuine key still works
+    await assert_named(metering, stub, f"api_key/{forged_id}")
