@@ -34,7 +34,7 @@ from services.router.shadow_mirror import ShadowMirror
 from services.router.spool import Spool
 from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us
 from switchyard import ids
-from switchyard.errors import ResourceExhausted
+from switchyard.errors import ResourceExhausted, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 _PATH_ENTRIES: dict[str, bytes] = {}  # path -> its encoded `path` parameter (paths are few)
@@ -107,7 +107,14 @@ class RequestPath:
             capture = self.captures.get(charge.route.model)
             if capture is not None:
                 capture.offer(raw)  # a queue append at most; never waits
+            await self._durable()  # the usage is on disk before the answer leaves
             return self._answer(charge, outcome, sent, t0)
+
+    async def _durable(self) -> None:
+        try:
+            await self.meter.durable()
+        except OSError as exc:  # the usage stays in memory; the spool delivers it
+            raise Unavailable(f"the router cannot make usage durable ({exc.strerror or exc}); retry") from exc
 
     def _answer(self, charge: Charge, outcome: Outcome, sent: Forwarded, t0: int) -> bytes:
         """The executor's bytes with the router's parameters appended."""

@@ -19,8 +19,10 @@ from `alarm_fraction` of it, or after a failed write, it raises an alarm in the 
 calls `set_ready(False)` (the router reports NOT_SERVING, so traffic moves to other
 routers); when it has drained below that again, `set_ready(True)`.
 
-What is at risk on a crash: events of the last flush interval not yet sent nor spooled, and
-batches kept in memory while the disk refused them.
+Nothing answered is at risk on a crash: every usage event is also appended to the usage
+journal (`spool_journal`), and the router awaits `durable()` (the journal's group commit)
+before it answers. A flush rotates the journal; the retired files are deleted once a flush left
+nothing in memory, and a restarted router replays what an earlier run's journal holds.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from services.router.spool_delivery import DOWN, MeteringDelivery, MeteringSink
+from services.router.spool_journal import UsageJournal
 from services.router.spool_segments import SegmentStore, SpoolStats, SpoolWriteFailed
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 
@@ -73,12 +76,24 @@ class Spool:
         self._task: asyncio.Task[None] | None = None
         self._busy = False
         self._taken = 0  # events a running flush took out of memory and still holds
+        self._journal = UsageJournal(directory)
+        self._usage.extend(self._journal.recover())
+        self._returned = False  # a flush put events back in memory: keep the journal files
 
     # ---- producer side (hot path: no I/O) -------------------------------------------------
     def usage(self, event: mpb.UsageEvent) -> None:
         self._usage.append(event)
+        self._journal.append(event)
         if len(self._usage) >= self._batch:
             self._wake.set()
+
+    async def durable(self) -> None:
+        """Returns once every usage event given so far is on disk (the journal's group commit)."""
+        await self._journal.commit()
+
+    @property
+    def journal_commits(self) -> int:
+        return self._journal.commits
 
     def audit(self, request: mpb.AppendAuditRequest) -> None:
         self._audit.append(request)
@@ -145,16 +160,22 @@ class Spool:
                         len(self._audit),
                         self._disk.write_error,
                     )
+                self._journal.close()
                 return
 
     async def _flush_once(self) -> None:
         self._disk.write_dead_pending()
+        rotated = await self._journal.rotate()  # the retired files hold every event taken below
+        retired = len(self._journal.retired) if rotated else 0
+        self._returned = False
         usage, self._usage = self._usage, []
         audits, self._audit = self._audit, []
         self._busy = True  # a batch taken out of memory is pending until sent or on disk
         self._taken = len(usage) + len(audits)  # what this flush took out of memory and still holds
         try:
             await self._flush_chunks(usage, audits)
+            if not self._returned:
+                self._journal.release(retired)  # all taken is acknowledged or in a segment
         finally:
             self._busy = False
             self._taken = 0
@@ -173,6 +194,7 @@ class Spool:
                 self._taken -= len(chunk.events)
         except SpoolWriteFailed:
             self._usage[:0] = usage[done:]  # back in memory, ahead of newer events: nothing lost
+            self._returned = True
             self._taken -= len(usage) - done
         for n, audit in enumerate(audits):
             try:
@@ -205,6 +227,7 @@ class Spool:
                 await self._disk.write("usage", mpb.RecordUsageRequest(events=later).SerializeToString())
             except SpoolWriteFailed:
                 self._usage[:0] = later  # in memory until the disk takes them
+                self._returned = True
             self._next_replay = time.monotonic() + MAX_BACKOFF_S
 
     async def _replay(self) -> None:

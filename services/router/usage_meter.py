@@ -6,7 +6,8 @@ executor reported, and for generations the prompt and output tokens. A request r
 a deployment was chosen (the route's in-flight bound) is charged to the route's first path, as
 failed. Events go to the spool (batched and spooled to disk while metering is down); the
 idempotency key is the request id (a shadow copy's adds its arm and candidate), so a retried
-flush is stored once. The same outcome feeds the Prometheus counters (`RouterStats`).
+flush is stored once. Each event is in the spool's journal on disk before the router answers
+(`durable`). The same outcome feeds the Prometheus counters (`RouterStats`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ class UsageMeter:
         if tags:
             event.tags.update(tags)
         self.spool.usage(event)
+
+    async def durable(self) -> None:
+        """Returns once the usage recorded so far is on disk: await it before answering."""
+        if self.spool is not None:
+            await self.spool.durable()
 
     def observe(self, charge: Charge, outcome: Outcome, duration_s: float) -> None:
         """The request's counters and latency for Prometheus."""
