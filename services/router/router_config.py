@@ -107,6 +107,10 @@ class Settings:
     # stop, which flushes): events of the last interval.
     usage_flush_s: float = 0.25
     usage_batch: int = 1000
+    # Each answered request's usage is written to a journal before the answer goes (so a killed
+    # router loses none); true also fdatasyncs it, to survive the host losing power, at one disk
+    # flush per group of requests in flight (services/router/spool_journal.py).
+    usage_journal_sync: bool = False
     # The spool's bound on disk; from spool_alarm_fraction of it the router logs an alarm and
     # reports NOT_SERVING until the spool has drained (services/router/spool.py).
     spool_max_mb: int = 1024

@@ -130,6 +130,7 @@ def _start_spool(metering: MeteringClient | None, settings: Settings, directory:
         settings.usage_batch,
         max_bytes=settings.spool_max_mb << 20,
         alarm_fraction=settings.spool_alarm_fraction,
+        journal_sync=settings.usage_journal_sync,
     )
     spool.start()
     if spool.backlog:

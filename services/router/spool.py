@@ -58,6 +58,7 @@ class Spool:
         max_bytes: int = DEFAULT_MAX_BYTES,
         alarm_fraction: float = DEFAULT_ALARM_FRACTION,
         set_ready: Callable[[bool], Awaitable[None]] | None = None,
+        journal_sync: bool = False,
     ) -> None:
         self._sink = sink
         self.stats = SpoolStats()
@@ -76,7 +77,7 @@ class Spool:
         self._task: asyncio.Task[None] | None = None
         self._busy = False
         self._taken = 0  # events a running flush took out of memory and still holds
-        self._journal = UsageJournal(directory)
+        self._journal = UsageJournal(directory, journal_sync)
         self._usage.extend(self._journal.recover())
         self._returned = False  # a flush put events back in memory: keep the journal files
 
