@@ -46,12 +46,16 @@ class Admission:
     async def admit(self, metadata: Metadata, model: str, request_id: str, peer: str) -> Identity:
         """The caller's identity, if it may infer with `model`."""
         identity = await self.identify(metadata, f"model:{model}", request_id, peer)
+        self.authorize(identity, model, request_id, peer)
+        return identity
+
+    def authorize(self, identity: Identity, model: str, request_id: str, peer: str) -> None:
+        """Refuses (and audits) an identity that may not infer with `model`."""
         try:
             authorize(identity, model)
         except PermissionDenied as exc:
             self.audit_denial(identity, f"model:{model}", str(exc), "PERMISSION_DENIED", request_id, peer)
             raise
-        return identity
 
     def require_admin(self, identity: Identity, resource: str, request_id: str, peer: str) -> None:
         """Refuses (and audits) a caller without role `admin` a change to the router."""

@@ -1,0 +1,148 @@
+"""The router's front doors attacked as an outsider would: real metering (SQLite), a real CPU
+executor and a real router with its OpenAI HTTP port, all on port 0.
+
+- An unknown model asked for with no key, or a junk key, over gRPC and HTTP: the refusal names
+  no route (another team's route name must not appear), and a narrow key's NOT_FOUND lists
+  only the routes its roles cover.
+- A malformed bearer token (an OpenAI-style `sk-proj-...` key sent by mistake): the audit row
+  holds a short hash of it, never any part of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+from sqlalchemy import select
+
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import RunningExecutor, start_executor
+from services.metering.schema import AUDIT
+from services.router.router_server import RunningRouter
+from switchyard.gen.inference import grpc_service_pb2 as ipb
+from tests.router.conftest import Metering, RouterFactory, make_router, metering, routes_config
+
+__all__ = ["make_router", "metering"]  # fixtures, used by name
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+OIP = "inference.GRPCInferenceService"
+SECRET_ROUTE = "team-b-private-llm"  # another team's route: its name must never leak
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def executor() -> AsyncIterator[RunningExecutor]:
+    running = await start_executor(ExecutorConfig(models=("mlp",)))
+    yield running
+    await running.stop(0)
+
+
+async def _router(make_router: RouterFactory, metering: Metering, executor: RunningExecutor) -> RunningRouter:
+    routes = {
+        "mlp": {"policy": "pinned", "targets": ["a"]},
+        SECRET_ROUTE: {"policy": "pinned", "targets": [{"deployment": "a", "model": "mlp"}]},
+    }
+    cfg = routes_config({"a": executor.address}, routes, openai_port=0, usage_flush_s=0.05)
+    running: RunningRouter = await make_router(cfg, metering.running.address)
+    return running
+
+
+def _request(model: str) -> ipb.ModelInferRequest:
+    request = ipb.ModelInferRequest(model_name=model, id="probe")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[1, 64])
+    tensor.contents.fp32_contents.extend([0.0] * 64)
+    return request
+
+
+async def _grpc(router: RunningRouter, model: str, key: str | None) -> tuple[grpc.StatusCode, str]:
+    metadata = (("authorization", f"Bearer {key}"),) if key is not None else ()
+    async with grpc.aio.insecure_channel(router.address) as channel:
+        infer = channel.unary_unary(
+            f"/{OIP}/ModelInfer",
+            request_serializer=ipb.ModelInferRequest.SerializeToString,
+            response_deserializer=ipb.ModelInferResponse.FromString,
+        )
+        try:
+            await infer(_request(model), metadata=metadata, timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+async def _http(router: RunningRouter, path: str, body: dict[str, Any], key: str | None) -> tuple[int, str]:
+    """One raw HTTP/1.1 request, as an attacker's script would send it; (status, body)."""
+    assert router.openai is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", router.openai.port)
+    payload = json.dumps(body).encode()
+    auth = f"authorization: Bearer {key}\r\n" if key is not None else ""
+    head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{auth}"
+    writer.write(f"{head}content-length: {len(payload)}\r\nconnection: close\r\n\r\n".encode() + payload)
+    await writer.drain()
+    raw = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    status_line, _, rest = raw.decode().partition("\r\n")
+    return int(status_line.split()[1]), rest.partition("\r\n\r\n")[2]
+
+
+async def test_no_key_and_junk_keys_learn_no_route_names(
+    make_router: RouterFactory, metering: Metering, executor: RunningExecutor
+) -> None:
+    router = await _router(make_router, metering, executor)
+    for key in (None, "sk_0123456789abcdef.junk", "not-a-key"):
+        code, details = await _grpc(router, "nope", key)
+        assert code == grpc.StatusCode.UNAUTHENTICATED, (key, code, details)
+        assert SECRET_ROUTE not in details and "mlp" not in details, details
+        chat = {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}
+        for path, body in (
+            ("/v1/completions", {"model": "nope", "prompt": "hi"}),
+            ("/v1/chat/completions", chat),
+        ):
+            status, text = await _http(router, path, body, key)
+            assert status == 401, (key, path, status, text)
+            assert SECRET_ROUTE not in text and "mlp" not in text, text
+
+
+async def test_a_narrow_key_sees_only_the_routes_its_roles_cover(
+    make_router: RouterFactory, metering: Metering, executor: RunningExecutor
+) -> None:
+    router = await _router(make_router, metering, executor)
+    narrow, _ = await metering.key("front-narrow", "a", "infer", "model:mlp")
+    wide, _ = await metering.key("front-wide", "b", "infer", "*")
+    code, details = await _grpc(router, "nope", narrow)
+    assert code == grpc.StatusCode.NOT_FOUND and "'mlp'" in details, details
+    assert SECRET_ROUTE not in details, details
+    status, text = await _http(router, "/v1/completions", {"model": "nope", "prompt": "hi"}, narrow)
+    assert status == 404 and SECRET_ROUTE not in text, (status, text)
+    code, details = await _grpc(router, "nope", wide)  # the check is the roles, not a blanket hide
+    assert code == grpc.StatusCode.NOT_FOUND and SECRET_ROUTE in details, details
+    code, _ = await _grpc(router, "mlp", narrow)  # the narrow key still works where it may
+    assert code == grpc.StatusCode.OK
+
+
+async def test_a_malformed_token_is_audited_as_a_short_hash(
+    make_router: RouterFactory, metering: Metering, executor: RunningExecutor
+) -> None:
+    router = await _router(make_router, metering, executor)
+    secret = "sk-proj-" + "Zq7" * 30  # an OpenAI project key sent to the wrong service
+    wellformed = "sk_00112233445566ff.not-the-secret"
+    with metering.running.ledger.engines.write.connect() as conn:
+        before = int(conn.execute(select(AUDIT.c.seq).order_by(AUDIT.c.seq.desc()).limit(1)).scalar() or 0)
+    assert (await _grpc(router, "mlp", secret))[0] == grpc.StatusCode.UNAUTHENTICATED
+    assert (await _http(router, "/v1/completions", {"model": "mlp", "prompt": "x"}, secret))[0] == 401
+    assert (await _grpc(router, "mlp", wellformed))[0] == grpc.StatusCode.UNAUTHENTICATED
+    with metering.running.ledger.engines.write.connect() as conn:
+        rows = conn.execute(select(AUDIT).where(AUDIT.c.seq > before)).all()
+    denied = [r for r in rows if r.action == "auth.denied"]
+    assert len(denied) >= 2, rows
+    for row in rows:
+        text = " ".join(str(v) for v in row)
+        assert secret[8:20] not in text and "sk-proj" not in text, row
+        assert "not-the-secret" not in text, row
+    resources = {r.resource for r in denied}
+    assert any(r.startswith("key/malformed:") and len(r) == len("key/malformed:") + 12 for r in resources)
+    assert "key/sk_00112233445566ff" in resources  # a well-formed id is not secret, and is kept
