@@ -4,6 +4,9 @@ executor and a real router with its OpenAI HTTP port, all on port 0.
 - An unknown model asked for with no key, or a junk key, over gRPC and HTTP: the refusal names
   no route (another team's route name must not appear), and a narrow key's NOT_FOUND lists
   only the routes its roles cover.
+- Admin reads by a key that may infer only `mlp`: ListRoutes shows `mlp` alone,
+  ListPrincipalLimits shows no other principal's id, ListDeployments (internal addresses) is
+  PERMISSION_DENIED; an admin key still sees everything.
 - A malformed bearer token (an OpenAI-style `sk-proj-...` key sent by mistake): the audit row
   holds a short hash of it, never any part of it.
 """
@@ -25,6 +28,8 @@ from services.executor.executor_server import RunningExecutor, start_executor
 from services.metering.schema import AUDIT
 from services.router.router_server import RunningRouter
 from switchyard.gen.inference import grpc_service_pb2 as ipb
+from switchyard.gen.switchyard.v1 import router_pb2 as rpb
+from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
 from tests.router.conftest import Metering, RouterFactory, make_router, metering, routes_config
 
 __all__ = ["make_router", "metering"]  # fixtures, used by name
@@ -146,3 +151,31 @@ async def test_a_malformed_token_is_audited_as_a_short_hash(
     resources = {r.resource for r in denied}
     assert any(r.startswith("key/malformed:") and len(r) == len("key/malformed:") + 12 for r in resources)
     assert "key/sk_00112233445566ff" in resources  # a well-formed id is not secret, and is kept
+
+
+async def test_admin_reads_by_a_narrow_key_show_only_what_it_covers(
+    make_router: RouterFactory, metering: Metering, executor: RunningExecutor
+) -> None:
+    router = await _router(make_router, metering, executor)
+    narrow, _ = await metering.key("reads-narrow", "a", "infer", "model:mlp")
+    admin_key, _ = await metering.key("reads-admin", "ops", "admin", "*")
+    as_narrow = [("authorization", f"Bearer {narrow}")]
+    as_admin = [("authorization", f"Bearer {admin_key}")]
+    async with grpc.aio.insecure_channel(router.address) as channel:
+        admin = rgrpc.RouterAdminStub(channel)
+        limit = rpb.PrincipalLimit(principal_id="p_someone_else", rate_per_s=1.0, burst=1)
+        await admin.SetPrincipalLimit(rpb.SetPrincipalLimitRequest(limit=limit), metadata=as_admin)
+        routes = await admin.ListRoutes(rpb.ListRoutesRequest(), metadata=as_narrow)
+        assert [r.model for r in routes.routes] == ["mlp"]
+        everything = await admin.ListRoutes(rpb.ListRoutesRequest(), metadata=as_admin)
+        assert sorted(r.model for r in everything.routes) == sorted(["mlp", SECRET_ROUTE])
+        limits = await admin.ListPrincipalLimits(rpb.ListPrincipalLimitsRequest(), metadata=as_narrow)
+        assert "p_someone_else" not in str(limits)
+        limits = await admin.ListPrincipalLimits(rpb.ListPrincipalLimitsRequest(), metadata=as_admin)
+        assert "p_someone_else" in {o.principal_id for o in limits.overrides}
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await admin.ListDeployments(rpb.ListDeploymentsRequest(), metadata=as_narrow)
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert executor.address not in (denied.value.details() or "")
+        listed = await admin.ListDeployments(rpb.ListDeploymentsRequest(), metadata=as_admin)
+        assert [d.address for d in listed.deployments] == [executor.address]
