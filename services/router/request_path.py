@@ -152,27 +152,29 @@ class RequestPath:
         output tokens so far (a caller that leaves early is charged what was generated until
         then, status cancelled)."""
         charge = await self._admit(raw, metadata, peer)
-        outcome = Outcome()
-        kept: list[pb.ModelInferResponse] | None = [] if charge.route.shadow is not None else None
-        with self._route_slot(charge):
-            responses = self.forwarder.stream(charge.route, charge.header, raw, time_remaining, outcome)
-            try:
-                async with contextlib.aclosing(responses):  # a caller that leaves ends the call now
-                    async for response in responses:
-                        response.model_name = charge.route.model
-                        response.parameters["path"].string_param = outcome.path
-                        response.parameters["request_id"].string_param = charge.request_id
-                        if kept is not None:
-                            kept.append(response)  # the whole generation, for the shadow mirror
-                        yield response
-            except BaseException:
-                if outcome.status != "completed":
-                    outcome.status = "cancelled" if outcome.output_tokens else "failed"
-                raise
-            finally:
-                self.meter.record(charge, outcome)
-        if kept is not None and outcome.status == "completed":
-            self.mirror.offer_generation(charge, raw, kept, time_remaining)
+        # over the principal's limit: refused here, as `infer` is (each of `n` choices is a call)
+        with self.admission.principal_slot(charge.identity):
+            outcome = Outcome()
+            kept: list[pb.ModelInferResponse] | None = [] if charge.route.shadow is not None else None
+            with self._route_slot(charge):
+                responses = self.forwarder.stream(charge.route, charge.header, raw, time_remaining, outcome)
+                try:
+                    async with contextlib.aclosing(responses):  # a caller that leaves ends the call now
+                        async for response in responses:
+                            response.model_name = charge.route.model
+                            response.parameters["path"].string_param = outcome.path
+                            response.parameters["request_id"].string_param = charge.request_id
+                            if kept is not None:
+                                kept.append(response)  # the whole generation, for the shadow mirror
+                            yield response
+                except BaseException:
+                    if outcome.status != "completed":
+                        outcome.status = "cancelled" if outcome.output_tokens else "failed"
+                    raise
+                finally:
+                    self.meter.record(charge, outcome)
+            if kept is not None and outcome.status == "completed":
+                self.mirror.offer_generation(charge, raw, kept, time_remaining)
 
     async def ask(
         self,
