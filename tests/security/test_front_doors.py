@@ -14,6 +14,7 @@ executor and a real router with its OpenAI HTTP port, all on port 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -216,3 +217,63 @@ async def test_a_junk_key_flood_is_rate_limited_and_aggregated(
     assert len(rows) <= MAX_LOOKUPS + 2, [(r.action, r.resource) for r in rows]
     counted = [json.loads(r.detail_json) for r in rows if r.resource.startswith("source/")]
     assert [c["count"] for c in counted] == [40], counted
+
+
+async def test_slow_http_clients_are_cut_off_and_others_still_served(
+    make_router: RouterFactory, metering: Metering, executor: RunningExecutor
+) -> None:
+    """Slowloris: a head sent a byte at a time, and a body that never ends, are closed after
+    their timeouts; connections over the cap are closed at once; a normal client is served."""
+    router = await _router(make_router, metering, executor)
+    assert router.openai is not None
+    router.openai.header_timeout_s = 0.5
+    router.openai.body_timeout_s = 0.5
+    router.openai.max_connections = 4
+    port = router.openai.port
+    good, _ = await metering.key("slow-good", "a", "infer", "*")
+
+    async def models() -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {good}\r\n\r\n".encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.close()
+        return int(head.split()[1])
+
+    async def dribble(first: bytes) -> float:
+        """Seconds until the server closes a connection that sends `first`, then a byte per 0.1 s."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        t0 = time.monotonic()
+        writer.write(first)
+        with contextlib.suppress(ConnectionError):
+            while time.monotonic() - t0 < 10:
+                writer.write(b"x")
+                await writer.drain()
+                with contextlib.suppress(TimeoutError):
+                    if await asyncio.wait_for(reader.read(65536), 0.1) == b"":
+                        break
+        writer.close()
+        return time.monotonic() - t0
+
+    slow = [
+        asyncio.create_task(dribble(b"GET /v1/models HTTP/1.1\r\nx-slow: ")),
+        asyncio.create_task(
+            dribble(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
+        ),
+    ]
+    await asyncio.sleep(0.1)
+    assert await models() == 200  # served while two slow clients hold connections
+    cut = await asyncio.gather(*slow)
+    assert all(0.4 < s < 3.0 for s in cut), cut
+    router.openai.header_timeout_s = 5.0  # the cap alone closes connections now
+    idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(6)]
+    await asyncio.sleep(0.1)
+    closed = 0
+    for reader, _ in idle:
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            if await asyncio.wait_for(reader.read(65536), 0.2) is not None:
+                closed += 1  # answered 503 or closed at once: over the cap
+    assert closed == 2, closed  # the 5th and 6th
+    for _, writer in idle:
+        writer.close()
+    await asyncio.sleep(0.2)  # closed by the clients: their places are free again
+    assert await models() == 200
