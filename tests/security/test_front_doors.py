@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -29,10 +31,12 @@ from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import RunningExecutor, start_executor
 from services.metering.schema import AUDIT
 from services.router.denials import MAX_LOOKUPS
-from services.router.router_server import RunningRouter
+from services.router.router_server import RunningRouter, start_router
+from switchyard import tls
 from switchyard.gen.inference import grpc_service_pb2 as ipb
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
 from switchyard.gen.switchyard.v1 import router_pb2_grpc as rgrpc
+from switchyard.grpcio import ServerOptions
 from tests.router.conftest import Metering, RouterFactory, make_router, metering, routes_config
 
 __all__ = ["make_router", "metering"]  # fixtures, used by name
@@ -277,3 +281,37 @@ async def test_slow_http_clients_are_cut_off_and_others_still_served(
         writer.close()
     await asyncio.sleep(0.2)  # closed by the clients: their places are free again
     assert await models() == 200
+
+
+async def test_the_openai_port_serves_tls_when_the_public_grpc_port_does(
+    metering: Metering, executor: RunningExecutor, tmp_path: Path
+) -> None:
+    """A router whose public port has TLS: plaintext HTTP to its OpenAI port gets no HTTP answer,
+    HTTPS checked against the CA is served."""
+    folder = tls.ensure_local_pki(tmp_path / "pki", ["router"])["router"]
+    public = ((folder / "tls.crt").read_bytes(), (folder / "tls.key").read_bytes())
+    routes = {"mlp": {"policy": "pinned", "targets": ["a"]}}
+    cfg = routes_config({"a": executor.address}, routes, openai_port=0)
+    router = await start_router(
+        cfg, metering.running.address, ServerOptions(public_tls=public), tmp_path / "s"
+    )
+    try:
+        assert router.openai is not None
+        good, _ = await metering.key("tls-good", "a", "infer", "*")
+        request = f"GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {good}\r\n\r\n".encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", router.openai.port)
+        writer.write(request)
+        with contextlib.suppress(ConnectionError):
+            answer = await asyncio.wait_for(reader.read(65536), 5)
+            assert not answer.startswith(b"HTTP/1.1 200"), answer  # no plaintext answer
+        writer.close()
+        context = ssl.create_default_context(cafile=str(folder / "ca.crt"))
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", router.openai.port, ssl=context, server_hostname="127.0.0.1"
+        )
+        writer.write(request)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 200"), head
+    finally:
+        await router.stop(0)
