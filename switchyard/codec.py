@@ -93,7 +93,12 @@ def numpy_datatype(dtype: np.dtype[np.generic]) -> str:
         raise InvalidArgument(f"numpy dtype {dtype} has no OIP datatype") from None
 
 
+MAX_RANK = 16  # dimensions of one tensor, at most
+
+
 def _check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+    if len(shape) > MAX_RANK:  # before anything is decoded: numpy's reshape would raise past 64
+        raise InvalidArgument(f"input {name!r}: shape has {len(shape)} dimensions; the limit is {MAX_RANK}")
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"input {name!r}: shape {list(shape)} has a negative dimension")
     return tuple(int(d) for d in shape)

@@ -5,6 +5,8 @@ transaction with its audit row, as in services/metering/ledger.py.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -18,6 +20,19 @@ from services.metering.metering_errors import AuthFailed
 from services.metering.records import Actor
 
 T = TypeVar("T")
+
+
+_KEY_ID = re.compile(r"sk_[0-9a-f]{16}")
+
+
+def audited_key_id(key: str) -> str:
+    """What an audit row may name of a refused key: its id when it has switchyard's form
+    (`sk_<16 hex>.<secret>`), else a short hash, so no part of a mistaken secret (an OpenAI
+    `sk-proj-...` key, say) is ever stored."""
+    key_id, dot, _ = key.partition(".")
+    if dot and _KEY_ID.fullmatch(key_id):
+        return key_id
+    return "malformed:" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 class Transactions(Protocol):
@@ -94,9 +109,8 @@ class LedgerAccess:
         try:
             return self.read(lambda conn: access.authenticate(conn, key, self.clock()))
         except AuthFailed:
-            key_id = key.partition(".")[0][:40]  # never the secret
             if not self.watch.halted:  # a halted ledger still answers UNAUTHENTICATED
-                self.append_audit(actor or Actor(), "auth.denied", f"key/{key_id}", "denied", {})
+                self.append_audit(actor or Actor(), "auth.denied", f"key/{audited_key_id(key)}", "denied", {})
             raise
 
     # -- audit --------------------------------------------------------------------------

@@ -65,8 +65,8 @@ class AdminServicer(rgrpc.RouterAdminServicer):
         return await self.admin.caller(metadata, context.peer(), resource, need_admin)
 
     async def ListRoutes(self, request: rpb.ListRoutesRequest, context: Ctx) -> rpb.ListRoutesResponse:
-        await self._caller(context, "routes", need_admin=False)
-        return rpb.ListRoutesResponse(routes=[route_to_proto(r) for r in self.admin.routes()])
+        caller = await self._caller(context, "routes", need_admin=False)
+        return rpb.ListRoutesResponse(routes=[route_to_proto(r) for r in self.admin.routes(caller)])
 
     async def SetRoute(self, request: rpb.SetRouteRequest, context: Ctx) -> rpb.Route:
         caller = await self._caller(context, f"route:{request.route.model}", need_admin=True)
@@ -81,7 +81,7 @@ class AdminServicer(rgrpc.RouterAdminServicer):
     async def ListDeployments(
         self, request: rpb.ListDeploymentsRequest, context: Ctx
     ) -> rpb.ListDeploymentsResponse:
-        await self._caller(context, "deployments", need_admin=False)
+        await self._caller(context, "deployments", need_admin=True)  # internal addresses
         now = time.monotonic()
         out = []
         for state, transport in self.admin.deployments():
@@ -116,19 +116,24 @@ class AdminServicer(rgrpc.RouterAdminServicer):
     async def ListPrincipalLimits(
         self, request: rpb.ListPrincipalLimitsRequest, context: Ctx
     ) -> rpb.ListPrincipalLimitsResponse:
-        await self._caller(context, "limits", need_admin=False)
+        caller = await self._caller(context, "limits", need_admin=False)
         limits = self.admin.limits
+        admin = caller.identity.is_admin()
+        mine = caller.identity.principal_id
         return rpb.ListPrincipalLimitsResponse(
             default_limit=_limit_msg("", limits.default),
-            overrides=[_limit_msg(p, lim) for p, lim in sorted(limits.overrides.items())],
-            refused=limits.refused,
+            # a non-admin sees its own override only: other principals' ids are not its to read
+            overrides=[
+                _limit_msg(p, lim) for p, lim in sorted(limits.overrides.items()) if admin or p == mine
+            ],
+            refused=limits.refused if admin else 0,
         )
 
     async def ShadowReport(self, request: rpb.ShadowReportRequest, context: Ctx) -> rpb.ShadowReportResponse:
-        await self._caller(context, "shadow", need_admin=False)
+        caller = await self._caller(context, "shadow", need_admin=False)
         return rpb.ShadowReportResponse(
             stats=[
                 copy_fields(rpb.ShadowStats, s, failures=s.failures + s.skipped)
-                for s in self.admin.shadow_stats(request.model)
+                for s in self.admin.shadow_stats(caller, request.model)
             ]
         )

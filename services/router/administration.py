@@ -1,12 +1,13 @@
 """What RouterAdmin does, without its messages: routes, deployments, principal limits, shadow report.
 
-Changing the router (a route, a principal's limit) needs a key with role `admin`; reading needs
-any valid key. A denied attempt is audited by admission; a route change by metering, in the
-transaction that saves it for the fleet (`route_store`), with the old and the new route as
-detail; a limit change likewise when metering shares it with the fleet (`fleet_limits`), else
-here. A route is validated
-whole (the same rules as the routes file) before it replaces the old one. `admin_servicer`
-converts RouterAdmin's messages to and from these calls.
+Changing the router (a route, a principal's limit) and listing its deployments (internal
+addresses) need a key with role `admin`; the other reads need a valid key and show only what
+its roles cover (routes and shadow statistics it may infer with, its own limit override). A
+denied attempt is audited by admission; a route change by metering, in the transaction that
+saves it for the fleet (`route_store`), with the old and the new route as detail; a limit
+change likewise when metering shares it with the fleet (`fleet_limits`), else here. A route
+is validated whole (the same rules as the routes file) before it replaces the old one.
+`admin_servicer` converts RouterAdmin's messages to and from these calls.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ class RouterAdministration:
             self.path.admission.require_admin(identity, resource, request_id, peer)
         return Caller(identity, request_id, peer)
 
-    def routes(self) -> list[Route]:
-        return sorted(self.path.routes.values(), key=lambda r: r.model)
+    def routes(self, caller: Caller) -> list[Route]:
+        """The routes the caller's roles cover (every route, for an admin)."""
+        visible = set(self.path.admission.visible_models(caller.identity, self.path.routes))
+        return sorted((r for r in self.path.routes.values() if r.model in visible), key=lambda r: r.model)
 
     async def set_route(self, route: Route, caller: Caller) -> Route:
         route = validate_route(route, self.path.table.deployments)
@@ -105,6 +108,9 @@ class RouterAdministration:
         )
         return now
 
-    def shadow_stats(self, model: str = "") -> list[ShadowStats]:
-        """The shadow statistics per route and candidate (of one route, when `model` is given)."""
-        return [s for (m, _), s in sorted(self.path.mirror.stats.items()) if not model or m == model]
+    def shadow_stats(self, caller: Caller, model: str = "") -> list[ShadowStats]:
+        """The shadow statistics per route and candidate (of one route, when `model` is given),
+        of the routes the caller's roles cover."""
+        stats = sorted(self.path.mirror.stats.items())
+        visible = set(self.path.admission.visible_models(caller.identity, {m for (m, _), _ in stats}))
+        return [s for (m, _), s in stats if m in visible and (not model or m == model)]

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from services.router.auth import ANONYMOUS, Authenticator, Identity, authorize, bearer_key
+from services.router.denials import Denials, source_of
 from services.router.limits import Limit, PrincipalLimits
 from services.router.spool import Spool
 from switchyard import authz, telemetry
@@ -32,26 +33,45 @@ class Admission:
         self.auth = auth
         self.spool = spool
         self.limits = PrincipalLimits(default_limit)
+        self.denials = Denials()
 
     async def identify(self, metadata: Metadata, resource: str, request_id: str, peer: str) -> Identity:
         """The caller's identity from its key; a refused key is audited and raised."""
         if self.auth is None:
             return ANONYMOUS
+        source = source_of(peer)
+        self.flush_denials()
         try:
-            return await self.auth.identify(bearer_key(metadata))
+            key = bearer_key(metadata)
+            if not self.auth.knows(key):  # a known good key is never held up by its neighbours
+                self.denials.check(source)
+            return await self.auth.identify(key)
         except Unauthenticated as exc:
-            self.audit_denial(None, resource, str(exc), "UNAUTHENTICATED", request_id, peer)
+            if self.denials.denied(source):  # the window's first; the rest are counted
+                self.audit_denial(None, resource, str(exc), "UNAUTHENTICATED", request_id, peer)
             raise
+
+    def flush_denials(self, everything: bool = False) -> None:
+        """One `request.denied` row per source for each closed window, with its count."""
+        for source, count in self.denials.closed(everything):
+            detail = json.dumps(
+                {"status": "UNAUTHENTICATED", "count": count, "window_s": self.denials.window_s}
+            )
+            self.audit(None, "request.denied", f"source/{source}", "denied", detail, "", source)
 
     async def admit(self, metadata: Metadata, model: str, request_id: str, peer: str) -> Identity:
         """The caller's identity, if it may infer with `model`."""
         identity = await self.identify(metadata, f"model:{model}", request_id, peer)
+        self.authorize(identity, model, request_id, peer)
+        return identity
+
+    def authorize(self, identity: Identity, model: str, request_id: str, peer: str) -> None:
+        """Refuses (and audits) an identity that may not infer with `model`."""
         try:
             authorize(identity, model)
         except PermissionDenied as exc:
             self.audit_denial(identity, f"model:{model}", str(exc), "PERMISSION_DENIED", request_id, peer)
             raise
-        return identity
 
     def require_admin(self, identity: Identity, resource: str, request_id: str, peer: str) -> None:
         """Refuses (and audits) a caller without role `admin` a change to the router."""
@@ -119,5 +139,6 @@ class Admission:
         self.audit(identity, "request.denied", resource, "denied", detail, request_id, peer)
 
     async def close(self) -> None:
+        self.flush_denials(everything=True)
         if self.auth is not None:
             await self.auth.close()

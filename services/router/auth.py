@@ -86,6 +86,11 @@ class Authenticator:
         # Cache by digest so the process never holds a table of clear-text keys.
         return hashlib.sha256(key.encode()).hexdigest()
 
+    def knows(self, key: str) -> bool:
+        """Whether the key is cached as a valid identity (no lookup needed to trust it)."""
+        entry = self._cache.get(self._slot(key))
+        return entry is not None and entry.identity is not None
+
     async def identify(self, key: str) -> Identity:
         slot = self._slot(key)
         entry = self._cache.get(slot)

@@ -3,6 +3,10 @@
 It reads each request of a keep-alive connection whole (its body bounded by `max_body`: over
 it, 413) and hands it to `handle` with an `HttpExchange` to answer on: a JSON response, or a
 stream of server-sent events. A malformed request is answered 400 and the connection closed.
+Slow clients are cut off: a request's head (and a keep-alive connection's wait for the next
+one) must arrive within `header_timeout_s`, its body within `body_timeout_s`, else 408 and the
+connection is closed (slowloris). At most `max_connections` are open at once; one more is
+answered 503 and closed.
 `openai_api` serves OpenAI's API on it.
 """
 
@@ -12,11 +16,27 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import h11
 
 log = logging.getLogger(__name__)
+
+
+def server_context(cert: bytes, key: bytes) -> ssl.SSLContext:
+    """A TLS server context from PEM bytes (ssl loads only files: they live in a 0700 folder of
+    their own for the moment it reads them)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    with tempfile.TemporaryDirectory() as folder:
+        paths = [Path(folder) / "tls.crt", Path(folder) / "tls.key"]
+        for path, data in zip(paths, (cert, key), strict=True):
+            path.touch(0o600)
+            path.write_bytes(data)
+        context.load_cert_chain(paths[0], paths[1])
+    return context
 
 
 class HttpError(Exception):
@@ -70,11 +90,25 @@ class HttpExchange:
         await self.send(*events)
 
 
+MAX_CONNECTIONS = 1024
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 30.0
+
+
 class Http1Server:
     """Serves HTTP/1.1 connections; subclasses answer requests in `handle`."""
 
-    def __init__(self, max_body: int) -> None:
+    def __init__(
+        self,
+        max_body: int,
+        max_connections: int = MAX_CONNECTIONS,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ) -> None:
         self.max_body = max_body
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
@@ -86,8 +120,10 @@ class Http1Server:
         """The JSON body of an error answer."""
         return {"error": error.message}
 
-    async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._serve, host, port)
+    async def start(self, host: str, port: int, tls: tuple[bytes, bytes] | None = None) -> int:
+        """Listens on `port`; with `tls` (certificate chain PEM, private key PEM), HTTPS only."""
+        context = server_context(*tls) if tls is not None else None
+        self._server = await asyncio.start_server(self._serve, host, port, ssl=context)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 
@@ -108,8 +144,12 @@ class Http1Server:
         exchange = HttpExchange(conn, writer)
         peer = "ipv4:{}:{}".format(*writer.get_extra_info("peername")[:2])
         try:
-            while isinstance(request := await _next(conn, reader), h11.Request):
-                body = await self._body(conn, reader)
+            if len(self._connections) > self.max_connections:
+                raise HttpError(503, f"the router has {self.max_connections} connections open; retry later")
+            while isinstance(
+                request := await self._timed(_next(conn, reader), self.header_timeout_s), h11.Request
+            ):
+                body = await self._timed(self._body(conn, reader), self.body_timeout_s)
                 if body is None:
                     return
                 await self.handle(exchange, request, body, peer)
@@ -127,6 +167,14 @@ class Http1Server:
         finally:
             self._connections.discard(task)
             writer.close()
+
+    @staticmethod
+    async def _timed(step: Any, timeout_s: float) -> Any:
+        """`step` within `timeout_s`, else 408 (the client is too slow; the connection closes)."""
+        try:
+            return await asyncio.wait_for(step, timeout_s)
+        except TimeoutError:
+            raise HttpError(408, f"the request did not arrive within {timeout_s:g} s") from None
 
     async def _body(self, conn: h11.Connection, reader: asyncio.StreamReader) -> bytes | None:
         """The request's body, whole; None if the connection closed before its end."""

@@ -81,9 +81,10 @@ class OpenAIServer(Http1Server):
         super().__init__(max_body)
         self.path = path
 
-    async def start(self, host: str, port: int) -> int:
-        await super().start(host, port)
-        log.info("OpenAI-compatible API on http://%s:%d/v1", host, self.port)
+    async def start(self, host: str, port: int, tls: tuple[bytes, bytes] | None = None) -> int:
+        await super().start(host, port, tls)
+        scheme = "https" if tls is not None else "http"
+        log.info("OpenAI-compatible API on %s://%s:%d/v1", scheme, host, self.port)
         return self.port
 
     def error_body(self, error: HttpError) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 
 from services.router import wire
 from services.router.admission import Admission, Metadata
+from services.router.auth import Identity
 from services.router.capture import Capturer
 from services.router.executor_pool import ExecutorPool
 from services.router.executor_transport import Reply
@@ -34,7 +35,7 @@ from services.router.shadow_mirror import ShadowMirror
 from services.router.spool import Spool
 from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us
 from switchyard import ids
-from switchyard.errors import ResourceExhausted, Unavailable
+from switchyard.errors import NotFound, ResourceExhausted, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 _PATH_ENTRIES: dict[str, bytes] = {}  # path -> its encoded `path` parameter (paths are few)
@@ -64,9 +65,21 @@ class RequestPath:
         started_us = now_us()
         request_id = ids.time_ordered_hex()
         header = wire.read_header(raw)
-        route = self.table.route_for(header.model_name)
-        identity = await self.admission.admit(metadata, route.model, request_id, peer)
+        route, identity = await self._route_of(header.model_name, metadata, request_id, peer)
         return Charge(route, identity, request_id, header, started_us)
+
+    async def _route_of(
+        self, model: str, metadata: Metadata, request_id: str, peer: str
+    ) -> tuple[Route, Identity]:
+        """The caller's identity first, then the route: a caller without a valid key learns no
+        route names, and one with a key sees only the routes its roles cover."""
+        identity = await self.admission.identify(metadata, f"model:{model}", request_id, peer)
+        route = self.table.routes.get(model)
+        if route is None:
+            visible = self.admission.visible_models(identity, sorted(self.table.routes))
+            raise NotFound(f"unknown model {model!r}; this key may use {visible}")
+        self.admission.authorize(identity, route.model, request_id, peer)
+        return route, identity
 
     @contextlib.contextmanager
     def _route_slot(self, charge: Charge) -> Iterator[None]:
@@ -146,30 +159,32 @@ class RequestPath:
         output tokens so far (a caller that leaves early is charged what was generated until
         then, status cancelled)."""
         charge = await self._admit(raw, metadata, peer)
-        outcome = Outcome()
-        kept: list[pb.ModelInferResponse] | None = [] if charge.route.shadow is not None else None
-        with self._route_slot(charge):
-            responses = self.forwarder.stream(charge.route, charge.header, raw, time_remaining, outcome)
-            try:
-                async with contextlib.aclosing(responses):  # a caller that leaves ends the call now
-                    async for response in responses:
-                        response.model_name = charge.route.model
-                        response.parameters["path"].string_param = outcome.path
-                        response.parameters["request_id"].string_param = charge.request_id
-                        if kept is not None:
-                            kept.append(response)  # the whole generation, for the shadow mirror
-                        yield response
-            except BaseException:
-                if outcome.status != "completed":
-                    outcome.status = "cancelled" if outcome.output_tokens else "failed"
-                raise
-            finally:
-                self.meter.record(charge, outcome)
-        if kept is not None and outcome.status == "completed":
-            self.mirror.offer_generation(charge, raw, kept, time_remaining)
-        capture = self.captures.get(charge.route.model)
-        if capture is not None and outcome.status == "completed":
-            capture.offer(raw, outcome.output_tokens)  # prompt, sampling parameters; never waits
+        # over the principal's limit: refused here, as `infer` is (each of `n` choices is a call)
+        with self.admission.principal_slot(charge.identity):
+            outcome = Outcome()
+            kept: list[pb.ModelInferResponse] | None = [] if charge.route.shadow is not None else None
+            with self._route_slot(charge):
+                responses = self.forwarder.stream(charge.route, charge.header, raw, time_remaining, outcome)
+                try:
+                    async with contextlib.aclosing(responses):  # a caller that leaves ends the call now
+                        async for response in responses:
+                            response.model_name = charge.route.model
+                            response.parameters["path"].string_param = outcome.path
+                            response.parameters["request_id"].string_param = charge.request_id
+                            if kept is not None:
+                                kept.append(response)  # the whole generation, for the shadow mirror
+                            yield response
+                except BaseException:
+                    if outcome.status != "completed":
+                        outcome.status = "cancelled" if outcome.output_tokens else "failed"
+                    raise
+                finally:
+                    self.meter.record(charge, outcome)
+            if kept is not None and outcome.status == "completed":
+                self.mirror.offer_generation(charge, raw, kept, time_remaining)
+            capture = self.captures.get(charge.route.model)
+            if capture is not None and outcome.status == "completed":
+                capture.offer(raw, outcome.output_tokens)  # prompt, sampling parameters; never waits
 
     async def ask(
         self,
@@ -181,8 +196,7 @@ class RequestPath:
     ) -> Reply:
         """A small OIP RPC (`call`: method, request, reply type) for the route of `model`,
         admitted as inference is, answered by a serving deployment of the route."""
-        route = self.table.route_for(model)
-        await self.admission.admit(metadata, route.model, ids.time_ordered_hex(), peer)
+        route, _ = await self._route_of(model, metadata, ids.time_ordered_hex(), peer)
         method, request, reply_type = call
         timeout = time_remaining or self.settings.default_timeout_s
         return await self.forwarder.ask(route, method, request, reply_type, timeout)

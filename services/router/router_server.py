@@ -111,7 +111,8 @@ async def start_router(
     if settings.openai_port >= 0:
         running.openai = OpenAIServer(router)
         try:
-            await running.openai.start(options.host, settings.openai_port)
+            # TLS whenever the public gRPC port has it, with the same certificate
+            await running.openai.start(options.host, settings.openai_port, options.public_tls)
         except OSError:
             await running.stop(0)
             raise

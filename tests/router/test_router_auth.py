@@ -258,7 +258,7 @@ async def test_admin_api_changes_routes_only_for_admins_and_audits_them(
         )
         assert [t.deployment for t in routes.routes[0].targets] == ["b"]
         listed = await admin.ListDeployments(
-            rpb.ListDeploymentsRequest(), metadata=[("authorization", f"Bearer {user_key}")]
+            rpb.ListDeploymentsRequest(), metadata=[("authorization", f"Bearer {admin_key}")]
         )
         states = {d.name: d for d in listed.deployments}
         assert states["a"].address == executors[0].address and states["b"].path == "cpu-b"

@@ -42,6 +42,9 @@ class SamplingParams:
 
 
 MAX_LOGPROBS = 20
+MAX_STOPS = 64  # stop strings a request may send
+MAX_STOP_BYTES = 4096  # their UTF-8 bytes in all
+MAX_STOP_TOKEN_IDS = 256
 _FLOATS = ("temperature", "top_p")
 _INTS = ("max_tokens", "top_k", "seed", "logprobs", "min_tokens")
 # Accepted for compatibility with clients that always send them; only the neutral value.
@@ -108,7 +111,7 @@ def _sampling_value(key: str, value: Any, vocab_size: int) -> Any:
         stops = [value] if isinstance(value, str) else value
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
             raise InvalidArgument("sampling parameter 'stop' must be a string or a list of non-empty strings")
-        return tuple(stops)
+        return _bounded_stops(stops)
     if key == "stop_token_ids":
         return _stop_token_ids(value, vocab_size)
     if key == "ignore_eos":
@@ -119,9 +122,26 @@ def _sampling_value(key: str, value: Any, vocab_size: int) -> Any:
     raise InvalidArgument(f"unknown sampling parameter {key!r}; known: {', '.join(known)}")
 
 
+def _bounded_stops(stops: list[str]) -> tuple[str, ...]:
+    """The stop strings, within MAX_STOPS strings and MAX_STOP_BYTES bytes in all: each is
+    matched against every generated token on the engine all requests share."""
+    if len(stops) > MAX_STOPS:
+        raise InvalidArgument(f"sampling parameter 'stop' has {len(stops)} strings; the limit is {MAX_STOPS}")
+    size = sum(len(s.encode()) for s in stops)
+    if size > MAX_STOP_BYTES:
+        raise InvalidArgument(
+            f"sampling parameter 'stop' has {size} bytes in all; the limit is {MAX_STOP_BYTES}"
+        )
+    return tuple(stops)
+
+
 def _stop_token_ids(value: Any, vocab_size: int) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise InvalidArgument("sampling parameter 'stop_token_ids' must be a list of integers")
+    if len(value) > MAX_STOP_TOKEN_IDS:
+        raise InvalidArgument(
+            f"sampling parameter 'stop_token_ids' has {len(value)} ids; the limit is {MAX_STOP_TOKEN_IDS}"
+        )
     bad = [t for t in value if not 0 <= t < vocab_size]
     if bad:
         raise InvalidArgument(
