@@ -153,3 +153,29 @@ def decide(interval: RatioInterval, allowed: float, what: str = "p95 ratio") -> 
         else f"run at least {more:,} more requests"
     )
     return Decision(UNKNOWN, f"{stated} straddles the allowed {bound:.3g}: {settle}", max(more, 0))
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A path's own latency, its last third against its first third of the measurement."""
+
+    interval: RatioInterval
+    beyond: bool  # the whole interval lies outside [1 / (1 + bound), 1 + bound]
+
+    def text(self) -> str:
+        return self.interval.text("p95 last third / first third")
+
+
+def drift(blocks: Blocks, bound: float, q: float = 95.0, level: float = 0.95, seed: int = 0) -> Drift:
+    """Whether latency moved during the measurement (a warm-up too short, or a path that slows).
+
+    The samples in measured order are cut in thirds; the first and last are each split into
+    MIN_BLOCKS blocks and compared with the same interval method."""
+    samples = [v for b in blocks for v in b]
+    third = len(samples) // 3
+    if third < MIN_BLOCKS:
+        raise ValueError(f"{len(samples)} samples: a drift interval needs at least {3 * MIN_BLOCKS}")
+    first = split_blocks(samples[:third], MIN_BLOCKS)
+    last = split_blocks(samples[-third:], MIN_BLOCKS)
+    iv = ratio_interval(last, first, q, level, seed)
+    return Drift(iv, iv.low > 1.0 + bound or iv.high < 1.0 / (1.0 + bound))

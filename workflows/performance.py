@@ -24,6 +24,7 @@ from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from workflows import payloads
 from workflows.activities import Clock
 from workflows.connections import Connections, grpc_errors
+from workflows.intervals import split_blocks
 from workflows.ledger_activities import send_usage, usage_event
 from workflows.types import PerformanceRequest, PerformanceResult, ScenarioResult
 
@@ -46,6 +47,7 @@ def _summary(
     samples: list[_Sample],
     elapsed: float,
     sizes: dict[str, list[int]],
+    blocks: int,
 ) -> ScenarioResult:
     """One scenario's figures from its samples (latency of the completed requests only)."""
     good = [s for s in samples if s.ok]
@@ -71,6 +73,7 @@ def _summary(
         histogram_ms=[float(e) for e in edges],
         histogram_counts=[int(c) for c in counts],
         failed=len(samples) - len(good),
+        blocks_ms=split_blocks([round(float(v), 4) for v in lat], blocks),
     )
 
 
@@ -217,7 +220,8 @@ class PerformanceActivities:
             raise ApplicationError(
                 f"every request of {name} batch {batch} on {t.path} failed", type="AllFailed"
             )
-        return _summary(name, batch, concurrency, samples, elapsed, payloads.sizes(inputs)), samples
+        sizes = payloads.sizes(inputs)
+        return _summary(name, batch, concurrency, samples, elapsed, sizes, plan.blocks), samples
 
     async def _record(
         self, request: PerformanceRequest, name: str, batch: int, attempt: int, samples: list[_Sample]

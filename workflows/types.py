@@ -252,6 +252,9 @@ class ScenarioResult:
     histogram_ms: list[float]  # bucket edges, then counts follow in `histogram_counts`
     histogram_counts: list[int]
     failed: int = 0
+    # the completed requests' latencies in ms, in blocks of consecutive requests, in the order
+    # measured: the verdict bootstraps its intervals over them (workflows/intervals.py)
+    blocks_ms: list[list[float]] = field(default_factory=list)
 
 
 @dataclass

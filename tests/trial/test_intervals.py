@@ -126,3 +126,18 @@ def test_too_few_blocks_or_a_bad_level_is_refused() -> None:
         ratio_interval(blocks(1, count=3), blocks(2, count=3))
     with pytest.raises(ValueError, match="level"):
         ratio_interval(blocks(1), blocks(2), level=1.0)
+
+
+def test_slow_first_calls_are_named_as_drift_and_steady_ones_are_not() -> None:
+    from workflows.intervals import drift
+
+    steady = [drift(blocks(seed, n=300), 0.25, seed=seed) for seed in range(20)]
+    assert not any(d.beyond for d in steady), [d.text() for d in steady if d.beyond]
+    warming = latencies(7, 300)
+    warming[:100] = [v * 3 for v in warming[:100]]  # the first hundred calls three times slower
+    found = drift(split_blocks(warming, 10), 0.25)
+    assert found.beyond and found.interval.high < 0.8, found.text()
+    slowing = drift(blocks(8, n=300, drift=1.0), 0.25)  # twice as slow by the end
+    assert slowing.beyond and slowing.interval.low > 1.25, slowing.text()
+    with pytest.raises(ValueError, match="at least 12"):
+        drift(blocks(9, n=11, count=5), 0.25)
