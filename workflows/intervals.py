@@ -43,8 +43,11 @@ class RatioInterval:
     blocks: int
     samples: int  # the candidate's samples in the paired blocks
 
+    def bracket(self) -> str:
+        return f"{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
     def text(self, what: str = "p95 ratio") -> str:
-        return f"{what} {self.ratio:.3g} [{self.low:.3g}, {self.high:.3g}]"
+        return f"{what} {self.bracket()}"
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def _latency_interval(
     decision = decide(interval, policy.max_p95_regression)
     try:
         floor = noise_floor(theirs.blocks_ms, level=level)
-        aa = f"{floor.ratio:.3g} [{floor.low:.3g}, {floor.high:.3g}]"
+        aa = floor.bracket()
     except ValueError:
         aa = "not measured (fewer than 8 reference blocks)"
     reason = f"{reason}; {decision.reason}; noise floor (reference A/A) {aa}; {how}"

@@ -103,7 +103,7 @@ def test_an_undecided_interval_names_the_requests_that_would_settle_it() -> None
         pytest.fail(f"expected a straddling interval, got {iv}")
     assert d.more_requests > 0
     assert f"run at least {d.more_requests:,} more requests" in d.reason
-    assert d.reason.startswith(f"p95 ratio {iv.ratio:.3g} [{iv.low:.3g}, {iv.high:.3g}]")
+    assert d.reason.startswith(f"p95 ratio {iv.ratio:.3f} [{iv.low:.3f}, {iv.high:.3f}]")
     # with the suggested count more, the same noise gives an interval off the bound
     n = iv.samples + d.more_requests
     wider = ratio_interval(blocks(5, n=n, count=20, scale=1.15), blocks(6, n=n, count=20), seed=1)
