@@ -182,3 +182,13 @@ def drift(blocks: Blocks, bound: float, q: float = 95.0, level: float = 0.95, se
     last = split_blocks(samples[-third:], MIN_BLOCKS)
     iv = ratio_interval(last, first, q, level, seed)
     return Drift(iv, iv.low > 1.0 + bound or iv.high < 1.0 / (1.0 + bound))
+
+
+def thin(block: Sequence[float], keep: int) -> list[float]:
+    """At most `keep` values that stand for a block: all of them, or its evenly spaced order
+    statistics (ranks (j + 0.5) / keep), so that a report's payload stays small while the
+    block's distribution (and so its percentiles) is kept."""
+    if len(block) <= keep:
+        return list(block)
+    ordered = sorted(block)
+    return [ordered[int((j + 0.5) * len(ordered) / keep)] for j in range(keep)]

@@ -24,9 +24,11 @@ from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from workflows import payloads
 from workflows.activities import Clock
 from workflows.connections import Connections, grpc_errors
-from workflows.intervals import split_blocks
+from workflows.intervals import split_blocks, thin
 from workflows.ledger_activities import send_usage, usage_event
 from workflows.types import PerformanceRequest, PerformanceResult, ScenarioResult
+
+BLOCK_SAMPLES = 200  # values kept per block: 10 blocks of single-stream are about 16 KB of JSON
 
 
 @dataclasses.dataclass
@@ -73,8 +75,17 @@ def _summary(
         histogram_ms=[float(e) for e in edges],
         histogram_counts=[int(c) for c in counts],
         failed=len(samples) - len(good),
-        blocks_ms=split_blocks([round(float(v), 4) for v in lat], blocks),
+        blocks_ms=_blocks(name, [round(float(v), 4) for v in lat], blocks),
     )
+
+
+def _blocks(name: str, latencies: list[float], blocks: int) -> list[list[float]]:
+    """Single-stream latencies in blocks for the verdict's intervals, each block thinned to at
+    most BLOCK_SAMPLES values: a fast model's thousands of requests would otherwise carry the
+    report past Temporal's payload limit. Other scenarios are not judged on them."""
+    if name != "single-stream":
+        return []
+    return [thin(b, BLOCK_SAMPLES) for b in split_blocks(latencies, blocks)]
 
 
 class PerformanceActivities:

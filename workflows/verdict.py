@@ -17,6 +17,7 @@ decisive figure, and `line` is the verdict readable alone.
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 from workflows.compatibility import fallback_summary, findings, judge_compatibility
@@ -128,6 +129,8 @@ def _latency_interval(
     level = policy.confidence
     try:
         interval = ratio_interval(mine.blocks_ms, theirs.blocks_ms, level=level)
+        # blocks may be thinned (workflows/performance.py): count the requests that were measured
+        interval = dataclasses.replace(interval, samples=max(interval.samples, mine.iterations))
     except ValueError as err:
         return Criterion(UNKNOWN, f"{reason}; no interval: {err}", "too few blocks")
     decision = decide(interval, policy.max_p95_regression)

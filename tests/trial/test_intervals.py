@@ -141,3 +141,13 @@ def test_slow_first_calls_are_named_as_drift_and_steady_ones_are_not() -> None:
     assert slowing.beyond and slowing.interval.low > 1.25, slowing.text()
     with pytest.raises(ValueError, match="at least 12"):
         drift(blocks(9, n=11, count=5), 0.25)
+
+
+def test_a_thinned_block_keeps_its_percentiles() -> None:
+    from workflows.intervals import thin
+
+    values = latencies(11, 5000)
+    kept = thin(values, 200)
+    assert len(kept) == 200 and thin(values[:50], 200) == values[:50]
+    assert abs(percentile(kept, 95) / percentile(values, 95) - 1) < 0.02
+    assert abs(percentile(kept, 50) / percentile(values, 50) - 1) < 0.02
