@@ -67,6 +67,8 @@ class PathRun:
         self.runs: list[list[TensorData]] = []
         self.prepared = asyncio.Event()
         self.outputs_ready = asyncio.Event()
+        self.answers: dict[str, list[TensorData]] = {}  # the reference's answer per batch size
+        self.answers_ready = asyncio.Event()
         self.loss: list[float] = []
         self.loss_ready = asyncio.Event()
         # a generative model's golden, correctness and performance steps (prompts, not tensors)
@@ -114,7 +116,7 @@ class PathRun:
             self.state.status = "cancelled"
             raise
         finally:
-            for event in (self.prepared, self.outputs_ready, self.loss_ready):
+            for event in (self.prepared, self.outputs_ready, self.answers_ready, self.loss_ready):
                 event.set()
 
     async def _pipeline(self, reference: PathRun) -> None:
@@ -124,7 +126,7 @@ class PathRun:
             await self._prepare(reference)
             self._leave()
             passed = await self._phase("correctness", self._correctness(reference))
-            await self._phase("performance", self._performance(passed))
+            await self._phase("performance", self._performance(passed, reference))
             await self._phase("training", self._training(reference, passed))
         except (ActivityError, PathProblem) as err:
             self.state.fail(self.state.phase, reason_of(err))
@@ -206,9 +208,10 @@ class PathRun:
             )
             self.state.against_float64 = await self.ctx.call(ComparisonActivities.compare_outputs, compare)
 
-    async def _performance(self, passed: bool) -> None:
+    async def _performance(self, passed: bool, reference: PathRun) -> None:
         if not passed:
             self.state.performance_skipped = "failed correctness: no speed verdict"
+            self.answers_ready.set()
             return
         if self.generation is not None:
             await self.generation.performance()
@@ -220,7 +223,17 @@ class PathRun:
             met_quality=True,
             ledger=self.state.reservation_open,
         )
+        if not self.is_reference:  # its answers under load are checked against the reference's
+            await reference.answers_ready.wait()
+            request.reference_answers, request.criteria = reference.answers, self.ctx.spec.criteria
+            if request.inputs.workload:
+                request.under_load_skip = "not checked under load: workload replay"
+            elif not reference.answers:
+                request.under_load_skip = "not checked under load: the reference kept no answers"
         perf = await self.ctx.call(PerformanceActivities.measure_performance, request)
+        if self.is_reference:
+            self.answers = perf.answers
+            self.answers_ready.set()
         self.state.performance = perf
         if not perf.ok:
             self.state.errors["performance"] = perf.problem

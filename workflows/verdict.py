@@ -1,7 +1,8 @@
 """Verdicts: ADOPT / REJECT / INCONCLUSIVE per candidate path, with the reason per criterion.
 
 Criteria in order: correctness (the evaluator's verdict, naming a non-deterministic candidate
-apart from a wrong but stable one; a path that fails it gets no speed verdict), compatibility
+apart from a wrong but stable one, and failed by a single answer under load beyond tolerance,
+named with its count: workflows/under_load.py; a path that fails it gets no speed verdict), compatibility
 (host-fallback ops, graph breaks, recompiles, unsupported dtypes, adaptations, judged by the
 policy's maximums: see workflows/compatibility.py), latency (the single-stream p95 ratio to the
 reference's, decided on its paired block-bootstrap interval at the policy's confidence: fail
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from fractions import Fraction
 
+from workflows import under_load
 from workflows.compatibility import fallback_summary, findings, judge_compatibility
 from workflows.generation_verdict import judge_generation
 from workflows.intervals import decide, drift, noise_floor, ratio_interval
@@ -87,8 +89,13 @@ def _correctness(candidate: PathState) -> Criterion:
         why = errors.get("correctness") or errors.get("prepare") or "did not run"
         return Criterion(UNKNOWN, f"not established: {why}", "not established")
     figure = _correctness_figure(corr.outputs)
+    check = candidate.performance.under_load if candidate.performance else None
+    text = under_load.failure(check)
+    if corr.passed and text and check is not None:
+        return Criterion(FAIL, f"{text}: {check.first_reason}", text)
     if corr.passed:
-        return Criterion(PASS, "; ".join(r for o in corr.outputs for r in o.reasons), figure)
+        reasons = [r for o in corr.outputs for r in o.reasons] + [under_load.note(check)]
+        return Criterion(PASS, "; ".join(filter(None, reasons)), figure)
     failed = [f"{o.output}: {r}" for o in corr.outputs for r in o.reasons if r.endswith("fail")]
     kinds = [o.finding for o in corr.outputs if not o.passed]
     kind = next((k for k in ("non-deterministic", "wrong but stable", "wrong") if k in kinds), "")
