@@ -12,6 +12,7 @@ so the ledger stays whole.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -230,13 +231,27 @@ class PathRun:
                 request.under_load_skip = "not checked under load: workload replay"
             elif not reference.answers:
                 request.under_load_skip = "not checked under load: the reference kept no answers"
-        perf = await self.ctx.call(PerformanceActivities.measure_performance, request)
         if self.is_reference:
-            self.answers = perf.answers
-            self.answers_ready.set()
-        self.state.performance = perf
+            await self._answers(request)
+        perf = await self.ctx.call(PerformanceActivities.measure_performance, request)
+        self.state.performance = dataclasses.replace(perf, answers={})
         if not perf.ok:
             self.state.errors["performance"] = perf.problem
+
+    async def _answers(self, request: PerformanceRequest) -> None:
+        """The reference's answer to each batch size's inputs, one request each, before its
+        measurement: a candidate measured at the same time on another host waits only for
+        these. Not metered (a few requests; the measurement's idempotency keys are its own)."""
+        try:
+            if request.inputs.workload:
+                return
+            plan = dataclasses.replace(
+                request.plan, warmup=0, min_iterations=1, min_seconds=0.0, offline_concurrency=1, blocks=1
+            )
+            probe = dataclasses.replace(request, plan=plan, ledger=False)
+            self.answers = (await self.ctx.call(PerformanceActivities.measure_performance, probe)).answers
+        finally:
+            self.answers_ready.set()
 
     async def _training(self, reference: PathRun, passed: bool) -> None:
         plan = self.ctx.spec.training

@@ -58,6 +58,9 @@ async def test_hosts_run_in_parallel_and_a_shared_host_is_serialised(
     assert span("ref-a")[1] <= span("cand-a")[0]
     for name in ("cand-a", "cand-b"):
         assert report["verdicts"][name]["criteria"]["correctness"]["result"] == "pass"
+        # its answers under load, on either host, checked against the reference's
+        under_load = paths[name]["performance"]["under_load"]
+        assert under_load["checked"] >= 1 and under_load["beyond"] == 0 and not under_load["skipped"]
         # training: each path's loss curve against the reference's, judged by the evaluator
         training = paths[name]["training"]
         assert len(training["loss"]) == 3 and training["comparison"]["passed"]
