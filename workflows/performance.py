@@ -21,11 +21,22 @@ from temporalio.exceptions import ApplicationError
 
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
-from workflows import payloads
+from workflows import payloads, under_load
 from workflows.activities import Clock
+from workflows.comparison_activities import ComparisonActivities
 from workflows.connections import Connections, grpc_errors
+from workflows.intervals import split_blocks, thin
 from workflows.ledger_activities import send_usage, usage_event
-from workflows.types import PerformanceRequest, PerformanceResult, ScenarioResult
+from workflows.types import (
+    CompareRequest,
+    PerformanceRequest,
+    PerformanceResult,
+    ScenarioResult,
+    TensorData,
+    UnderLoad,
+)
+
+BLOCK_SAMPLES = 200  # values kept per block: 10 blocks of single-stream are about 16 KB of JSON
 
 
 @dataclasses.dataclass
@@ -46,6 +57,7 @@ def _summary(
     samples: list[_Sample],
     elapsed: float,
     sizes: dict[str, list[int]],
+    blocks: int,
 ) -> ScenarioResult:
     """One scenario's figures from its samples (latency of the completed requests only)."""
     good = [s for s in samples if s.ok]
@@ -71,7 +83,25 @@ def _summary(
         histogram_ms=[float(e) for e in edges],
         histogram_counts=[int(c) for c in counts],
         failed=len(samples) - len(good),
+        blocks_ms=_blocks(name, [round(float(v), 4) for v in lat], blocks),
     )
+
+
+def _blocks(name: str, latencies: list[float], blocks: int) -> list[list[float]]:
+    """Single-stream latencies in blocks for the verdict's intervals, each block thinned to at
+    most BLOCK_SAMPLES values: a fast model's thousands of requests would otherwise carry the
+    report past Temporal's payload limit. Other scenarios are not judged on them."""
+    if name != "single-stream":
+        return []
+    return [thin(b, BLOCK_SAMPLES) for b in split_blocks(latencies, blocks)]
+
+
+def _outputs(response: oip.ModelInferResponse) -> list[TensorData]:
+    """An answer's tensors to check; none (not checked) when too large to carry."""
+    try:
+        return payloads.outputs_of(response)
+    except ApplicationError:
+        return []
 
 
 class PerformanceActivities:
@@ -126,6 +156,10 @@ class PerformanceActivities:
         memory = {"memory_min_available": resumed.get("memory_min_available", 0)}
         busy = int(resumed.get("busy_us", 0))
         jobs = int(resumed.get("jobs", 0))
+        answers: dict[str, list[TensorData]] = {}
+        check = UnderLoad(skipped=request.under_load_skip) if request.criteria is not None else None
+        if check is not None and done:
+            check.skipped = "; ".join(filter(None, [check.skipped, "resumed scenarios not checked"]))
         for name, batch, concurrency in scenarios:
             if any(s.scenario == name and s.batch_size == batch for s in done):
                 continue
@@ -143,7 +177,10 @@ class PerformanceActivities:
                 "attempt": info.attempt,
                 **memory,
             }
-            result, samples = await self._scenario(request, name, batch, concurrency, state)
+            result, samples, kept = await self._scenario(request, name, batch, concurrency, state)
+            await self._answers(request, batch, kept, answers, check)
+            if check is not None:
+                check.measured += sum(s.ok for s in samples)
             await self._record(request, name, batch, info.attempt, samples)
             busy += sum(s.compute_us for s in samples)
             jobs += len(samples)
@@ -160,11 +197,40 @@ class PerformanceActivities:
                 f"{after - before} compilation(s) or recompile(s) while measuring; "
                 "the timings are not steady state"
             )
-        return PerformanceResult(done, before, after, busy, jobs, not problem, problem, total, lowest)
+        return PerformanceResult(
+            done, before, after, busy, jobs, not problem, problem, total, lowest, answers, check
+        )
+
+    async def _answers(
+        self,
+        request: PerformanceRequest,
+        batch: int,
+        kept: dict[int, list[TensorData]],
+        answers: dict[str, list[TensorData]],
+        check: UnderLoad | None,
+    ) -> None:
+        """Keep the first answer per batch size (the reference's), or check the kept answers
+        against the reference's (a candidate's), by the correctness phase's Compare."""
+        if request.inputs.workload:
+            return
+        if check is None:
+            first = kept.get(min(kept)) if kept else None
+            if first is not None:
+                answers.setdefault(str(batch), first)
+            return
+        theirs, criteria = request.reference_answers.get(str(batch)), request.criteria
+        if theirs is None or criteria is None:
+            if not request.under_load_skip:
+                check.skipped = f"not checked under load at batch {batch}: no reference answer"
+            return
+        comparison = ComparisonActivities(self.connections)
+        for index in sorted(kept):
+            compare = CompareRequest(request.target, criteria, theirs, kept[index])
+            under_load.record(check, index, batch, await comparison.compare_outputs(compare))
 
     async def _scenario(
         self, request: PerformanceRequest, name: str, batch: int, concurrency: int, state: dict[str, Any]
-    ) -> tuple[ScenarioResult, list[_Sample]]:
+    ) -> tuple[ScenarioResult, list[_Sample], dict[int, list[TensorData]]]:
         t, plan = request.target, request.plan
         stub = self.connections.oip(t.executor)
         if request.inputs.workload:  # the captured requests in order, cycling, with their shapes
@@ -175,9 +241,11 @@ class PerformanceActivities:
         else:
             inputs = payloads.make_inputs(request.inputs, batch)
             messages = [payloads.infer_request(t.model, t.version, inputs)]
-        turn = itertools.count()
+        turn, measured = itertools.count(), itertools.count()
+        kept: dict[int, list[TensorData]] = {}  # answers under load to check, by request index
+        wanted = 1 if request.criteria is None else under_load.MAX_CHECKED
 
-        async def call() -> _Sample:
+        async def call(index: int = -1) -> _Sample:
             start_us = int(self.clock() * 1e6)
             t0 = time.perf_counter()
             message = messages[next(turn) % len(messages)]
@@ -186,6 +254,8 @@ class PerformanceActivities:
             except Exception:  # a failed request is a failed job, counted, not a crash
                 return _Sample(start_us, int(self.clock() * 1e6), time.perf_counter() - t0, 0, False)
             latency = time.perf_counter() - t0
+            if index >= 0 and len(kept) < wanted and under_load.chosen(index, request.inputs.seed, len(kept)):
+                kept[index] = _outputs(response)
             compute = response.parameters.get("compute_us")
             end_us = max(int(self.clock() * 1e6), start_us)
             busy = min(compute.int64_param if compute is not None else int(latency * 1e6), end_us - start_us)
@@ -204,7 +274,7 @@ class PerformanceActivities:
         async def worker() -> None:
             nonlocal last_beat
             while not satisfied():
-                samples.append(await call())
+                samples.append(await call(next(measured)))
                 if time.perf_counter() - last_beat >= 0.5:
                     last_beat = time.perf_counter()
                     state.update(done=len(samples), elapsed_s=round(last_beat - begin, 2))
@@ -217,7 +287,9 @@ class PerformanceActivities:
             raise ApplicationError(
                 f"every request of {name} batch {batch} on {t.path} failed", type="AllFailed"
             )
-        return _summary(name, batch, concurrency, samples, elapsed, payloads.sizes(inputs)), samples
+        sizes = payloads.sizes(inputs)
+        kept = {i: a for i, a in kept.items() if a}
+        return _summary(name, batch, concurrency, samples, elapsed, sizes, plan.blocks), samples, kept
 
     async def _record(
         self, request: PerformanceRequest, name: str, batch: int, attempt: int, samples: list[_Sample]

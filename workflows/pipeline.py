@@ -12,6 +12,7 @@ so the ledger stays whole.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -67,6 +68,8 @@ class PathRun:
         self.runs: list[list[TensorData]] = []
         self.prepared = asyncio.Event()
         self.outputs_ready = asyncio.Event()
+        self.answers: dict[str, list[TensorData]] = {}  # the reference's answer per batch size
+        self.answers_ready = asyncio.Event()
         self.loss: list[float] = []
         self.loss_ready = asyncio.Event()
         # a generative model's golden, correctness and performance steps (prompts, not tensors)
@@ -114,7 +117,7 @@ class PathRun:
             self.state.status = "cancelled"
             raise
         finally:
-            for event in (self.prepared, self.outputs_ready, self.loss_ready):
+            for event in (self.prepared, self.outputs_ready, self.answers_ready, self.loss_ready):
                 event.set()
 
     async def _pipeline(self, reference: PathRun) -> None:
@@ -124,7 +127,7 @@ class PathRun:
             await self._prepare(reference)
             self._leave()
             passed = await self._phase("correctness", self._correctness(reference))
-            await self._phase("performance", self._performance(passed))
+            await self._phase("performance", self._performance(passed, reference))
             await self._phase("training", self._training(reference, passed))
         except (ActivityError, PathProblem) as err:
             self.state.fail(self.state.phase, reason_of(err))
@@ -206,9 +209,10 @@ class PathRun:
             )
             self.state.against_float64 = await self.ctx.call(ComparisonActivities.compare_outputs, compare)
 
-    async def _performance(self, passed: bool) -> None:
+    async def _performance(self, passed: bool, reference: PathRun) -> None:
         if not passed:
             self.state.performance_skipped = "failed correctness: no speed verdict"
+            self.answers_ready.set()
             return
         if self.generation is not None:
             await self.generation.performance()
@@ -220,10 +224,34 @@ class PathRun:
             met_quality=True,
             ledger=self.state.reservation_open,
         )
+        if not self.is_reference:  # its answers under load are checked against the reference's
+            await reference.answers_ready.wait()
+            request.reference_answers, request.criteria = reference.answers, self.ctx.spec.criteria
+            if request.inputs.workload:
+                request.under_load_skip = "not checked under load: workload replay"
+            elif not reference.answers:
+                request.under_load_skip = "not checked under load: the reference kept no answers"
+        if self.is_reference:
+            await self._answers(request)
         perf = await self.ctx.call(PerformanceActivities.measure_performance, request)
-        self.state.performance = perf
+        self.state.performance = dataclasses.replace(perf, answers={})
         if not perf.ok:
             self.state.errors["performance"] = perf.problem
+
+    async def _answers(self, request: PerformanceRequest) -> None:
+        """The reference's answer to each batch size's inputs, one request each, before its
+        measurement: a candidate measured at the same time on another host waits only for
+        these. Not metered (a few requests; the measurement's idempotency keys are its own)."""
+        try:
+            if request.inputs.workload:
+                return
+            plan = dataclasses.replace(
+                request.plan, warmup=0, min_iterations=1, min_seconds=0.0, offline_concurrency=1, blocks=1
+            )
+            probe = dataclasses.replace(request, plan=plan, ledger=False)
+            self.answers = (await self.ctx.call(PerformanceActivities.measure_performance, probe)).answers
+        finally:
+            self.answers_ready.set()
 
     async def _training(self, reference: PathRun, passed: bool) -> None:
         plan = self.ctx.spec.training

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from switchyard.tolerances import Tolerances
+from workflows.intervals import MIN_BLOCKS
 from workflows.specfields import Fields, SpecError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -127,6 +128,7 @@ class PerformancePlan:
     offline_concurrency: int = 4
     batch_buckets: tuple[int, ...] = ()  # () = batch_sizes plus the correctness batch
     generation: GenerationPlan | None = None
+    blocks: int = 10  # each scenario's samples in blocks of consecutive requests (intervals)
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,8 @@ class Policy:
     slo_ttft_ms: float = 0.0  # goodput: a request counts if it meets every SLO set (0 = unset)
     slo_tpot_ms: float = 0.0
     slo_e2el_ms: float = 0.0
+    confidence: float = 0.95  # the level of every ratio's interval; decided on the whole interval
+    max_latency_drift: float = 0.25  # last third vs first third of a measurement (0 = unchecked)
 
 
 @dataclass(frozen=True)
@@ -402,6 +406,7 @@ def _performance(f: Fields, seed: int = 0) -> PerformancePlan:
         offline_concurrency=f.integer("offline_concurrency", d.offline_concurrency, minimum=1),
         batch_buckets=tuple(f.ints("batch_buckets", [], minimum=1)),
         generation=generation,
+        blocks=f.integer("blocks", d.blocks, minimum=MIN_BLOCKS),
     )
     if generation is not None and "generation" not in plan.scenarios:
         plan = dataclasses.replace(plan, scenarios=("generation",))
@@ -472,7 +477,14 @@ def _policy(f: Fields) -> Policy:
         slo_ttft_ms=f.number("slo_ttft_ms", 0.0, minimum=0.0),
         slo_tpot_ms=f.number("slo_tpot_ms", 0.0, minimum=0.0),
         slo_e2el_ms=f.number("slo_e2el_ms", 0.0, minimum=0.0),
+        confidence=f.number("confidence", 0.95),
+        max_latency_drift=f.number("max_latency_drift", 0.25, minimum=0.0),
     )
+    if not 0.5 <= policy.confidence < 1.0:
+        raise SpecError(
+            f.at("confidence"),
+            f"is the intervals' level, at least 0.5 and below 1, got {policy.confidence:g}",
+        )
     if not -1.0 < policy.min_output_token_cost_saving < 1.0:
         raise SpecError(
             f.at("min_output_token_cost_saving"),

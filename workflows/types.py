@@ -231,6 +231,11 @@ class PerformanceRequest:
     plan: PerformancePlan
     met_quality: bool
     ledger: bool = True  # false when the path could not be registered (no price key)
+    # the reference's answer per batch size (key str(batch)) for the candidate to check its
+    # answers under load against (workflows/under_load.py); empty for the reference itself
+    reference_answers: dict[str, list[TensorData]] = field(default_factory=dict)
+    criteria: Criteria | None = None  # the correctness criteria; None: keep answers, check none
+    under_load_skip: str = ""  # why the answers under load are not checked ("" = they are)
 
 
 @dataclass
@@ -252,6 +257,9 @@ class ScenarioResult:
     histogram_ms: list[float]  # bucket edges, then counts follow in `histogram_counts`
     histogram_counts: list[int]
     failed: int = 0
+    # the completed requests' latencies in ms, in blocks of consecutive requests, in the order
+    # measured: the verdict bootstraps its intervals over them (workflows/intervals.py)
+    blocks_ms: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -265,6 +273,24 @@ class PerformanceResult:
     problem: str = ""
     memory_total_bytes: int = 0
     memory_min_available_bytes: int = 0  # device-wide; total - this = peak use while measuring
+    answers: dict[str, list[TensorData]] = field(default_factory=dict)  # first answer per batch
+    under_load: UnderLoad | None = None  # the candidate's answers under load, checked
+
+
+@dataclass
+class UnderLoad:
+    """A seeded share of a candidate's answers under load against the reference's answers to
+    the same inputs, by the correctness phase's rule (workflows/under_load.py)."""
+
+    measured: int = 0  # answers measured under load
+    checked: int = 0
+    beyond: int = 0  # checked answers beyond tolerance
+    first_request: int = -1  # index in its scenario of the first one beyond (-1: none)
+    first_batch: int = 0
+    first_reason: str = ""
+    batches_beyond: list[int] = field(default_factory=list)
+    batches_checked: list[int] = field(default_factory=list)
+    skipped: str = ""  # why some or all were not checked
 
 
 @dataclass

@@ -1,10 +1,14 @@
 """Verdicts: ADOPT / REJECT / INCONCLUSIVE per candidate path, with the reason per criterion.
 
 Criteria in order: correctness (the evaluator's verdict, naming a non-deterministic candidate
-apart from a wrong but stable one; a path that fails it gets no speed verdict), compatibility
+apart from a wrong but stable one, and failed by a single answer under load beyond tolerance,
+named with its count: workflows/under_load.py; a path that fails it gets no speed verdict), compatibility
 (host-fallback ops, graph breaks, recompiles, unsupported dtypes, adaptations, judged by the
-policy's maximums: see workflows/compatibility.py), latency (single-stream p95 against the
-reference's, within the policy's allowed regression; compilation while measuring makes it
+policy's maximums: see workflows/compatibility.py), latency (the single-stream p95 ratio to the
+reference's, decided on its paired block-bootstrap interval at the policy's confidence: fail
+only when the whole interval lies beyond the allowed regression, pass only when it lies
+within, else inconclusive with the requests that would settle it; the reference's A/A noise
+floor beside it, see workflows/intervals.py; compilation while measuring makes it
 inconclusive; a regression that coincides with a host fallback names the op), training (when
 a plan is given), and cost (cost per completed job from the ledger, at least the policy's
 saving). Any failed criterion REJECTs; otherwise any criterion that could not be judged makes
@@ -14,27 +18,33 @@ decisive figure, and `line` is the verdict readable alone.
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
+from workflows import under_load
 from workflows.compatibility import fallback_summary, findings, judge_compatibility
 from workflows.generation_verdict import judge_generation
+from workflows.intervals import decide, drift, noise_floor, ratio_interval
 from workflows.path_state import PathState
 from workflows.spec import Policy
 from workflows.trial_io import Criterion, Verdict
-from workflows.types import EconomicsResult, OutputVerdict
+from workflows.types import EconomicsResult, OutputVerdict, ScenarioResult
 
 PASS, WARN, FAIL, UNKNOWN, SKIPPED = "pass", "warn", "fail", "inconclusive", "skipped"
 Criteria = dict[str, Criterion]
 
 
-def _p95(state: PathState) -> tuple[float, str] | None:
+def _single(state: PathState) -> ScenarioResult | None:
     scenarios = state.performance.scenarios if state.performance else []
     single = [s for s in scenarios if s.scenario == "single-stream"]
     chosen = single or sorted(scenarios, key=lambda s: s.batch_size)
-    if not chosen:
-        return None
-    s = chosen[0]
-    return float(s.p95_ms), f"{s.scenario} batch {s.batch_size}"
+    return chosen[0] if chosen else None
+
+
+def _how_measured(reference: PathState, candidate: PathState) -> str:
+    if reference.host and reference.host == candidate.host:
+        return f"measured one after the other on host {candidate.host}, blocks paired in order"
+    return "measured concurrently on separate hosts"
 
 
 def cost_per_job(econ: EconomicsResult | None, policy: Policy) -> Fraction:
@@ -79,8 +89,13 @@ def _correctness(candidate: PathState) -> Criterion:
         why = errors.get("correctness") or errors.get("prepare") or "did not run"
         return Criterion(UNKNOWN, f"not established: {why}", "not established")
     figure = _correctness_figure(corr.outputs)
+    check = candidate.performance.under_load if candidate.performance else None
+    text = under_load.failure(check)
+    if corr.passed and text and check is not None:
+        return Criterion(FAIL, f"{text}: {check.first_reason}", text)
     if corr.passed:
-        return Criterion(PASS, "; ".join(r for o in corr.outputs for r in o.reasons), figure)
+        reasons = [r for o in corr.outputs for r in o.reasons] + [under_load.note(check)]
+        return Criterion(PASS, "; ".join(filter(None, reasons)), figure)
     failed = [f"{o.output}: {r}" for o in corr.outputs for r in o.reasons if r.endswith("fail")]
     kinds = [o.finding for o in corr.outputs if not o.passed]
     kind = next((k for k in ("non-deterministic", "wrong but stable", "wrong") if k in kinds), "")
@@ -94,22 +109,67 @@ def _latency(reference: PathState, candidate: PathState, policy: Policy, correct
     problem = candidate.errors.get("performance")
     if problem:
         return Criterion(UNKNOWN, f"performance: {problem}", problem.split(";")[0])
-    mine, theirs = _p95(candidate), _p95(reference)
+    mine, theirs = _single(candidate), _single(reference)
     if mine is None or theirs is None or reference.errors.get("performance"):
         return Criterion(UNKNOWN, "no comparable measurement on both paths", "not comparable")
     allowed = policy.max_p95_regression
-    change = mine[0] / theirs[0] - 1 if theirs[0] else 0.0
+    where = f"{mine.scenario} batch {mine.batch_size}"
+    change = mine.p95_ms / theirs.p95_ms - 1 if theirs.p95_ms else 0.0
     reason = (
-        f"p95 {mine[0]:.3f} ms vs reference {theirs[0]:.3f} ms ({mine[1]}): {change:+.1%}, "
+        f"p95 {mine.p95_ms:.3f} ms vs reference {theirs.p95_ms:.3f} ms ({where}): {change:+.1%}, "
         f"allowed up to {allowed:+.0%}"
     )
     host = fallback_summary(findings(candidate))
     if change > 0 and host:
         reason += f"; the regression coincides with host fallback: {host}"
-    figure = f"p95 {change:+.1%} (allowed {allowed:+.0%})" + (
-        ", with host fallback" if change > 0 and host else ""
+    slower = ", with host fallback" if change > 0 and host else ""
+    if not mine.blocks_ms or not theirs.blocks_ms:  # a result from before blocks were kept
+        figure = f"p95 {change:+.1%} (allowed {allowed:+.0%})" + slower
+        return Criterion(PASS if mine.p95_ms <= theirs.p95_ms * (1 + allowed) else FAIL, reason, figure)
+    return _latency_interval(mine, theirs, policy, reason, slower, _how_measured(reference, candidate))
+
+
+def _latency_interval(
+    mine: ScenarioResult, theirs: ScenarioResult, policy: Policy, reason: str, slower: str, how: str
+) -> Criterion:
+    """Decide on the paired block-bootstrap interval of the p95 ratio, beside the noise floor."""
+    level = policy.confidence
+    try:
+        interval = ratio_interval(mine.blocks_ms, theirs.blocks_ms, level=level)
+        # blocks may be thinned (workflows/performance.py): count the requests that were measured
+        interval = dataclasses.replace(interval, samples=max(interval.samples, mine.iterations))
+    except ValueError as err:
+        return Criterion(UNKNOWN, f"{reason}; no interval: {err}", "too few blocks")
+    decision = decide(interval, policy.max_p95_regression)
+    try:
+        floor = noise_floor(theirs.blocks_ms, level=level)
+        aa = floor.bracket()
+    except ValueError:
+        aa = "not measured (fewer than 8 reference blocks)"
+    reason = f"{reason}; {decision.reason}; noise floor (reference A/A) {aa}; {how}"
+    moved = _drifted({"candidate": mine, "reference": theirs}, policy)
+    if moved:
+        why = f"warm-up too short: {moved}, beyond the allowed drift {policy.max_latency_drift:+.0%}"
+        return Criterion(UNKNOWN, f"{why}; {reason}", f"warm-up too short ({moved})")
+    figure = (
+        f"{interval.text()} at {level:.0%}, allowed {1 + policy.max_p95_regression:.3g}; A/A {aa}" + slower
     )
-    return Criterion(PASS if mine[0] <= theirs[0] * (1 + allowed) else FAIL, reason, figure)
+    return Criterion(decision.result, reason, figure)
+
+
+def _drifted(scenarios: dict[str, ScenarioResult], policy: Policy) -> str:
+    """The paths whose latency moved during their own measurement, with the drift interval."""
+    if not policy.max_latency_drift:
+        return ""
+    named = []
+    for role, scenario in scenarios.items():
+        try:
+            found = drift(scenario.blocks_ms, policy.max_latency_drift, level=policy.confidence)
+        except ValueError:  # too few samples to tell: the criterion's own interval says so
+            continue
+        if found.beyond:
+            named.append(f"{role} {found.text()}")
+    return "; ".join(named)
 
 
 def _training(candidate: PathState, policy: Policy, correct: bool) -> Criterion:

@@ -23,6 +23,7 @@ from clients.local_cluster import health, plan
 from clients.local_cluster import local_routes as routes
 from clients.local_cluster.access import create_principal_key
 from clients.local_cluster.cluster_config import Config
+from clients.local_cluster.demo_finance import CURRENCY, LOCAL_PRICES, ensure_prices
 from clients.local_cluster.plan import Ports, ServiceSpec, build_plan, identities
 from clients.local_cluster.supervisor import StartupFailed, Supervisor
 from switchyard import layout, tls
@@ -143,8 +144,22 @@ class LocalCluster:
 
     async def _first_wave_up(self) -> None:
         await self._write_routes()
+        await self._ensure_example_prices()
         if self.config.worker_enabled and not self.config.security.insecure:
             await self._ensure_ui_key()
+
+    async def _ensure_example_prices(self) -> None:
+        """The example price book (demo_finance.LOCAL_PRICES), set once per state directory so
+        a trial on a plain cluster reaches a cost verdict; finance replaces it with `switchyard
+        prices set`, and a later `up` on the same state leaves their prices alone."""
+        marker = self.state_dir / "example-prices"
+        if marker.exists():
+            return
+        executors = {backend: spec.address for backend, spec in self.executors().items()}
+        await ensure_prices(self.address("metering"), executors, self.paths)
+        marker.write_text("example price book set by switchyard up; see docs/trial-spec.md\n")
+        book = ", ".join(f"{b} {LOCAL_PRICES.get(b, 120_000) / 1e6:g}/h" for b in executors)
+        self._say(f"EXAMPLE price book in force ({CURRENCY} {book}): replace it with `switchyard prices set`")
 
     async def _ensure_ui_key(self) -> None:
         """The principal trials started from the Temporal UI run as (`temporal-ui`, trials:run

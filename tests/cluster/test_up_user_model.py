@@ -75,6 +75,12 @@ def test_a_user_model_is_served_by_up_and_trialled_from_the_temporal_cli(tmp_pat
         report = json.loads(result.stdout)["result"]
         assert report["status"] == "completed"
         assert report["verdicts"]["cpu-bf16"]["verdict"] in ("ADOPT", "REJECT", "INCONCLUSIVE")
+        # up's example price book: the cost criterion is judged, not left unpriced
+        for path in ("cpu", "cpu-bf16"):
+            economics = report["paths"][path]["economics"]
+            assert not economics["unpriced"] and economics["total_micros"] > 0, economics
+        assert report["verdicts"]["cpu-bf16"]["criteria"]["cost"]["figure"] != "unpriced"
+        assert "EXAMPLE price book in force (USD cpu 0.12/h)" in log.read_text()
         sha = report["paths"]["cpu"]["prepare"]["checkpoint_sha256"]
         assert sha and sha == report["paths"]["cpu-bf16"]["prepare"]["checkpoint_sha256"]
     finally:

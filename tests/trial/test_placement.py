@@ -58,11 +58,24 @@ async def test_hosts_run_in_parallel_and_a_shared_host_is_serialised(
     assert span("ref-a")[1] <= span("cand-a")[0]
     for name in ("cand-a", "cand-b"):
         assert report["verdicts"][name]["criteria"]["correctness"]["result"] == "pass"
+        # its answers under load, on either host, checked against the reference's
+        under_load = paths[name]["performance"]["under_load"]
+        assert under_load["checked"] >= 1 and under_load["beyond"] == 0 and not under_load["skipped"]
         # training: each path's loss curve against the reference's, judged by the evaluator
         training = paths[name]["training"]
         assert len(training["loss"]) == 3 and training["comparison"]["passed"]
         assert training["comparison"]["max_relative_deviation"] < 1e-6  # same eager kernels, same data
         assert report["verdicts"][name]["criteria"]["training"]["result"] == "pass"
+        # latency is decided on the p95 ratio's interval over the blocks each path kept
+        latency = report["verdicts"][name]["criteria"]["latency"]
+        assert " at 95% over " in latency["reason"] and "noise floor (reference A/A) " in latency["reason"]
+        single = [s for s in paths[name]["performance"]["scenarios"] if s["scenario"] == "single-stream"]
+        assert sum(len(b) for b in single[0]["blocks_ms"]) == single[0]["iterations"]
+    assert (
+        "on host host-a, blocks paired in order"
+        in report["verdicts"]["cand-a"]["criteria"]["latency"]["reason"]
+    )
+    assert "concurrently on separate hosts" in report["verdicts"]["cand-b"]["criteria"]["latency"]["reason"]
     page = render(report, "html")
     assert "Training loss per step" in page
     # The whole page as a person sees it: every chart has data points and shows them.

@@ -68,6 +68,11 @@ _DELETE = object()
         ("training", {"steps": 0}, "training.steps", ">= 1"),
         ("timeouts.heartbeat_s", 1000, "timeouts.heartbeat_s", "shorter than activity_s"),
         ("criteria.min_cosine", 1.5, "criteria.min_cosine", "between 0 and 1"),
+        ("policy.confidence", 1.0, "policy.confidence", "at least 0.5 and below 1, got 1"),
+        ("policy.confidence", 0.3, "policy.confidence", "at least 0.5 and below 1, got 0.3"),
+        ("policy.confidence", "95%", "policy.confidence", "finite number"),
+        ("policy.max_latency_drift", -0.1, "policy.max_latency_drift", ">= 0, got -0.1"),
+        ("performance.blocks", 3, "performance.blocks", ">= 4, got 3"),
     ],
 )
 def test_bad_fields_are_named(change: str, value: Any, field: str, words: str) -> None:
@@ -195,3 +200,11 @@ def test_prompts_need_the_generation_scenario() -> None:
     with pytest.raises(SpecError) as err:
         parse_spec(data)
     assert err.value.field == "performance.scenarios"
+
+
+def test_an_old_spec_gets_the_interval_defaults_and_new_fields_parse() -> None:
+    old = parse_spec(_with("policy.max_p95_regression", 0.2))
+    assert old.policy.confidence == 0.95 and old.performance.blocks == 10
+    new = parse_spec(_with("policy.confidence", 0.9))
+    assert new.policy.confidence == 0.9
+    assert parse_spec(_with("performance.blocks", 20)).performance.blocks == 20

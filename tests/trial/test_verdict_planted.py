@@ -92,7 +92,8 @@ def _assert_median(report: dict[str, Any], lines: str) -> None:
     assert median["compatibility"]["result"] == "fail"
     assert "aten::median.dim_values 1 call per request" in median["compatibility"]["reason"]
     assert "aten::median.dim_values 1/request" in median["compatibility"]["figure"]
-    assert median["latency"]["result"] in ("pass", "fail")
+    # decided on the p95 ratio's interval: 8 requests per path may leave it undecided
+    assert median["latency"]["result"] in ("pass", "fail", "inconclusive")
     # a regression that coincides with the fallback says so (on a busy host the reference's
     # few timings can be the slower ones: then there is no regression to explain)
     p95 = {p: report["paths"][p]["performance"]["scenarios"][0]["p95_ms"] for p in ("cpu-eager", "median")}

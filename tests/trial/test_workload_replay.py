@@ -60,6 +60,7 @@ async def test_a_captured_workload_is_replayed_in_a_trial(
     assert distribution["bytes"]["total"] == sum(ROWS) * 64 * 4
     verdict = report["verdicts"]["cpu-again"]
     assert verdict["criteria"]["correctness"]["result"] == "pass", verdict  # the same path: identical
+    assert verdict["criteria"]["correctness"]["reason"].endswith("; not checked under load: workload replay")
     scenario = report["paths"]["cpu-again"]["performance"]["scenarios"][0]
     assert scenario["iterations"] >= 10
 

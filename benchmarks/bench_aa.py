@@ -1,0 +1,157 @@
+"""A/A trials: the reference's own path as the candidate, judged with the spec's defaults.
+
+Starts a real Temporal dev server, the evaluator, metering (SQLite in a temp dir, a price in
+force), a CPU executor and an in-process trial worker, then runs RUNS trials per model (mlp,
+tiny-lm) of cpu-eager against cpu-eager with the default performance plan and policy. An
+identical path must never be rejected on latency, and its p95 ratio interval should cover
+1.0 in at least 90% of runs (issue 30). Each run's wall time is reported beside its verdict,
+for the cost of the method.
+
+Usage: python benchmarks/bench_aa.py [--runs 10] [--models mlp,tiny-lm]
+Writes out/bench/aa.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+from temporalio.testing import WorkflowEnvironment
+
+from benchmarks.common import write_report
+from services.evaluator.evaluator_server import start_evaluator
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import start_executor
+from services.metering.metering_server import start_metering
+from switchyard import tls
+from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
+from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+from switchyard.grpcio import ServerOptions
+from workflows.connections import Connections, WorkerConfig
+from workflows.trial import SEARCH_ATTRIBUTES, TrialWorkflow
+from workflows.trial_io import TrialInput
+from workflows.worker import build_worker
+
+ROOT = Path(__file__).resolve().parent.parent
+INPUTS = {
+    "mlp": {"name": "x", "datatype": "FP32", "shape": [1, 64]},
+    "tiny-lm": {"name": "input_ids", "datatype": "INT64", "shape": [1, 32], "high": 512},
+}
+INTERVAL = re.compile(r"p95 ratio ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]")
+
+
+def spec(model: str, seed: int) -> dict[str, Any]:
+    """Spec defaults except the inputs and the two identical paths."""
+    return {
+        "model": {"name": model},
+        "inputs": {"seed": seed, "tensors": [INPUTS[model]]},
+        "paths": [
+            {"name": "ref", "executor": "cpu", "mode": "eager"},
+            {"name": "same", "executor": "cpu", "mode": "eager"},
+        ],
+        "reference": "ref",
+    }
+
+
+def _row(model: str, i: int, wall: float, report: dict[str, Any]) -> dict[str, Any]:
+    latency = report["verdicts"]["same"]["criteria"]["latency"]
+    found = INTERVAL.search(latency["reason"])
+    ratio, low, high = (float(g) for g in found.groups()) if found else (None, None, None)
+    return {
+        "model": model,
+        "run": i,
+        "wall_s": round(wall, 2),
+        "verdict": report["verdicts"]["same"]["verdict"],
+        "latency": latency["result"],
+        "ratio": ratio,
+        "low": low,
+        "high": high,
+        "covers_1": low is not None and high is not None and low <= 1.0 <= high,
+        "reason": latency["reason"],
+    }
+
+
+async def _servers(tmp: str) -> tuple[Any, Any, Any]:
+    tls.set_default(tls.Security.plaintext())  # by name: this measures verdicts, not TLS
+    evaluator = await start_evaluator(ServerOptions(port=0))
+    metering = await start_metering(f"sqlite:///{tmp}/ledger.db", ServerOptions(port=0))
+    executor = await start_executor(ExecutorConfig(backend="cpu", port=0))
+    async with grpc.aio.insecure_channel(executor.address) as ch:
+        d = await xgrpc.ExecutorControlStub(ch).Describe(xpb.DescribeRequest())
+    async with grpc.aio.insecure_channel(metering.address) as ch:
+        price = mpb.Price(
+            price_key=d.price_key, micros_per_hour=3_600_000, currency="USD", effective_from_unix_us=1
+        )
+        await mgrpc.MeteringStub(ch).SetPrice(mpb.SetPriceRequest(price=price))
+    return evaluator, metering, executor
+
+
+async def main(runs: int, models: list[str]) -> dict[str, Any]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(ROOT / ".venv" / "bin" / "temporal"),
+        search_attributes=SEARCH_ATTRIBUTES,
+        dev_server_log_level="error",
+    )
+    evaluator, metering, executor = await _servers(tempfile.mkdtemp(prefix="aa-bench-"))
+    config = WorkerConfig(
+        evaluator=evaluator.address, metering=metering.address, executors={"cpu": executor.address}
+    )
+    connections = Connections(config)
+    rows = []
+    try:
+        async with build_worker(env.client, connections, task_queue="aa"):
+            for model in models:
+                for i in range(runs):
+                    t0 = time.perf_counter()
+                    report = await env.client.execute_workflow(
+                        TrialWorkflow.run,
+                        TrialInput.from_json(spec(model, i + 1)),
+                        id=f"aa-{model}-{i}-{uuid.uuid4().hex[:6]}",
+                        task_queue="aa",
+                    )
+                    row = _row(model, i, time.perf_counter() - t0, json.loads(json.dumps(report.to_json())))
+                    print(
+                        f"{model} run {i}: {row['latency']} "
+                        f"({row['ratio']} [{row['low']}, {row['high']}]), {row['wall_s']} s"
+                    )
+                    rows.append(row)
+    finally:
+        await connections.close()
+        await executor.stop(0)
+        await metering.stop(0)
+        await evaluator.drain(0)
+        await env.shutdown()
+    summary = {
+        m: {
+            "runs": sum(r["model"] == m for r in rows),
+            "latency_rejects": sum(r["model"] == m and r["latency"] == "fail" for r in rows),
+            "covers_1": sum(r["model"] == m and r["covers_1"] for r in rows),
+        }
+        for m in models
+    }
+    return {
+        "benchmark": "aa",
+        "configuration": {"paths": "cpu-eager vs cpu-eager, one host (serialised)", "spec": "defaults"},
+        "summary": summary,
+        "runs": rows,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--models", default="mlp,tiny-lm")
+    args = parser.parse_args()
+    result = asyncio.run(main(args.runs, args.models.split(",")))
+    print(json.dumps(result["summary"]))
+    write_report("aa", result)

@@ -1,0 +1,90 @@
+"""Planted models whose defects show only under load: the same small MLP as
+tests/trial/planted.py, wrong on a small share of calls or only at batch sizes above 1, on any
+device (the reference runs the `honest` version, so only the candidate's version misbehaves):
+
+- `honest`: no defect, the control;
+- `flaky`: BIAS added to every EVERY-th call's output (counted per loaded model), so the fixed
+  inputs of the correctness phase, a handful of calls, meet the reference;
+- `rows`: BIAS added when the batch holds more than one row, so batch 1 is always right.
+
+One factory-format repository entry, `planted-load`, with a version per defect.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from switchyard.models.registry import TensorSpec, UserModel
+from tests.trial.planted import FEATURES, HIDDEN, OUTPUTS
+
+BIAS = 1e-3
+EVERY = 37
+DEFECTS = ("honest", "flaky", "rows")
+
+
+class PlantedLoad(nn.Module):
+    """The network; its defect is read from the weights file (`defect_code`) when they load."""
+
+    def __init__(self, defect: str = "honest") -> None:
+        super().__init__()
+        self.defect = defect
+        self.calls = 0
+        self.fc1 = nn.Linear(FEATURES, HIDDEN)
+        self.fc2 = nn.Linear(HIDDEN, OUTPUTS)
+        self.register_buffer("defect_code", torch.tensor(DEFECTS.index(defect), dtype=torch.int64))
+        self.register_load_state_dict_post_hook(_read_defect)  # type: ignore[no-untyped-call]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        y: torch.Tensor = self.fc2(torch.tanh(self.fc1(x)))
+        if self.defect == "flaky" and self.calls % EVERY == 0:
+            y = y + BIAS
+        if self.defect == "rows" and x.shape[0] > 1:
+            y = y + BIAS
+        return y
+
+
+def _read_defect(module: nn.Module, _incompatible: Any) -> None:
+    assert isinstance(module, PlantedLoad)
+    module.defect = DEFECTS[int(module.get_buffer("defect_code"))]
+
+
+def build() -> UserModel:
+    """The factory of the repository entry (every version; the weights pick the defect)."""
+    inputs, outputs = (TensorSpec("x", "FP32", (FEATURES,)),), (TensorSpec("y", "FP32", (OUTPUTS,)),)
+    return UserModel(PlantedLoad(), inputs, outputs)
+
+
+MODEL_TOML = f"""format = "factory"
+description = "planted MLP wrong only under load: on every {EVERY}th call, or at batch > 1"
+
+[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [{FEATURES}]
+
+[[outputs]]
+name = "y"
+datatype = "FP32"
+dims = [{OUTPUTS}]
+
+[factory]
+function = "{__name__}:build"
+"""
+
+
+def write_version(folder: Path, defect: str) -> Path:
+    """A folder to add as one version: model.toml and the seeded weights with the defect's code."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with torch.random.fork_rng():
+        torch.manual_seed(20)
+        state = {k: v.detach().clone() for k, v in PlantedLoad(defect).state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"))
+    (folder / "model.toml").write_text(MODEL_TOML)
+    return folder

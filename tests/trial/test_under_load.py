@@ -1,0 +1,92 @@
+"""Correctness under load, end to end: a candidate wrong on one call in 37, and one wrong only
+at batch sizes above 1, both pass the correctness phase's fixed inputs and must each fail
+correctness on their answers under load, named with the count, the first request and batch;
+the honest control (the reference's model again) is never rejected on correctness.
+
+One trial on the shared stack (real Temporal dev server, CPU executor, evaluator, ledger),
+every path on cpu-eager, the candidates as versions of tests/trial/planted_load.py.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from clients.model_admin import add_model
+from tests.trial import planted, planted_load
+from tests.trial.stack import Stack
+from tests.trial.trial_helpers import run_trial
+
+MODEL = "planted-load"
+ITERATIONS = 80  # more than planted_load.EVERY: the first 64 answers are all checked
+
+
+def _spec() -> dict[str, Any]:
+    features = planted.FEATURES
+    return {
+        "model": {"name": MODEL, "version": "honest"},
+        "inputs": {"seed": 7, "tensors": [{"name": "x", "datatype": "FP32", "shape": [1, features]}]},
+        "paths": [{"name": "reference", "executor": "cpu", "mode": "eager"}]
+        + [{"name": d, "executor": "cpu", "mode": "eager", "version": d} for d in planted_load.DEFECTS],
+        "reference": "reference",
+        "performance": {
+            "warmup": 1,
+            "min_iterations": ITERATIONS,
+            "min_seconds": 0.0,
+            "scenarios": ["single-stream", "offline"],
+            "batch_sizes": [4],
+            "offline_concurrency": 1,
+        },
+        "policy": {"max_p95_regression": 10.0},
+        "timeouts": {"heartbeat_s": 10, "activity_s": 300, "max_attempts": 2},
+        "team": "test",
+    }
+
+
+def _correctness(report: dict[str, Any], path: str) -> dict[str, str]:
+    criterion: dict[str, str] = report["verdicts"][path]["criteria"]["correctness"]
+    return criterion
+
+
+async def test_wrong_answers_under_load_fail_correctness_named(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    work = tmp_path_factory.mktemp("planted-load")
+    for defect in planted_load.DEFECTS:
+        source = planted_load.write_version(work / defect, defect)
+        add_model(stack.repository, MODEL, source, version=defect, allowed_factories=("tests",))
+    report = await run_trial(stack, _spec(), "under-load")
+    assert report["status"] == "completed"
+    lines = "\n".join(f"{p}: {v['line']}" for p, v in report["verdicts"].items())
+
+    honest = _correctness(report, "honest")
+    assert honest["result"] == "pass", lines
+    checked = report["paths"]["honest"]["performance"]["under_load"]
+    assert checked["beyond"] == 0 and checked["checked"] >= 2 * 64, checked
+    assert f"{checked['checked']:,} answers under load within tolerance" in honest["reason"]
+
+    flaky = _correctness(report, "flaky")
+    assert report["verdicts"]["flaky"]["verdict"] == "REJECT", lines
+    assert flaky["result"] == "fail", flaky
+    found = re.match(
+        r"(\d+) of (\d+) answers checked under load beyond tolerance \(of (\d+) measured\), "
+        r"first at request (\d+), batch (\d+)$",
+        flaky["figure"],
+    )
+    assert found, flaky["figure"]
+    beyond, of, measured, first, batch = (int(g) for g in found.groups())
+    # one wrong call in 37: the first 64 single-stream answers hold at least one
+    assert 1 <= beyond <= of // (planted_load.EVERY - 1) + 1 and of <= measured, flaky
+    assert first < planted_load.EVERY and batch == 1, flaky
+    assert "allclose to reference" in flaky["reason"] and flaky["reason"].endswith(": fail"), flaky
+
+    rows = _correctness(report, "rows")
+    assert report["verdicts"]["rows"]["verdict"] == "REJECT", lines
+    assert rows["figure"].startswith("batch-dependent: "), rows
+    state = report["paths"]["rows"]["performance"]["under_load"]
+    assert state["batches_beyond"] == [4] and state["first_request"] == 0, state
+    # every batch-4 answer checked is wrong, no batch-1 answer is
+    assert state["beyond"] == state["checked"] - 64, state
+    assert rows["figure"].endswith("batch 4; batch 1 was clean"), rows
