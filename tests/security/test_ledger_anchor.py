@@ -19,6 +19,7 @@ import pytest
 
 from services.metering import audit
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from tests.security.ledger_attack import (
     ROOT,
     Metering,
@@ -32,13 +33,9 @@ from tests.security.ledger_attack import (
 )
 
 
-@pytest.mark.parametrize("how", ["deleted", "corrupted", "rolled-back"])
-async def test_truncation_fails_closed_across_restarts(
-    metering: Metering,
-    anchor: Path,
-    db_url: str,
-    how: str,
-) -> None:
+async def _two_anchorings(metering: Metering, anchor: Path) -> tuple[mgrpc.MeteringAsyncStub, int, bytes]:
+    """Metering started, anchored after 4 rows and again after 8: its stub, the sequence of the
+    first anchoring (where an insider cuts the tail back to) and that first anchor's bytes."""
     stub = await metering.start()
     await append(stub, 4)
     assert metering.running is not None
@@ -46,6 +43,18 @@ async def test_truncation_fails_closed_across_restarts(
     older = read(anchor)
     await append(stub, 4)
     await anchored(anchor, metering.running)
+    return stub, keep, older
+
+
+@pytest.mark.parametrize("how", ["deleted", "corrupted", "rolled-back"])
+async def test_truncation_fails_closed_across_restarts(
+    metering: Metering,
+    anchor: Path,
+    db_url: str,
+    how: str,
+) -> None:
+    stub, keep, older = await _two_anchorings(metering, anchor)
+    assert metering.running is not None
     # The insider cuts the tail while the service runs, then deals with the anchor.
     truncate_tail(db_url, keep)
     tamper_anchor(anchor, how, older)
@@ -82,12 +91,7 @@ async def test_truncation_while_stopped_is_caught_at_start(
     db_url: str,
     how: str,
 ) -> None:
-    stub = await metering.start()
-    await append(stub, 4)
-    assert metering.running is not None
-    keep = await anchored(anchor, metering.running)
-    await append(stub, 4)
-    await anchored(anchor, metering.running)
+    stub, keep, _ = await _two_anchorings(metering, anchor)
     await metering.stop()
     truncate_tail(db_url, keep)
     tamper_anchor(anchor, how, b"")
