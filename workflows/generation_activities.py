@@ -22,12 +22,12 @@ import numpy as np
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from services.evaluator.compare import Criteria
-from services.evaluator.divergence import Generated, compare_generations
 from switchyard import oip_params
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.judge.compare import Criteria
+from switchyard.judge.divergence import Generated, compare_generations
 from workflows import genload, payloads
 from workflows.activities import Clock, heartbeating, now_us, serving_compatibility
 from workflows.connections import Connections, grpc_errors

@@ -16,9 +16,9 @@ import numpy as np
 import numpy.typing as npt
 from temporalio.exceptions import ApplicationError
 
-from services.evaluator.tensors import encode
 from switchyard import oip_params
 from switchyard.gen.inference import grpc_service_pb2 as oip
+from switchyard.judge.tensors import encode
 from workflows.types import InputsPlan, TensorData
 
 _NUMPY = {

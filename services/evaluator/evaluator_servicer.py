@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from services.evaluator.compare import Criteria, compare
-from services.evaluator.evaluator_errors import BadTensor
-from services.evaluator.loss import LossCriteria, compare_loss
-from services.evaluator.tensors import DecodedTensor, decode
 from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as pb
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServicerContext
+from switchyard.judge.compare import Criteria, compare
+from switchyard.judge.judge_errors import BadTensor
+from switchyard.judge.loss import LossCriteria, compare_loss
+from switchyard.judge.tensors import DecodedTensor, decode
 
 SERVICE_NAME = "switchyard.v1.Evaluator"
 

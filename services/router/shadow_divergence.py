@@ -9,7 +9,7 @@ atol + rtol·|reference|).
 
 A generative model's pair (the primary's streamed or unary completion and the candidate's) is
 judged by the generation divergence rule instead (`generation_divergence`, the trial's own
-implementation in services/evaluator/divergence.py): tokens equal up to the first divergence,
+implementation in switchyard/judge/divergence.py): tokens equal up to the first divergence,
 each side's token in the other's top-k there, logprobs within the precision's tolerance.
 Only greedy requests are compared (a sampled one may differ by design); the top-k condition
 needs the logprobs the caller asked for, and a divergence without them is counted as
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.evaluator.compare import Criteria
-from services.evaluator.divergence import Generated, compare_generations
 from switchyard import oip_params
 from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.judge.compare import Criteria
+from switchyard.judge.divergence import Generated, compare_generations
 
 _NUMPY: dict[str, str] = {
     "BOOL": "bool",

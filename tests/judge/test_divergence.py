@@ -1,11 +1,11 @@
-"""The generation divergence rule (services/evaluator/divergence.py): equal tokens up to the
+"""The generation divergence rule (switchyard/judge/divergence.py): equal tokens up to the
 first divergence, each side's token in the other's top-k there, logprobs against the
 reference's own float64 error."""
 
 from __future__ import annotations
 
-from services.evaluator.compare import Criteria
-from services.evaluator.divergence import Generated, check_sequence, compare_generations, first_divergence
+from switchyard.judge.compare import Criteria
+from switchyard.judge.divergence import Generated, check_sequence, compare_generations, first_divergence
 
 
 def gen(

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from services.evaluator.evaluator_errors import BadCriteria, BadTensor
-from services.evaluator.tensors import FLOAT_TYPES, DecodedTensor
-from switchyard.tolerances import Tolerances
+from switchyard.judge.judge_errors import BadCriteria, BadTensor
+from switchyard.judge.tensors import FLOAT_TYPES, DecodedTensor
+from switchyard.judge.tolerances import Tolerances
 
 Array = npt.NDArray[np.float64]
 

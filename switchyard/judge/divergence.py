@@ -9,7 +9,7 @@ the router's shadow of generative models (services/router/shadow_divergence.py).
    not a different model. After it the sequences are conditioned on different prefixes and
    are not compared any further (vLLM breaks there too).
 3. On the positions where both paths chose the same tokens, the candidate's logprobs are
-   judged as tensors are (services/evaluator/compare.py): within allclose(atol=rtol=tol) of
+   judged as tensors are (switchyard/judge/compare.py): within allclose(atol=rtol=tol) of
    the reference's, or with an RMSE against the reference model's float64 ("golden") run of at
    most `multiplier` x the reference's own RMSE against it, plus tol/10. Without a golden run,
    allclose at tol decides, and the justification says so.
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from services.evaluator.compare import SMALL_TENSOR, Criteria
+from switchyard.judge.compare import SMALL_TENSOR, Criteria
 
 
 @dataclass(frozen=True)
