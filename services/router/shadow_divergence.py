@@ -8,9 +8,9 @@ service is configured (max absolute error, cosine similarity, share of elements 
 atol + rtol·|reference|).
 
 A generative model's pair (the primary's streamed or unary completion and the candidate's) is
-judged by the generation divergence rule instead (`generation_divergence`, the trial's own
-implementation in switchyard/judge/divergence.py): tokens equal up to the first divergence,
-each side's token in the other's top-k there, logprobs within the precision's tolerance.
+read by `switchyard.judge.oip_generations.generated` and judged by the trial's own rule,
+`switchyard.judge.divergence.judge_pair`: tokens equal up to the first divergence, each side's
+token in the other's top-k there, logprobs within the precision's tolerance.
 Only greedy requests are compared (a sampled one may differ by design); the top-k condition
 needs the logprobs the caller asked for, and a divergence without them is counted as
 unchecked, not as a failure.
@@ -26,8 +26,7 @@ import numpy as np
 
 from switchyard import oip_params
 from switchyard.gen.inference import grpc_service_pb2 as pb
-from switchyard.judge.compare import Criteria
-from switchyard.judge.divergence import Generated, compare_generations
+from switchyard.judge.divergence import GenerationVerdict
 
 _NUMPY: dict[str, str] = {
     "BOOL": "bool",
@@ -143,55 +142,10 @@ def greedy_request(request: pb.ModelInferRequest) -> bool:
     return False
 
 
-def generated(responses: list[pb.ModelInferResponse]) -> Generated:
-    """One generation from its responses (one per token when streamed, else one): the new token
-    ids (the last `num_output_tokens` of what `output_ids` carried, so a prepended prompt is
-    left out) with the logprobs and top-k, where the caller asked for them."""
-    ids: list[int] = []
-    logprobs: list[float] = []
-    top: list[tuple[tuple[int, float], ...]] = []
-    produced = 0
-    for r in responses:
-        for i, output in enumerate(r.outputs):
-            if output.name == "output_ids" and i < len(r.raw_output_contents):
-                ids += [int(t) for t in np.frombuffer(r.raw_output_contents[i], dtype="<i8")]
-        if oip_params.NUM_OUTPUT_TOKENS in r.parameters:
-            produced = int(r.parameters[oip_params.NUM_OUTPUT_TOKENS].int64_param)
-        if oip_params.LOGPROBS in r.parameters:
-            for entry in json.loads(r.parameters[oip_params.LOGPROBS].string_param):
-                logprobs.append(float(entry["logprob"]))
-                top.append(tuple((int(e[0]), float(e[1])) for e in entry["top"]))  # [id, logprob, text]
-    tokens = ids[-produced:] if produced else []
-    return Generated(tuple(tokens), tuple(logprobs), tuple(top))
-
-
 def is_generation(response: pb.ModelInferResponse) -> bool:
     return oip_params.NUM_OUTPUT_TOKENS in response.parameters and any(
         o.name == "output_ids" for o in response.outputs
     )
-
-
-@dataclass(frozen=True)
-class GenerationDivergence:
-    """One mirrored generation under the divergence rule."""
-
-    first_divergence: int  # -1: identical tokens
-    passed: bool  # the rule holds (identical, or a near-tie with logprobs within tolerance)
-    checked: bool  # false: the tokens diverged but no logprobs allowed the top-k check
-    tokens: int
-    reason: str
-
-
-def generation_divergence(
-    primary: Generated, candidate: Generated, precision: str = "fp32", top_k: int = 0
-) -> GenerationDivergence:
-    """The trial's divergence rule on one pair (no float64 run online: logprobs by allclose)."""
-    k = top_k or (len(primary.top[0]) if primary.top and primary.top[0] else 5)  # what the caller asked
-    v = compare_generations([primary], [candidate], Criteria(precision=precision, top_k=k))
-    s = v.sequences[0]
-    unchecked = s.first_divergence >= 0 and not (primary.top and candidate.top)
-    reason = "; ".join(v.reasons) if not v.passed else s.reason
-    return GenerationDivergence(s.first_divergence, v.passed, not unchecked, len(primary.tokens), reason)
 
 
 @dataclass
@@ -217,7 +171,7 @@ class ShadowStats:
     first_divergence_sum: int = 0
     first_divergences: list[int] = field(default_factory=list)  # the latest, oldest first
 
-    def add_generation(self, d: GenerationDivergence) -> None:
+    def add_generation(self, d: GenerationVerdict) -> None:
         self.pairs += 1
         self.generations += 1
         failed = d.checked and not d.passed  # identical tokens with logprobs off count too
