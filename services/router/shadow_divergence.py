@@ -3,9 +3,9 @@
 The caller always gets the primary answer; the mirrored copy runs afterwards in a background
 task, bounded by `shadow_max_pending` (a mirror that would exceed it is skipped and counted,
 so shadowing can never slow the primary path down without limit). Each pair is compared
-output by output; `divergence` is the small shared comparison used when no evaluator
-service is configured (max absolute error, cosine similarity, share of elements outside
-atol + rtol·|reference|).
+output by output; `divergence` decodes the answers and applies the judge's local rule
+(switchyard/judge/output_divergence.py: max absolute error, cosine similarity, share of
+elements outside atol + rtol·|reference|) when no evaluator service is configured.
 
 A generative model's pair (the primary's streamed or unary completion and the candidate's) is
 read by `switchyard.judge.oip_generations.generated` and judged by the trial's own rule,
@@ -27,21 +27,9 @@ import numpy as np
 from switchyard import oip_params
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.judge.divergence import GenerationVerdict
+from switchyard.judge.output_divergence import Divergence, outputs_divergence
+from switchyard.judge.tensors import decode
 
-_NUMPY: dict[str, str] = {
-    "BOOL": "bool",
-    "UINT8": "<u1",
-    "UINT16": "<u2",
-    "UINT32": "<u4",
-    "UINT64": "<u8",
-    "INT8": "<i1",
-    "INT16": "<i2",
-    "INT32": "<i4",
-    "INT64": "<i8",
-    "FP16": "<f2",
-    "FP32": "<f4",
-    "FP64": "<f8",
-}
 _CONTENTS: dict[str, str] = {
     "BOOL": "bool_contents",
     "INT8": "int_contents",
@@ -65,13 +53,10 @@ def output_arrays(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
         dtype = tensor.datatype
         if i < len(response.raw_output_contents):
             raw = response.raw_output_contents[i]
-            if dtype == "BF16":
-                bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-                array = bits.view(np.float32).astype(np.float64)
-            elif dtype == "BYTES":
+            if dtype == "BYTES":
                 array = np.array([raw], dtype=object)
-            else:
-                array = np.frombuffer(raw, dtype=_NUMPY[dtype]).astype(np.float64)
+            else:  # the judge's decoding: byte size checked, BF16 widened exactly
+                array = decode(tensor.name, dtype, list(shape), raw).values
         elif dtype in _CONTENTS:
             array = np.asarray(getattr(tensor.contents, _CONTENTS[dtype]), dtype=np.float64)
         else:
@@ -80,47 +65,11 @@ def output_arrays(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     return out
 
 
-@dataclass(frozen=True)
-class Divergence:
-    max_abs_error: float
-    cosine: float
-    mismatch_share: float
-    diverged: bool
-    reason: str = ""
-
-
 def divergence(
     reference: pb.ModelInferResponse, candidate: pb.ModelInferResponse, atol: float, rtol: float
 ) -> Divergence:
-    """Compare every output of two responses; the worst output decides."""
-    ref, cand = output_arrays(reference), output_arrays(candidate)
-    if set(ref) != set(cand):
-        return Divergence(math.inf, 0.0, 1.0, True, f"outputs differ: {sorted(ref)} vs {sorted(cand)}")
-    worst = Divergence(0.0, 1.0, 0.0, False)
-    for name, a in ref.items():
-        b = cand[name]
-        if a.shape != b.shape:
-            return Divergence(math.inf, 0.0, 1.0, True, f"{name}: shape {a.shape} vs {b.shape}")
-        if a.dtype == object or b.dtype == object:
-            same = bool(np.array_equal(a, b))
-            d = Divergence(0.0 if same else math.inf, 1.0 if same else 0.0, 0.0 if same else 1.0, not same)
-        else:
-            diff = np.abs(a - b)
-            max_abs = float(diff.max()) if diff.size else 0.0
-            na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-            cosine = float(np.dot(a.ravel(), b.ravel()) / (na * nb)) if na and nb else float(na == nb)
-            outside = diff > atol + rtol * np.abs(a)
-            share = float(outside.mean()) if diff.size else 0.0
-            d = Divergence(max_abs, cosine, share, bool(outside.any()), f"{name}: max |Δ| {max_abs:.3g}")
-        if d.max_abs_error >= worst.max_abs_error or d.diverged:
-            worst = Divergence(
-                max(d.max_abs_error, worst.max_abs_error),
-                min(d.cosine, worst.cosine),
-                max(d.mismatch_share, worst.mismatch_share),
-                d.diverged or worst.diverged,
-                d.reason,
-            )
-    return worst
+    """Compare every output of two responses (the judge's local rule); the worst output decides."""
+    return outputs_divergence(output_arrays(reference), output_arrays(candidate), atol, rtol)
 
 
 def _first_bytes(raw: bytes) -> bytes:

@@ -27,18 +27,13 @@ from typing import Any
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
 from services.router.forwarder import Forwarder
 from services.router.router_config import Settings, Target
-from services.router.shadow_divergence import (
-    Divergence,
-    ShadowStats,
-    divergence,
-    greedy_request,
-    is_generation,
-)
+from services.router.shadow_divergence import ShadowStats, divergence, greedy_request, is_generation
 from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us
 from switchyard.errors import SwitchyardError, UpstreamError
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.judge.divergence import judge_pair
 from switchyard.judge.oip_generations import generated
+from switchyard.judge.output_divergence import Divergence
 
 log = logging.getLogger(__name__)
 
