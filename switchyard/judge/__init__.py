@@ -7,6 +7,9 @@ imports it directly (docs/architecture.md#who-judges-what):
 - `tolerances`, `compare`: a candidate's tensors against the reference, with the tolerance
   derived from the reference's own error (the rule of `torch._dynamo.utils.same`);
 - `loss`: training loss curves;
-- `divergence`: greedy generations token by token, and one served pair of them;
+- `divergence`: greedy generations token by token, for a trial's prompts and for one served
+  pair (`judge_pair`, the router's shadow); `oip_generations` reads them from OIP answers;
+- `output_divergence`: the shadow's quick local rule on two answers' outputs;
+- `capture_format`: the workload files the router writes and trials replay;
 - `judge_errors`: the exception tree (each an INVALID_ARGUMENT or a precondition).
 """
