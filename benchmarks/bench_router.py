@@ -546,7 +546,7 @@ async def _run(
         for proc in procs:
             await proc.wait()
     report = summarise(results, scale, sizes, {"setting": tracing, **traces})
-    from services.router.capture import list_workloads
+    from switchyard.judge.capture_format import list_workloads
 
     captured = sum(int(w["requests"]) for w in list_workloads(tmp / "workloads"))
     report["capture"] = _capture_summary(results, capture_share, captured, sizes)

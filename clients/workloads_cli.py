@@ -1,4 +1,4 @@
-"""`switchyard workloads list|show|export`: captured workloads (services/router/capture.py).
+"""`switchyard workloads list|show|export`: captured workloads (switchyard/judge/capture_format.py).
 
 The folder is `--dir` (default `[router] workloads_dir`, var/workloads). Workload files hold
 request inputs and may be sensitive: exported copies are written 0600, and each command first
@@ -83,7 +83,7 @@ def _route_scope(workload: str) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from services.router.capture import list_workloads
+    from switchyard.judge.capture_format import list_workloads
 
     if not may_read(args, "*", f"workloads/{args.dir}"[:200]):
         return 2
@@ -99,7 +99,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from services.router.capture import distribution, find_workload, read_requests
+    from switchyard.gen.inference import grpc_service_pb2 as pb
+    from switchyard.judge.capture_format import distribution, find_workload, read_records
 
     if not may_read(args, _route_scope(args.workload), f"workload/{args.workload}"[:200]):
         return 2
@@ -107,19 +108,19 @@ def _show(args: argparse.Namespace) -> int:
     summary = {
         "workload": entry["id"],
         "sha256": entry["sha256"],
-        **distribution(read_requests(path, entry["sha256"])),
+        **distribution(read_records(path, entry["sha256"], pb.ModelInferRequest.FromString)),
     }
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    from services.router.capture import find_workload, read_requests
+    from switchyard.judge.capture_format import find_workload, read_records
 
     if not may_read(args, _route_scope(args.workload), f"workload/{args.workload}"[:200]):
         return 2
     path, entry = find_workload(Path(args.dir), args.workload)
-    read_requests(path, entry["sha256"])  # refuses a file that changed since capture
+    read_records(path, entry["sha256"], bytes)  # refuses a file that changed since capture
     out = Path(args.output)
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f, path.open("rb") as src:

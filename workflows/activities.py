@@ -195,7 +195,7 @@ class PathActivities:
         workload: dict[str, Any] = {}
         if replay:  # every captured request in order, each with its own shape
             runs, busy_us = await self._replay(request, replay)
-            from services.router.capture import distribution
+            from switchyard.judge.capture_format import distribution
 
             summary = {"workload": request.inputs.workload, "sha256": request.inputs.workload_sha256}
             workload = {**summary, **distribution(replay)}

@@ -13,21 +13,19 @@ activity resumes at the first unfinished level.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import numpy as np
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from services.evaluator.compare import Criteria
-from services.evaluator.divergence import Generated, compare_generations
 from switchyard import oip_params
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.judge.divergence import Generated, compare_generations, generation_criteria
+from switchyard.judge.oip_generations import generated
 from workflows import genload, payloads
 from workflows.activities import Clock, heartbeating, now_us, serving_compatibility
 from workflows.connections import Connections, grpc_errors
@@ -69,21 +67,6 @@ def load_levels(generation: GenerationPlan) -> list[dict[str, Any]]:
             level["max_concurrency"] = generation.max_concurrency
         levels.append(level)
     return levels
-
-
-def generated_of(response: oip.ModelInferResponse) -> Generated:
-    """The new tokens of a unary generation response, with their logprobs and top-k."""
-    tokens: list[int] = []
-    for i, output in enumerate(response.outputs):
-        if output.name == "output_ids":
-            tokens = [int(t) for t in np.frombuffer(response.raw_output_contents[i], dtype=np.int64)]
-    logprobs: list[float] = []
-    top: list[tuple[tuple[int, float], ...]] = []
-    if oip_params.LOGPROBS in response.parameters:
-        for entry in json.loads(response.parameters[oip_params.LOGPROBS].string_param):
-            logprobs.append(float(entry["logprob"]))
-            top.append(tuple((int(e[0]), float(e[1])) for e in entry["top"]))  # [id, logprob, text]
-    return Generated(tuple(tokens), tuple(logprobs), tuple(top))
 
 
 def _int(params: Any, key: str) -> int:
@@ -173,7 +156,7 @@ class GenerationActivities:
                 busy += _int(response.parameters, oip_params.COMPUTE_US)
                 if i == 0:
                     prompt_tokens.append(_int(response.parameters, oip_params.NUM_INPUT_TOKENS))
-                run.append(generated_of(response).to_dict())
+                run.append(generated([response]).to_dict())
             runs.append(run)
             activity.heartbeat({"phase": "golden" if request.golden else "correctness", "run": i + 1})
         compat = None
@@ -183,21 +166,13 @@ class GenerationActivities:
 
     @activity.defn(name="compare_generation")
     async def compare_generation(self, request: GenerationCompareRequest) -> GenerationCompareResult:
-        c = request.criteria
-        criteria = Criteria(
-            precision=request.target.precision,
-            error_multiplier=c.error_multiplier,
-            top_k=c.top_k,
-            atol_floor=c.atol_floor,
-        )
-
         def of(runs: list[dict[str, Any]]) -> list[Generated]:
             return [Generated.of(g) for g in runs]
 
         v = compare_generations(
             of(request.reference),
             of(request.candidate),
-            criteria,
+            generation_criteria(request.criteria, request.target.precision),
             of(request.golden) or None,
             of(request.reference_repeat) or None,
             of(request.candidate_repeat) or None,

@@ -1,6 +1,6 @@
 """Activity inputs and outputs of a generation trial: one dataclass in, one out, JSON-friendly.
 
-Generations travel as dicts of `services.evaluator.divergence.Generated` (token ids, the
+Generations travel as dicts of `switchyard.judge.divergence.Generated` (token ids, the
 chosen tokens' logprobs, the top-k per position): a few kB per prompt, well inside a
 Temporal payload.
 """

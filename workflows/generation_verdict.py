@@ -2,7 +2,7 @@
 compatibility as for every trial, latency as p99 TTFT and TPOT against the reference's at each
 load level, and cost per million output tokens.
 
-- correctness: the divergence rule (services/evaluator/divergence.py); its figure names the
+- correctness: the divergence rule (switchyard/judge/divergence.py); its figure names the
   first diverging position and why (a token outside the other's top-k, logprobs beyond the
   reference's own float64 error, or a candidate that changes between runs).
 - latency: at every load level both paths measured, p99 TTFT and p99 TPOT may be at most

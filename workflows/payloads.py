@@ -16,9 +16,9 @@ import numpy as np
 import numpy.typing as npt
 from temporalio.exceptions import ApplicationError
 
-from services.evaluator.tensors import encode
 from switchyard import oip_params
 from switchyard.gen.inference import grpc_service_pb2 as oip
+from switchyard.judge.tensors import encode
 from workflows.types import InputsPlan, TensorData
 
 _NUMPY = {
@@ -61,12 +61,12 @@ def workloads_dir() -> Path:
 
 def workload_requests(plan: InputsPlan) -> list[oip.ModelInferRequest]:
     """The captured requests of `plan.workload` in order, after checking the file's sha256."""
-    from services.router.capture import find_workload, read_requests
     from switchyard.errors import SwitchyardError
+    from switchyard.judge.capture_format import find_workload, read_records
 
     try:
         path, _ = find_workload(workloads_dir(), plan.workload)
-        requests = read_requests(path, plan.workload_sha256)
+        requests = read_records(path, plan.workload_sha256, oip.ModelInferRequest.FromString)
     except SwitchyardError as exc:
         raise ApplicationError(f"inputs.workload: {exc}", type="InputsChecksum", non_retryable=True) from None
     if not requests:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from switchyard.tolerances import Tolerances
+from switchyard.judge.tolerances import Tolerances
 from workflows.intervals import MIN_BLOCKS
 from workflows.specfields import Fields, SpecError
 

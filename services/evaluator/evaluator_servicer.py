@@ -1,16 +1,17 @@
-"""gRPC adapter of the evaluator: converts messages, calls the domain, converts back
-(docs/architecture.md#code-style)."""
+"""gRPC adapter of the evaluator: decodes the messages, calls the judge library
+(switchyard/judge: compare, loss), encodes its records back (docs/architecture.md#who-judges-what).
+The messages declare the records' fields by the same names, so `copy_fields` converts them."""
 
 from __future__ import annotations
 
-from services.evaluator.compare import Criteria, compare
-from services.evaluator.evaluator_errors import BadTensor
-from services.evaluator.loss import LossCriteria, compare_loss
-from services.evaluator.tensors import DecodedTensor, decode
 from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as pb
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServicerContext
+from switchyard.judge.compare import Criteria, compare
+from switchyard.judge.judge_errors import BadTensor
+from switchyard.judge.loss import LossCriteria, compare_loss
+from switchyard.judge.tensors import DecodedTensor, decode
 
 SERVICE_NAME = "switchyard.v1.Evaluator"
 
@@ -26,17 +27,7 @@ def _tensor(name: str, message: pb.Tensor, required: bool) -> DecodedTensor | No
 
 
 def _criteria(message: pb.Criteria) -> Criteria:
-    return Criteria(
-        precision=message.precision or "fp32",
-        error_multiplier=message.error_multiplier,
-        min_cosine=message.min_cosine,
-        min_top1_agreement=message.min_top1_agreement,
-        min_topk_agreement=message.min_topk_agreement,
-        top_k=message.top_k,
-        max_kl=message.max_kl,
-        logits=message.logits,
-        atol_floor=message.atol_floor,
-    )
+    return copy_fields(Criteria, message, precision=message.precision or "fp32")
 
 
 class EvaluatorServicer(pb_grpc.EvaluatorServicer):
@@ -52,35 +43,7 @@ class EvaluatorServicer(pb_grpc.EvaluatorServicer):
             _criteria(request.criteria),
             _tensor("candidate_repeat", request.candidate_repeat, required=False),
         )
-        m = result.metrics
-        return pb.CompareResponse(
-            metrics=pb.Metrics(
-                max_abs_error=m.max_abs_error,
-                max_rel_error=m.max_rel_error,
-                mismatch_share=m.mismatch_share,
-                rmse=m.rmse,
-                reference_rmse=m.reference_rmse,
-                cosine=m.cosine,
-                top1_agreement=m.top1_agreement,
-                topk_agreement=m.topk_agreement,
-                kl_divergence=m.kl_divergence,
-                reference_deterministic=m.reference_deterministic,
-                reference_repeat_max_abs=m.reference_repeat_max_abs,
-                allowed_rmse=m.allowed_rmse,
-                repeat_rmse=m.repeat_rmse,
-                elements=m.elements,
-                allclose=m.allclose,
-                candidate_deterministic=m.candidate_deterministic,
-                candidate_repeat_max_abs=m.candidate_repeat_max_abs,
-                candidate_repeat_rmse=m.candidate_repeat_rmse,
-                candidate_repeated=m.candidate_repeated,
-            ),
-            passed=result.passed,
-            verdict=result.verdict,
-            reasons=result.reasons,
-            justification=result.justification,
-            finding=result.finding,
-        )
+        return copy_fields(pb.CompareResponse, result, metrics=copy_fields(pb.Metrics, result.metrics))
 
     async def CompareLoss(
         self, request: pb.CompareLossRequest, context: ServicerContext
@@ -88,11 +51,6 @@ class EvaluatorServicer(pb_grpc.EvaluatorServicer):
         result = compare_loss(
             list(request.reference),
             list(request.candidate),
-            LossCriteria(
-                target_loss=request.target_loss,
-                max_relative_deviation=request.max_relative_deviation,
-                precision=request.precision or "fp32",
-                max_steps_to_target_ratio=request.max_steps_to_target_ratio,
-            ),
+            copy_fields(LossCriteria, request, precision=request.precision or "fp32"),
         )
         return copy_fields(pb.CompareLossResponse, result)

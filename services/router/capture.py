@@ -11,18 +11,17 @@ it reaches its size (max_mb / 4) or the router stops; its sha256 then goes into 
 `manifest.json`, and each closed segment is one workload, `<route>.<time-ordered id>`, immutable
 from then on. Segments beyond `max_mb` in total or older than `retention` seconds are deleted,
 oldest first. Folders are created 0700 and files 0600: captured inputs may be sensitive.
+The file format, and its reading for replay, is the judge library's
+(switchyard/judge/capture_format.py), so that trials read workloads without this module.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import random
-import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,15 +30,19 @@ from typing import Any
 
 from services.router import wire
 from switchyard import ids
-from switchyard.errors import InvalidArgument, NotFound
-from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.errors import InvalidArgument
+from switchyard.judge.capture_format import (
+    PARTIAL_SUFFIX,
+    RECORD_SUFFIX,
+    SEEN,
+    frame,
+    read_manifest,
+    write_manifest,
+)
 from switchyard.models.manifest import file_sha256
 
 log = logging.getLogger(__name__)
-MANIFEST = "manifest.json"
-RECORD = struct.Struct("<I")
 FLUSH_S = 0.25  # how often the writer takes what was sampled
-SEEN = "output_tokens_seen"  # a captured generation's output length, as the router saw it
 
 
 @dataclass(frozen=True)
@@ -172,9 +175,10 @@ class Capturer:
                 record += wire.parameters_field({SEEN: seen})
             if self._file is None:
                 self._open()
-            self._file.write(RECORD.pack(len(record)) + record)
+            framed = frame(record)
+            self._file.write(framed)
             self._current["requests"] += 1
-            self._current["bytes"] += RECORD.size + len(record)
+            self._current["bytes"] += len(framed)
             self.stats.written += 1
             if self._current["bytes"] >= self.segment_bytes:
                 self._close_segment()
@@ -183,7 +187,7 @@ class Capturer:
 
     def _open(self) -> None:
         workload = f"{self.route}.{ids.time_ordered_hex()[:16]}"
-        path = self.folder / f"{workload}.rec.partial"
+        path = self.folder / f"{workload}{PARTIAL_SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self._file = os.fdopen(fd, "wb")
         self._current = {"id": workload, "requests": 0, "bytes": 0, "started_unix_s": time.time()}
@@ -194,8 +198,8 @@ class Capturer:
         self._file.close()
         self._file = None
         entry = dict(self._current)
-        partial = self.folder / f"{entry['id']}.rec.partial"
-        final = self.folder / f"{entry['id']}.rec"
+        partial = self.folder / f"{entry['id']}{PARTIAL_SUFFIX}"
+        final = self.folder / f"{entry['id']}{RECORD_SUFFIX}"
         entry["sha256"] = file_sha256(partial)
         entry["closed_unix_s"] = time.time()
         entry["file"] = final.name
@@ -225,81 +229,3 @@ class Capturer:
             await self._task
         await self._drain()
         await asyncio.to_thread(self._close_segment)
-
-
-# ---- reading ------------------------------------------------------------------------------------
-def read_manifest(folder: Path) -> dict[str, Any]:
-    path = folder / MANIFEST
-    if not path.exists():
-        return {"route": folder.name, "workloads": []}
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data
-
-
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    tmp = folder / f".{MANIFEST}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2, sort_keys=True)
-    tmp.replace(folder / MANIFEST)
-
-
-def list_workloads(root: Path) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    if not root.is_dir():
-        return out
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        for entry in read_manifest(folder)["workloads"]:
-            out.append({"route": folder.name, **entry})
-    return out
-
-
-def find_workload(root: Path, workload: str) -> tuple[Path, dict[str, Any]]:
-    route = workload.rsplit(".", 1)[0]
-    if route and route not in (".", "..") and "/" not in workload and (root / route).is_dir():
-        for entry in read_manifest(root / route)["workloads"]:
-            if entry["id"] == workload:
-                return root / route / entry["file"], entry
-    known = [w["id"] for w in list_workloads(root)]
-    raise NotFound(f"unknown workload {workload!r} in {root}; known: {known[-5:] or 'none'}")
-
-
-def read_requests(path: Path, expected_sha256: str = "") -> list[pb.ModelInferRequest]:
-    """The captured requests in order; the file must hash to `expected_sha256` when given."""
-    blob = path.read_bytes()
-    actual = hashlib.sha256(blob).hexdigest()
-    if expected_sha256 and actual != expected_sha256:
-        from switchyard.errors import FailedPrecondition
-
-        raise FailedPrecondition(
-            f"workload {path.name} hashes to {actual}, but {expected_sha256} was expected"
-        )
-    out, at = [], 0
-    while at < len(blob):
-        (size,) = RECORD.unpack_from(blob, at)
-        at += RECORD.size
-        out.append(pb.ModelInferRequest.FromString(blob[at : at + size]))
-        at += size
-    return out
-
-
-def distribution(requests: list[pb.ModelInferRequest]) -> dict[str, Any]:
-    """Request count, and per input the shapes seen (with counts) and the byte sizes."""
-    shapes: dict[str, dict[str, int]] = {}
-    sizes: list[int] = []
-    for r in requests:
-        sizes.append(sum(len(c) for c in r.raw_input_contents))
-        for t in r.inputs:
-            key = "x".join(str(d) for d in t.shape)
-            shapes.setdefault(t.name, {})[key] = shapes.setdefault(t.name, {}).get(key, 0) + 1
-    ordered = sorted(sizes)
-    return {
-        "requests": len(requests),
-        "shapes": shapes,
-        "bytes": {
-            "total": sum(sizes),
-            "min": ordered[0] if ordered else 0,
-            "p50": ordered[len(ordered) // 2] if ordered else 0,
-            "max": ordered[-1] if ordered else 0,
-        },
-    }

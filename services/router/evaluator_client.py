@@ -14,11 +14,11 @@ import math
 import grpc
 
 from services.router.executor_pool import CHANNEL_OPTIONS
-from services.router.shadow_divergence import Divergence
 from switchyard import tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as epb
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as egrpc
+from switchyard.judge.output_divergence import Divergence
 
 
 class EvaluatorUnavailable(Exception):

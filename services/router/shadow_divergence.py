@@ -3,14 +3,14 @@
 The caller always gets the primary answer; the mirrored copy runs afterwards in a background
 task, bounded by `shadow_max_pending` (a mirror that would exceed it is skipped and counted,
 so shadowing can never slow the primary path down without limit). Each pair is compared
-output by output; `divergence` is the small shared comparison used when no evaluator
-service is configured (max absolute error, cosine similarity, share of elements outside
-atol + rtol·|reference|).
+output by output; `divergence` decodes the answers and applies the judge's local rule
+(switchyard/judge/output_divergence.py: max absolute error, cosine similarity, share of
+elements outside atol + rtol·|reference|) when no evaluator service is configured.
 
 A generative model's pair (the primary's streamed or unary completion and the candidate's) is
-judged by the generation divergence rule instead (`generation_divergence`, the trial's own
-implementation in services/evaluator/divergence.py): tokens equal up to the first divergence,
-each side's token in the other's top-k there, logprobs within the precision's tolerance.
+read by `switchyard.judge.oip_generations.generated` and judged by the trial's own rule,
+`switchyard.judge.divergence.judge_pair`: tokens equal up to the first divergence, each side's
+token in the other's top-k there, logprobs within the precision's tolerance.
 Only greedy requests are compared (a sampled one may differ by design); the top-k condition
 needs the logprobs the caller asked for, and a divergence without them is counted as
 unchecked, not as a failure.
@@ -24,25 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.evaluator.compare import Criteria
-from services.evaluator.divergence import Generated, compare_generations
 from switchyard import oip_params
 from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.judge.divergence import GenerationVerdict
+from switchyard.judge.output_divergence import Divergence, outputs_divergence
+from switchyard.judge.tensors import decode
 
-_NUMPY: dict[str, str] = {
-    "BOOL": "bool",
-    "UINT8": "<u1",
-    "UINT16": "<u2",
-    "UINT32": "<u4",
-    "UINT64": "<u8",
-    "INT8": "<i1",
-    "INT16": "<i2",
-    "INT32": "<i4",
-    "INT64": "<i8",
-    "FP16": "<f2",
-    "FP32": "<f4",
-    "FP64": "<f8",
-}
 _CONTENTS: dict[str, str] = {
     "BOOL": "bool_contents",
     "INT8": "int_contents",
@@ -66,13 +53,10 @@ def output_arrays(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
         dtype = tensor.datatype
         if i < len(response.raw_output_contents):
             raw = response.raw_output_contents[i]
-            if dtype == "BF16":
-                bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-                array = bits.view(np.float32).astype(np.float64)
-            elif dtype == "BYTES":
+            if dtype == "BYTES":
                 array = np.array([raw], dtype=object)
-            else:
-                array = np.frombuffer(raw, dtype=_NUMPY[dtype]).astype(np.float64)
+            else:  # the judge's decoding: byte size checked, BF16 widened exactly
+                array = decode(tensor.name, dtype, list(shape), raw).values
         elif dtype in _CONTENTS:
             array = np.asarray(getattr(tensor.contents, _CONTENTS[dtype]), dtype=np.float64)
         else:
@@ -81,47 +65,11 @@ def output_arrays(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     return out
 
 
-@dataclass(frozen=True)
-class Divergence:
-    max_abs_error: float
-    cosine: float
-    mismatch_share: float
-    diverged: bool
-    reason: str = ""
-
-
 def divergence(
     reference: pb.ModelInferResponse, candidate: pb.ModelInferResponse, atol: float, rtol: float
 ) -> Divergence:
-    """Compare every output of two responses; the worst output decides."""
-    ref, cand = output_arrays(reference), output_arrays(candidate)
-    if set(ref) != set(cand):
-        return Divergence(math.inf, 0.0, 1.0, True, f"outputs differ: {sorted(ref)} vs {sorted(cand)}")
-    worst = Divergence(0.0, 1.0, 0.0, False)
-    for name, a in ref.items():
-        b = cand[name]
-        if a.shape != b.shape:
-            return Divergence(math.inf, 0.0, 1.0, True, f"{name}: shape {a.shape} vs {b.shape}")
-        if a.dtype == object or b.dtype == object:
-            same = bool(np.array_equal(a, b))
-            d = Divergence(0.0 if same else math.inf, 1.0 if same else 0.0, 0.0 if same else 1.0, not same)
-        else:
-            diff = np.abs(a - b)
-            max_abs = float(diff.max()) if diff.size else 0.0
-            na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-            cosine = float(np.dot(a.ravel(), b.ravel()) / (na * nb)) if na and nb else float(na == nb)
-            outside = diff > atol + rtol * np.abs(a)
-            share = float(outside.mean()) if diff.size else 0.0
-            d = Divergence(max_abs, cosine, share, bool(outside.any()), f"{name}: max |Δ| {max_abs:.3g}")
-        if d.max_abs_error >= worst.max_abs_error or d.diverged:
-            worst = Divergence(
-                max(d.max_abs_error, worst.max_abs_error),
-                min(d.cosine, worst.cosine),
-                max(d.mismatch_share, worst.mismatch_share),
-                d.diverged or worst.diverged,
-                d.reason,
-            )
-    return worst
+    """Compare every output of two responses (the judge's local rule); the worst output decides."""
+    return outputs_divergence(output_arrays(reference), output_arrays(candidate), atol, rtol)
 
 
 def _first_bytes(raw: bytes) -> bytes:
@@ -143,55 +91,10 @@ def greedy_request(request: pb.ModelInferRequest) -> bool:
     return False
 
 
-def generated(responses: list[pb.ModelInferResponse]) -> Generated:
-    """One generation from its responses (one per token when streamed, else one): the new token
-    ids (the last `num_output_tokens` of what `output_ids` carried, so a prepended prompt is
-    left out) with the logprobs and top-k, where the caller asked for them."""
-    ids: list[int] = []
-    logprobs: list[float] = []
-    top: list[tuple[tuple[int, float], ...]] = []
-    produced = 0
-    for r in responses:
-        for i, output in enumerate(r.outputs):
-            if output.name == "output_ids" and i < len(r.raw_output_contents):
-                ids += [int(t) for t in np.frombuffer(r.raw_output_contents[i], dtype="<i8")]
-        if oip_params.NUM_OUTPUT_TOKENS in r.parameters:
-            produced = int(r.parameters[oip_params.NUM_OUTPUT_TOKENS].int64_param)
-        if oip_params.LOGPROBS in r.parameters:
-            for entry in json.loads(r.parameters[oip_params.LOGPROBS].string_param):
-                logprobs.append(float(entry["logprob"]))
-                top.append(tuple((int(e[0]), float(e[1])) for e in entry["top"]))  # [id, logprob, text]
-    tokens = ids[-produced:] if produced else []
-    return Generated(tuple(tokens), tuple(logprobs), tuple(top))
-
-
 def is_generation(response: pb.ModelInferResponse) -> bool:
     return oip_params.NUM_OUTPUT_TOKENS in response.parameters and any(
         o.name == "output_ids" for o in response.outputs
     )
-
-
-@dataclass(frozen=True)
-class GenerationDivergence:
-    """One mirrored generation under the divergence rule."""
-
-    first_divergence: int  # -1: identical tokens
-    passed: bool  # the rule holds (identical, or a near-tie with logprobs within tolerance)
-    checked: bool  # false: the tokens diverged but no logprobs allowed the top-k check
-    tokens: int
-    reason: str
-
-
-def generation_divergence(
-    primary: Generated, candidate: Generated, precision: str = "fp32", top_k: int = 0
-) -> GenerationDivergence:
-    """The trial's divergence rule on one pair (no float64 run online: logprobs by allclose)."""
-    k = top_k or (len(primary.top[0]) if primary.top and primary.top[0] else 5)  # what the caller asked
-    v = compare_generations([primary], [candidate], Criteria(precision=precision, top_k=k))
-    s = v.sequences[0]
-    unchecked = s.first_divergence >= 0 and not (primary.top and candidate.top)
-    reason = "; ".join(v.reasons) if not v.passed else s.reason
-    return GenerationDivergence(s.first_divergence, v.passed, not unchecked, len(primary.tokens), reason)
 
 
 @dataclass
@@ -217,7 +120,7 @@ class ShadowStats:
     first_divergence_sum: int = 0
     first_divergences: list[int] = field(default_factory=list)  # the latest, oldest first
 
-    def add_generation(self, d: GenerationDivergence) -> None:
+    def add_generation(self, d: GenerationVerdict) -> None:
         self.pairs += 1
         self.generations += 1
         failed = d.checked and not d.passed  # identical tokens with logprobs off count too

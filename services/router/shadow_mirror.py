@@ -10,8 +10,8 @@ primary's request id, the candidate and the comparison), so a trial can see what
 cost and what it found.
 
 A generative model's copy (streamed, or unary) is compared by the trial's divergence rule
-(`shadow.generation_divergence`): tokens equal up to the first divergence, each side's token
-in the other's top-k there; the first diverging position goes into the statistics. Only
+(`switchyard.judge.divergence.judge_pair`): tokens equal up to the first divergence, each
+side's token in the other's top-k there; the first diverging position goes into the statistics. Only
 greedy requests are mirrored (a sampled one may differ by design; it is counted as sampled,
 and no copy is sent).
 """
@@ -27,18 +27,13 @@ from typing import Any
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
 from services.router.forwarder import Forwarder
 from services.router.router_config import Settings, Target
-from services.router.shadow_divergence import (
-    Divergence,
-    ShadowStats,
-    divergence,
-    generated,
-    generation_divergence,
-    greedy_request,
-    is_generation,
-)
+from services.router.shadow_divergence import ShadowStats, divergence, greedy_request, is_generation
 from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us
 from switchyard.errors import SwitchyardError, UpstreamError
 from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.judge.divergence import judge_pair
+from switchyard.judge.oip_generations import generated
+from switchyard.judge.output_divergence import Divergence
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +165,7 @@ class ShadowMirror:
 
     @staticmethod
     def _judge_generation(stats: ShadowStats, tags: dict[str, str], primary: Any, mirrored: Any) -> None:
-        d = generation_divergence(primary, mirrored)
+        d = judge_pair(primary, mirrored)
         stats.comparer = "generation"
         stats.add_generation(d)
         tags.update(

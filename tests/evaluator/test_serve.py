@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from services.evaluator.tensors import encode
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as pb
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as pb_grpc
+from switchyard.judge.tensors import encode
 
 ROOT = Path(__file__).resolve().parents[2]
 

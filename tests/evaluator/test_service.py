@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from services.evaluator.evaluator_server import start_evaluator
-from services.evaluator.tensors import encode
 from switchyard.gen.switchyard.v1 import evaluator_pb2 as pb
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
+from switchyard.judge.tensors import encode
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,11 @@ import pytest
 import tritonclient.grpc as triton
 
 from services.executor.executor_server import RunningExecutor
-from services.router.capture import find_workload, list_workloads, read_requests
 from switchyard.cli import main as switchyard
 from switchyard.errors import InvalidArgument
+from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+from switchyard.judge.capture_format import find_workload, list_workloads, read_records
 from tests.router.conftest import Metering, RouterFactory, routes_config
 
 
@@ -66,7 +67,7 @@ async def test_capture_keeps_inputs_only_in_order_bounded_and_audited(
     assert entry["requests"] == len(sent) and entry["route"] == "mlp"
     path, _ = find_workload(workloads, entry["id"])
     assert (path.stat().st_mode & 0o777) == 0o600 and (workloads / "mlp").stat().st_mode & 0o077 == 0
-    captured = read_requests(path, entry["sha256"])
+    captured = read_records(path, entry["sha256"], pb.ModelInferRequest.FromString)
     for request, x in zip(captured, sent, strict=True):  # in order, with their real shapes
         assert list(request.inputs[0].shape) == list(x.shape)
         np.testing.assert_array_equal(
@@ -86,7 +87,7 @@ async def test_capture_keeps_inputs_only_in_order_bounded_and_audited(
     # a file changed after capture is refused with both hashes
     path.write_bytes(blob + b"\x00")
     with pytest.raises(Exception, match=entry["sha256"]):
-        read_requests(path, entry["sha256"])
+        read_records(path, entry["sha256"], pb.ModelInferRequest.FromString)
 
     audit = await metering.stub.QueryAudit(mpb.QueryAuditRequest(action="workload.capture", limit=10))
     assert any(json.loads(r.detail_json)["share"] == 1.0 for r in audit.records)

@@ -19,8 +19,8 @@ import tritonclient.grpc as triton
 
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import RunningExecutor, start_executor
-from services.router.capture import SEEN, find_workload, list_workloads, read_requests
 from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.judge.capture_format import SEEN, find_workload, list_workloads, read_records
 from tests.gen_models import text_inputs
 from tests.router.conftest import Metering, RouterFactory, routes_config
 from workflows import genload
@@ -92,7 +92,7 @@ async def test_streamed_and_openai_generations_are_captured_as_their_prompts(
 
     (entry,) = list_workloads(workloads)
     path, _ = find_workload(workloads, entry["id"])
-    records = read_requests(path, entry["sha256"])
+    records = read_records(path, entry["sha256"], pb.ModelInferRequest.FromString)
     assert entry["requests"] == 2 and len(records) == 2
     first, second = (_inputs(r) for r in records)
     assert _text(first["text_input"]) == "hello world"

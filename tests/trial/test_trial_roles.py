@@ -326,9 +326,10 @@ async def test_workloads_commands_need_workloads_read(
     """A real captured workload (the router's Capturer), read through `switchyard workloads`."""
     import asyncio
 
-    from services.router.capture import Capturer, CaptureSpec, list_workloads
+    from services.router.capture import Capturer, CaptureSpec
     from switchyard.cli import main as switchyard
     from switchyard.gen.inference import grpc_service_pb2 as ipb
+    from switchyard.judge.capture_format import list_workloads
 
     folder = tmp_path / "workloads"
     capturer = Capturer("mlp", CaptureSpec(share=1.0), folder / "mlp")

@@ -16,11 +16,11 @@ import pytest
 import sqlalchemy as sa
 
 from services.router import router_config
-from services.router.capture import list_workloads
 from services.router.router_server import start_router
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
 from switchyard.grpcio import ServerOptions
+from switchyard.judge.capture_format import list_workloads
 from tests.trial.stack import Stack
 from workflows.connections import Connections, WorkerConfig
 from workflows.trial import TrialWorkflow

@@ -21,10 +21,10 @@ import tritonclient.grpc as triton
 from safetensors.torch import save_file
 
 from clients.model_admin import add_model
-from services.evaluator.compare import Comparison, Criteria, compare
-from services.evaluator.tensors import DecodedTensor
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
+from switchyard.judge.compare import Comparison, Criteria, compare
+from switchyard.judge.tensors import DecodedTensor
 from switchyard.models.registry import ModelRegistry, load_module
 from tests.xla import fallback_model
 from tests.xla.conftest import BUCKETS, ExecutorProcess

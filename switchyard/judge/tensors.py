@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from services.evaluator.evaluator_errors import BadTensor
+from switchyard.judge.judge_errors import BadTensor
 
 _NUMPY: dict[str, str] = {
     "FP64": "<f8",

@@ -1,7 +1,8 @@
 """Greedy generations compared token by token: where two paths diverge, and whether they may.
 
-One implementation for the trial's correctness phase (workflows/generation_activities.py) and
-the router's shadow of generative models (services/router/shadow_divergence.py). The rule:
+One implementation, one verdict (`GenerationVerdict`): the trial worker judges its
+correctness prompts with `compare_generations` (under `generation_criteria` of the spec), and
+the router's shadow judges each mirrored pair with `judge_pair`, the same rule online. The rule:
 
 1. Tokens must be equal up to the first divergence.
 2. At the first divergence each side's token must be in the other side's top-k at that
@@ -9,7 +10,7 @@ the router's shadow of generative models (services/router/shadow_divergence.py).
    not a different model. After it the sequences are conditioned on different prefixes and
    are not compared any further (vLLM breaks there too).
 3. On the positions where both paths chose the same tokens, the candidate's logprobs are
-   judged as tensors are (services/evaluator/compare.py): within allclose(atol=rtol=tol) of
+   judged as tensors are (switchyard/judge/compare.py): within allclose(atol=rtol=tol) of
    the reference's, or with an RMSE against the reference model's float64 ("golden") run of at
    most `multiplier` x the reference's own RMSE against it, plus tol/10. Without a golden run,
    allclose at tol decides, and the justification says so.
@@ -27,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from services.evaluator.compare import SMALL_TENSOR, Criteria
+from switchyard.judge.compare import SMALL_TENSOR, Criteria
+from switchyard.judge.tolerances import Tolerances
 
 
 @dataclass(frozen=True)
@@ -148,12 +150,20 @@ class GenerationVerdict:
     reasons: list[str]
     justification: str
     diverged: list[int] = field(default_factory=list)  # indexes of prompts whose tokens diverged
+    # false: some pair diverged where a side carries no top-k logprobs (the caller asked for
+    # none), so the near-tie rule could not be applied to it
+    checked: bool = True
 
     @property
     def first_divergence(self) -> int:
         """The earliest diverging position over all prompts, -1 if none diverged."""
         points = [s.first_divergence for s in self.sequences if s.first_divergence >= 0]
         return min(points) if points else -1
+
+    @property
+    def reason(self) -> str:
+        """The verdict in one line: the reasons when it fails, else what each prompt did."""
+        return "; ".join(self.reasons) if not self.passed else "; ".join(s.reason for s in self.sequences)
 
 
 def _agreeing(*runs: Generated) -> int:
@@ -331,9 +341,8 @@ def compare_generations(
         return GenerationVerdict(
             False, "wrong", [], {}, [f"prompts: {len(reference)} vs {len(candidate)}: fail"], ""
         )
-    checks = [
-        check_sequence(i, r, k, top_k) for i, (r, k) in enumerate(zip(reference, candidate, strict=True))
-    ]
+    pairs = list(zip(reference, candidate, strict=True))
+    checks = [check_sequence(i, r, k, top_k) for i, (r, k) in enumerate(pairs)]
     lp = _agreeing_logprobs(reference, candidate, golden, reference_repeat)
     n = len(lp.ref)
     multiplier = max(c.error_multiplier, 3.0) if n < SMALL_TENSOR else c.error_multiplier
@@ -366,4 +375,25 @@ def compare_generations(
         reasons,
         justification,
         [s.index for s in checks if s.first_divergence >= 0],
+        all(s.first_divergence < 0 or (r.top and k.top) for s, (r, k) in zip(checks, pairs, strict=True)),
     )
+
+
+def generation_criteria(tolerances: Tolerances, precision: str) -> Criteria:
+    """What a trial's generations are held to: the spec's error multiplier, top-k and tol at the
+    path's precision (cosine and KL are rules for tensors of logits, not for generations)."""
+    return Criteria(
+        precision=precision,
+        error_multiplier=tolerances.error_multiplier,
+        top_k=tolerances.top_k,
+        atol_floor=tolerances.atol_floor,
+    )
+
+
+def judge_pair(
+    primary: Generated, candidate: Generated, precision: str = "fp32", top_k: int = 0
+) -> GenerationVerdict:
+    """The rule on one served pair, as the router's shadow applies it: no float64 run online
+    (logprobs by allclose), and the top-k the caller asked for unless `top_k` says."""
+    k = top_k or (len(primary.top[0]) if primary.top and primary.top[0] else 5)
+    return compare_generations([primary], [candidate], Criteria(precision=precision, top_k=k))

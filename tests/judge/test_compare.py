@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch._dynamo.utils import same
 
-from services.evaluator.compare import Criteria, compare
-from services.evaluator.evaluator_errors import BadCriteria, BadTensor
-from services.evaluator.loss import LossCriteria, compare_loss
-from services.evaluator.tensors import DecodedTensor, decode, encode
+from switchyard.judge.compare import Criteria, compare
+from switchyard.judge.judge_errors import BadCriteria, BadTensor
+from switchyard.judge.loss import LossCriteria, compare_loss
+from switchyard.judge.tensors import DecodedTensor, decode, encode
 
 
 def _t(x: torch.Tensor) -> DecodedTensor:

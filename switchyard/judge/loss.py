@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from services.evaluator.evaluator_errors import BadCriteria
+from switchyard.judge.judge_errors import BadCriteria
 
 DEFAULT_DEVIATION = {"fp32": 0.01, "fp16": 0.05, "bf16": 0.05}
 DEFAULT_STEPS_RATIO = 1.1

@@ -1,11 +1,19 @@
-"""The generation divergence rule (services/evaluator/divergence.py): equal tokens up to the
+"""The generation divergence rule (switchyard/judge/divergence.py): equal tokens up to the
 first divergence, each side's token in the other's top-k there, logprobs against the
 reference's own float64 error."""
 
 from __future__ import annotations
 
-from services.evaluator.compare import Criteria
-from services.evaluator.divergence import Generated, check_sequence, compare_generations, first_divergence
+from switchyard.judge.compare import Criteria
+from switchyard.judge.divergence import (
+    Generated,
+    check_sequence,
+    compare_generations,
+    first_divergence,
+    generation_criteria,
+    judge_pair,
+)
+from switchyard.judge.tolerances import Tolerances
 
 
 def gen(
@@ -95,3 +103,15 @@ def test_a_candidate_that_changes_between_runs_is_non_deterministic() -> None:
     v = compare_generations(ref, cand, Criteria(precision="fp32"), candidate_repeat=again)
     assert not v.passed and v.finding == "non-deterministic"
     assert v.reasons[0].startswith("determinism: prompts [0]")
+
+
+def test_the_shadow_and_the_trial_give_one_verdict_on_a_pair() -> None:
+    """The router's `judge_pair` is the trial's rule: the same verdict, in the same words."""
+    ref = gen([1, 2, 3], tops=[[1, 9], [2, 7], [3, 8]])
+    far = gen([1, 7, 3], tops=[[1, 9], [7, 6], [3, 8]])  # 2 is not in its top-2 at position 1
+    online = judge_pair(ref, far)
+    trial = compare_generations([ref], [far], generation_criteria(Tolerances(top_k=2), "fp32"))
+    assert (online.passed, online.finding, online.reasons) == (trial.passed, trial.finding, trial.reasons)
+    assert online.finding == "wrong" and online.checked and "position 1" in online.reason
+    blind = judge_pair(Generated((4, 4)), Generated((4, 5)))  # no logprobs asked for
+    assert not blind.passed and not blind.checked

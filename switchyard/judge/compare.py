@@ -12,7 +12,7 @@ differ), its run-to-run RMSE is the larger error and widens the tolerance accord
 response says so. For logits, cosine similarity, top-1/top-k agreement and the KL divergence
 between the softmax distributions are checked as well.
 
-Determinism is judged on both sides. Given a second candidate run on the same inputs, a
+Determinism is judged on both sides (repeats.py). Given a second candidate run on the same inputs, a
 candidate whose two runs differ beyond its precision's tolerance (not allclose at tol, and more
 than `multiplier` x the reference's own run-to-run noise) is "non-deterministic", with the
 repeat error; that fails apart from, and is named before, any error against the reference. A
@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from services.evaluator.evaluator_errors import BadCriteria, BadTensor
-from services.evaluator.tensors import FLOAT_TYPES, DecodedTensor
-from switchyard.tolerances import Tolerances
+from switchyard.judge.judge_errors import BadCriteria, BadTensor
+from switchyard.judge.repeats import candidate_stability, reference_noise, rmse, wrong_finding
+from switchyard.judge.tensors import FLOAT_TYPES, DecodedTensor
+from switchyard.judge.tolerances import Tolerances
 
 Array = npt.NDArray[np.float64]
 
@@ -110,10 +111,6 @@ class Comparison:
         return "PASS" if self.passed else "FAIL"
 
 
-def _rmse(a: Array, b: Array) -> float:
-    return float(np.sqrt(np.mean((a - b) ** 2))) if a.size else 0.0
-
-
 def _cosine(a: Array, b: Array) -> float:
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
     if na == 0.0 and nb == 0.0:
@@ -170,7 +167,7 @@ def compare(
     diff = np.abs(cand - ref)
     mismatch = ~np.isclose(ref, cand, rtol=tol, atol=tol)  # as torch.allclose(ref, res)
     allclose = finite and not bool(mismatch.any())
-    repeat_max, repeat_rmse = _reference_noise(reference_repeat, ref)
+    repeat_max, repeat_rmse = reference_noise(reference_repeat, ref)
     deterministic = repeat_max == 0.0
 
     multiplier = c.error_multiplier
@@ -184,7 +181,7 @@ def compare(
     passed = finite and rule.ok and agree
     if not deterministic:
         reasons.append(f"reference not deterministic: two runs differ by up to {repeat_max:.3g} (noted)")
-    cand_stable, cand_repeat_max, cand_repeat_rmse = _candidate_repeat(
+    cand_stable, cand_repeat_max, cand_repeat_rmse = candidate_stability(
         cand, candidate_repeat, tol, multiplier * repeat_rmse + tol / 10.0, c.precision, reasons
     )
     passed = passed and cand_stable
@@ -207,27 +204,8 @@ def compare(
         candidate_repeat_rmse=cand_repeat_rmse,
         candidate_repeated=candidate_repeat is not None,
     )
-    finding = "" if passed else "non-deterministic" if not cand_stable else _wrong(candidate_repeat)
+    finding = "" if passed else "non-deterministic" if not cand_stable else wrong_finding(candidate_repeat)
     return Comparison(metrics, passed, reasons, rule.justification, finding)
-
-
-def _candidate_repeat(
-    cand: Array,
-    candidate_repeat: DecodedTensor | None,
-    tol: float,
-    noise_allowance: float,
-    precision: str,
-    reasons: list[str],
-) -> tuple[bool, float, float]:
-    """(stable, max abs, rmse) of the candidate against its own repeat run; the reason comes
-    first: a candidate that differs from itself is not "wrong by an amount"."""
-    if candidate_repeat is None:
-        return True, 0.0, 0.0
-    stable, repeat_max, repeat_rmse, text = _repeatable(
-        cand, candidate_repeat, tol, noise_allowance, precision
-    )
-    reasons.insert(0, text)
-    return stable, repeat_max, repeat_rmse
 
 
 def _error_figures(diff: Array, mismatch: npt.NDArray[np.bool_], ref: Array, tol: float) -> dict[str, float]:
@@ -237,14 +215,6 @@ def _error_figures(diff: Array, mismatch: npt.NDArray[np.bool_], ref: Array, tol
         "max_rel_error": float((diff / denom).max()) if diff.size else 0.0,
         "mismatch_share": float(mismatch.mean()) if mismatch.size else 0.0,
     }
-
-
-def _reference_noise(reference_repeat: DecodedTensor | None, ref: Array) -> tuple[float, float]:
-    """(max abs, rmse) between the reference and its repeat run; zeros without a repeat."""
-    if reference_repeat is None:
-        return 0.0, 0.0
-    repeat_max = float(np.max(np.abs(reference_repeat.values - ref))) if ref.size else 0.0
-    return repeat_max, _rmse(reference_repeat.values, ref)
 
 
 def _agreement(
@@ -308,7 +278,7 @@ def _shape_mismatch(
         candidate_deterministic=stable,
         candidate_repeated=candidate_repeat is not None,
     )
-    finding = "non-deterministic" if not stable else _wrong(candidate_repeat)
+    finding = "non-deterministic" if not stable else wrong_finding(candidate_repeat)
     return Comparison(metrics, False, shape_reasons, "shapes must agree", finding)
 
 
@@ -340,7 +310,7 @@ def _rmse_rule(
     if golden is None:
         return _RmseRule(
             0.0,
-            _rmse(ref, cand),
+            rmse(ref, cand),
             tol,
             allclose,
             f"allclose to reference (atol=rtol={tol:g}), no float64 run supplied: "
@@ -348,8 +318,8 @@ def _rmse_rule(
             f"No float64 run was supplied, so the justified rule could not be applied; fell back to "
             f"allclose(atol=rtol={tol:g}) against the reference, the default tol for {c.precision}.",
         )
-    ref_err = _rmse(golden.values, ref)
-    cand_err = _rmse(golden.values, cand) if finite else math.inf
+    ref_err = rmse(golden.values, ref)
+    cand_err = rmse(golden.values, cand) if finite else math.inf
     basis = max(ref_err, repeat_rmse)
     why = (
         "3x for bf16/fp16 and for tensors under 1000 elements, where noise dominates"
@@ -397,45 +367,3 @@ def _logit_checks(
         reasons.append(f"{text}: {'pass' if passed else 'fail'}")
         ok = ok and passed
     return top1, topk, kl, ok
-
-
-def _wrong(candidate_repeat: DecodedTensor | None) -> str:
-    """A failure whose runs agree: "wrong but stable" once a repeat showed it is stable."""
-    return "wrong" if candidate_repeat is None else "wrong but stable"
-
-
-def _repeatable(
-    first: Array, repeat: DecodedTensor, tol: float, noise_allowance: float, precision: str
-) -> tuple[bool, float, float, str]:
-    """Whether two candidate runs on the same inputs agree within the precision's tolerance
-    (allclose at tol, or within `noise_allowance`: the reference's own run-to-run noise scaled
-    as the rmse rule scales errors). Returns (stable, max abs, rmse, reason)."""
-    if repeat.shape != first.shape:
-        text = (
-            f"non-deterministic: the candidate's shape changed between two runs on the same inputs "
-            f"({list(first.shape)}, then {list(repeat.shape)}): fail"
-        )
-        return False, math.inf, math.inf, text
-    second = repeat.values
-    both_finite = bool(np.isfinite(first).all() and np.isfinite(second).all())
-    same_nan = bool(np.array_equal(np.isnan(first), np.isnan(second)))
-    if not both_finite:
-        # NaN in the same places twice is stable (the finiteness check fails it anyway)
-        finite = np.isfinite(first) & np.isfinite(second)
-        first, second = first[finite], second[finite]
-    max_abs = float(np.max(np.abs(second - first))) if first.size else 0.0
-    rmse = _rmse(first, second)
-    close = bool(np.isclose(first, second, rtol=tol, atol=tol).all())
-    stable = same_nan and (close or rmse <= noise_allowance)
-    if stable:
-        text = (
-            f"deterministic: two candidate runs on the same inputs differ by up to {max_abs:.3g}, "
-            f"within the {precision} tolerance: pass"
-        )
-    else:
-        text = (
-            f"non-deterministic: two candidate runs on the same inputs differ by up to {max_abs:.3g} "
-            f"(rmse {rmse:.3g}), beyond the {precision} tolerance (allclose atol=rtol={tol:g}, "
-            f"or {noise_allowance:.3g} rmse of the reference's own noise): fail"
-        )
-    return stable, max_abs, rmse, text

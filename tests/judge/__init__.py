@@ -1,0 +1,1 @@
+"""The unit tests of the judge library (switchyard/judge): no gRPC, no service."""
