@@ -31,8 +31,9 @@ from typing import Any, cast
 import grpc
 
 from benchmarks.common import ROOT, write_report
+from services import frames
 from services.executor.frame_server import FrameServer
-from switchyard import frames, net, tls
+from switchyard import net, tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.grpcio import run_service
 from switchyard.net import free_port

@@ -469,7 +469,7 @@ async def _run(
 
     async def spawn_router(name: str, routes: str, metering: str, child_env: dict[str, str]) -> Any:
         return await spawn(
-            "-m", "switchyard", "router", "serve", "--port", str(ports[name]),
+            "-m", "clients.cli", "router", "serve", "--port", str(ports[name]),
             "--config", str(tmp / f"routes-{routes}.toml"), "--metering", metering,
             "--spool-dir", str(tmp / f"spool-{name}"), env=child_env, log=tmp / f"{name}.log",
         )  # fmt: skip

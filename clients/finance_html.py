@@ -17,7 +17,7 @@ from fractions import Fraction
 from html import escape
 from typing import Any
 
-from switchyard import money
+from services.metering import money
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f")
 W, H, PAD = 720, 280, 50

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import uvloop
 
+from services import frames
 from services.executor.frame_server import FrameServer
 from services.router.executor_frames import frames_host
-from switchyard import frames
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 

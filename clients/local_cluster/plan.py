@@ -41,7 +41,7 @@ class ServiceSpec:
     models: tuple[str, ...] = ()
     startup_timeout_s: float = 120.0
     info: str = ""  # extra line for the status table (e.g. the Temporal UI address)
-    # modules a standby process imports ahead of a restart (switchyard.standby); () = none
+    # modules a standby process imports ahead of a restart (clients.local_cluster.standby); () = none
     preload: tuple[str, ...] = ()
 
 
@@ -140,7 +140,7 @@ EXECUTOR_PRELOAD = (
 
 
 def _switchyard(python: str, *args: str) -> tuple[str, ...]:
-    return (python, "-m", "switchyard", *args)
+    return (python, "-m", "clients.cli", *args)
 
 
 def _temporal_binary(given: Path | None) -> Path:

@@ -14,7 +14,7 @@ left stopped ("crash loop") and the status says so. Only Ctrl-C or SIGTERM stop 
 
 A service whose spec names modules to preload (the executors: torch and their server) has a
 standby: a process started once the cluster is up (and again after each restart) that has
-imported those modules and waits (`switchyard.standby`). A restart hands the service's
+imported those modules and waits (`clients.local_cluster.standby`). A restart hands the service's
 command line to the standby instead of starting an interpreter from nothing, so the
 replacement only loads its models: a SIGKILLed CPU executor serves again in a few seconds
 even on a busy host. A standby costs one idle interpreter with torch imported per executor.
@@ -165,12 +165,13 @@ class Supervisor:
         if not spec.preload or self._stopping or (current is not None and current.returncode is None):
             return
         python, dash_m, module, *args = spec.argv
-        if (dash_m, module) != ("-m", "switchyard"):
-            return  # only `python -m switchyard ...` services have a standby
+        if (dash_m, module) != ("-m", "clients.cli"):
+            return  # only `python -m clients.cli ...` services have a standby
         log_path = self.log_dir / f"{spec.name}.log"
         with log_path.open("ab") as out:
             proc = await asyncio.create_subprocess_exec(
-                python, "-m", "switchyard.standby", ",".join(spec.preload), str(log_path), "--", *args,
+                python, "-m", "clients.local_cluster.standby", ",".join(spec.preload), str(log_path),
+                "--", *args,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=out,
                 env={**os.environ, **spec.env}, start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.router import wire
-from switchyard import ids
+from services.router import ids, wire
 from switchyard.errors import InvalidArgument, NotFound
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.models.manifest import file_sha256

@@ -35,7 +35,7 @@ def test_make_run_passes_with_mtls_on(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
     env["PYTHONPATH"] = str(ROOT)
     assert tls.INSECURE_ENV not in env
-    argv = [sys.executable, "-m", "switchyard", "demo", "--config", str(config)]
+    argv = [sys.executable, "-m", "clients.cli", "demo", "--config", str(config)]
     argv += ["--requests", "60", "--concurrency", "4"]
     done = subprocess.run(
         argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1500, check=False

@@ -21,7 +21,7 @@ ENV = {"PYTHONPATH": str(ROOT), "SWITCHYARD_SECURITY_INSECURE": "true"}
 
 
 def _evaluator(port: int) -> ServiceSpec:
-    argv = (sys.executable, "-m", "switchyard", "evaluator", "serve", "--port", str(port))
+    argv = (sys.executable, "-m", "clients.cli", "evaluator", "serve", "--port", str(port))
     return ServiceSpec("evaluator", argv, f"127.0.0.1:{port}", "grpc", env=ENV, startup_timeout_s=60)
 
 

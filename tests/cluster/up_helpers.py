@@ -33,6 +33,6 @@ def start_up(
     env = {**os.environ, "PYTHONPATH": str(ROOT)} if env is None else env
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "switchyard", "up", "--config", str(config)],
+            [sys.executable, "-m", "clients.cli", "up", "--config", str(config)],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
         )  # fmt: skip

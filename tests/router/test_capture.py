@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
+from clients.cli import main as switchyard
 from services.executor.executor_server import RunningExecutor
 from services.router.capture import find_workload, list_workloads, read_requests
-from switchyard.cli import main as switchyard
 from switchyard.errors import InvalidArgument
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from tests.router.conftest import Metering, RouterFactory, routes_config

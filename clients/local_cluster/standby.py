@@ -1,11 +1,11 @@
 """A service process started ahead of need, for `switchyard up`'s restarts.
 
-    python -m switchyard.standby MODULE[,MODULE...] LOG -- ARGS...
+    python -m clients.local_cluster.standby MODULE[,MODULE...] LOG -- ARGS...
 
 imports the MODULEs (the slow part of a service's start: torch and the executor's server, some
 seconds on a busy host), says `ready` on stdout, from then on writes its output to the file LOG
 (appending), and waits for one line on stdin. On that line the process becomes
-`python -m switchyard ARGS...`, with its imports already done; at end of input (nobody needed
+`python -m clients.cli ARGS...`, with its imports already done; at end of input (nobody needed
 it) it exits 0. The supervisor keeps one standby per executor, so a crashed executor's
 replacement only has to load its models.
 """
@@ -19,7 +19,10 @@ import sys
 
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") != 2:
-        print("usage: python -m switchyard.standby MODULE[,MODULE...] LOG -- ARGS...", file=sys.stderr)
+        print(
+            "usage: python -m clients.local_cluster.standby MODULE[,MODULE...] LOG -- ARGS...",
+            file=sys.stderr,
+        )
         return 2
     modules, log = [m for m in argv[0].split(",") if m], argv[1]
     for module in modules:
@@ -31,7 +34,7 @@ def main(argv: list[str]) -> int:
     if not sys.stdin.readline():
         return 0
     sys.argv = ["switchyard", *argv[3:]]
-    from switchyard.cli import main as cli
+    from clients.cli import main as cli
 
     return cli(sys.argv[1:])
 
