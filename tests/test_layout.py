@@ -61,3 +61,58 @@ def test_no_product_module_installs_an_importer() -> None:
                 if isinstance(node, ast.ClassDef) and any("Finder" in ast.unparse(b) for b in node.bases):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: class {node.name}")
     assert found == []
+
+
+def import_graph(folders: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the modules of `folders` it imports (at the top or inside a function)."""
+    paths = {}
+    for folder in folders:
+        for path in _modules(folder):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            paths[name] = path
+    graph = {}
+    for name, path in paths.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        graph[name] = (deps & paths.keys()) - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_shared_ground_and_the_clients_have_no_import_circle() -> None:
+    assert circles(import_graph(("switchyard", "clients"))) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
