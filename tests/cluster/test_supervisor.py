@@ -12,7 +12,8 @@ import pytest
 
 from clients.local_cluster import health
 from clients.local_cluster.plan import ServiceSpec
-from clients.local_cluster.supervisor import RestartPolicy, StartupFailed, Supervisor
+from clients.local_cluster.readiness import StartupFailed
+from clients.local_cluster.supervisor import RestartPolicy, Supervisor
 from switchyard.net import free_port
 from tests.conftest import ROOT
 from tests.processes import alive
