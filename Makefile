@@ -118,6 +118,7 @@ lint: setup-main proto-check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(PY) tools/check_sizes.py
 
 proto: setup-main
 	$(PY) tools/gen_proto.py
