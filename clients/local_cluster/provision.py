@@ -16,10 +16,10 @@ from pathlib import Path
 
 from clients.local_cluster import health, plan
 from clients.local_cluster import local_routes as routes
-from clients.local_cluster.access import create_principal_key
 from clients.local_cluster.cluster_config import Config
 from clients.local_cluster.demo_finance import CURRENCY, LOCAL_PRICES, ensure_prices
 from clients.local_cluster.plan import ServiceSpec
+from clients.local_cluster.principal_keys import create_principal_key
 from switchyard.gen.switchyard.v1 import metering_pb2
 
 UI_PRINCIPAL = "temporal-ui"
