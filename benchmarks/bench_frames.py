@@ -1,7 +1,7 @@
 """The router's hop to an executor, alone: a message on a gRPC stream versus in frames.
 
 A server process (uvloop, as services run) answers the same echo two ways: on a grpc.aio
-`ModelStreamInfer` stream, and on a frame connection (switchyard.frames, served by the
+`ModelStreamInfer` stream, and on a frame connection (services.frames, served by the
 executor's own FrameServer). Both parse the ModelInferRequest and answer a
 ModelStreamInferResponse carrying its tensor bytes back, so both sides do the same protobuf
 work; only the transport differs. A second server process does the same on glibc's default

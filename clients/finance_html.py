@@ -4,7 +4,7 @@ Charts: cost per completed job per path over time (one line per path, by day), t
 share of each path's cost, and unpriced usage. Figures are exact micro-units rendered as
 decimals; a path-day with no completed job has no point rather than a zero. Costs per job
 come from the exact total / jobs, shown per job or, where one job costs under a micro-unit,
-per 1,000 or 1,000,000 jobs (switchyard.money), in the chart and in the table alike.
+per 1,000 or 1,000,000 jobs (services.metering.money), in the chart and in the table alike.
 Every mark that carries a figure has a `data-value` attribute (the tests count them). Where
 the ledger has generation tokens, a table gives them per path with the cost per completed
 generation job and per million output and prompt tokens, exact as the CLI table gives them.

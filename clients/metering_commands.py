@@ -205,7 +205,7 @@ def report(args: argparse.Namespace) -> int:
 
 def generation_cells(r: dict[str, Any]) -> list[str]:
     """Tokens and the cost of generation: per completed generation job, per million output and
-    prompt tokens, each exact (switchyard/money.py) or "n/a" without a divisor."""
+    prompt tokens, each exact (services/metering/money.py) or "n/a" without a divisor."""
     from services.metering.money import per_million_tokens_text
 
     cost, currency, jobs = r["generation_micros"], r["currency"], r["generation_jobs_completed"]

@@ -1,4 +1,4 @@
-"""Framing (switchyard.frames): frames survive any split of the byte stream; oversized ones are
+"""Framing (services.frames): frames survive any split of the byte stream; oversized ones are
 skipped without being buffered; the router finds the executor's host in its gRPC target."""
 
 from __future__ import annotations

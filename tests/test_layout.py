@@ -116,3 +116,12 @@ def test_the_shared_ground_and_the_clients_have_no_import_circle() -> None:
 
 def test_the_circle_finder_finds_a_circle() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_two_product_modules_share_a_name() -> None:
+    seen: dict[str, list[str]] = {}
+    for folder in PRODUCT:
+        for path in _modules(folder):
+            if path.name != "__init__.py":
+                seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

@@ -1,4 +1,4 @@
-"""`make run` with mutual TLS on, as a user gets it: `python -m switchyard demo` in a process
+"""`make run` with mutual TLS on, as a user gets it: `python -m clients.cli demo` in a process
 whose environment does not say SWITCHYARD_SECURITY_INSECURE (tests/conftest.py sets it for
 every other test, which once hid an mTLS break in `make run`).
 

@@ -1,4 +1,4 @@
-"""Framed inference (switchyard.frames) against a real executor: the port Describe reports, the
+"""Framed inference (services.frames) against a real executor: the port Describe reports, the
 same answers as gRPC, errors in the reply, many requests in flight on one connection, limits."""
 
 from __future__ import annotations
