@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from clients.local_cluster.local_routes import PATH_IDS
-from services.metering.money import per_job_text
+from services.metering.money import decimal, per_job_text
 from switchyard import tls
 from switchyard.errors import FailedPrecondition
 from switchyard.field_copy import copy_fields
@@ -142,11 +142,7 @@ async def report(metering: str, since_us: int) -> list[PathCost]:
     return [copy_fields(PathCost, row, path=row.group.get("path", "?")) for row in reply.rows]
 
 
-def money(micros: int) -> str:
-    # Micro-units printed exactly: integer division, never a float.
-    sign = "-" if micros < 0 else ""
-    whole, frac = divmod(abs(micros), 1_000_000)
-    return f"{sign}{whole}.{frac:06d}"
+money = decimal  # micro-units printed exactly: integer division, never a float
 
 
 def format_table(rows: list[PathCost]) -> str:
