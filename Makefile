@@ -32,7 +32,7 @@ export TRANSFORMERS_OFFLINE := 1
 .PHONY: run test setup setup-main setup-xla setup-tpu setup-focus focus-python setup-tools setup-perf perf-analyzer-path setup-kserve kserve-python lint proto proto-check bench clean
 
 run: setup
-	$(PY) -m switchyard demo $(ARGS)
+	$(PY) -m clients.cli demo $(ARGS)
 
 test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -118,6 +118,7 @@ lint: setup-main proto-check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(PY) tools/check_sizes.py
 
 proto: setup-main
 	$(PY) tools/gen_proto.py

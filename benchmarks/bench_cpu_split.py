@@ -205,7 +205,7 @@ def main() -> None:
         )
         router = o.Server(
             "router_to_executor",
-            ["-m", "switchyard", "--log-level", "WARNING", "router", "serve", "--port", "0",
+            ["-m", "clients.cli", "--log-level", "WARNING", "router", "serve", "--port", "0",
              "--config", str(routes), "--metrics-port", "-1"],
             announce="router serving OIP on ",
         )  # fmt: skip

@@ -216,7 +216,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     py = sys.executable
     models = ",".join(dict.fromkeys([args.model, *args.also, *args.latency_also]))
     executor, ex_addr = _spawn(
-        [py, "-m", "switchyard", "--log-level", "WARNING", "executor", "serve", "--port", "0",
+        [py, "-m", "clients.cli", "--log-level", "WARNING", "executor", "serve", "--port", "0",
          "--models", models, "--buckets", args.buckets, *args.executor_args.split()]
     )  # fmt: skip
     baselines = {

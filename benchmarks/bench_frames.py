@@ -1,7 +1,7 @@
 """The router's hop to an executor, alone: a message on a gRPC stream versus in frames.
 
 A server process (uvloop, as services run) answers the same echo two ways: on a grpc.aio
-`ModelStreamInfer` stream, and on a frame connection (switchyard.frames, served by the
+`ModelStreamInfer` stream, and on a frame connection (services.frames, served by the
 executor's own FrameServer). Both parse the ModelInferRequest and answer a
 ModelStreamInferResponse carrying its tensor bytes back, so both sides do the same protobuf
 work; only the transport differs. A second server process does the same on glibc's default
@@ -31,8 +31,9 @@ from typing import Any, cast
 import grpc
 
 from benchmarks.common import ROOT, write_report
+from services import frames
 from services.executor.frame_server import FrameServer
-from switchyard import frames, net, tls
+from switchyard import net, tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.grpcio import run_service
 from switchyard.net import free_port

@@ -375,7 +375,7 @@ def executor_process(root: Path, backend: str, mode: str = "", engine: str = "pr
         if not python:
             raise SystemExit("--backend xla needs SWITCHYARD_XLA_PYTHON (the XLA environment's python)")
         env["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE", "CPU")
-    cmd = [python, "-m", "switchyard", "executor", "serve", "--backend", backend, "--port", "0"]
+    cmd = [python, "-m", "clients.cli", "executor", "serve", "--backend", backend, "--port", "0"]
     cmd += ["--models", "llama-bench", "--model-repository", str(root)]
     cmd += ["--mode", mode] if mode else []
     cmd += ["--generation-engine", engine] if backend == "cpu" else []

@@ -469,7 +469,7 @@ async def _run(
 
     async def spawn_router(name: str, routes: str, metering: str, child_env: dict[str, str]) -> Any:
         return await spawn(
-            "-m", "switchyard", "router", "serve", "--port", str(ports[name]),
+            "-m", "clients.cli", "router", "serve", "--port", str(ports[name]),
             "--config", str(tmp / f"routes-{routes}.toml"), "--metering", metering,
             "--spool-dir", str(tmp / f"spool-{name}"), env=child_env, log=tmp / f"{name}.log",
         )  # fmt: skip
@@ -645,7 +645,7 @@ def summarise(
             "usage events batched to metering (SQLite), tracing at --tracing (every service alike); "
             "`router` as deployed: mTLS to its executor (frames over TLS) and metering, uvloop, "
             "gRPC's EventEngine endpoints off (switchyard/transport.py), inference to the "
-            "executor in frames (switchyard/frames.py); `router_plaintext` the same on plaintext "
+            "executor in frames (services/frames.py); `router_plaintext` the same on plaintext "
             "hops, to a plaintext executor and metering; `router_grpc` that over gRPC "
             "ModelStreamInfer streams (executor_transport = grpc); `router_stock` over streams on "
             "asyncio's loop and gRPC's default transport",

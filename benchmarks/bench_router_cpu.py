@@ -97,7 +97,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     async def router(name: str, routes: str, metering: str, env: dict[str, str], tree: Path = ROOT) -> None:
         procs[name] = await _spawn(
-            ["-m", "switchyard", "router", "serve", "--port", addr[name].rsplit(":", 1)[1],
+            ["-m", "clients.cli", "router", "serve", "--port", addr[name].rsplit(":", 1)[1],
              "--config", str(tmp / f"routes-{routes}.toml"), "--metering", addr[metering],
              "--spool-dir", str(tmp / f"spool-{name}")],
             env, tmp / f"{name}.log", tree,

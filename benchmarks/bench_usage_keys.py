@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import postgres_databases, request_usage, write_report  # noqa: E402
 from services.metering.ledger import Ledger  # noqa: E402
 from services.metering.records import Actor, UsageEvent  # noqa: E402
-from switchyard.ids import time_ordered_hex  # noqa: E402
+from services.router.ids import time_ordered_hex  # noqa: E402
 
 PATH = "bench-cpu"
 KEYS: dict[str, Callable[[], str]] = {

@@ -23,5 +23,5 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve = commands.add_parser("serve", help="serve the evaluator over gRPC")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8301, help="port (default 8301; 0 picks a free one)")
-    serve.add_argument("--metrics-port", type=int, default=None)  # help: switchyard.cli_help
+    serve.add_argument("--metrics-port", type=int, default=None)  # help: clients.cli_help
     serve.set_defaults(func=_serve)

@@ -19,76 +19,84 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     commands = parser.add_subparsers(dest="executor_command", required=True, metavar="SUBCOMMAND")
 
     serve = commands.add_parser("serve", help="serve models on one backend over OIP gRPC")
-    serve.add_argument("--backend", default="cpu", help="cpu | cuda | xla | tpu (default cpu)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument(
-        "--port",
-        type=int,
-        default=-1,
-        help="TCP port to serve on (default: 8101 cpu, 8102 xla, 8103 cuda, 8104 tpu)",
-    )
-    serve.add_argument(
-        "--frames-port",
-        type=int,
-        default=0,
-        help="port for routers' framed inference on the same host (default 0: any free port, "
-        "reported by Describe; -1: off, routers then use gRPC streams)",
-    )
-    serve.add_argument(
+    _what_it_serves(serve.add_argument_group("what it serves, and how"))
+    _where_it_listens(serve.add_argument_group("where it listens, and who may call"))
+    serve.set_defaults(func=_serve)
+
+    describe = commands.add_parser("describe", help="print an executor's Describe as JSON")
+    describe.add_argument("--address", default="127.0.0.1:8101")
+    describe.set_defaults(func=_describe)
+
+
+def _what_it_serves(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--backend", default="cpu", help="cpu | cuda | xla | tpu (default cpu)")
+    group.add_argument(
         "--models", default="mlp", help="comma-separated models to load at start (name[:version])"
     )
-    serve.add_argument(
+    group.add_argument(
         "--model-repository",
         default="",
         help="the model repository to load from (default $SWITCHYARD_MODELS_REPOSITORY or var/models; "
         "a missing folder is created and seeded with the built-ins)",
     )
-    serve.add_argument(
+    group.add_argument(
         "--allow-factory",
         action="append",
         default=[],
         metavar="PACKAGE",
         help="a package whose factory-format models may be imported (repeatable; none by default)",
     )
-    serve.add_argument("--mode", default="", help="execution mode (default: the backend's first)")
-    serve.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 | fp64")
-    serve.add_argument("--buckets", default="1,2,4,8", help="batch buckets warmed at load")
-    serve.add_argument("--max-queue-delay-us", type=int, default=0)
-    serve.add_argument("--max-queue-size", type=int, default=64)
-    serve.add_argument("--no-batching", action="store_true", help="run every request alone")
-    serve.add_argument("--max-message-mb", type=int, default=net.MAX_MESSAGE_BYTES // net.MIB)
-    serve.add_argument("--price-key", default="")
-    serve.add_argument(
+    group.add_argument("--mode", default="", help="execution mode (default: the backend's first)")
+    group.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 | fp64")
+    group.add_argument("--buckets", default="1,2,4,8", help="batch buckets warmed at load")
+    group.add_argument("--max-queue-delay-us", type=int, default=0)
+    group.add_argument("--max-queue-size", type=int, default=64)
+    group.add_argument("--no-batching", action="store_true", help="run every request alone")
+    group.add_argument("--price-key", default="")
+    group.add_argument(
         "--inline-compute-us",
         type=int,
         default=10_000,
         help="a lone request on a quiet executor expected to compute within this many "
         "microseconds runs on the event loop instead of the device thread",
     )
-    serve.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: cores - 1)")
-    serve.add_argument(
+    group.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: cores - 1)")
+    group.add_argument(
         "--generation-engine",
         choices=GENERATION_ENGINES,
         default="process",
         help="on cpu, a causal LM's generation engine runs in a process of its own (default) or "
         "on the executor's device thread",
     )
-    serve.add_argument("--metrics-port", type=int, default=None)  # help: switchyard.cli_help
-    serve.add_argument(
+
+
+def _where_it_listens(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument(
+        "--port",
+        type=int,
+        default=-1,
+        help="TCP port to serve on (default: 8101 cpu, 8102 xla, 8103 cuda, 8104 tpu)",
+    )
+    group.add_argument(
+        "--frames-port",
+        type=int,
+        default=0,
+        help="port for routers' framed inference on the same host (default 0: any free port, "
+        "reported by Describe; -1: off, routers then use gRPC streams)",
+    )
+    group.add_argument("--max-message-mb", type=int, default=net.MAX_MESSAGE_BYTES // net.MIB)
+    group.add_argument("--metrics-port", type=int, default=None)  # help: clients.cli_help
+    group.add_argument(
         "--metering",
         default=os.environ.get("SWITCHYARD_METERING", ""),
         help="metering address, where refused calls are audited (default SWITCHYARD_METERING, else log only)",
     )
-    serve.add_argument(
+    group.add_argument(
         "--oip-identities",
         default="router,worker",
         help="with mTLS: services that may call inference here directly (default router,worker)",
     )
-    serve.set_defaults(func=_serve)
-
-    describe = commands.add_parser("describe", help="print an executor's Describe as JSON")
-    describe.add_argument("--address", default="127.0.0.1:8101")
-    describe.set_defaults(func=_describe)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@ Charts: cost per completed job per path over time (one line per path, by day), t
 share of each path's cost, and unpriced usage. Figures are exact micro-units rendered as
 decimals; a path-day with no completed job has no point rather than a zero. Costs per job
 come from the exact total / jobs, shown per job or, where one job costs under a micro-unit,
-per 1,000 or 1,000,000 jobs (switchyard.money), in the chart and in the table alike.
+per 1,000 or 1,000,000 jobs (services.metering.money), in the chart and in the table alike.
 Every mark that carries a figure has a `data-value` attribute (the tests count them). Where
 the ledger has generation tokens, a table gives them per path with the cost per completed
 generation job and per million output and prompt tokens, exact as the CLI table gives them.
@@ -17,7 +17,7 @@ from fractions import Fraction
 from html import escape
 from typing import Any
 
-from switchyard import money
+from services.metering import money
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f")
 W, H, PAD = 720, 280, 50

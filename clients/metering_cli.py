@@ -69,7 +69,7 @@ def _register_metering(sub: argparse._SubParsersAction[Any]) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8201)
-    serve.add_argument("--metrics-port", type=int, default=None)  # help: switchyard.cli_help
+    serve.add_argument("--metrics-port", type=int, default=None)  # help: clients.cli_help
     serve.set_defaults(func=_run("serve"))
     mig = msub.add_parser(
         "migrate",

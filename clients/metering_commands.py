@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 import grpc
 
 from clients.finance_html import COST_COLUMNS, cost_cells
-from switchyard import money, tls
+from services.metering import money
+from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 
@@ -86,7 +87,7 @@ def parse_money(text: str) -> int:
 
 def per_job_text(total_micros: int, jobs: int) -> str:
     """Per job, or per 1,000 / 1,000,000 jobs where one job costs under a micro-unit."""
-    from switchyard.money import per_job_text as text
+    from services.metering.money import per_job_text as text
 
     return text(total_micros, jobs)
 
@@ -204,8 +205,8 @@ def report(args: argparse.Namespace) -> int:
 
 def generation_cells(r: dict[str, Any]) -> list[str]:
     """Tokens and the cost of generation: per completed generation job, per million output and
-    prompt tokens, each exact (switchyard/money.py) or "n/a" without a divisor."""
-    from switchyard.money import per_million_tokens_text
+    prompt tokens, each exact (services/metering/money.py) or "n/a" without a divisor."""
+    from services.metering.money import per_million_tokens_text
 
     cost, currency, jobs = r["generation_micros"], r["currency"], r["generation_jobs_completed"]
     return [

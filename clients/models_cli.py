@@ -329,7 +329,7 @@ def _reexec(args: argparse.Namespace) -> int:
             f"(SWITCHYARD_{args.backend.upper()}_PYTHON); this interpreter has no torch_xla"
         )
     root, allowed = _settings(args)
-    argv = [python, "-m", "switchyard", "models", "validate", args.name, "--backend", args.backend]
+    argv = [python, "-m", "clients.cli", "models", "validate", args.name, "--backend", args.backend]
     argv += ["--repository", str(root), *(f"--allow-factory={p}" for p in allowed)]
     argv += [*(["--version", args.version] if args.version else [])]
     argv += [

@@ -122,7 +122,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "`temporal workflow start`) runs as; its principal needs trials:run on the model "
         "(default SWITCHYARD_TRIAL_UI_KEY_FILE; none: such trials are refused)",
     )
-    worker.add_argument("--metrics-port", type=int, default=None)  # help: switchyard.cli_help
+    worker.add_argument("--metrics-port", type=int, default=None)  # help: clients.cli_help
     worker.set_defaults(func=_worker)
 
     trial = sub.add_parser("trial", help="start, watch, cancel trials and fetch their reports")

@@ -373,8 +373,19 @@ async def start_server(
     reflection.enable_server_reflection(  # the real server: it checks for an aio one
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server, pool=_pool.POOL
     )
-    address = f"{options.host}:{options.port}"
     security = tls.resolve(options.security)
+    port = _bind(server, options, security, names)
+    await server.start()
+    running = RunningServer(server, port, health_servicer, names, options, security)
+    await _start_health_port(running)
+    await running.set_serving(serving)
+    return running
+
+
+def _bind(server: grpc.aio.Server, options: ServerOptions, security: tls.Security, names: list[str]) -> int:
+    """The port, bound as the service's security says: the public port on its own TLS (or
+    plaintext), every other one on mutual TLS, or plaintext where security is off."""
+    address = f"{options.host}:{options.port}"
     if options.public:
         if options.public_tls is not None:
             cert, key = options.public_tls
@@ -388,8 +399,13 @@ async def start_server(
         port = server.add_secure_port(address, tls.server_credentials(security))
     if port == 0:
         raise OSError(f"could not bind {options.host}:{options.port}")
-    await server.start()
-    running = RunningServer(server, port, health_servicer, names, options, security)
+    return int(port)
+
+
+async def _start_health_port(running: RunningServer) -> None:
+    """The plaintext health-only port (ServerOptions.health_port, else $SWITCHYARD_HEALTH_PORT)
+    for probes that hold no certificate; none when neither is set."""
+    options = running.options
     health_port = options.health_port
     if health_port is None and os.environ.get(HEALTH_PORT_ENV, "").strip():
         try:
@@ -398,14 +414,13 @@ async def start_server(
             raise InvalidArgument(
                 f"{HEALTH_PORT_ENV}={os.environ[HEALTH_PORT_ENV]!r}: give a port number"
             ) from None
-    if health_port is not None and health_port >= 0:
-        probe = grpc.aio.server(options=[NO_PORT_SHARING])
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probe)
-        running.health_port = probe.add_insecure_port(f"{options.host}:{health_port}")
-        if running.health_port == 0:
-            await server.stop(0)
-            raise OSError(f"could not bind the health port {options.host}:{health_port}")
-        await probe.start()
-        running.health_server = probe
-    await running.set_serving(serving)
-    return running
+    if health_port is None or health_port < 0:
+        return
+    probe = grpc.aio.server(options=[NO_PORT_SHARING])
+    health_pb2_grpc.add_HealthServicer_to_server(running.health, probe)
+    running.health_port = probe.add_insecure_port(f"{options.host}:{health_port}")
+    if running.health_port == 0:
+        await running.server.stop(0)
+        raise OSError(f"could not bind the health port {options.host}:{health_port}")
+    await probe.start()
+    running.health_server = probe

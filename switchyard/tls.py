@@ -317,42 +317,13 @@ def ensure_local_pki(
     created on first use and kept after (every file 0600, every directory 0700). A service
     name may carry a suffix after '-' (executor-cpu): the identity is the part before it.
     Returns each service's directory."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o700)
     ca_dir = root / "ca"
     ca_dir.mkdir(exist_ok=True)
     os.chmod(ca_dir, 0o700)
-    now = datetime.datetime.now(datetime.UTC)
-    pem = serialization.Encoding.PEM
     if not (ca_dir / "ca.key").exists() or not (ca_dir / CA_FILE).exists():
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "switchyard local CA")])
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name)
-            .issuer_name(ca_name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=3650))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-            )
-            .sign(ca_key, hashes.SHA256())
-        )
-        key_pem = ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-        _write_private(ca_dir / "ca.key", key_pem)
-        _write_private(ca_dir / CA_FILE, ca_cert.public_bytes(pem))
-    ca_key_loaded = serialization.load_pem_private_key((ca_dir / "ca.key").read_bytes(), None)
-    assert isinstance(ca_key_loaded, ec.EllipticCurvePrivateKey)
-    ca_pem = (ca_dir / CA_FILE).read_bytes()
-    ca_cert = x509.load_pem_x509_certificate(ca_pem)
+        _issue_ca(ca_dir)
     out: dict[str, Path] = {}
     for name in services:
         folder = root / name
@@ -361,36 +332,83 @@ def ensure_local_pki(
             continue
         folder.mkdir(exist_ok=True)
         os.chmod(folder, 0o700)
-        identity = name.split("-", 1)[0]
-        key = ec.generate_private_key(ec.SECP256R1())
-        names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(service_id(identity))]
-        for host in dict.fromkeys((*hosts, identity, name)):
-            try:
-                names.append(x509.IPAddress(ipaddress.ip_address(host)))
-            except ValueError:
-                names.append(x509.DNSName(host))
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, service_id(identity))]))
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=825))
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-            .sign(ca_key_loaded, hashes.SHA256())
-        )
-        _write_private(folder / CA_FILE, ca_pem)
-        _write_private(folder / CERT_FILE, cert.public_bytes(pem))
-        _write_private(
-            folder / KEY_FILE,
-            key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-        )
+        _issue_service(ca_dir, folder, name, hosts)
     return out
+
+
+def _issue_ca(ca_dir: Path) -> None:
+    """A self-signed CA key and certificate (ten years, no intermediates below it)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    pem = serialization.Encoding.PEM
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "switchyard local CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key_pem = ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    _write_private(ca_dir / "ca.key", key_pem)
+    _write_private(ca_dir / CA_FILE, ca_cert.public_bytes(pem))
+
+
+def _issue_service(ca_dir: Path, folder: Path, name: str, hosts: Sequence[str]) -> None:
+    """`name`'s key and certificate, signed by the CA in `ca_dir`, into `folder` with the CA's:
+    its SPIFFE ID as the URI SAN, and `hosts`, the identity and the name as IP or DNS SANs."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca_key = serialization.load_pem_private_key((ca_dir / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_pem = (ca_dir / CA_FILE).read_bytes()
+    ca_cert = x509.load_pem_x509_certificate(ca_pem)
+    now = datetime.datetime.now(datetime.UTC)
+    pem = serialization.Encoding.PEM
+    identity = name.split("-", 1)[0]
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(service_id(identity))]
+    for host in dict.fromkeys((*hosts, identity, name)):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, service_id(identity))]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=825))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_private(folder / CA_FILE, ca_pem)
+    _write_private(folder / CERT_FILE, cert.public_bytes(pem))
+    _write_private(
+        folder / KEY_FILE,
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )

@@ -6,7 +6,7 @@ import argparse
 import re
 from collections.abc import Iterator
 
-from switchyard.cli import build_parser
+from clients.cli import build_parser
 
 # words that say what a number counts or measures
 UNITS = re.compile(

@@ -1,4 +1,4 @@
-"""Framing (switchyard.frames): frames survive any split of the byte stream; oversized ones are
+"""Framing (services.frames): frames survive any split of the byte stream; oversized ones are
 skipped without being buffered; the router finds the executor's host in its gRPC target."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import uvloop
 
+from services import frames
 from services.executor.frame_server import FrameServer
 from services.router.executor_frames import frames_host
-from switchyard import frames
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import uvloop
 
+from services import frames
 from services.executor.frame_server import FrameServer
-from switchyard import frames, tls
+from switchyard import tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 

@@ -1,5 +1,5 @@
-"""The wheel: a working `switchyard` from any directory, no generic top-level names, a client
-install without torch.
+"""The wheel: a working `switchyard` from any directory, its packages under the names the code
+imports (nothing aliased), a client install without torch.
 
 The wheel is built from a copy of this checkout's tracked files (pip wheel, no build
 isolation: setuptools is in the main environment). Two fresh virtual environments, used from
@@ -10,8 +10,9 @@ a directory outside the checkout with no PYTHONPATH:
   file from there (each distribution's RECORD), so the test stays offline and takes seconds
   instead of downloading torch, yet a dependency that pyproject.toml forgot is missing there
   (the main environment, built from requirements/, is not visible). `switchyard --version`,
-  `switchyard models list` and `switchyard up` (until every service is SERVING) work, and the
-  code that runs is the installed one.
+  `switchyard models list` and `switchyard up` (until every service is SERVING) work, the code
+  that runs is the installed one, and it is imported by the standard import system alone: each
+  module under its own name, no finder of ours on sys.meta_path.
 - the client install: the wheel with its core dependencies from the package index, no extras
   (a venv cached by the hash of pyproject.toml; later runs reinstall only the wheel):
   `switchyard --version` and `switchyard infer --help` work and torch is
@@ -43,8 +44,16 @@ from switchyard import __version__
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
-WHERE = "import switchyard, services.router.path_registrar as p; print(switchyard.__file__, p.__name__)"
-GENERIC = ("services", "workflows", "clients", "migrations", "tests", "benchmarks", "tools")
+# which files answer, under which names, and who finds them: the standard finders alone
+WHERE = """
+import sys
+import clients.cli as c, services.router.path_registrar as p, switchyard, workflows
+print(switchyard.__file__, c.__file__, p.__file__, workflows.__file__)
+print(c.__name__, p.__name__)
+print([type(f).__module__ for f in sys.meta_path])
+"""
+INSTALLED = ("switchyard", "services", "workflows", "clients", "switchyard_migrations")
+NOT_INSTALLED = ("migrations", "tests", "benchmarks", "tools", "switchyard_services", "switchyard_clients")
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +161,14 @@ def server_venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterat
     yield home
 
 
-def test_the_wheel_installs_no_generic_top_level_names(wheel: Path, server_venv: Path) -> None:
+def test_the_wheel_installs_the_packages_under_their_own_names(wheel: Path, server_venv: Path) -> None:
     site = _site_packages(server_venv)
-    for name in GENERIC:
+    for name in NOT_INSTALLED:
         assert not (site / name).exists(), f"{name}/ in site-packages"
-    for name in ("switchyard", "switchyard_services", "switchyard_workflows", "switchyard_migrations"):
-        assert (site / name).is_dir()
+    for name in INSTALLED:
+        assert (site / name).is_dir(), f"{name}/ missing from site-packages"
+    assert (site / "clients" / "cli.py").is_file()
+    assert (site / "services" / "router" / "routes.example.toml").is_file()
     assert (site / "switchyard_migrations" / "alembic.ini").is_file()
     assert (site / "switchyard" / "models" / "checkpoints" / "mlp.safetensors").stat().st_size > 0
     assert (site / "switchyard" / "models" / "builtin" / "mlp" / "model.toml").is_file()
@@ -179,8 +190,22 @@ def test_server_install_version_models_and_up_from_tmp(server_venv: Path, tmp_pa
         [str(bin_ / "python"), "-c", WHERE],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert str(_site_packages(server_venv)) in where.stdout, where  # the installed copy, not the checkout
-    assert "switchyard_services.router.path_registrar" in where.stdout  # one module object, its real name
+    assert where.returncode == 0, where.stderr
+    files, names, finders = where.stdout.splitlines()
+    site = str(_site_packages(server_venv))
+    assert all(f.startswith(site) for f in files.split()), files  # the installed copy, not the checkout
+    assert names.split() == ["clients.cli", "services.router.path_registrar"]
+    assert "switchyard" not in finders and "layout" not in finders, finders  # the standard finders only
+    alias = subprocess.run(
+        [str(bin_ / "python"), "-c", "import switchyard_services"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert alias.returncode != 0 and "ModuleNotFoundError" in alias.stderr, alias
+    module = subprocess.run(
+        [str(bin_ / "python"), "-m", "clients.cli", "--version"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert module.stdout.strip() == f"switchyard {__version__}", module
 
     def models_list() -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -39,7 +39,7 @@ def _spawn(args: list[str], announce: str) -> tuple[subprocess.Popen[str], str, 
     """A service CLI process; returns it, its address and its metrics URL."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "switchyard", "--log-level", "WARNING", *args],
+        [sys.executable, "-m", "clients.cli", "--log-level", "WARNING", *args],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from switchyard import ids, transport
+from services.router import ids
+from switchyard import transport
 from switchyard.errors import InvalidArgument
 from switchyard.grpcio import run_service
 
@@ -99,7 +100,7 @@ def test_the_router_transport_turns_event_engine_endpoints_off_unless_told_other
 
 def test_executor_serve_chooses_the_low_latency_transport_before_grpc_loads() -> None:
     # the real CLI, stopped by a bad metrics port: it fails after the transport is chosen
-    code = "import os\nfrom switchyard import cli\ntry:\n    cli.main(['executor', 'serve'])\n"
+    code = "import os\nfrom clients import cli\ntry:\n    cli.main(['executor', 'serve'])\n"
     code += "except ValueError as exc:\n    print(exc)\nprint(os.environ.get('GRPC_EXPERIMENTS', '<unset>'))"
     env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
     env.update(PYTHONPATH=str(Path(__file__).resolve().parent.parent), SWITCHYARD_METRICS_PORT="many")

@@ -27,7 +27,7 @@ COMMANDS = {
 def test_sigterm_right_after_the_announcement_drains_and_exits_0(service: str, tmp_path: Path) -> None:
     args = [a.format(tmp=tmp_path) for a in COMMANDS[service]]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "switchyard", *args],
+        [sys.executable, "-m", "clients.cli", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -146,7 +146,7 @@ def test_a_service_started_with_otlp_tracing_runs_and_serves_its_metrics() -> No
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
         "OTEL_TRACES_SAMPLER_ARG": "0.01",
     }
-    args = [sys.executable, "-m", "switchyard", "evaluator", "serve", "--port", "0", "--metrics-port", "0"]
+    args = [sys.executable, "-m", "clients.cli", "evaluator", "serve", "--port", "0", "--metrics-port", "0"]
     proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

@@ -13,7 +13,7 @@ from typing import Any
 
 from markdown_it import MarkdownIt
 
-from switchyard import money
+from services.metering import money
 from workflows import charts, render_generation
 
 CRITERIA_ORDER = ("trial", "correctness", "compatibility", "latency", "training", "cost")

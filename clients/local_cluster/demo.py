@@ -97,6 +97,9 @@ class MainJobResult:
     wall_s: float = 0.0
 
 
+MODELS = ("mlp", "tiny-lm")  # the tensor models the job sends traffic to
+
+
 def _split(total: int, models: list[str]) -> dict[str, int]:
     share = {m: total // len(models) for m in models}
     share[models[0]] += total - sum(share.values())
@@ -119,61 +122,13 @@ async def run_main_job(
     team = await create_team_key(ep.metering, f"team-demo-{run}", trials=("tiny-lm",))
     tell(f"team principal {team.team} ({team.principal_id}) with key id {team.key_id} and role infer")
     result = MainJobResult(team)
-
-    reservations = await finance.open_reservations(ep.metering, ep.paths, run, window_start_us)
-    try:
-        models = ["mlp", "tiny-lm"]
-        for model, count in _split(requests, models).items():
-            traffic = await send_requests(
-                ep.router, team.key, model, count, concurrency, seed=len(result.traffic)
-            )
-            result.traffic.append(traffic)
-            tell(
-                f"{model}: {traffic.ok}/{traffic.sent} ok through the router in {traffic.wall_s:.1f}s "
-                f"({concurrency} in flight), p50 {traffic.p(50):.1f} ms, p99 {traffic.p(99):.1f} ms, "
-                f"router's own p50 {traffic.overhead_p50_us():.0f} us; answered by {traffic.answered_by}"
-                + (f"; errors {traffic.errors}" if traffic.errors else "")
-            )
-        result.generation = await gen_demo.demo_generation(ep.openai_url, team.key, ep.models, tell)
-        # Mirrored requests finish after the callers' answers and usage reaches the ledger in
-        # batches: the window closes only once all of it has landed (a closed reservation's
-        # cost is final, so later usage inside it would be refused).
-        await quiesce(ep, team.key, window_start_us, tell)
-    finally:
-        # The serving window ends here, also when the traffic failed: an open reservation
-        # would hold the paths, and the trial reserves the same paths for itself.
-        await finance.close_reservations(ep.metering, reservations)
+    await _serving_window(ep, result, run, window_start_us, requests, concurrency, tell)
     result.shadow = await shadow_report(ep.router, team.key)
     for row in result.shadow:
         tell(f"shadow {row}")
 
     if "xla" in ep.executors and "cpu" in ep.executors:
-        tell("trial: tiny-lm on cpu-eager (reference) vs xla, on Temporal (TrialWorkflow)")
-        spec = trials.demo_spec(team.team)
-        outcome = await trials.run_trial(
-            ep.temporal,
-            ep.namespace,
-            ep.task_queue,
-            out_dir,
-            f"demo-tiny-lm-{run}",
-            spec,
-            tell,
-            metering=ep.metering,
-            api_key=team.key,  # the team holds trials:run on tiny-lm
-        )
-        result.trial = outcome
-        result.reports.update(outcome.reports)
-        # Serving goes on after a trial (it hands back each executor's serving set-up): a few
-        # requests per model through the router prove it.
-        for model in models:
-            after = await send_requests(
-                ep.router, team.key, model, 16, concurrency, seed=100 + len(result.traffic)
-            )
-            result.after_trial.append(after)
-            tell(
-                f"{model} after the trial: {after.ok}/{after.sent} ok"
-                + (f"; errors {after.errors}" if after.errors else "")
-            )
+        await _trial(ep, result, out_dir, run, concurrency, tell)
     else:
         tell("trial skipped: it needs the CPU and the XLA executor (make setup-xla)")
 
@@ -183,6 +138,77 @@ async def run_main_job(
     )
     result.wall_s = time.monotonic() - began
     return result
+
+
+async def _serving_window(
+    ep: Endpoints,
+    result: MainJobResult,
+    run: str,
+    window_start_us: int,
+    requests: int,
+    concurrency: int,
+    tell: Callable[[str], None],
+) -> None:
+    """Tensor traffic on each model and one streamed completion, inside reserved windows."""
+    key = result.team.key
+    reservations = await finance.open_reservations(ep.metering, ep.paths, run, window_start_us)
+    try:
+        for model, count in _split(requests, list(MODELS)).items():
+            traffic = await send_requests(ep.router, key, model, count, concurrency, seed=len(result.traffic))
+            result.traffic.append(traffic)
+            tell(
+                f"{model}: {traffic.ok}/{traffic.sent} ok through the router in {traffic.wall_s:.1f}s "
+                f"({concurrency} in flight), p50 {traffic.p(50):.1f} ms, p99 {traffic.p(99):.1f} ms, "
+                f"router's own p50 {traffic.overhead_p50_us():.0f} us; answered by {traffic.answered_by}"
+                + (f"; errors {traffic.errors}" if traffic.errors else "")
+            )
+        result.generation = await gen_demo.demo_generation(ep.openai_url, key, ep.models, tell)
+        # Mirrored requests finish after the callers' answers and usage reaches the ledger in
+        # batches: the window closes only once all of it has landed (a closed reservation's
+        # cost is final, so later usage inside it would be refused).
+        await quiesce(ep, key, window_start_us, tell)
+    finally:
+        # The serving window ends here, also when the traffic failed: an open reservation
+        # would hold the paths, and the trial reserves the same paths for itself.
+        await finance.close_reservations(ep.metering, reservations)
+
+
+async def _trial(
+    ep: Endpoints,
+    result: MainJobResult,
+    out_dir: Path,
+    run: str,
+    concurrency: int,
+    tell: Callable[[str], None],
+) -> None:
+    """tiny-lm's trial of xla against cpu-eager, then proof that serving went on after it."""
+    tell("trial: tiny-lm on cpu-eager (reference) vs xla, on Temporal (TrialWorkflow)")
+    team = result.team
+    spec = trials.demo_spec(team.team)
+    outcome = await trials.run_trial(
+        ep.temporal,
+        ep.namespace,
+        ep.task_queue,
+        out_dir,
+        f"demo-tiny-lm-{run}",
+        spec,
+        tell,
+        metering=ep.metering,
+        api_key=team.key,  # the team holds trials:run on tiny-lm
+    )
+    result.trial = outcome
+    result.reports.update(outcome.reports)
+    # Serving goes on after a trial (it hands back each executor's serving set-up): a few
+    # requests per model through the router prove it.
+    for model in MODELS:
+        after = await send_requests(
+            ep.router, team.key, model, 16, concurrency, seed=100 + len(result.traffic)
+        )
+        result.after_trial.append(after)
+        tell(
+            f"{model} after the trial: {after.ok}/{after.sent} ok"
+            + (f"; errors {after.errors}" if after.errors else "")
+        )
 
 
 def _causes(exc: BaseException) -> str:

@@ -19,11 +19,11 @@ from pathlib import Path
 import grpc
 
 from clients.local_cluster.local_routes import PATH_IDS
+from services.metering.money import decimal, per_job_text
 from switchyard import tls
 from switchyard.errors import FailedPrecondition
 from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc, metering_pb2, metering_pb2_grpc
-from switchyard.money import per_job_text
 
 ACTOR = metering_pb2.Actor(principal="admin", source="switchyard demo")
 # Illustrative list prices for this machine's paths (micro-units per hour): both run on the
@@ -142,11 +142,7 @@ async def report(metering: str, since_us: int) -> list[PathCost]:
     return [copy_fields(PathCost, row, path=row.group.get("path", "?")) for row in reply.rows]
 
 
-def money(micros: int) -> str:
-    # Micro-units printed exactly: integer division, never a float.
-    sign = "-" if micros < 0 else ""
-    whole, frac = divmod(abs(micros), 1_000_000)
-    return f"{sign}{whole}.{frac:06d}"
+money = decimal  # micro-units printed exactly: integer division, never a float
 
 
 def format_table(rows: list[PathCost]) -> str:
@@ -197,7 +193,7 @@ async def write_html(metering: str, path: Path, since_us: int) -> Path:
     """The ledger's self-contained HTML report, made by the finance tool a person would run
     (`switchyard ledger html`), so the demo shows exactly what that command gives."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "switchyard", "ledger", "html", "-o", str(path)]
+    argv = [sys.executable, "-m", "clients.cli", "ledger", "html", "-o", str(path)]
     argv += ["--since", str(since_us), "--metering", metering, "--as", "switchyard-demo"]
     # The tool dials metering as this process does: with its certificate, or in plaintext.
     security = tls.current()

@@ -41,7 +41,7 @@ class ServiceSpec:
     models: tuple[str, ...] = ()
     startup_timeout_s: float = 120.0
     info: str = ""  # extra line for the status table (e.g. the Temporal UI address)
-    # modules a standby process imports ahead of a restart (switchyard.standby); () = none
+    # modules a standby process imports ahead of a restart (clients.local_cluster.standby); () = none
     preload: tuple[str, ...] = ()
 
 
@@ -140,7 +140,7 @@ EXECUTOR_PRELOAD = (
 
 
 def _switchyard(python: str, *args: str) -> tuple[str, ...]:
-    return (python, "-m", "switchyard", *args)
+    return (python, "-m", "clients.cli", *args)
 
 
 def _temporal_binary(given: Path | None) -> Path:
@@ -159,21 +159,49 @@ def ui_key_file(state: Path) -> Path:
     return state / "keys" / "temporal-ui.key"
 
 
+@dataclass(frozen=True)
+class _Cluster:
+    """What every service's spec is derived from: the config, its ports, the common env."""
+
+    config: Config
+    ports: Ports
+    state: Path  # the state directory, resolved
+    base_env: Mapping[str, str]
+
+    @property
+    def host(self) -> str:
+        return self.config.host
+
+    @property
+    def metering(self) -> str:
+        return f"{self.host}:{self.ports.metering}"
+
+    @property
+    def evaluator(self) -> str:
+        return f"{self.host}:{self.ports.evaluator}"
+
+    @property
+    def temporal(self) -> str:
+        return self.config.temporal.address or f"{self.host}:{self.ports.temporal}"
+
+    def identity_env(self, name: str) -> dict[str, str]:
+        """Each service's certificate (`LocalCluster.prepare` issues them), or plaintext by name."""
+        if self.config.security.insecure:
+            return {**self.base_env, tls.INSECURE_ENV: "true"}
+        return {**self.base_env, tls.TLS_DIR_ENV: str(self.config.pki_dir.resolve() / name)}
+
+
 def build_plan(
     config: Config, root: Path | None, temporal_bin: Path | None = None
 ) -> tuple[list[ServiceSpec], Ports]:
     """The processes of a one-machine cluster, in start order."""
-    state = config.state_dir.resolve()
-    executors = enabled_executors(config)
-    ports = resolve_ports(config, (ex for ex, _ in executors))
-    host = config.host
-    py = sys.executable
+    executors = [ex for ex, _why in enabled_executors(config)]
+    ports = resolve_ports(config, executors)
     # Child processes import this checkout, whatever their interpreter (the XLA env too).
     # The caller's PYTHONPATH comes after the checkout, so a user's model package (a factory
     # in [executors] allowed_factories) stays importable by the executors.
-    caller_path = os.environ.get("PYTHONPATH", "")
     base_env = {
-        "PYTHONPATH": child_pythonpath(root, caller_path),
+        "PYTHONPATH": child_pythonpath(root, os.environ.get("PYTHONPATH", "")),
         "SWITCHYARD_MODELS_REPOSITORY": str(config.model_repository.resolve()),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -181,156 +209,94 @@ def build_plan(
     }
     if config.telemetry.otlp_endpoint:
         base_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = config.telemetry.otlp_endpoint
-    pki = config.pki_dir.resolve()
-
-    def identity_env(name: str) -> dict[str, str]:
-        """Each service's certificate (`LocalCluster.prepare` issues them), or plaintext by name."""
-        if config.security.insecure:
-            return {**base_env, tls.INSECURE_ENV: "true"}
-        return {**base_env, tls.TLS_DIR_ENV: str(pki / name)}
-
-    temporal_address = config.temporal.address or f"{host}:{ports.temporal}"
-    metering = f"{host}:{ports.metering}"
-    evaluator = f"{host}:{ports.evaluator}"
-    specs: list[ServiceSpec] = []
-
-    if config.temporal.local:
-        binary = _temporal_binary(temporal_bin)
-        argv = [
-            str(binary),
-            "server",
-            "start-dev",
-            "--ip",
-            host,
-            "--port",
-            str(ports.temporal),
-            "--ui-port",
-            str(ports.temporal_ui),
-            "--db-filename",
-            str(state / "temporal.db"),
-            "--namespace",
-            config.temporal.namespace,
-            "--log-level",
-            "warn",
-        ]
-        for name, kind in SEARCH_ATTRIBUTES:
-            argv += ["--search-attribute", f"{name}={kind}"]
-        for value in TEMPORAL_DYNAMIC_CONFIG:
-            argv += ["--dynamic-config-value", value]
-        specs.append(
-            ServiceSpec(
-                "temporal",
-                tuple(argv),
-                temporal_address,
-                "temporal",
-                info=f"UI http://{host}:{ports.temporal_ui}",
-                startup_timeout_s=60,
-            )
-        )
-
+    c = _Cluster(config, ports, config.state_dir.resolve(), base_env)
+    py = sys.executable
+    specs = [_temporal(c, temporal_bin)] if config.temporal.local else []
     specs.append(
         ServiceSpec(
             "metering",
-            _switchyard(py, "metering", "serve", "--host", host, "--port", str(ports.metering)),
-            metering,
+            _switchyard(py, "metering", "serve", "--host", c.host, "--port", str(ports.metering)),
+            c.metering,
             "grpc",
-            env={**identity_env("metering"), "SWITCHYARD_DATABASE_URL": config.ledger_url},
+            env={**c.identity_env("metering"), "SWITCHYARD_DATABASE_URL": config.ledger_url},
         )
     )
     specs.append(
         ServiceSpec(
             "evaluator",
-            _switchyard(py, "evaluator", "serve", "--host", host, "--port", str(ports.evaluator)),
-            evaluator,
+            _switchyard(py, "evaluator", "serve", "--host", c.host, "--port", str(ports.evaluator)),
+            c.evaluator,
             "grpc",
-            env=identity_env("evaluator"),
+            env=c.identity_env("evaluator"),
         )
     )
-    executor_addresses: dict[str, str] = {}
-    for ex, _why in executors:
-        port = ports.executors[ex.backend]
-        executor_addresses[ex.backend] = f"{host}:{port}"
-        env = identity_env(f"executor-{ex.backend}")
-        if ex.backend == "xla":
-            env.setdefault("PJRT_DEVICE", os.environ.get("PJRT_DEVICE", "CPU"))
-        specs.append(
-            ServiceSpec(
-                f"executor-{ex.backend}",
-                _switchyard(
-                    executor_python(ex),
-                    "executor",
-                    "serve",
-                    "--backend",
-                    ex.backend,
-                    "--host",
-                    host,
-                    "--port",
-                    str(port),
-                    "--models",
-                    ",".join(ex.models),
-                    "--model-repository",
-                    str(config.model_repository.resolve()),
-                    *(f"--allow-factory={p}" for p in config.allowed_factories),
-                    "--metering",
-                    metering,
-                    *(("--mode", ex.mode) if ex.mode else ()),
-                ),
-                f"{host}:{port}",
-                "grpc",
-                env=env,
-                models=ex.models,
-                startup_timeout_s=600,
-                preload=EXECUTOR_PRELOAD,
-            )
-        )
-    routes = config.router.routes_file or str(state / "routes.toml")
-    specs.append(
-        ServiceSpec(
-            "router",
-            _switchyard(
-                py,
-                "router",
-                "serve",
-                "--host",
-                host,
-                "--port",
-                str(ports.router),
-                "--config",
-                routes,
-                "--metering",
-                metering,
-                "--evaluator",
-                evaluator,
-                "--spool-dir",
-                str(state / "spool"),
-                "--openai-port",
-                str(ports.openai),
-            ),
-            f"{host}:{ports.router}",
-            "grpc",
-            env=identity_env("router"),
-            info=f"OpenAI API http://{host}:{ports.openai}/v1" if ports.openai >= 0 else "",
-        )
-    )
+    specs += [_executor(c, ex) for ex in executors]
+    specs.append(_router(c))
     if config.worker_enabled:
-        argv = [
-            "worker",
-            "--temporal",
-            temporal_address,
-            "--namespace",
-            config.temporal.namespace,
-            "--task-queue",
-            config.temporal.task_queue,
-            "--metering",
-            metering,
-            "--evaluator",
-            evaluator,
-        ]
-        for backend, address in executor_addresses.items():
-            argv += ["--executor", f"{backend}={address}"]
-        if not config.security.insecure:  # trials started from the Temporal UI run as its principal
-            argv += ["--ui-key-file", str(ui_key_file(state))]
-        specs.append(
-            ServiceSpec("trial-worker", _switchyard(py, *argv), "", "process", env=identity_env("worker"))
-        )
+        specs.append(_worker(c, {ex.backend: f"{c.host}:{ports.executors[ex.backend]}" for ex in executors}))
     return specs, ports
+
+
+def _temporal(c: _Cluster, temporal_bin: Path | None) -> ServiceSpec:
+    """The Temporal dev server, its state in the state directory, updates switched on."""
+    argv = [str(_temporal_binary(temporal_bin)), "server", "start-dev", "--ip", c.host]
+    argv += ["--port", str(c.ports.temporal), "--ui-port", str(c.ports.temporal_ui)]
+    argv += ["--db-filename", str(c.state / "temporal.db"), "--namespace", c.config.temporal.namespace]
+    argv += ["--log-level", "warn"]
+    for name, kind in SEARCH_ATTRIBUTES:
+        argv += ["--search-attribute", f"{name}={kind}"]
+    for value in TEMPORAL_DYNAMIC_CONFIG:
+        argv += ["--dynamic-config-value", value]
+    ui = f"UI http://{c.host}:{c.ports.temporal_ui}"
+    return ServiceSpec("temporal", tuple(argv), c.temporal, "temporal", info=ui, startup_timeout_s=60)
+
+
+def _executor(c: _Cluster, ex: ExecutorConfig) -> ServiceSpec:
+    port = c.ports.executors[ex.backend]
+    env = c.identity_env(f"executor-{ex.backend}")
+    if ex.backend == "xla":
+        env.setdefault("PJRT_DEVICE", os.environ.get("PJRT_DEVICE", "CPU"))
+    args = ["executor", "serve", "--backend", ex.backend, "--host", c.host, "--port", str(port)]
+    args += ["--models", ",".join(ex.models), "--model-repository", str(c.config.model_repository.resolve())]
+    args += [f"--allow-factory={p}" for p in c.config.allowed_factories]
+    args += ["--metering", c.metering, *(("--mode", ex.mode) if ex.mode else ())]
+    return ServiceSpec(
+        f"executor-{ex.backend}",
+        _switchyard(executor_python(ex), *args),
+        f"{c.host}:{port}",
+        "grpc",
+        env=env,
+        models=ex.models,
+        startup_timeout_s=600,
+        preload=EXECUTOR_PRELOAD,
+    )
+
+
+def _router(c: _Cluster) -> ServiceSpec:
+    ports = c.ports
+    routes = c.config.router.routes_file or str(c.state / "routes.toml")
+    args = ["router", "serve", "--host", c.host, "--port", str(ports.router), "--config", routes]
+    args += ["--metering", c.metering, "--evaluator", c.evaluator, "--spool-dir", str(c.state / "spool")]
+    args += ["--openai-port", str(ports.openai)]
+    return ServiceSpec(
+        "router",
+        _switchyard(sys.executable, *args),
+        f"{c.host}:{ports.router}",
+        "grpc",
+        env=c.identity_env("router"),
+        info=f"OpenAI API http://{c.host}:{ports.openai}/v1" if ports.openai >= 0 else "",
+    )
+
+
+def _worker(c: _Cluster, executors: Mapping[str, str]) -> ServiceSpec:
+    """The trial worker, told every executor's address (backend=host:port)."""
+    temporal = c.config.temporal
+    args = ["worker", "--temporal", c.temporal, "--namespace", temporal.namespace]
+    args += ["--task-queue", temporal.task_queue, "--metering", c.metering, "--evaluator", c.evaluator]
+    for backend, address in executors.items():
+        args += ["--executor", f"{backend}={address}"]
+    if not c.config.security.insecure:  # trials started from the Temporal UI run as its principal
+        args += ["--ui-key-file", str(ui_key_file(c.state))]
+    return ServiceSpec(
+        "trial-worker", _switchyard(sys.executable, *args), "", "process", env=c.identity_env("worker")
+    )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from clients.local_cluster.access import create_principal_key
+from clients.local_cluster.principal_keys import create_principal_key
 from switchyard.gen.switchyard.v1 import metering_pb2
 
 # Inputs with an unknown (-1) dimension get this size: batch 1, and sequences at the length

@@ -19,19 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from clients.local_cluster import health, plan
-from clients.local_cluster import local_routes as routes
-from clients.local_cluster.access import create_principal_key
+from clients.local_cluster import health
 from clients.local_cluster.cluster_config import Config
-from clients.local_cluster.demo_finance import CURRENCY, LOCAL_PRICES, ensure_prices
 from clients.local_cluster.plan import Ports, ServiceSpec, build_plan, identities
-from clients.local_cluster.supervisor import StartupFailed, Supervisor
+from clients.local_cluster.provision import Provisioning
+from clients.local_cluster.readiness import StartupFailed
+from clients.local_cluster.supervisor import Supervisor
 from switchyard import layout, tls
 from switchyard.errors import FailedPrecondition
-from switchyard.gen.switchyard.v1 import metering_pb2
 from switchyard.models.repository import builtin_sources, seed_builtins
 
-UI_PRINCIPAL = "temporal-ui"
 ROOT = layout.checkout_root()  # None when installed: children import the installed package
 
 
@@ -143,56 +140,9 @@ class LocalCluster:
         return {s.name.removeprefix("executor-"): s for s in self.specs if s.name.startswith("executor-")}
 
     async def _first_wave_up(self) -> None:
-        await self._write_routes()
-        await self._ensure_example_prices()
-        if self.config.worker_enabled and not self.config.security.insecure:
-            await self._ensure_ui_key()
-
-    async def _ensure_example_prices(self) -> None:
-        """The example price book (demo_finance.LOCAL_PRICES), set once per state directory so
-        a trial on a plain cluster reaches a cost verdict; finance replaces it with `switchyard
-        prices set`, and a later `up` on the same state leaves their prices alone."""
-        marker = self.state_dir / "example-prices"
-        if marker.exists():
-            return
-        executors = {backend: spec.address for backend, spec in self.executors().items()}
-        await ensure_prices(self.address("metering"), executors, self.paths)
-        marker.write_text("example price book set by switchyard up; see docs/trial-spec.md\n")
-        book = ", ".join(f"{b} {LOCAL_PRICES.get(b, 120_000) / 1e6:g}/h" for b in executors)
-        self._say(f"EXAMPLE price book in force ({CURRENCY} {book}): replace it with `switchyard prices set`")
-
-    async def _ensure_ui_key(self) -> None:
-        """The principal trials started from the Temporal UI run as (`temporal-ui`, trials:run
-        on every model) and its key for the worker, made once per state directory; the operator
-        revokes or narrows it like any key (`switchyard roles`, `switchyard keys`)."""
-        path = plan.ui_key_file(self.state_dir)
-        if path.exists():
-            return
-        actor = metering_pb2.Actor(source="switchyard up")
-        grants = [("trials:run", "*")]
-        made = await create_principal_key(  # existing_ok: its key file went, so a new key of it
-            self.address("metering"), UI_PRINCIPAL, grants, actor, kind="service", existing_ok=True
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(made.key)
-        self._say(f"trials started from the Temporal UI run as principal {UI_PRINCIPAL!r} (key in {path})")
-
-    async def _write_routes(self) -> None:
-        """Once the executors are up: their ledger path ids (host from Describe) and routes."""
-        for backend, spec in self.executors().items():
-            self.paths[backend] = routes.path_id(backend, await health.executor_host(spec.address))
-        if self.config.router.routes_file:
-            return
-        settings = {"spool_dir": str(self.state_dir / "spool"), "evaluator": self.address("evaluator")}
-        routes.write_default_routes(
-            self.state_dir / "routes.toml",
-            self.executors(),
-            self.config.router.shadow_share,
-            settings,
-            self.paths,
-        )
+        metering, evaluator = self.address("metering"), self.address("evaluator")
+        provision = Provisioning(self.config, self.state_dir, self.executors(), metering, evaluator, self.say)
+        await provision.run(self.paths)
 
     async def start(self) -> None:
         self.prepare()

@@ -36,6 +36,6 @@ COPY migrations/ migrations/
 USER 10001:10001
 EXPOSE 8001 8201 8301 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s \
-  CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8001"]
-ENTRYPOINT ["python", "-m", "switchyard"]
+  CMD ["python", "-m", "clients.cli", "health", "127.0.0.1:8001"]
+ENTRYPOINT ["python", "-m", "clients.cli"]
 CMD ["router", "serve", "--host", "0.0.0.0", "--port", "8001"]

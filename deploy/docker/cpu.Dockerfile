@@ -34,6 +34,6 @@ COPY workflows/ workflows/
 USER 10001:10001
 EXPOSE 8101 8111 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
-  CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8101"]
-ENTRYPOINT ["python", "-m", "switchyard"]
+  CMD ["python", "-m", "clients.cli", "health", "127.0.0.1:8101"]
+ENTRYPOINT ["python", "-m", "clients.cli"]
 CMD ["executor", "serve", "--backend", "cpu", "--host", "0.0.0.0", "--port", "8101", "--frames-port", "8111", "--models", "mlp,tiny-lm,minilm-l6"]

@@ -34,6 +34,6 @@ COPY workflows/ workflows/
 USER 10001:10001
 EXPOSE 8103 8113 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
-  CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8103"]
-ENTRYPOINT ["python", "-m", "switchyard"]
+  CMD ["python", "-m", "clients.cli", "health", "127.0.0.1:8103"]
+ENTRYPOINT ["python", "-m", "clients.cli"]
 CMD ["executor", "serve", "--backend", "cuda", "--host", "0.0.0.0", "--port", "8103", "--frames-port", "8113", "--models", "mlp,tiny-lm,minilm-l6"]

@@ -28,6 +28,6 @@ COPY workflows/ workflows/
 USER 10001:10001
 EXPOSE 8104 8114 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
-  CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8104"]
-ENTRYPOINT ["python", "-m", "switchyard"]
+  CMD ["python", "-m", "clients.cli", "health", "127.0.0.1:8104"]
+ENTRYPOINT ["python", "-m", "clients.cli"]
 CMD ["executor", "serve", "--backend", "tpu", "--host", "0.0.0.0", "--port", "8104", "--frames-port", "8114", "--models", "mlp,tiny-lm"]

@@ -30,6 +30,6 @@ COPY workflows/ workflows/
 USER 10001:10001
 EXPOSE 8102 8112 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s \
-  CMD ["python", "-m", "switchyard", "health", "127.0.0.1:8102"]
-ENTRYPOINT ["python", "-m", "switchyard"]
+  CMD ["python", "-m", "clients.cli", "health", "127.0.0.1:8102"]
+ENTRYPOINT ["python", "-m", "clients.cli"]
 CMD ["executor", "serve", "--backend", "xla", "--host", "0.0.0.0", "--port", "8102", "--frames-port", "8112", "--models", "mlp,tiny-lm"]

@@ -17,18 +17,19 @@ from typing import Any
 
 import numpy as np
 
+from services import inband_status
 from services.executor.executor_runtime import Executor
 from services.executor.generation import generation_oip as gen_oip
 from services.executor.generation.engine import GenerationStream
 from services.executor.loaded_model import LoadedModel
 from services.executor.metadata_rpcs import MetadataRpcs
-from switchyard import codec, inband_status, oip_params, telemetry
+from services.streams import StreamReplies
+from switchyard import codec, oip_params, telemetry
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument, ResourceExhausted, SwitchyardError, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServicerContext
-from switchyard.streams import StreamReplies
 
 
 def _check_shared_memory(params: Any, where: str) -> None:

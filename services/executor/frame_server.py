@@ -28,7 +28,8 @@ from typing import Protocol, cast
 
 from google.protobuf.message import DecodeError
 
-from switchyard import authz, frames, inband_status, tls
+from services import frames, inband_status
+from switchyard import authz, tls
 from switchyard.errors import Status
 from switchyard.gen.inference import grpc_service_pb2 as pb
 

@@ -30,6 +30,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from services.metering.costmodel import round_div
 from services.metering.metering_errors import BadInput
+from services.metering.money import decimal
 from services.metering.schema import JOBS, LINES, PATHS, PRICES
 
 GROUPS = ("path", "model", "team", "day")
@@ -318,11 +319,7 @@ class FocusParty:
 
 def money(micros: int | None) -> str:
     """Micro-units as an exact decimal string; '' for unpriced (never 0)."""
-    if micros is None:
-        return ""
-    sign = "-" if micros < 0 else ""
-    whole, frac = divmod(abs(micros), 1_000_000)
-    return f"{sign}{whole}.{frac:06d}"
+    return "" if micros is None else decimal(micros)
 
 
 def _csv_row(r: Any) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from services.router import ids
 from services.router.admission import Metadata
 from services.router.auth import Identity
 from services.router.fleet_limits import FleetLimits
@@ -23,7 +24,6 @@ from services.router.policies import DeploymentState
 from services.router.request_path import RequestPath
 from services.router.router_config import Route, validate_route
 from services.router.shadow_divergence import ShadowStats
-from switchyard import ids
 from switchyard.errors import InvalidArgument
 
 MAX_PRINCIPAL_ID = 200

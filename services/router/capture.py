@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.router import wire
-from switchyard import ids
+from services.router import ids, wire
 from switchyard.errors import InvalidArgument
 from switchyard.judge.capture_format import (
     PARTIAL_SUFFIX,

@@ -20,8 +20,9 @@ from collections.abc import Mapping, Sequence
 
 import grpc
 
+from services import frames
 from services.router.executor_transport import request_parameters, unwrap_answer
-from switchyard import frames, telemetry
+from switchyard import telemetry
 from switchyard.errors import Status, UpstreamError
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
 

@@ -21,8 +21,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
+from services import inband_status
 from services.router.executor_transport import Reply, request_parameters, unwrap_answer
-from switchyard import inband_status, oip_params, telemetry
+from switchyard import oip_params, telemetry
 from switchyard.errors import Status, UpstreamError
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.grpcio import status_of

@@ -18,8 +18,9 @@ from typing import Protocol, TypeVar
 
 from google.protobuf.message import Message
 
+from services import inband_status
 from services.router import wire
-from switchyard import inband_status, oip_params, telemetry
+from switchyard import oip_params, telemetry
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 Reply = TypeVar("Reply", bound=Message)

@@ -17,13 +17,14 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from services.router import wire
+from services import inband_status
+from services.router import ids, wire
 from services.router.request_path import RequestPath
-from switchyard import ids, inband_status, telemetry
+from services.streams import StreamReplies
+from switchyard import telemetry
 from switchyard.errors import SwitchyardError, Unavailable, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.grpcio import ServicerContext, map_errors
-from switchyard.streams import StreamReplies
 
 SERVICE = "inference.GRPCInferenceService"
 VERSION = "0.1.0"

@@ -30,6 +30,7 @@ from typing import Any
 
 import h11
 
+from services.router import ids
 from services.router.http1_server import Http1Server, HttpError, HttpExchange
 from services.router.openai_messages import (
     Logprobs,
@@ -41,7 +42,7 @@ from services.router.openai_messages import (
     text_of,
 )
 from services.router.request_path import RequestPath
-from switchyard import ids, oip_params
+from switchyard import oip_params
 from switchyard.errors import SwitchyardError
 from switchyard.gen.inference import grpc_service_pb2 as pb
 

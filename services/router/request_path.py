@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
-from services.router import wire
+from services.router import ids, wire
 from services.router.admission import Admission, Metadata
 from services.router.auth import Identity
 from services.router.capture import Capturer
@@ -34,7 +34,6 @@ from services.router.router_config import Route, Settings
 from services.router.shadow_mirror import ShadowMirror
 from services.router.spool import Spool
 from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us
-from switchyard import ids
 from switchyard.errors import NotFound, ResourceExhausted, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as pb
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,18 @@ BUILTIN_FACTORY_MODULES = ("switchyard.models.mlp", "switchyard.models.tiny_lm",
 
 class FormatUnavailable(FailedPrecondition):
     """The artifact cannot be loaded here (the library refused it); the message has its reason."""
+
+
+@dataclass(frozen=True)
+class UserModel:
+    """What a user's factory may return: the module (weights loaded later) and its tensors.
+
+    Defined with the factory format that reads it; `switchyard.models.registry` gives it to
+    users under the name the docs show."""
+
+    module: nn.Module
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
 
 
 def _allowed(module: str, allowed: Sequence[str]) -> bool:
@@ -62,8 +75,6 @@ def resolve(path: str, allowed: Sequence[str], what: str) -> Callable[..., Any]:
 
 def load_factory(m: ModelToml, folder: Path, allowed: Sequence[str]) -> nn.Module:
     from safetensors.torch import load_file
-
-    from switchyard.models.registry import UserModel
 
     assert m.factory is not None
     made = resolve(m.factory.function, allowed, "factory")()

@@ -3,15 +3,13 @@
 `ModelRegistry` is the repository (`switchyard.models.repository.Repository`): a folder of
 `<model>/model.toml` plus `<model>/<version>/` artifacts. `ModelRegistry.with_builtins()` is
 the default repository seeded with the built-ins (`mlp`, `tiny-lm`, `minilm-l6`, at "1" and
-"perturbed"). A user's factory returns `UserModel` (or a bare `nn.Module`).
+"perturbed"). A user's factory returns `UserModel` (or a bare `nn.Module`), a record of the
+factory format (`switchyard.models.formats`) that the repository and the formats both use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from torch import nn
-
+from switchyard.models.formats import UserModel
 from switchyard.models.manifest import TensorSpec, file_sha256
 from switchyard.models.repository import (
     CHECKPOINTS,
@@ -32,15 +30,6 @@ from switchyard.models.repository import Repository as ModelRegistry
 MLP_SHA256 = "4644e1f6a1735cb60afbe0146b4437493cd688f18228eedabe3ee6090d70226c"
 TINY_LM_SHA256 = "09cbd2b95a5bad0823859e53148c9f7782a4e7ad7475cfaffb8b1124dd8cec5c"
 MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
-
-
-@dataclass(frozen=True)
-class UserModel:
-    """What a user's factory may return: the module (weights loaded later) and its tensors."""
-
-    module: nn.Module
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
 
 
 __all__ = [

@@ -15,7 +15,7 @@ ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "SWITCHYARD_SECURITY_IN
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "switchyard", *args], capture_output=True, text=True, env=ENV, timeout=timeout
+        [sys.executable, "-m", "clients.cli", *args], capture_output=True, text=True, env=ENV, timeout=timeout
     )
 
 
@@ -48,7 +48,7 @@ def test_up_reports_a_bad_config_key(tmp_path: Path) -> None:
 def test_health_command_against_a_real_service_and_nothing(tmp_path: Path) -> None:
     port = free_port("127.0.0.1")
     server = subprocess.Popen(
-        [sys.executable, "-m", "switchyard", "evaluator", "serve", "--port", str(port)], env=ENV
+        [sys.executable, "-m", "clients.cli", "evaluator", "serve", "--port", str(port)], env=ENV
     )
     try:
         for _ in range(60):

@@ -46,7 +46,7 @@ class Deployment:
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         log = (self.tmp / f"{name}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "switchyard", *args],
+            [sys.executable, "-m", "clients.cli", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,
@@ -146,7 +146,7 @@ def test_each_service_its_own_process_usage_reaches_the_ledger(deployment: Deplo
     router = f"{HOST}:{free_port(HOST)}"
     # the migrate Job, then the Deployments (args as in deploy/k8s/base/*.yaml, ports ours)
     subprocess.run(
-        [sys.executable, "-m", "switchyard", "metering", "migrate"],
+        [sys.executable, "-m", "clients.cli", "metering", "migrate"],
         env=deployment.env,
         cwd=deployment.tmp,
         check=True,
@@ -192,7 +192,7 @@ def test_each_service_its_own_process_usage_reaches_the_ledger(deployment: Deplo
     (registered,) = asyncio.run(paths())
     assert (registered.path, registered.backend, registered.priced) == (PATH_ID, "cpu", False)
     listed = subprocess.run(
-        [sys.executable, "-m", "switchyard", "paths", "list", "--metering", metering],
+        [sys.executable, "-m", "clients.cli", "paths", "list", "--metering", metering],
         env=deployment.env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert PATH_ID in listed.stdout and "unpriced" in listed.stdout
@@ -200,7 +200,7 @@ def test_each_service_its_own_process_usage_reaches_the_ledger(deployment: Deplo
 
     # An operator sets the price the executor named; usage from then on is priced.
     subprocess.run(
-        [sys.executable, "-m", "switchyard", "prices", "set", registered.price_key, "0.12",
+        [sys.executable, "-m", "clients.cli", "prices", "set", registered.price_key, "0.12",
          "--metering", metering],
         env=deployment.env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip

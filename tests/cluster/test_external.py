@@ -93,7 +93,7 @@ def test_up_with_postgres_and_a_remote_temporal(
     log = tmp_path / "up.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "switchyard", "up", "--config", str(config)],
+            [sys.executable, "-m", "clients.cli", "up", "--config", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

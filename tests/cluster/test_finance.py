@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from clients.local_cluster import demo_finance as finance
-from clients.local_cluster.access import create_principal_key
+from clients.local_cluster.principal_keys import create_principal_key
 from clients.local_cluster.traffic import create_team_key
 from services.metering.metering_server import RunningMetering, start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2, metering_pb2_grpc

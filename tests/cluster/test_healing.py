@@ -161,7 +161,7 @@ def _assert_status_shows_the_restart(
 ) -> None:
     """`switchyard up status` and cluster.json show one restart and why."""
     status = subprocess.run(
-        [sys.executable, "-m", "switchyard", "up", "status", "--config", str(config)],
+        [sys.executable, "-m", "clients.cli", "up", "status", "--config", str(config)],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert status.returncode == 0, status.stdout + status.stderr
@@ -183,7 +183,7 @@ def test_executor_killed_under_load_is_restarted_and_a_killed_supervisor_leaves_
     env = _env()
     spare_log = (tmp_path / "spare.log").open("wb")
     spare_proc = subprocess.Popen(
-        [sys.executable, "-m", "switchyard", "executor", "serve", "--port", str(spare), "--models", "mlp",
+        [sys.executable, "-m", "clients.cli", "executor", "serve", "--port", str(spare), "--models", "mlp",
          "--threads", "1"],
         stdout=spare_log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""`make run` with mutual TLS on, as a user gets it: `python -m switchyard demo` in a process
+"""`make run` with mutual TLS on, as a user gets it: `python -m clients.cli demo` in a process
 whose environment does not say SWITCHYARD_SECURITY_INSECURE (tests/conftest.py sets it for
 every other test, which once hid an mTLS break in `make run`).
 
@@ -35,7 +35,7 @@ def test_make_run_passes_with_mtls_on(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
     env["PYTHONPATH"] = str(ROOT)
     assert tls.INSECURE_ENV not in env
-    argv = [sys.executable, "-m", "switchyard", "demo", "--config", str(config)]
+    argv = [sys.executable, "-m", "clients.cli", "demo", "--config", str(config)]
     argv += ["--requests", "60", "--concurrency", "4"]
     done = subprocess.run(
         argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1500, check=False

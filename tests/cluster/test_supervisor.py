@@ -12,7 +12,8 @@ import pytest
 
 from clients.local_cluster import health
 from clients.local_cluster.plan import ServiceSpec
-from clients.local_cluster.supervisor import RestartPolicy, StartupFailed, Supervisor
+from clients.local_cluster.readiness import StartupFailed
+from clients.local_cluster.supervisor import RestartPolicy, Supervisor
 from switchyard.net import free_port
 from tests.conftest import ROOT
 from tests.processes import alive
@@ -21,7 +22,7 @@ ENV = {"PYTHONPATH": str(ROOT), "SWITCHYARD_SECURITY_INSECURE": "true"}
 
 
 def _evaluator(port: int) -> ServiceSpec:
-    argv = (sys.executable, "-m", "switchyard", "evaluator", "serve", "--port", str(port))
+    argv = (sys.executable, "-m", "clients.cli", "evaluator", "serve", "--port", str(port))
     return ServiceSpec("evaluator", argv, f"127.0.0.1:{port}", "grpc", env=ENV, startup_timeout_s=60)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.cli import main as switchyard
+from clients.cli import main as switchyard
 from tests.cluster.up_helpers import start_up
 from tests.hf_models import save_tiny_bert
 

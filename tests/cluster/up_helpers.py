@@ -28,11 +28,11 @@ def xla_cluster_config(tmp: Path, xla_python: str) -> Path:
 def start_up(
     config: Path, cwd: Path, log: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """`python -m switchyard up --config CONFIG` in `cwd`, its output into `log`; under `env`,
+    """`python -m clients.cli up --config CONFIG` in `cwd`, its output into `log`; under `env`,
     else this process's environment with the repository on PYTHONPATH."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)} if env is None else env
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "switchyard", "up", "--config", str(config)],
+            [sys.executable, "-m", "clients.cli", "up", "--config", str(config)],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
         )  # fmt: skip

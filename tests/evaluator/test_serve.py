@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 async def test_evaluator_serve_process() -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "switchyard", "evaluator", "serve", "--port", "0",
+        sys.executable, "-m", "clients.cli", "evaluator", "serve", "--port", "0",
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert process.stderr is not None

@@ -68,7 +68,7 @@ async def test_stop_drains_finishing_in_flight_work_and_refusing_new() -> None:
 
 async def _run(*args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "switchyard", *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "clients.cli", *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     out, _ = await proc.communicate()
@@ -78,7 +78,7 @@ async def _run(*args: str) -> tuple[int, str]:
 @pytest.mark.slow
 async def test_cli_serve_infer_describe_and_sigterm(tmp_path: Path) -> None:
     server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "switchyard", "executor", "serve", "--port", "0", "--models", "mlp",
+        sys.executable, "-m", "clients.cli", "executor", "serve", "--port", "0", "--models", "mlp",
         "--buckets", "1", "--inline-compute-us", "0", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

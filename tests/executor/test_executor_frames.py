@@ -1,4 +1,4 @@
-"""Framed inference (switchyard.frames) against a real executor: the port Describe reports, the
+"""Framed inference (services.frames) against a real executor: the port Describe reports, the
 same answers as gRPC, errors in the reply, many requests in flight on one connection, limits."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import grpc
 import numpy as np
 import pytest
 
+from services import frames
 from services.executor.executor_server import RunningExecutor
 from services.executor.executor_servicer import InferenceServicer
 from services.executor.frame_server import FrameServer
-from switchyard import frames, net, oip_params
+from switchyard import net, oip_params
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from clients.cli import main as switchyard
 from clients.model_admin import add_model
 from clients.model_generation import MAX_CONTEXT, PROMPT, generation_table
-from switchyard.cli import main as switchyard
 from switchyard.errors import InvalidArgument
 from switchyard.models.generation import GenerationSettings
 from switchyard.models.manifest import read_model_toml

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from services.metering.ledger import Ledger
+from services.metering.money import round_half_up
 from services.metering.records import Actor, JobInfo, UsageEvent
 from services.metering.schema import LINES
-from switchyard.money import round_half_up
 from tests.metering.metering_helpers import T0
 
 HOUR = 3_600_000_000

@@ -233,7 +233,7 @@ def test_the_migrate_command_applies_the_runtime_grants(pg_unavailable: str | No
     try:
         args = ["metering", "migrate", "--db", pg_url(name, MIGRATOR), "--runtime-role", RUNTIME]
         done = subprocess.run(
-            [sys.executable, "-m", "switchyard", *args], cwd=ROOT, capture_output=True, timeout=120
+            [sys.executable, "-m", "clients.cli", *args], cwd=ROOT, capture_output=True, timeout=120
         )
         assert done.returncode == 0, done.stderr.decode()[-2000:]
         plain_sql(

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from clients.cli import main
 from services.metering.ledger import Ledger
 from services.metering.metering_server import RunningMetering, start_metering
 from services.metering.records import Actor, UsageEvent
-from switchyard.cli import main
 from switchyard.grpcio import ServerOptions
 from tests.metering.metering_helpers import HOUR, T0
 
@@ -139,7 +139,7 @@ def test_metering_serve_command_serves_and_drains_on_sigterm(db_url: str) -> Non
 
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root))
-    args = [sys.executable, "-m", "switchyard", "metering", "serve", "--port", "0"]
+    args = [sys.executable, "-m", "clients.cli", "metering", "serve", "--port", "0"]
     if db_url.startswith("sqlite"):
         args += ["--db", db_url]
     else:

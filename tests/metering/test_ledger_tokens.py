@@ -19,11 +19,11 @@ import pytest
 from sqlalchemy import select
 
 from services.metering.metering_server import RunningMetering
+from services.metering.money import per_million_tokens_text, round_half_up
 from services.metering.records import Actor, UsageEvent
 from services.metering.schema import LINES
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
-from switchyard.money import per_million_tokens_text, round_half_up
 from tests.metering.metering_helpers import HOUR, T0, event, expect_status, setup_path
 from tests.metering.test_ledger_cli import Background, cli
 

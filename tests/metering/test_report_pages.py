@@ -60,7 +60,7 @@ async def cli(running: RunningMetering, *args: str) -> str:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "switchyard",
+        "clients.cli",
         *args,
         "--metering",
         running.address,

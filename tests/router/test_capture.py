@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
+from clients.cli import main as switchyard
 from services.executor.executor_server import RunningExecutor
-from switchyard.cli import main as switchyard
 from switchyard.errors import InvalidArgument
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb

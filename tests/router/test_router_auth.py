@@ -392,7 +392,7 @@ async def _switchyard(repo_root: Path, key: str | None, *args: str) -> subproces
     env.pop("SWITCHYARD_API_KEY", None)
     if key is not None:
         env["SWITCHYARD_API_KEY"] = key
-    command = [sys.executable, "-m", "switchyard", *args]
+    command = [sys.executable, "-m", "clients.cli", *args]
     return await asyncio.to_thread(
         subprocess.run, command, capture_output=True, text=True, cwd=repo_root, env=env, timeout=120
     )

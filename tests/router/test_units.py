@@ -299,7 +299,7 @@ def test_cli_refuses_a_bad_config_with_a_message(tmp_path: Path, repo_root: Path
     bad = tmp_path / "routes.toml"
     bad.write_text('[routes.mlp]\npolicy = "fastest"\ntargets = []\n')
     done = subprocess.run(
-        [sys.executable, "-m", "switchyard", "router", "serve", "--config", str(bad)],
+        [sys.executable, "-m", "clients.cli", "router", "serve", "--config", str(bad)],
         capture_output=True,
         text=True,
         cwd=repo_root,
@@ -322,8 +322,8 @@ def test_the_routes_switchyard_up_writes_parse() -> None:
 
 
 def test_executor_stream_errors_keep_their_status() -> None:
+    from services.inband_status import encode_error, parse
     from switchyard.grpcio import grpc_code
-    from switchyard.inband_status import encode_error, parse
 
     found = parse("NOT_FOUND: unknown model 'x'; this executor serves ['mlp:1']")
     assert grpc_code(found) == grpc.StatusCode.NOT_FOUND and found.details.startswith("unknown model 'x'")

@@ -25,6 +25,7 @@ import pytest_asyncio
 from google.protobuf import message_factory
 from sqlalchemy import func, select
 
+from services import frames
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import RunningExecutor, start_executor
 from services.metering.guard import SERVICE_RPCS
@@ -32,7 +33,7 @@ from services.metering.metering_server import RunningMetering, start_metering
 from services.metering.schema import AUDIT
 from services.router import router_config
 from services.router.router_server import start_router
-from switchyard import frames, net, tls
+from switchyard import net, tls
 from switchyard.gen.inference import grpc_service_pb2 as ipb
 from switchyard.gen.switchyard.v1 import executor_pb2 as epb
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb

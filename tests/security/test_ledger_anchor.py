@@ -74,7 +74,7 @@ async def test_truncation_fails_closed_across_restarts(
 
     # The operator investigates, then re-anchors the chain as it is and restarts metering.
     await metering.stop()
-    reanchor = [sys.executable, "-m", "switchyard", "audit", "reanchor", "--db", db_url]
+    reanchor = [sys.executable, "-m", "clients.cli", "audit", "reanchor", "--db", db_url]
     done = await asyncio.to_thread(
         subprocess.run, [*reanchor, "--reason", "tail cut"], cwd=ROOT, capture_output=True, text=True
     )

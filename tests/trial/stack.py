@@ -69,7 +69,8 @@ async def wait_serving(address: str, timeout_s: float = 180.0) -> None:
 
 def start_xla_executor(port: int, repository: Path | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
-    command = [xla_python(), "-m", "switchyard", "executor", "serve", "--backend", "xla", "--port", str(port)]
+    command = [xla_python(), "-m", "clients.cli", "executor", "serve", "--backend", "xla"]
+    command += ["--port", str(port)]
     # no model at start-up: trials load their own, and the CLI's default (mlp, 96 blocks, four
     # buckets) kept the device thread compiling for ~80 s on a busy 2-core host
     command += ["--models", ""]
@@ -97,7 +98,7 @@ async def set_prices(stack: Stack) -> None:
 
 
 def worker_command(stack: Stack, task_queue: str) -> list[str]:
-    command = [sys.executable, "-m", "switchyard", "worker", "--temporal", stack.temporal]
+    command = [sys.executable, "-m", "clients.cli", "worker", "--temporal", stack.temporal]
     command += ["--evaluator", stack.evaluator, "--metering", stack.metering, "--task-queue", task_queue]
     for name, address in stack.executors().items():
         command += ["--executor", f"{name}={address}"]

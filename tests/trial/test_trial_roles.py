@@ -326,8 +326,8 @@ async def test_workloads_commands_need_workloads_read(
     """A real captured workload (the router's Capturer), read through `switchyard workloads`."""
     import asyncio
 
+    from clients.cli import main as switchyard
     from services.router.capture import Capturer, CaptureSpec
-    from switchyard.cli import main as switchyard
     from switchyard.gen.inference import grpc_service_pb2 as ipb
     from switchyard.judge.capture_format import list_workloads
 

@@ -12,10 +12,10 @@ import grpc
 from temporalio.testing import ActivityEnvironment
 
 from services.metering.metering_server import start_metering
+from services.metering.money import round_half_up
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
-from switchyard.money import round_half_up
 from tests.metering.metering_helpers import price_paths
 from workflows.connections import Connections, WorkerConfig
 from workflows.ledger_activities import LedgerActivities

@@ -26,9 +26,9 @@ import pytest
 import torch
 import tritonclient.grpc as triton
 
+from clients.cli import main as switchyard
 from services.router import router_config
 from services.router.router_server import RunningRouter, start_router
-from switchyard.cli import main as switchyard
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
 from switchyard.grpcio import ServerOptions

@@ -53,7 +53,7 @@ class ExecutorProcess:
 
 
 def spawn(python: str, backend: str, models: str, *extra: str) -> subprocess.Popen[str]:
-    cmd = [python, "-m", "switchyard", "executor", "serve", "--backend", backend, "--port", "0"]
+    cmd = [python, "-m", "clients.cli", "executor", "serve", "--backend", backend, "--port", "0"]
     cmd += ["--models", models, "--buckets", BUCKETS, *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU")}
     return subprocess.Popen(

@@ -132,7 +132,7 @@ def test_sync_route_and_private_probes() -> None:
 
 def _switchyard(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "switchyard", *args],
+        [sys.executable, "-m", "clients.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

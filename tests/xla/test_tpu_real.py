@@ -76,6 +76,6 @@ def test_real_detection_and_mode_mapping(tpu_python: str) -> None:
 def test_real_executor_refuses_without_a_tpu(tpu_python: str) -> None:
     if any(Path("/dev").glob("accel*")) or any(Path("/dev").glob("vfio/*")):
         pytest.skip("a TPU may be attached here: refusal is not expected")
-    done = _run("-m", "switchyard", "executor", "serve", "--backend", "tpu", "--port", "0")
+    done = _run("-m", "clients.cli", "executor", "serve", "--backend", "tpu", "--port", "0")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "backend 'tpu' is unavailable:" in done.stderr and "Traceback" not in done.stderr

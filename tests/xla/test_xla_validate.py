@@ -41,7 +41,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _validate(repository: Path, name: str, xla_python: str, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}  # the command sets it
     env.update(SWITCHYARD_XLA_PYTHON=xla_python, PYTHONPATH=str(ROOT))
-    argv = [sys.executable, "-m", "switchyard", "models", "validate", name, "--backend", "xla"]
+    argv = [sys.executable, "-m", "clients.cli", "models", "validate", name, "--backend", "xla"]
     argv += ["--repository", str(repository), "--allow-factory", "tests", *extra]
     return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.xla
 def _validate_on_xla(repository: Path, name: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}  # the command sets it
     env.update(SWITCHYARD_XLA_PYTHON=require_xla_env(), PYTHONPATH=str(ROOT))
-    argv = [sys.executable, "-m", "switchyard", "models", "validate", name, "--backend", "xla"]
+    argv = [sys.executable, "-m", "clients.cli", "models", "validate", name, "--backend", "xla"]
     argv += ["--repository", str(repository), "--json"]
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,6 +1,6 @@
 """The in-band status of a stream answer: "STATUS: why" in `ModelStreamInferResponse.error_message`.
 
-A ModelStreamInfer stream (and a frame connection, switchyard.frames, which carries the same
+A ModelStreamInfer stream (and a frame connection, services.frames, which carries the same
 messages) answers each request on its own: a failed request cannot end the stream with a gRPC
 status, since the stream's other requests go on. So its status travels in the answer as text,
 the status name (docs/architecture.md#errors), a colon and a space, and the message that says

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
-    from switchyard import cli_help
+    from clients import cli_help
 
     cli_help.complete(parser)  # shared help (with units) and examples where a module gave none
     return parser
