@@ -17,11 +17,11 @@ import numpy.typing as npt
 
 from services.evaluator.evaluator_server import start_evaluator
 from switchyard.grpcio import ServerOptions
-from workflows.comparison_activities import ComparisonActivities
-from workflows.connections import Connections, WorkerConfig
-from workflows.spec import Criteria
-from workflows.types import CompareRequest, Target, TensorData
-from workflows.under_load import MAX_CHECKED
+from workflows.activities.connections import Connections, WorkerConfig
+from workflows.pipeline.types import CompareRequest, Target, TensorData
+from workflows.spec.trial_spec import Criteria
+from workflows.tensor.comparison import ComparisonActivities
+from workflows.tensor.under_load import MAX_CHECKED
 
 
 def _tensor(a: npt.NDArray[np.float64]) -> list[TensorData]:

@@ -21,17 +21,17 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     # the sandbox resolves an activity result's type hints in the modules it imported itself
-    import workflows.generation_types  # noqa: F401
-    from workflows import authorization
-    from workflows.authorization import AuthorizationActivities
-    from workflows.ledger_activities import LedgerActivities
-    from workflows.pipeline import PathRun
-    from workflows.report import TrialRun, build_report
-    from workflows.spec import SpecError, TrialSpec, batch_buckets, parse_spec
-    from workflows.trial_context import TrialContext
-    from workflows.trial_io import TrialInput, TrialReport
-    from workflows.types import PHASES, PathInfo, Target, TrialRecord
-    from workflows.verdict import overall_verdict
+    import workflows.generation.types  # noqa: F401
+    from workflows.activities import authorization
+    from workflows.activities.authorization import AuthorizationActivities
+    from workflows.activities.ledger import LedgerActivities
+    from workflows.pipeline.context import TrialContext
+    from workflows.pipeline.path_run import PathRun
+    from workflows.pipeline.types import PHASES, PathInfo, Target, TrialRecord
+    from workflows.report.build import TrialRun, build_report
+    from workflows.spec.trial_io import TrialInput, TrialReport
+    from workflows.spec.trial_spec import SpecError, TrialSpec, batch_buckets, parse_spec
+    from workflows.tensor.verdict import overall_verdict
 
 MODEL = SearchAttributeKey.for_keyword("model")
 PATHS = SearchAttributeKey.for_keyword_list("paths")

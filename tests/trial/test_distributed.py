@@ -128,10 +128,10 @@ def test_a_rank_killed_by_a_cpp_terminate_says_so(tmp_path: Path) -> None:
 
 def test_a_failed_training_phase_is_inconclusive_not_skipped() -> None:
     from tests.trial.test_verdict import scenario
-    from workflows.path_state import PathState
-    from workflows.spec import Policy
-    from workflows.types import CorrectnessResult, PerformanceResult
-    from workflows.verdict import judge as judge_typed
+    from workflows.pipeline.path_state import PathState
+    from workflows.pipeline.types import CorrectnessResult, PerformanceResult
+    from workflows.spec.trial_spec import Policy
+    from workflows.tensor.verdict import judge as judge_typed
 
     def state(errors: dict[str, str]) -> PathState:
         s = PathState("p", "candidate", errors=errors, economics_unpriced=True)

@@ -15,7 +15,7 @@ import pytest
 
 from switchyard import codec
 from switchyard.gen.inference import grpc_service_pb2 as oip
-from workflows.genload import (
+from workflows.generation.load import (
     Chunk,
     GenRequest,
     captured_requests,
@@ -24,7 +24,7 @@ from workflows.genload import (
     run_load,
     seeded_requests,
 )
-from workflows.genmetrics import RequestRecord, Slo, summarize
+from workflows.generation.metrics import RequestRecord, Slo, summarize
 
 
 def test_metrics_follow_vllm_definitions() -> None:

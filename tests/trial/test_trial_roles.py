@@ -28,11 +28,11 @@ from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
-from workflows.authorization import GRANT_MEMO, request_grant
-from workflows.connections import Connections, WorkerConfig
-from workflows.spec import parse_spec
+from workflows.activities.authorization import GRANT_MEMO, request_grant
+from workflows.activities.connections import Connections, WorkerConfig
+from workflows.spec.trial_io import TrialInput
+from workflows.spec.trial_spec import parse_spec
 from workflows.trial import TrialWorkflow
-from workflows.trial_io import TrialInput
 from workflows.worker import build_worker
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 from tests.trial.test_verdict import _state
-from workflows import under_load, verdict
-from workflows.spec import Policy
-from workflows.types import CorrectnessResult, OutputVerdict, UnderLoad
+from workflows.pipeline.types import CorrectnessResult, OutputVerdict, UnderLoad
+from workflows.spec.trial_spec import Policy
+from workflows.tensor import under_load, verdict
 
 WHY = "allclose to reference (atol=rtol=0.0001), no float64 run supplied: fail"
 GOOD = CorrectnessResult(True, [OutputVerdict("y", True, {}, ["allclose ...: pass"], "")])

@@ -6,10 +6,8 @@ import dataclasses
 from fractions import Fraction
 from typing import Any
 
-from workflows import verdict
-from workflows.path_state import PathState
-from workflows.spec import Policy
-from workflows.types import (
+from workflows.pipeline.path_state import PathState
+from workflows.pipeline.types import (
     CorrectnessResult,
     EconomicsResult,
     InputsCompatibility,
@@ -19,7 +17,9 @@ from workflows.types import (
     PrepareResult,
     ScenarioResult,
 )
-from workflows.verdict import cost_per_job, overall_verdict
+from workflows.spec.trial_spec import Policy
+from workflows.tensor import verdict
+from workflows.tensor.verdict import cost_per_job, overall_verdict
 
 
 def judge(reference: PathState, candidate: PathState, policy: Policy, training: bool) -> dict[str, Any]:
