@@ -8,10 +8,8 @@ import random
 
 import pytest
 
+from workflows.report.results import FAIL, PASS, UNKNOWN
 from workflows.tensor.intervals import (
-    FAIL,
-    PASS,
-    UNKNOWN,
     decide,
     more_requests,
     noise_floor,

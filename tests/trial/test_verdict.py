@@ -17,14 +17,17 @@ from workflows.pipeline.types import (
     PrepareResult,
     ScenarioResult,
 )
+from workflows.report.results import overall as overall_verdict
 from workflows.spec.trial_spec import Policy
-from workflows.tensor import verdict
-from workflows.tensor.verdict import cost_per_job, overall_verdict
+from workflows.tensor.strategy import TENSOR
+from workflows.tensor.verdict import cost_per_job
+from workflows.training.strategy import TRAINING
 
 
 def judge(reference: PathState, candidate: PathState, policy: Policy, training: bool) -> dict[str, Any]:
     """The verdict in its JSON form, as the report holds it."""
-    return dataclasses.asdict(verdict.judge(reference, candidate, policy, training))
+    kind = TRAINING if training else TENSOR  # a training trial's criteria add training before cost
+    return dataclasses.asdict(kind.judge(reference, candidate, policy))
 
 
 def scenario(p95: float, name: str = "single-stream", batch: int = 1) -> ScenarioResult:

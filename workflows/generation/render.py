@@ -1,6 +1,6 @@
 """The generation parts of a trial report in Markdown: where and why the paths diverged, every
 serving metric with the lengths and the load beside it, the metrics' definitions, and the cost
-per million output tokens (workflows/render.py places them)."""
+per million output tokens (workflows/report/render.py places them)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from fractions import Fraction
 from typing import Any
 
 from workflows.generation.metrics import DEFINITIONS, lengths_label, load_label
+from workflows.pipeline.kind import Rows
 
 METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2E"))
 
@@ -125,3 +126,31 @@ def definitions_lines() -> list[str]:
     out = ["", "## Generation metrics (as vLLM's `bench serve` defines them)", ""]
     out += [f"- **{k}**: {v}" for k, v in DEFINITIONS.items()]
     return out
+
+
+class GenerationRender:
+    def inputs(self, inputs: dict[str, Any]) -> str:
+        return prompts_text(inputs["prompts"])
+
+    def correctness(self, corr: dict[str, Any]) -> list[str]:
+        return correctness_lines(corr)
+
+    def performance(self, perf: dict[str, Any]) -> list[str]:
+        return performance_lines(perf)
+
+    def training(self, training: dict[str, Any]) -> list[str]:
+        return []
+
+    def cost(self, state: dict[str, Any]) -> list[str]:
+        line = cost_line(state)
+        return [line] if line else []
+
+    def appendix(self, rows: Rows) -> list[str]:
+        measured = any((state.get("performance") or {}).get("levels") for _, state in rows)
+        return definitions_lines() if measured else []
+
+    def charts(self, rows: Rows) -> list[str]:
+        return []
+
+
+GENERATION_RENDER = GenerationRender()

@@ -24,10 +24,9 @@ from typing import Any
 from workflows.generation.metrics import lengths_label, load_label
 from workflows.pipeline.compatibility import judge_compatibility
 from workflows.pipeline.path_state import PathState
+from workflows.report.results import FAIL, PASS, SKIPPED, UNKNOWN
 from workflows.spec.trial_io import Criterion, Verdict
 from workflows.spec.trial_spec import Policy
-
-PASS, WARN, FAIL, UNKNOWN, SKIPPED = "pass", "warn", "fail", "inconclusive", "skipped"
 
 
 def _correctness(candidate: PathState) -> Criterion:

@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from workflows.pipeline.path_state import PathState
+from workflows.report.results import FAIL, PASS, UNKNOWN, WARN
 from workflows.spec.trial_io import Criterion
 from workflows.spec.trial_spec import Policy
-
-PASS, WARN, FAIL, UNKNOWN = "pass", "warn", "fail", "inconclusive"
 
 
 @dataclass

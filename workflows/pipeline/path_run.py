@@ -1,6 +1,11 @@
 """One path's pipeline inside TrialWorkflow: prepare -> correctness -> performance -> training
--> economics, with the path's state kept typed (workflows/path_state.py) for the `progress`
-query, the verdict and the report.
+-> economics, with the path's state kept typed (workflows/pipeline/path_state.py) for the
+`progress` query, the verdict and the report.
+
+What every trial kind shares is here: describe and register the path, open its reservation,
+load and prepare it, check that it runs the reference's artifact, keep the phases' timeline,
+read its cost and clean up. What differs by kind (the golden run, correctness, the measurement,
+training) is the kind's `PathSteps` (workflows/pipeline/kind.py), called step by step.
 
 Runs in the workflow sandbox: it only schedules activities and awaits events. Every activity
 is called by its method with one dataclass in and one out (`TrialContext.call`), so mypy sees
@@ -12,7 +17,6 @@ so the ledger stays whole.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -21,24 +25,11 @@ from temporalio.exceptions import ActivityError
 
 from workflows.activities.ledger import LedgerActivities
 from workflows.activities.path import PathActivities
-from workflows.generation.strategy import GenerationSteps
 from workflows.pipeline.context import PathProblem, TrialContext, reason_of
+from workflows.pipeline.kind import TrialKind
 from workflows.pipeline.path_ledger import PathLedger
 from workflows.pipeline.path_state import PathState
-from workflows.pipeline.types import (
-    CompareRequest,
-    CorrectnessResult,
-    PathInfo,
-    PerformanceRequest,
-    RunRequest,
-    RunResult,
-    Target,
-    TensorData,
-    TrainRequest,
-)
-from workflows.tensor.comparison import ComparisonActivities
-from workflows.tensor.performance import PerformanceActivities
-from workflows.training.activities import TrainingActivities
+from workflows.pipeline.types import PathInfo, Target
 
 T = TypeVar("T")
 
@@ -56,26 +47,18 @@ def artifact_problem(path: Target, mine: str, reference: Target, theirs: str) ->
 
 
 class PathRun:
-    def __init__(self, ctx: TrialContext, target: Target, is_reference: bool, version_field: str) -> None:
+    def __init__(
+        self, ctx: TrialContext, target: Target, is_reference: bool, version_field: str, kind: TrialKind
+    ) -> None:
         self.ctx = ctx
         self.target = target
         self.is_reference = is_reference
         self.version_field = version_field  # the spec field that names this path's version
         self.state = PathState(target.path, "reference" if is_reference else "candidate")
         self.ledger = PathLedger(ctx, target, self.state)
+        self.steps = kind.steps(ctx, target, self.state, self.ledger)
         self.model_problem = ""  # why the executor cannot load the model ("" = it can)
-        self.golden: list[TensorData] = []
-        self.runs: list[list[TensorData]] = []
         self.prepared = asyncio.Event()
-        self.outputs_ready = asyncio.Event()
-        self.answers: dict[str, list[TensorData]] = {}  # the reference's answer per batch size
-        self.answers_ready = asyncio.Event()
-        self.loss: list[float] = []
-        self.loss_ready = asyncio.Event()
-        # a generative model's golden, correctness and performance steps (prompts, not tensors)
-        self.generation = (
-            GenerationSteps(ctx, target, self.state, self.ledger) if ctx.spec.generative else None
-        )
 
     async def describe(self) -> PathInfo | None:
         """Describe the executor and register the path; refuse a model it does not hold."""
@@ -117,8 +100,8 @@ class PathRun:
             self.state.status = "cancelled"
             raise
         finally:
-            for event in (self.prepared, self.outputs_ready, self.answers_ready, self.loss_ready):
-                event.set()
+            self.prepared.set()
+            self.steps.release()
 
     async def _pipeline(self, reference: PathRun) -> None:
         self._enter("prepare")
@@ -126,9 +109,9 @@ class PathRun:
         try:
             await self._prepare(reference)
             self._leave()
-            passed = await self._phase("correctness", self._correctness(reference))
+            passed = await self._phase("correctness", self.steps.correctness(reference.steps))
             await self._phase("performance", self._performance(passed, reference))
-            await self._phase("training", self._training(reference, passed))
+            await self._phase("training", self.steps.training(reference.steps, passed))
         except (ActivityError, PathProblem) as err:
             self.state.fail(self.state.phase, reason_of(err))
             self.prepared.set()  # a candidate elsewhere need not wait for this path's cleanup
@@ -146,8 +129,7 @@ class PathRun:
     async def _prepare(self, reference: PathRun) -> None:
         self.state.restore = await self.ctx.call(PathActivities.serving_config, self.target)
         self.state.loaded = True
-        if self.is_reference:
-            await self._golden()
+        await self.steps.prepare()
         prepared = await self.ctx.call(PathActivities.prepare_path, self.target)
         self.state.prepare = prepared
         busy = int(prepared.total_s * 1e6)
@@ -161,114 +143,9 @@ class PathRun:
                 if problem:
                     raise PathProblem(problem)
 
-    async def _golden(self) -> None:
-        if self.generation is not None:
-            await self.generation.golden()
-            return
-        request = RunRequest(self.target, self.ctx.inputs(), 1, golden=True)
-        fallback = "tolerance falls back to allclose"
-        golden = await self.ledger.golden(PathActivities.run_inputs, request, fallback)
-        if golden is not None:
-            self.golden = golden.runs[0]
-            self.state.golden = bool(self.golden)
-
-    async def _correctness(self, reference: PathRun) -> bool:
-        if self.generation is not None and reference.generation is not None:
-            return await self.generation.correctness(
-                reference.generation, reference.outputs_ready, self.outputs_ready
-            )
-        # both sides run twice: a candidate that differs from itself is named non-deterministic
-        run = await self.ctx.call(PathActivities.run_inputs, RunRequest(self.target, self.ctx.inputs(), 2))
-        self.state.compatibility_on_inputs = run.compatibility
-        await self.ledger.usage("correctness", run.busy_us, run.started_unix_us, run.ended_unix_us)
-        if self.is_reference:
-            await self._own_error(run)
-            return True
-        await reference.outputs_ready.wait()
-        if not reference.runs:
-            why = reference.state.errors or {"reference": "did not run"}
-            raise PathProblem(f"the reference path produced no outputs to compare with: {why}")
-        compare = CompareRequest(
-            self.target, self.ctx.spec.criteria, reference.runs[0], run.runs[0],
-            reference.golden, reference.runs[1], run.runs[1],
-        )  # fmt: skip
-        result = await self.ctx.call(ComparisonActivities.compare_outputs, compare)
-        self.state.correctness, self.state.workload = result, run.workload
-        return result.passed
-
-    async def _own_error(self, run: RunResult) -> None:
-        """The reference's outputs for the candidates; its own error against float64
-        (reference_rmse) and its run-to-run difference."""
-        self.runs = run.runs
-        self.outputs_ready.set()
-        self.state.correctness = CorrectnessResult(passed=True, outputs=[])  # what candidates meet
-        self.state.workload = run.workload
-        if self.golden:
-            compare = CompareRequest(
-                self.target, self.ctx.spec.criteria, run.runs[0], run.runs[1], self.golden, run.runs[1]
-            )
-            self.state.against_float64 = await self.ctx.call(ComparisonActivities.compare_outputs, compare)
-
     async def _performance(self, passed: bool, reference: PathRun) -> None:
         if not passed:
             self.state.performance_skipped = "failed correctness: no speed verdict"
-            self.answers_ready.set()
+            self.steps.release()  # a path that waits on this one's answers need not wait longer
             return
-        if self.generation is not None:
-            await self.generation.performance()
-            return
-        request = PerformanceRequest(
-            self.target,
-            self.ctx.inputs(),
-            self.ctx.spec.performance,
-            met_quality=True,
-            ledger=self.state.reservation_open,
-        )
-        if not self.is_reference:  # its answers under load are checked against the reference's
-            await reference.answers_ready.wait()
-            request.reference_answers, request.criteria = reference.answers, self.ctx.spec.criteria
-            if request.inputs.workload:
-                request.under_load_skip = "not checked under load: workload replay"
-            elif not reference.answers:
-                request.under_load_skip = "not checked under load: the reference kept no answers"
-        if self.is_reference:
-            await self._answers(request)
-        perf = await self.ctx.call(PerformanceActivities.measure_performance, request)
-        self.state.performance = dataclasses.replace(perf, answers={})
-        if not perf.ok:
-            self.state.errors["performance"] = perf.problem
-
-    async def _answers(self, request: PerformanceRequest) -> None:
-        """The reference's answer to each batch size's inputs, one request each, before its
-        measurement: a candidate measured at the same time on another host waits only for
-        these. Not metered (a few requests; the measurement's idempotency keys are its own)."""
-        try:
-            if request.inputs.workload:
-                return
-            plan = dataclasses.replace(
-                request.plan, warmup=0, min_iterations=1, min_seconds=0.0, offline_concurrency=1, blocks=1
-            )
-            probe = dataclasses.replace(request, plan=plan, ledger=False)
-            self.answers = (await self.ctx.call(PerformanceActivities.measure_performance, probe)).answers
-        finally:
-            self.answers_ready.set()
-
-    async def _training(self, reference: PathRun, passed: bool) -> None:
-        plan = self.ctx.spec.training
-        if plan is None or not passed:
-            return
-        ref_loss: list[float] = []
-        if not self.is_reference:
-            await reference.loss_ready.wait()
-            if not reference.loss:
-                self.state.training_skipped = "the reference produced no loss curve"
-                return
-            ref_loss = reference.loss
-        started = workflow.now()
-        result = await self.ctx.call(TrainingActivities.train_path, TrainRequest(self.target, plan, ref_loss))
-        self.state.training = result
-        if self.is_reference:
-            self.loss = result.loss
-            self.loss_ready.set()
-        start_us, busy_us = int(started.timestamp() * 1e6), int(result.total_s * 1e6)
-        await self.ledger.usage("training", busy_us, start_us, start_us + busy_us)
+        await self.steps.performance(reference.steps)

@@ -1,7 +1,7 @@
 """What a trial knows about one path, typed: the activities' results as they arrived, the errors
 and the bookkeeping of its reservation and serving set-up.
 
-The workflow keeps a `PathState` per path, `verdict.judge` reads it, and `to_json` gives the
+The workflow keeps a `PathState` per path, its kind's `judge` reads it, and `to_json` gives the
 path's entry of the report in the report's JSON shape (docs/trial-spec.md#what-the-trial-writes): a phase
 that did not run is `{}`, a skipped one `{"skipped": why}`, so readers of stored reports see
 the same keys as before the state was typed. Pure: it runs inside the workflow sandbox.
@@ -13,7 +13,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from workflows.generation.metrics import DEFINITIONS
 from workflows.generation.types import GenerationCompareResult, GenerationPerformanceResult
 from workflows.pipeline.types import (
     CorrectnessResult,
@@ -66,7 +65,6 @@ class PathState:
     timeline: dict[str, list[str]] = field(default_factory=dict)  # phase -> [start, end] (ISO)
     # a generation trial (docs/trial-spec.md#generation): the divergence rule's verdict (the
     # reference's is its own run against its float64 run), and the generation scenario
-    generative: bool = False
     generation: GenerationCompareResult | None = None
     generation_performance: GenerationPerformanceResult | None = None
 
@@ -82,8 +80,9 @@ class PathState:
     def summary(self) -> dict[str, Any]:
         return {"phase": self.phase, "status": self.status, "host": self.host, "errors": self.errors}
 
-    def to_json(self) -> dict[str, Any]:
-        """The path's entry in the report (the shape stored reports have)."""
+    def to_json(self, results: dict[str, Any]) -> dict[str, Any]:
+        """The path's entry in the report (the shape stored reports have); `results` holds its
+        kind's `correctness` and `performance` entries (TrialKind.results_json)."""
         return {
             "path": self.path,
             "role": self.role,
@@ -93,13 +92,13 @@ class PathState:
             "phases_done": self.phases_done,
             "info": _json(self.info),
             "prepare": _json(self.prepare),
-            "correctness": self._correctness_json(),
+            "correctness": results["correctness"],
             "compatibility_on_inputs": self.compatibility_on_inputs.to_json()
             if self.compatibility_on_inputs
             else {},
             "performance": {"skipped": self.performance_skipped}
             if self.performance_skipped
-            else self._performance_json(),
+            else results["performance"],
             "training": {"skipped": self.training_skipped}
             if self.training_skipped
             else (self.training.to_json() if self.training else {}),
@@ -113,34 +112,6 @@ class PathState:
             "restore": _json(self.restore),
             "timeline": {phase: list(span) for phase, span in self.timeline.items()},
         }
-
-    def _performance_json(self) -> dict[str, Any]:
-        if self.generation_performance is None:
-            return _json(self.performance)
-        return {**_json(self.generation_performance), "definitions": dict(DEFINITIONS)}
-
-    def _correctness_json(self) -> dict[str, Any]:
-        if self.generative:
-            if self.generation is None:
-                return (
-                    {"role": "reference", "golden": self.golden, "passed": True} if self.correctness else {}
-                )
-            rule = {"rule": "generation", **_json(self.generation)}
-            if self.is_reference:
-                return {"role": "reference", "golden": self.golden, "passed": True, "against_float64": rule}
-            return rule
-        if self.correctness is None:
-            return {}
-        out: dict[str, Any]
-        if self.is_reference:
-            out = {"role": "reference", "golden": self.golden, "passed": True}
-        else:
-            out = dataclasses.asdict(self.correctness)
-        if self.workload:
-            out["workload"] = self.workload
-        if self.against_float64 is not None:
-            out["against_float64"] = dataclasses.asdict(self.against_float64)
-        return out
 
     def _economics_json(self) -> dict[str, Any]:
         if self.economics_unpriced:

@@ -1,5 +1,5 @@
 """The trial report as data: built in the workflow (pure, deterministic), stored in the ledger
-as JSON, rendered to Markdown and HTML by workflows/render.py.
+as JSON, rendered to Markdown and HTML by workflows/report/render.py.
 
 It carries what docs/architecture.md#trials asks of every figure: the system each path ran on
 (device, versions,
@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime
 
+from workflows.kinds import kind_of
 from workflows.pipeline.compatibility import findings
 from workflows.pipeline.path_state import PathState
-from workflows.spec.trial_io import Criterion, TrialConfiguration, TrialReport, Verdict, finite
+from workflows.report.results import Adoption, Result
+from workflows.spec.trial_io import Criterion, TrialConfiguration, TrialReport, Verdict, finite, verdict_line
 from workflows.spec.trial_spec import TrialSpec
-from workflows.tensor.verdict import judge, verdict_line
 
 REPORT_VERSION = 1
 
@@ -59,12 +60,13 @@ def artifacts(spec: TrialSpec, states: dict[str, PathState]) -> dict[str, object
 
 
 def _cancelled(reason: str) -> Verdict:
-    criteria = {"trial": Criterion("inconclusive", f"cancelled: {reason}", "cancelled")}
-    return Verdict("INCONCLUSIVE", criteria, verdict_line("INCONCLUSIVE", criteria))
+    criteria = {"trial": Criterion(Result.INCONCLUSIVE, f"cancelled: {reason}", "cancelled")}
+    return Verdict(Adoption.INCONCLUSIVE, criteria, verdict_line(Adoption.INCONCLUSIVE, criteria))
 
 
 def build_report(run: TrialRun, states: dict[str, PathState]) -> TrialReport:
     spec = run.spec
+    kind = kind_of(spec)
     reference = states[spec.reference]
     verdicts: dict[str, Verdict] = {}
     for p in spec.candidates:
@@ -72,14 +74,16 @@ def build_report(run: TrialRun, states: dict[str, PathState]) -> TrialReport:
         if run.cancel_reason and candidate.status != "done":
             verdicts[p.name] = _cancelled(run.cancel_reason)
         else:
-            verdicts[p.name] = judge(reference, candidate, spec.policy, spec.training is not None)
+            verdicts[p.name] = kind.judge(reference, candidate, spec.policy)
     paths = {}
     for name, state in states.items():
         # what the report's compatibility section shows
-        paths[name] = finite({**state.to_json(), "compatibility": dataclasses.asdict(findings(state))})
+        entry = state.to_json(kind.results_json(state))
+        paths[name] = finite({**entry, "compatibility": dataclasses.asdict(findings(state))})
     inputs = spec.inputs
     return TrialReport(
         report_version=REPORT_VERSION,
+        kind=kind.name,
         trial_id=run.trial_id,
         run_id=run.run_id,
         status="cancelled" if run.cancel_reason else "completed",

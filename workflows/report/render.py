@@ -2,7 +2,7 @@
 
 Every figure is printed with its basis: input sizes, batch, concurrency, iterations and
 duration for timings; currency and micro-units for money; the tolerance's justification for
-correctness. The HTML page carries its charts as inline SVG (workflows/charts.py).
+correctness. The HTML page carries its charts as inline SVG (workflows/report/charts.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 from markdown_it import MarkdownIt
 
 from switchyard import money
-from workflows.generation import render as render_generation
+from workflows.kinds import kind_of_report
+from workflows.pipeline.kind import Rows, TrialKind
 from workflows.report import charts
 
 CRITERIA_ORDER = ("trial", "correctness", "compatibility", "latency", "training", "cost")
@@ -74,32 +75,17 @@ def _compat_rows(state: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def _perf_lines(state: dict[str, Any]) -> list[str]:
+def _perf_lines(kind: TrialKind, state: dict[str, Any]) -> list[str]:
     perf = state.get("performance") or {}
     if "skipped" in perf:
-        return [f"skipped: {perf['skipped']}"]
-    lines = []
-    for s in perf.get("scenarios", []):
-        sizes = ", ".join(f"{k} {v}" for k, v in s["input_sizes"].items())
-        lines.append(
-            f"{s['scenario']} batch {s['batch_size']} x{s['concurrency']}: p50 {s['p50_ms']:.3f} ms, "
-            f"p90 {s['p90_ms']:.3f}, p95 {s['p95_ms']:.3f}, p99 {s['p99_ms']:.3f} ms; "
-            f"{s['throughput']:.1f} {s['throughput_unit']} ({s['iterations']} requests in "
-            f"{s['seconds']:.2f} s; "
-            f"inputs {sizes}; {s['failed']} failed)"
-        )
-    if perf.get("memory_total_bytes"):
-        used = perf["memory_total_bytes"] - perf["memory_min_available_bytes"]
-        lines.append(
-            f"device memory: peak in use while measuring {used / 2**20:,.0f} MiB of "
-            f"{perf['memory_total_bytes'] / 2**20:,.0f} MiB (device-wide, sampled via Describe)"
-        )
-    if perf:
-        lines.append(
-            f"compilations/recompiles while measuring: "
-            f"{perf['compilations_after'] - perf['compilations_before']}"
-        )
-    return lines
+        return [f"- performance: skipped: {perf['skipped']}"]
+    if not perf:
+        return []
+    compiled = perf["compilations_after"] - perf["compilations_before"]
+    return [
+        *kind.render.performance(perf),
+        f"- performance: compilations/recompiles while measuring: {compiled}",
+    ]
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -108,11 +94,11 @@ def markdown(report: dict[str, Any]) -> str:
                f"({report['duration_s']:.1f} s). Reference path: **{report['reference']}**.")  # fmt: skip
     if report.get("cancel_reason"):
         out.append(f"Cancelled: {report['cancel_reason']}.")
-    out += _md_verdicts(report) + _md_system(report)
+    kind = kind_of_report(report)
+    out += _md_verdicts(report) + _md_system(report, kind)
     for name, s in _rows(report):
-        out += _md_path(name, s)
-    if any((st.get("performance") or {}).get("levels") for _, st in _rows(report)):
-        out += render_generation.definitions_lines()
+        out += _md_path(kind, name, s)
+    out += kind.render.appendix(_rows(report))
     return "\n".join(out) + "\n"
 
 
@@ -135,14 +121,15 @@ def _md_verdicts(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def _md_system(report: dict[str, Any]) -> list[str]:
+def _md_system(report: dict[str, Any], kind: TrialKind) -> list[str]:
     inputs = report["inputs"]
-    tensors = (
-        ", ".join(f"{t['name']} {t['datatype']} {t['shape']}" for t in inputs["tensors"]) or inputs["file"]
-    )
-    if inputs.get("prompts"):
-        tensors = render_generation.prompts_text(inputs["prompts"])
-    out = ["", "## System and inputs", "", f"Inputs: seed {inputs['seed']}; {tensors}.", ""]
+    out = [
+        "",
+        "## System and inputs",
+        "",
+        f"Inputs: seed {inputs['seed']}; {kind.render.inputs(inputs)}.",
+        "",
+    ]
     out += [
         "| path | host | backend | device | mode | precision | torch | resource class |",
         "|" + "---|" * 8,
@@ -167,7 +154,7 @@ def _md_system(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def _md_path(name: str, s: dict[str, Any]) -> list[str]:
+def _md_path(kind: TrialKind, name: str, s: dict[str, Any]) -> list[str]:
     out = ["", f"## {name} ({s['role']})", ""]
     p = s.get("prepare") or {}
     if p:
@@ -179,18 +166,11 @@ def _md_path(name: str, s: dict[str, Any]) -> list[str]:
     out += ["", f"### Compatibility: {name}", "", "| finding | value |", "|---|---|"]
     out += [f"| {k} | {v.replace('|', '/')} |" for k, v in _compat_rows(s)]
     out.append("")
-    out += _md_correctness(s.get("correctness") or {})
-    out += render_generation.correctness_lines(s.get("correctness") or {})
-    out += [f"- performance: {line}" for line in _perf_lines(s)]
-    out += render_generation.performance_lines(s.get("performance") or {})
-    tr = s.get("training") or {}
-    if tr.get("loss"):
-        out.append(
-            f"- training: {len(tr['loss'])} steps, final loss {tr['loss'][-1]:.5f}, {tr['total_s']:.2f} s"
-        )
-    out += _distributed_lines(tr.get("distributed") or {})
+    out += kind.render.correctness(s.get("correctness") or {})
+    out += _perf_lines(kind, s)
+    out += kind.render.training(s.get("training") or {})
     out += _md_economics(s.get("economics") or {}, p)
-    out += [line for line in [render_generation.cost_line(s)] if line]
+    out += kind.render.cost(s)
     if s.get("timeline"):
         out.append("- timeline: " + ", ".join(
             f"{phase} {span[0][11:19]}-{span[-1][11:19]}"
@@ -198,26 +178,6 @@ def _md_path(name: str, s: dict[str, Any]) -> list[str]:
     for phase, err in s.get("errors", {}).items():
         out.append(f"- error in {phase}: {err}")
     out += [f"- note: {n}" for n in s.get("notes", [])]
-    return out
-
-
-def _md_correctness(corr: dict[str, Any]) -> list[str]:
-    out = []
-    for o in (corr.get("against_float64") or {}).get("outputs", []):
-        m = o["metrics"]
-        out.append(
-            f"- own error against the float64 run `{o['output']}`: rmse {m['reference_rmse']:.3g}, "
-            f"deterministic {m['reference_deterministic']} (repeat max abs diff "
-            f"{m['reference_repeat_max_abs']:.3g})"
-        )
-    for o in corr.get("outputs", []):
-        m = o["metrics"]
-        out.append(
-            f"- correctness `{o['output']}`: {'PASS' if o['passed'] else 'FAIL'}; max abs "
-            f"{m['max_abs_error']:.3g}, "
-            f"rmse {m['rmse']:.3g} (allowed {m['allowed_rmse']:.3g}), cosine {m['cosine']:.6f}"
-        )
-        out.append(f"  - tolerance: {o['justification']}")
     return out
 
 
@@ -259,10 +219,7 @@ def line_of(verdict: dict[str, Any]) -> str:
 
 def _charts(report: dict[str, Any]) -> list[str]:
     rows = _rows(report)
-    svgs = _latency_charts(rows)
-    losses = {name: s["training"]["loss"] for name, s in rows if (s.get("training") or {}).get("loss")}
-    if losses:
-        svgs.append(charts.line_chart("Training loss per step", "step", "loss", losses))
+    svgs = kind_of_report(report).render.charts(rows)
     svgs.append(_cost_chart(rows))
     prep = {
         name: [(s.get("prepare") or {}).get(k) for k in ("checkpoint_load_s", "to_device_s", "compile_s")]
@@ -276,33 +233,7 @@ def _charts(report: dict[str, Any]) -> list[str]:
     return svgs
 
 
-def _latency_charts(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Percentiles per scenario across paths, then each path's single-stream histogram."""
-    svgs: list[str] = []
-    scenario_keys: list[tuple[str, int]] = []
-    for _, s in rows:
-        for sc in (s.get("performance") or {}).get("scenarios", []):
-            key = (sc["scenario"], sc["batch_size"])
-            if key not in scenario_keys:
-                scenario_keys.append(key)
-    for scenario, batch in scenario_keys:
-        series: dict[str, list[float | None]] = {}
-        for name, s in rows:
-            found = [x for x in (s.get("performance") or {}).get("scenarios", [])
-                     if (x["scenario"], x["batch_size"]) == (scenario, batch)]  # fmt: skip
-            series[name] = [found[0][k] if found else None for k in ("p50_ms", "p90_ms", "p95_ms", "p99_ms")]
-        svgs.append(
-            charts.bar_chart(f"Latency, {scenario} batch {batch}", "ms", ["p50", "p90", "p95", "p99"], series)
-        )
-    for i, (name, s) in enumerate(rows):
-        for sc in (s.get("performance") or {}).get("scenarios", []):
-            if sc["scenario"] == "single-stream":
-                svgs.append(charts.histogram(f"Latency distribution, {name} single-stream batch 1",
-                                             sc["histogram_ms"], sc["histogram_counts"], i))  # fmt: skip
-    return svgs
-
-
-def _cost_chart(rows: list[tuple[str, dict[str, Any]]]) -> str:
+def _cost_chart(rows: Rows) -> str:
     # From the exact total / jobs (not the per-job figure rounded to a micro-unit, which is 0
     # for a job that costs less), per 1, 1,000 or 1,000,000 jobs so that every bar shows.
     exact: dict[str, Any] = {}
@@ -394,34 +325,3 @@ def render(report: dict[str, Any], fmt: str) -> str:
     if fmt == "md":
         return markdown(report)
     return html(report)
-
-
-def _distributed_lines(d: dict[str, Any]) -> list[str]:
-    """training.distributed: both runs with their sizes, the curve check and the scaling."""
-    if not d:
-        return []
-    lines = []
-    for key in ("single_process", "distributed"):
-        r = d[key]
-        comm = f"{r['comm_share']:.1%} of step time" if r["comm_share"] is not None else "not separated"
-        memory = ", ".join(f"rank {k['rank']} {k['peak_memory_bytes'] / 2**20:.0f} MiB" for k in r["ranks"])
-        lines.append(
-            f"  - {r['strategy']} on {r['process_group_backend']} ({r['launch']}), world size "
-            f"{r['world_size']}, {r['per_rank_batch']} per rank = global batch {r['global_batch']} "
-            f"x {r['tokens_per_sample']} tokens: {r['samples_per_s']:.1f} samples/s, "
-            f"{r['tokens_per_s']:.0f} tokens/s (median step {r['median_step_s'] * 1e3:.1f} ms after the "
-            f"first); communication {comm}; final loss {r['loss'][-1]:.5f}; peak memory "
-            f"{memory} ({r['ranks'][0]['memory_source']})"
-        )
-    c = d["against_single_process"]
-    lines.append(
-        f"  - against the single-process curve: {'PASS' if c['passed'] else 'FAIL'}, max relative "
-        f"deviation {c['max_relative_deviation']:.2e} ({c['justification']})"
-    )
-    sc = d["scaling"]
-    lines.append(
-        f"  - scaling world size {sc['world_sizes'][0]} -> {sc['world_sizes'][1]} at global batch "
-        f"{sc['global_batch']}: speed-up {sc['speedup']:.2f}x, efficiency {sc['efficiency']:.0%} "
-        f"({sc['basis']})"
-    )
-    return lines

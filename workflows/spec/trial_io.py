@@ -4,7 +4,7 @@ Temporal UI sends intact.
 
 The input stays the documented JSON object (docs/trial-spec.md): each top-level key is a field,
 typed `Any` so that Temporal's converter never refuses a value before the spec parser
-(workflows/spec.py) has named the field and said what to send. Temporal's dataclass
+(workflows/spec/trial_spec.py) has named the field and said what to send. Temporal's dataclass
 conversion drops keys it does not know, but a misspelt key must be an error, not a silent
 default; `TrialPayloadConverter` (installed on the worker by workflows/worker.py) therefore
 keeps unknown top-level keys in `TrialInput.unknown`, where the parser sees and names them.
@@ -26,6 +26,7 @@ from temporalio.converter import (
     JSONTypeConverter,
 )
 
+from workflows.report.results import Adoption, Result, adoption
 from workflows.spec.trial_spec import Criteria, ModelRef, PathSpec, PerformancePlan, Policy, TrainingPlan
 
 
@@ -95,16 +96,29 @@ TRIAL_CONVERTER = dataclasses.replace(DataConverter.default, payload_converter_c
 
 @dataclass
 class Criterion:
-    result: str  # pass | warn | fail | inconclusive | skipped
+    result: Result
     reason: str
     figure: str = ""  # the one decisive figure, for the verdict line
 
 
 @dataclass
 class Verdict:
-    verdict: str  # ADOPT | REJECT | INCONCLUSIVE
+    verdict: Adoption
     criteria: dict[str, Criterion]
     line: str  # the verdict readable alone
+
+    @classmethod
+    def of(cls, criteria: dict[str, Criterion]) -> Verdict:
+        """The verdict of a path's criteria: any failure REJECTs, then any undecided criterion
+        makes it INCONCLUSIVE; a warning leaves it as it is."""
+        verdict = adoption([c.result for c in criteria.values()])
+        return cls(verdict, criteria, verdict_line(verdict, criteria))
+
+
+def verdict_line(verdict: str, criteria: dict[str, Criterion]) -> str:
+    """The verdict readable alone: each criterion's result with its one decisive figure."""
+    parts = [f"{name} {c.result}" + (f" ({c.figure})" if c.figure else "") for name, c in criteria.items()]
+    return f"{verdict}: " + "; ".join(parts)
 
 
 @dataclass
@@ -121,6 +135,7 @@ class TrialReport:
     """The trial's result; `to_json()` is the report (docs/trial-spec.md#what-the-trial-writes)."""
 
     report_version: int
+    kind: str  # tensor | generation | training (workflows/kinds.py)
     trial_id: str
     run_id: str
     status: str  # completed | cancelled

@@ -25,7 +25,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-PASS, FAIL, UNKNOWN = "pass", "fail", "inconclusive"
+from workflows.report.results import FAIL, PASS, UNKNOWN, Result
+
 RESAMPLES = 1000
 MIN_BLOCKS = 4  # fewer blocks cannot give an interval (nor an A/A split into two halves)
 
@@ -52,7 +53,7 @@ class RatioInterval:
 
 @dataclass(frozen=True)
 class Decision:
-    result: str  # pass / fail / inconclusive
+    result: Result
     reason: str
     more_requests: int = 0  # for an inconclusive one: the estimate of what would settle it
 

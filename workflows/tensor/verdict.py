@@ -1,19 +1,19 @@
-"""Verdicts: ADOPT / REJECT / INCONCLUSIVE per candidate path, with the reason per criterion.
+"""The tensor kind's criteria of a candidate path, each with its reason and decisive figure.
 
 Criteria in order: correctness (the evaluator's verdict, naming a non-deterministic candidate
 apart from a wrong but stable one, and failed by a single answer under load beyond tolerance,
-named with its count: workflows/under_load.py; a path that fails it gets no speed verdict), compatibility
-(host-fallback ops, graph breaks, recompiles, unsupported dtypes, adaptations, judged by the
-policy's maximums: see workflows/compatibility.py), latency (the single-stream p95 ratio to the
-reference's, decided on its paired block-bootstrap interval at the policy's confidence: fail
-only when the whole interval lies beyond the allowed regression, pass only when it lies
-within, else inconclusive with the requests that would settle it; the reference's A/A noise
-floor beside it, see workflows/intervals.py; compilation while measuring makes it
-inconclusive; a regression that coincides with a host fallback names the op), training (when
-a plan is given), and cost (cost per completed job from the ledger, at least the policy's
-saving). Any failed criterion REJECTs; otherwise any criterion that could not be judged makes
-the path INCONCLUSIVE; a warning leaves the verdict as it is. Each criterion carries its one
-decisive figure, and `line` is the verdict readable alone.
+named with its count: workflows/tensor/under_load.py; a path that fails it gets no speed
+verdict), compatibility (host-fallback ops, graph breaks, recompiles, unsupported dtypes,
+adaptations, judged by the policy's maximums: see workflows/pipeline/compatibility.py), latency
+(the single-stream p95 ratio to the reference's, decided on its paired block-bootstrap interval
+at the policy's confidence: fail only when the whole interval lies beyond the allowed
+regression, pass only when it lies within, else inconclusive with the requests that would
+settle it; the reference's A/A noise floor beside it, see workflows/tensor/intervals.py;
+compilation while measuring makes it inconclusive; a regression that coincides with a host
+fallback names the op), and cost (cost per completed job from the ledger, at least the
+policy's saving). The training kind adds its criterion before cost
+(workflows/training/verdict.py); `Verdict.of` (workflows/spec/trial_io.py) turns the criteria
+into the verdict.
 """
 
 from __future__ import annotations
@@ -21,16 +21,15 @@ from __future__ import annotations
 import dataclasses
 from fractions import Fraction
 
-from workflows.generation.verdict import judge_generation
 from workflows.pipeline.compatibility import fallback_summary, findings, judge_compatibility
 from workflows.pipeline.path_state import PathState
 from workflows.pipeline.types import EconomicsResult, OutputVerdict, ScenarioResult
-from workflows.spec.trial_io import Criterion, Verdict
+from workflows.report.results import FAIL, PASS, SKIPPED, UNKNOWN
+from workflows.spec.trial_io import Criterion
 from workflows.spec.trial_spec import Policy
 from workflows.tensor import under_load
 from workflows.tensor.intervals import decide, drift, noise_floor, ratio_interval
 
-PASS, WARN, FAIL, UNKNOWN, SKIPPED = "pass", "warn", "fail", "inconclusive", "skipped"
 Criteria = dict[str, Criterion]
 
 
@@ -59,27 +58,14 @@ def cost_per_job(econ: EconomicsResult | None, policy: Policy) -> Fraction:
     return Fraction(total - prepare, jobs) + Fraction(prepare, policy.amortize_over_jobs)
 
 
-def judge(reference: PathState, candidate: PathState, policy: Policy, training: bool) -> Verdict:
-    """The verdict of one candidate path against the reference path."""
-    criteria: Criteria
-    if candidate.generative:  # a generative model: the divergence rule, TTFT/TPOT, cost per token
-        criteria = judge_generation(reference, candidate, policy)
-    else:
-        criteria = {"correctness": _correctness(candidate)}
-        criteria["compatibility"] = judge_compatibility(candidate, policy)
-        correct = criteria["correctness"].result == PASS
-        criteria["latency"] = _latency(reference, candidate, policy, correct)
-        if training:
-            criteria["training"] = _training(candidate, policy, correct)
-        criteria["cost"] = _cost(reference, candidate, policy, correct)
-    results = [c.result for c in criteria.values()]
-    if FAIL in results:
-        verdict = "REJECT"
-    elif UNKNOWN in results:
-        verdict = "INCONCLUSIVE"
-    else:
-        verdict = "ADOPT"
-    return Verdict(verdict, criteria, verdict_line(verdict, criteria))
+def criteria(reference: PathState, candidate: PathState, policy: Policy) -> Criteria:
+    """The criteria of one candidate path against the reference path, in order."""
+    criteria = {"correctness": _correctness(candidate)}
+    criteria["compatibility"] = judge_compatibility(candidate, policy)
+    correct = criteria["correctness"].result == PASS
+    criteria["latency"] = _latency(reference, candidate, policy, correct)
+    criteria["cost"] = _cost(reference, candidate, policy, correct)
+    return criteria
 
 
 def _correctness(candidate: PathState) -> Criterion:
@@ -172,24 +158,6 @@ def _drifted(scenarios: dict[str, ScenarioResult], policy: Policy) -> str:
     return "; ".join(named)
 
 
-def _training(candidate: PathState, policy: Policy, correct: bool) -> Criterion:
-    if not correct:
-        return Criterion(SKIPPED, "not run without correctness")
-    failed = candidate.errors.get("training")
-    if failed:
-        # training ran and failed (e.g. a rank died): not judged, so not adoptable either
-        return Criterion(UNKNOWN, f"training failed: {failed}")
-    comparison = candidate.training.comparison if candidate.training else None
-    if comparison is None:
-        why = candidate.training_skipped or "no loss comparison"
-        return Criterion(UNKNOWN if policy.require_training else SKIPPED, why)
-    return Criterion(
-        PASS if comparison.passed else FAIL,
-        "; ".join(comparison.reasons),
-        f"max loss deviation {comparison.max_relative_deviation:.2%}",
-    )
-
-
 def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: bool) -> Criterion:
     econ, ref_econ = candidate.economics, reference.economics
     if not correct:
@@ -219,12 +187,6 @@ def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: b
         f"micro-units ({basis}): saving {saving:+.1%}, policy needs at least {policy.min_cost_saving:+.0%}",
         f"saving {saving:+.1%} (needs {policy.min_cost_saving:+.0%})",
     )
-
-
-def verdict_line(verdict: str, criteria: Criteria) -> str:
-    """The verdict readable alone: each criterion's result with its one decisive figure."""
-    parts = [f"{name} {c.result}" + (f" ({c.figure})" if c.figure else "") for name, c in criteria.items()]
-    return f"{verdict}: " + "; ".join(parts)
 
 
 def _failed_figure(o: OutputVerdict) -> str:
@@ -259,12 +221,3 @@ def _correctness_figure(outputs: list[OutputVerdict]) -> str:
     if not m:
         return "passed"
     return f"rmse {m.get('rmse', 0.0):.3g} <= allowed {m.get('allowed_rmse', 0.0):.3g}"
-
-
-def overall_verdict(verdicts: dict[str, str]) -> str:
-    """One keyword for the UI filter: ADOPT if some path may be adopted, else the weakest."""
-    values = set(verdicts.values())
-    for v in ("ADOPT", "INCONCLUSIVE", "REJECT"):
-        if v in values:
-            return v
-    return "INCONCLUSIVE"
