@@ -1,5 +1,5 @@
 """What the correctness-under-load check costs: MAX_CHECKED answers (the most one scenario
-checks, workflows/under_load.py) through the evaluator's Compare, as the performance activity
+checks, workflows/tensor/under_load.py) through the evaluator's Compare, as the performance activity
 sends them after a scenario's timing, for a small and a larger answer.
 
 The evaluator runs in this process on port 0, plaintext. Usage:

@@ -66,7 +66,7 @@ async def connect(address: str, namespace: str) -> Client:
 
 def with_trial_converter(client: Client) -> Client:
     """The same connection, reading TrialWorkflow's input as the spec parser needs it
-    (unknown top-level keys kept: workflows/trial_io.py)."""
+    (unknown top-level keys kept: workflows/spec/trial_io.py)."""
     if client.data_converter.payload_converter_class is TrialPayloadConverter:
         return client
     config = client.config()

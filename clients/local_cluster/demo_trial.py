@@ -89,7 +89,7 @@ async def run_trial(
     api_key: str = "",
 ) -> TrialOutcome:
     """Starts TrialWorkflow with `spec` (its grant from `metering`, asked with `api_key`:
-    workflows/authorization.py), reports progress now and then, returns the verdicts."""
+    workflows/activities/authorization.py), reports progress now and then, returns the verdicts."""
     from temporalio.client import Client
     from temporalio.service import RPCError
 

@@ -1,6 +1,6 @@
 """Greedy generations compared token by token: where two paths diverge, and whether they may.
 
-One implementation for the trial's correctness phase (workflows/generation_activities.py) and
+One implementation for the trial's correctness phase (workflows/generation/activities.py) and
 the router's shadow of generative models (services/router/shadow_divergence.py). The rule:
 
 1. Tokens must be equal up to the first divergence.

@@ -1,4 +1,4 @@
-"""The generation load generator and its metrics (workflows/genload.py, workflows/genmetrics.py):
+"""The generation load generator and its metrics (workflows/generation/load.py and metrics.py):
 vLLM's definitions of TTFT, TPOT, ITL, E2E and goodput on hand-made timings, seeded lengths,
 and both arrival processes against a streamer that keeps its own clock."""
 

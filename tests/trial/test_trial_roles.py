@@ -1,7 +1,7 @@
 """`trials:run` (and `workloads:read` for a captured workload) is checked when a trial starts,
 with mutual TLS on: real metering, a real Temporal dev server, the trial worker in-process with
 its own certificate. The starter's key never enters Temporal: the workflow's memo holds a grant
-metering signed, and the first activity has metering verify it (workflows/authorization.py)."""
+metering signed, and the first activity has metering verify it (workflows/activities/authorization.py)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ class WorkerConfig:
     # hostname hides where they run (containers sharing a node share its cores)
     hosts: dict[str, str] = field(default_factory=dict)
     # the API key a trial started without a grant (Temporal UI or CLI) runs as: its principal's
-    # roles are checked like a starter's (workflows/authorization.py); "": such trials are refused
+    # roles are checked like a starter's (workflows/activities/authorization.py); "": such trials are refused
     ui_key: str = field(default="", repr=False)
 
 

@@ -232,7 +232,7 @@ class PerformanceRequest:
     met_quality: bool
     ledger: bool = True  # false when the path could not be registered (no price key)
     # the reference's answer per batch size (key str(batch)) for the candidate to check its
-    # answers under load against (workflows/under_load.py); empty for the reference itself
+    # answers under load against (workflows/tensor/under_load.py); empty for the reference itself
     reference_answers: dict[str, list[TensorData]] = field(default_factory=dict)
     criteria: Criteria | None = None  # the correctness criteria; None: keep answers, check none
     under_load_skip: str = ""  # why the answers under load are not checked ("" = they are)
@@ -258,7 +258,7 @@ class ScenarioResult:
     histogram_counts: list[int]
     failed: int = 0
     # the completed requests' latencies in ms, in blocks of consecutive requests, in the order
-    # measured: the verdict bootstraps its intervals over them (workflows/intervals.py)
+    # measured: the verdict bootstraps its intervals over them (workflows/tensor/intervals.py)
     blocks_ms: list[list[float]] = field(default_factory=list)
 
 
@@ -280,7 +280,7 @@ class PerformanceResult:
 @dataclass
 class UnderLoad:
     """A seeded share of a candidate's answers under load against the reference's answers to
-    the same inputs, by the correctness phase's rule (workflows/under_load.py)."""
+    the same inputs, by the correctness phase's rule (workflows/tensor/under_load.py)."""
 
     measured: int = 0  # answers measured under load
     checked: int = 0

@@ -1,5 +1,5 @@
 """The training phase's activity: the executor trains the path's model (once, or single-process
-then distributed: workflows/distributed_training.py) and the evaluator compares the loss
+then distributed: workflows/training/distributed.py) and the evaluator compares the loss
 curves (CompareLoss), against the reference path's curve and a distributed run's own
 single-process curve.
 """
