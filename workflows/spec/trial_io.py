@@ -135,7 +135,6 @@ class TrialReport:
     """The trial's result; `to_json()` is the report (docs/trial-spec.md#what-the-trial-writes)."""
 
     report_version: int
-    kind: str  # tensor | generation | training (workflows/kinds.py)
     trial_id: str
     run_id: str
     status: str  # completed | cancelled
@@ -154,6 +153,8 @@ class TrialReport:
     verdicts: dict[str, Verdict]
     spec: dict[str, Any]  # the spec as sent
     notes: list[str] = field(default_factory=list)
+    # tensor | generation | training (workflows/kinds.py); "" in results stored before it existed
+    kind: str = ""
 
     def to_json(self) -> dict[str, Any]:
         report: dict[str, Any] = finite(dataclasses.asdict(self))
