@@ -39,9 +39,9 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
 from tests.trial.trial_helpers import minimal_spec
-from workflows.connections import Connections, WorkerConfig
+from workflows.activities.connections import Connections, WorkerConfig
+from workflows.spec.trial_io import TrialInput
 from workflows.trial import SEARCH_ATTRIBUTES, TrialWorkflow
-from workflows.trial_io import TrialInput
 from workflows.worker import build_worker
 
 ROOT = Path(__file__).resolve().parent.parent

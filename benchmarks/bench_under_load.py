@@ -1,5 +1,5 @@
 """What the correctness-under-load check costs: MAX_CHECKED answers (the most one scenario
-checks, workflows/under_load.py) through the evaluator's Compare, as the performance activity
+checks, workflows/tensor/under_load.py) through the evaluator's Compare, as the performance activity
 sends them after a scenario's timing, for a small and a larger answer.
 
 The evaluator runs in this process on port 0, plaintext. Usage:
@@ -17,11 +17,11 @@ import numpy.typing as npt
 
 from services.evaluator.evaluator_server import start_evaluator
 from switchyard.grpcio import ServerOptions
-from workflows.comparison_activities import ComparisonActivities
-from workflows.connections import Connections, WorkerConfig
-from workflows.spec import Criteria
-from workflows.types import CompareRequest, Target, TensorData
-from workflows.under_load import MAX_CHECKED
+from workflows.activities.connections import Connections, WorkerConfig
+from workflows.pipeline.types import CompareRequest, Target, TensorData
+from workflows.spec.trial_spec import Criteria
+from workflows.tensor.comparison import ComparisonActivities
+from workflows.tensor.under_load import MAX_CHECKED
 
 
 def _tensor(a: npt.NDArray[np.float64]) -> list[TensorData]:

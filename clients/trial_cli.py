@@ -33,7 +33,7 @@ def _worker(args: argparse.Namespace) -> int:
     import asyncio
 
     from switchyard import metrics_endpoint, telemetry
-    from workflows.connections import WorkerConfig
+    from workflows.activities.connections import WorkerConfig
     from workflows.worker import run_worker
 
     # before the Temporal client connects: its TracingInterceptor uses this provider

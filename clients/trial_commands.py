@@ -20,11 +20,11 @@ import grpc
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
-from workflows.authorization import GRANT_MEMO, request_grant
-from workflows.render import criteria_in_order, line_of, render
-from workflows.spec import SpecError, parse_spec
+from workflows.activities.authorization import GRANT_MEMO, request_grant
+from workflows.report.render import criteria_in_order, line_of, render
+from workflows.spec.trial_io import TrialInput, TrialReport
+from workflows.spec.trial_spec import SpecError, parse_spec
 from workflows.trial import TrialWorkflow
-from workflows.trial_io import TrialInput, TrialReport
 from workflows.worker import connect
 
 BAR = 30

@@ -124,4 +124,9 @@ def test_no_two_product_modules_share_a_name() -> None:
         for path in _modules(folder):
             if path.name != "__init__.py":
                 seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
-    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+    shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    # The trial kinds' packages name their roles alike on purpose (workflows/tensor/verdict.py,
+    # workflows/generation/verdict.py, ...): a name may repeat only among workflows/ packages.
+    assert {
+        name: paths for name, paths in shared.items() if not all(p.startswith("workflows/") for p in paths)
+    } == {}

@@ -21,17 +21,18 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     # the sandbox resolves an activity result's type hints in the modules it imported itself
-    import workflows.generation_types  # noqa: F401
-    from workflows import authorization
-    from workflows.authorization import AuthorizationActivities
-    from workflows.ledger_activities import LedgerActivities
-    from workflows.pipeline import PathRun
-    from workflows.report import TrialRun, build_report
-    from workflows.spec import SpecError, TrialSpec, batch_buckets, parse_spec
-    from workflows.trial_context import TrialContext
-    from workflows.trial_io import TrialInput, TrialReport
-    from workflows.types import PHASES, PathInfo, Target, TrialRecord
-    from workflows.verdict import overall_verdict
+    import workflows.generation.types  # noqa: F401
+    from workflows.activities import authorization
+    from workflows.activities.authorization import AuthorizationActivities
+    from workflows.activities.trial_ledger import LedgerActivities
+    from workflows.kinds import kind_of
+    from workflows.pipeline.context import TrialContext
+    from workflows.pipeline.path_run import PathRun
+    from workflows.pipeline.types import PHASES, PathInfo, Target, TrialRecord
+    from workflows.report.build import TrialRun, build_report
+    from workflows.report.results import overall
+    from workflows.spec.trial_io import TrialInput, TrialReport
+    from workflows.spec.trial_spec import SpecError, TrialSpec, batch_buckets, parse_spec
 
 MODEL = SearchAttributeKey.for_keyword("model")
 PATHS = SearchAttributeKey.for_keyword_list("paths")
@@ -72,21 +73,21 @@ class TrialWorkflow:
                 VERDICT.value_set("RUNNING"),
             ]
         )
-        ctx = TrialContext(spec, trial_id)
+        ctx, kind = TrialContext(spec, trial_id), kind_of(spec)
         await self._authorize(ctx, spec, trial_id)
         record = TrialRecord(trial_id, trial_id, spec.model.name, "running", json.dumps(spec_json))
         await self._record(ctx, record, "could not record the trial start")
         self.status = "running"
         self.runs = {
             p.name: PathRun(ctx, self._target(spec, trial_id, p.name), p.name == spec.reference,
-                            f"paths[{i}].version" if p.version else "model.version")
+                            f"paths[{i}].version" if p.version else "model.version", kind)
             for i, p in enumerate(spec.paths)
         }  # fmt: skip
         cancelled = await self._measure(ctx, record)
         run = TrialRun(spec, spec_json, trial_id, info.run_id, started, workflow.now(), self.cancel_reason)
         self.report = build_report(run, {name: r.state for name, r in self.runs.items()})
         verdicts = self.report.verdict_keywords()
-        summary = "CANCELLED" if cancelled else overall_verdict(verdicts)
+        summary = "CANCELLED" if cancelled else str(overall(verdicts))
         workflow.upsert_search_attributes([VERDICT.value_set(summary)])
         record.status = "cancelled" if cancelled else "completed"
         record.verdicts = verdicts
@@ -110,7 +111,7 @@ class TrialWorkflow:
             ) from None
 
     async def _authorize(self, ctx: TrialContext, spec: TrialSpec, trial_id: str) -> None:
-        """Whoever started the trial holds trials:run on its model (workflows/authorization.py)."""
+        """Whoever started the trial holds trials:run on its model (workflows/activities/authorization.py)."""
         need = authorization.needs(spec, trial_id)
         need.grant = workflow.memo_value(authorization.GRANT_MEMO, "", type_hint=str)
         try:

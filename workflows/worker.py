@@ -19,16 +19,16 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSe
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from workflows.activities import PathActivities
-from workflows.authorization import AuthorizationActivities
-from workflows.comparison_activities import ComparisonActivities
-from workflows.connections import Connections, WorkerConfig
-from workflows.generation_activities import GenerationActivities
-from workflows.ledger_activities import LedgerActivities
-from workflows.performance import PerformanceActivities
-from workflows.training_activities import TrainingActivities
+from workflows.activities.authorization import AuthorizationActivities
+from workflows.activities.connections import Connections, WorkerConfig
+from workflows.activities.path import PathActivities
+from workflows.activities.trial_ledger import LedgerActivities
+from workflows.generation.activities import GenerationActivities
+from workflows.spec.trial_io import TRIAL_CONVERTER, TrialPayloadConverter
+from workflows.tensor.comparison import ComparisonActivities
+from workflows.tensor.performance import PerformanceActivities
+from workflows.training.activities import TrainingActivities
 from workflows.trial import SEARCH_ATTRIBUTES, TrialWorkflow
-from workflows.trial_io import TRIAL_CONVERTER, TrialPayloadConverter
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ async def connect(address: str, namespace: str) -> Client:
 
 def with_trial_converter(client: Client) -> Client:
     """The same connection, reading TrialWorkflow's input as the spec parser needs it
-    (unknown top-level keys kept: workflows/trial_io.py)."""
+    (unknown top-level keys kept: workflows/spec/trial_io.py)."""
     if client.data_converter.payload_converter_class is TrialPayloadConverter:
         return client
     config = client.config()

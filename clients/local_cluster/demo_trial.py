@@ -72,7 +72,7 @@ def demo_spec(team: str) -> dict[str, Any]:
 
 
 def reasons_of(verdict: Mapping[str, Any]) -> list[str]:
-    from workflows.render import criteria_in_order
+    from workflows.report.render import criteria_in_order
 
     return [f"{name}: {c['result']}: {c['reason']}" for name, c in criteria_in_order(dict(verdict))]
 
@@ -89,15 +89,15 @@ async def run_trial(
     api_key: str = "",
 ) -> TrialOutcome:
     """Starts TrialWorkflow with `spec` (its grant from `metering`, asked with `api_key`:
-    workflows/authorization.py), reports progress now and then, returns the verdicts."""
+    workflows/activities/authorization.py), reports progress now and then, returns the verdicts."""
     from temporalio.client import Client
     from temporalio.service import RPCError
 
-    from workflows.authorization import GRANT_MEMO, request_grant
-    from workflows.render import render
-    from workflows.spec import parse_spec
+    from workflows.activities.authorization import GRANT_MEMO, request_grant
+    from workflows.report.render import render
+    from workflows.spec.trial_io import TrialInput
+    from workflows.spec.trial_spec import parse_spec
     from workflows.trial import TrialWorkflow
-    from workflows.trial_io import TrialInput
 
     parsed = parse_spec(spec)  # a bad spec fails here, naming the field, before anything starts
     grant = await request_grant(metering, parsed, trial_id, api_key) if metering else ""

@@ -1,5 +1,5 @@
 """What a correctness comparison holds a candidate to: the knobs shared by the trial spec's
-`criteria` (workflows/spec.py, which validates them) and the evaluator's `Criteria`
+`criteria` (workflows/spec/trial_spec.py, which validates them) and the evaluator's `Criteria`
 (switchyard/judge/compare.py, which resolves them per precision). Pure: it runs inside
 Temporal's workflow sandbox as well as in the evaluator.
 """

@@ -4,7 +4,7 @@ every other test, which once hid an mTLS break in `make run`).
 
 The demo brings the cluster up with the certificates `switchyard up` issues, sends inference
 through the router, runs the tiny-lm trial cpu-eager vs xla on Temporal (its start authorised
-by the team key's `trials:run`: workflows/authorization.py) and prints the finance report; it
+by the team key's `trials:run`: workflows/activities/authorization.py) and prints the finance report; it
 must exit 0, with every service on mTLS and the trial at its verdict.
 """
 

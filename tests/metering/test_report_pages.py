@@ -25,7 +25,7 @@ from switchyard.grpcio import ServerOptions
 from tests.conftest import ROOT
 from tests.metering.metering_helpers import T0, event, price_paths
 from tests.report_pages import check_charts, chromium
-from workflows import render
+from workflows.report import render
 
 SECOND = 1_000_000
 

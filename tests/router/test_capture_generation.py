@@ -23,7 +23,7 @@ from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.judge.capture_format import SEEN, find_workload, list_workloads, read_records
 from tests.gen_models import text_inputs
 from tests.router.conftest import Metering, RouterFactory, routes_config
-from workflows import genload
+from workflows.generation import load as genload
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 MODEL = "tiny-lm-gen"

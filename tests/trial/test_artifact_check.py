@@ -18,7 +18,7 @@ from switchyard.models.manifest import file_sha256
 from switchyard.models.repository import seed_builtins
 from tests.trial.stack import Stack, set_prices
 from tests.trial.trial_helpers import QUICK_PERF, run_trial, tiny_spec
-from workflows.render import render
+from workflows.report.render import render
 
 
 @pytest.fixture

@@ -128,10 +128,10 @@ def test_a_rank_killed_by_a_cpp_terminate_says_so(tmp_path: Path) -> None:
 
 def test_a_failed_training_phase_is_inconclusive_not_skipped() -> None:
     from tests.trial.test_verdict import scenario
-    from workflows.path_state import PathState
-    from workflows.spec import Policy
-    from workflows.types import CorrectnessResult, PerformanceResult
-    from workflows.verdict import judge as judge_typed
+    from workflows.pipeline.path_state import PathState
+    from workflows.pipeline.types import CorrectnessResult, PerformanceResult
+    from workflows.spec.trial_spec import Policy
+    from workflows.training.strategy import TRAINING
 
     def state(errors: dict[str, str]) -> PathState:
         s = PathState("p", "candidate", errors=errors, economics_unpriced=True)
@@ -139,11 +139,8 @@ def test_a_failed_training_phase_is_inconclusive_not_skipped() -> None:
         s.performance = PerformanceResult([scenario(1.0)], 0, 0, 0, 0, True)
         return s
 
-    def judge(reference: PathState, candidate: PathState, policy: Policy, training: bool) -> dict[str, Any]:
-        return dataclasses.asdict(judge_typed(reference, candidate, policy, training))
-
     failed = state({"training": "the distributed run on cpu-b (gloo, world size 2): rank 1 failed"})
-    verdict = judge(state({}), failed, Policy(), training=True)
+    verdict = dataclasses.asdict(TRAINING.judge(state({}), failed, Policy()))
     assert verdict["criteria"]["training"]["result"] == "inconclusive"
     assert "rank 1 failed" in verdict["criteria"]["training"]["reason"]
 

@@ -22,7 +22,7 @@ from tests.conftest import IN_CI
 from tests.gen_models import add_generative, build_llama
 from tests.trial.stack import ROOT, Stack
 from tests.trial.trial_helpers import captured_workload, connections, run_trial
-from workflows.render import render
+from workflows.report.render import render
 from workflows.worker import build_worker
 
 TEMPORAL = Path(sys.executable).with_name("temporal")

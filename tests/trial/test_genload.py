@@ -1,4 +1,4 @@
-"""The generation load generator and its metrics (workflows/genload.py, workflows/genmetrics.py):
+"""The generation load generator and its metrics (workflows/generation/load.py and metrics.py):
 vLLM's definitions of TTFT, TPOT, ITL, E2E and goodput on hand-made timings, seeded lengths,
 and both arrival processes against a streamer that keeps its own clock."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from switchyard import codec
 from switchyard.gen.inference import grpc_service_pb2 as oip
-from workflows.genload import (
+from workflows.generation.load import (
     Chunk,
     GenRequest,
     captured_requests,
@@ -24,7 +24,7 @@ from workflows.genload import (
     run_load,
     seeded_requests,
 )
-from workflows.genmetrics import RequestRecord, Slo, summarize
+from workflows.generation.metrics import RequestRecord, Slo, summarize
 
 
 def test_metrics_follow_vllm_definitions() -> None:

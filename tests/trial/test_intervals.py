@@ -8,10 +8,8 @@ import random
 
 import pytest
 
-from workflows.intervals import (
-    FAIL,
-    PASS,
-    UNKNOWN,
+from workflows.report.results import FAIL, PASS, UNKNOWN
+from workflows.tensor.intervals import (
     decide,
     more_requests,
     noise_floor,
@@ -111,7 +109,7 @@ def test_an_undecided_interval_names_the_requests_that_would_settle_it() -> None
 
 
 def test_more_requests_follows_the_square_root_law() -> None:
-    from workflows.intervals import RatioInterval
+    from workflows.tensor.intervals import RatioInterval
 
     iv = RatioInterval(1.08, 0.91, 1.27, 0.95, 10, 100)
     # half-width above the ratio 0.19, distance to 1.1 is 0.02: n must grow by (0.19/0.02)^2
@@ -129,7 +127,7 @@ def test_too_few_blocks_or_a_bad_level_is_refused() -> None:
 
 
 def test_slow_first_calls_are_named_as_drift_and_steady_ones_are_not() -> None:
-    from workflows.intervals import drift
+    from workflows.tensor.intervals import drift
 
     steady = [drift(blocks(seed, n=300), 0.25, seed=seed) for seed in range(20)]
     assert not any(d.beyond for d in steady), [d.text() for d in steady if d.beyond]
@@ -144,7 +142,7 @@ def test_slow_first_calls_are_named_as_drift_and_steady_ones_are_not() -> None:
 
 
 def test_a_thinned_block_keeps_its_percentiles() -> None:
-    from workflows.intervals import thin
+    from workflows.tensor.intervals import thin
 
     values = latencies(11, 5000)
     kept = thin(values, 200)

@@ -13,7 +13,7 @@ from temporalio.testing import WorkflowEnvironment
 from clients import trial_commands
 from switchyard.grpcio import RunningServer
 from tests.trial.trial_helpers import minimal_spec
-from workflows.connections import Connections, WorkerConfig
+from workflows.activities.connections import Connections, WorkerConfig
 from workflows.worker import build_worker
 
 
@@ -73,7 +73,7 @@ async def test_a_misspelt_top_level_key_from_the_ui_is_named_not_dropped(
 def test_trial_input_is_the_spec_object_both_ways() -> None:
     from temporalio.converter import DataConverter
 
-    from workflows.trial_io import TRIAL_CONVERTER, TrialInput
+    from workflows.spec.trial_io import TRIAL_CONVERTER, TrialInput
 
     spec = {"model": {"name": "tiny-lm"}, "reference": "a", "team": "", "polcy": 1}
     trial = TrialInput.from_json(spec)

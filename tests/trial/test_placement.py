@@ -13,8 +13,8 @@ from services.executor.executor_server import RunningExecutor, start_executor
 from tests.report_pages import check_charts
 from tests.trial.stack import Stack, set_prices
 from tests.trial.trial_helpers import QUICK_PERF, run_trial, tiny_spec
-from workflows.connections import WorkerConfig
-from workflows.render import render
+from workflows.activities.connections import WorkerConfig
+from workflows.report.render import render
 
 
 @pytest.fixture

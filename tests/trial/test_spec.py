@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.trial.trial_helpers import minimal_spec
-from workflows.spec import SpecError, parse_spec
+from workflows.spec.trial_spec import SpecError, parse_spec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "local" / "trials").glob("*.json"))
 

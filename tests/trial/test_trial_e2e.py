@@ -19,7 +19,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from tests.conftest import IN_CI
 from tests.trial.stack import Stack
 from tests.trial.trial_helpers import QUICK_PERF, ledger_state, run_trial, tiny_spec
-from workflows.render import render
+from workflows.report.render import render
 from workflows.trial import TrialWorkflow
 
 VERDICTS = {"ADOPT", "REJECT", "INCONCLUSIVE"}

@@ -14,8 +14,8 @@ from temporalio.client import WorkflowHandle
 
 from tests.trial.stack import ROOT, Stack, worker_command
 from tests.trial.trial_helpers import ledger_state, tiny_spec, trial_worker
+from workflows.spec.trial_io import TrialInput
 from workflows.trial import TrialWorkflow
-from workflows.trial_io import TrialInput
 
 LONG_PERF = {
     "warmup": 1,

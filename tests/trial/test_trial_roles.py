@@ -1,7 +1,7 @@
 """`trials:run` (and `workloads:read` for a captured workload) is checked when a trial starts,
 with mutual TLS on: real metering, a real Temporal dev server, the trial worker in-process with
 its own certificate. The starter's key never enters Temporal: the workflow's memo holds a grant
-metering signed, and the first activity has metering verify it (workflows/authorization.py)."""
+metering signed, and the first activity has metering verify it (workflows/activities/authorization.py)."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
-from workflows.authorization import GRANT_MEMO, request_grant
-from workflows.connections import Connections, WorkerConfig
-from workflows.spec import parse_spec
+from workflows.activities.authorization import GRANT_MEMO, request_grant
+from workflows.activities.connections import Connections, WorkerConfig
+from workflows.spec.trial_io import TrialInput
+from workflows.spec.trial_spec import parse_spec
 from workflows.trial import TrialWorkflow
-from workflows.trial_io import TrialInput
 from workflows.worker import build_worker
 
 

@@ -17,11 +17,11 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
 from tests.metering.metering_helpers import price_paths
-from workflows.connections import Connections, WorkerConfig
-from workflows.ledger_activities import LedgerActivities
-from workflows.performance import PerformanceActivities, _Sample
-from workflows.spec import PerformancePlan
-from workflows.types import EconomicsRequest, InputsPlan, PerformanceRequest, Target
+from workflows.activities.connections import Connections, WorkerConfig
+from workflows.activities.trial_ledger import LedgerActivities
+from workflows.pipeline.types import EconomicsRequest, InputsPlan, PerformanceRequest, Target
+from workflows.spec.trial_spec import PerformancePlan
+from workflows.tensor.performance import PerformanceActivities, _Sample
 
 T0 = 1_767_225_600_000_000
 

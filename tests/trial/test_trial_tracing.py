@@ -42,7 +42,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as mpb, metering_pb2_grpc 
 from switchyard.grpcio import ServerOptions
 from tests.trial.trial_helpers import connections, tiny_spec
 from workflows.trial import SEARCH_ATTRIBUTES, TrialWorkflow
-from workflows.trial_io import TrialInput
+from workflows.spec.trial_io import TrialInput
 from workflows.worker import build_worker, connect
 
 TEMPORAL = sys.argv[1]

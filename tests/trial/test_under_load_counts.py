@@ -1,4 +1,4 @@
-"""Counting and naming of the answers under load (workflows/under_load.py), and the verdict's
+"""Counting and naming of the answers under load (workflows/tensor/under_load.py), and the verdict's
 correctness criterion that a single answer beyond tolerance fails."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from tests.trial.test_verdict import _state
-from workflows import under_load, verdict
-from workflows.spec import Policy
-from workflows.types import CorrectnessResult, OutputVerdict, UnderLoad
+from workflows.pipeline.types import CorrectnessResult, OutputVerdict, UnderLoad
+from workflows.spec.trial_spec import Policy
+from workflows.tensor import under_load
+from workflows.tensor.strategy import TENSOR
 
 WHY = "allclose to reference (atol=rtol=0.0001), no float64 run supplied: fail"
 GOOD = CorrectnessResult(True, [OutputVerdict("y", True, {}, ["allclose ...: pass"], "")])
@@ -59,7 +60,7 @@ def test_one_answer_beyond_tolerance_fails_correctness_and_skips_speed() -> None
     assert candidate.performance is not None
     check = _checked([(i, 1, i != 5) for i in range(64)], 80)
     candidate.performance = dataclasses.replace(candidate.performance, under_load=check)
-    v = verdict.judge(_state(10.0, 100), candidate, Policy(), training=False)
+    v = TENSOR.judge(_state(10.0, 100), candidate, Policy())
     corr = v.criteria["correctness"]
     assert (v.verdict, corr.result, v.criteria["latency"].result) == ("REJECT", "fail", "skipped")
     assert corr.figure == (
@@ -77,11 +78,11 @@ def test_clean_or_unchecked_answers_under_load_are_said_in_a_pass() -> None:
     assert candidate.performance is not None
     clean = _checked([(i, 1, True) for i in range(64)], 80)
     candidate.performance = dataclasses.replace(candidate.performance, under_load=clean)
-    corr = verdict.judge(_state(10.0, 100), candidate, Policy(), training=False).criteria["correctness"]
+    corr = TENSOR.judge(_state(10.0, 100), candidate, Policy()).criteria["correctness"]
     assert corr.result == "pass" and corr.reason.endswith(
         "; 64 answers under load within tolerance (of 80 measured)"
     )
     replay = UnderLoad(measured=80, skipped="not checked under load: workload replay")
     candidate.performance = dataclasses.replace(candidate.performance, under_load=replay)
-    corr = verdict.judge(_state(10.0, 100), candidate, Policy(), training=False).criteria["correctness"]
+    corr = TENSOR.judge(_state(10.0, 100), candidate, Policy()).criteria["correctness"]
     assert corr.result == "pass" and corr.reason.endswith("; not checked under load: workload replay")

@@ -6,10 +6,8 @@ import dataclasses
 from fractions import Fraction
 from typing import Any
 
-from workflows import verdict
-from workflows.path_state import PathState
-from workflows.spec import Policy
-from workflows.types import (
+from workflows.pipeline.path_state import PathState
+from workflows.pipeline.types import (
     CorrectnessResult,
     EconomicsResult,
     InputsCompatibility,
@@ -19,12 +17,17 @@ from workflows.types import (
     PrepareResult,
     ScenarioResult,
 )
-from workflows.verdict import cost_per_job, overall_verdict
+from workflows.report.results import overall as overall_verdict
+from workflows.spec.trial_spec import Policy
+from workflows.tensor.strategy import TENSOR
+from workflows.tensor.verdict import cost_per_job
+from workflows.training.strategy import TRAINING
 
 
 def judge(reference: PathState, candidate: PathState, policy: Policy, training: bool) -> dict[str, Any]:
     """The verdict in its JSON form, as the report holds it."""
-    return dataclasses.asdict(verdict.judge(reference, candidate, policy, training))
+    kind = TRAINING if training else TENSOR  # a training trial's criteria add training before cost
+    return dataclasses.asdict(kind.judge(reference, candidate, policy))
 
 
 def scenario(p95: float, name: str = "single-stream", batch: int = 1) -> ScenarioResult:

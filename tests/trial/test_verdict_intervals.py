@@ -7,9 +7,9 @@ import dataclasses
 import random
 
 from tests.trial.test_verdict import _state, judge
-from workflows.intervals import split_blocks
-from workflows.path_state import PathState
-from workflows.spec import Policy
+from workflows.pipeline.path_state import PathState
+from workflows.spec.trial_spec import Policy
+from workflows.tensor.intervals import split_blocks
 
 
 def _measured(scale: float, seed: int, host: str, n: int = 400) -> PathState:

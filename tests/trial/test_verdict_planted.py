@@ -19,7 +19,7 @@ from tests.conftest import IN_CI
 from tests.trial import planted
 from tests.trial.stack import Stack
 from tests.trial.trial_helpers import run_trial
-from workflows.render import render
+from workflows.report.render import render
 
 MODEL = "planted"
 

@@ -13,7 +13,7 @@ import tritonclient.grpc as triton
 
 from tests.trial.stack import Stack
 from tests.trial.trial_helpers import QUICK_PERF, captured_workload, run_trial
-from workflows.spec import SpecError, parse_spec
+from workflows.spec.trial_spec import SpecError, parse_spec
 
 ROWS = (1, 3, 2, 1, 4)
 

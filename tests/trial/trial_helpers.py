@@ -22,9 +22,9 @@ from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
 from switchyard.grpcio import ServerOptions
 from switchyard.judge.capture_format import list_workloads
 from tests.trial.stack import Stack
-from workflows.connections import Connections, WorkerConfig
+from workflows.activities.connections import Connections, WorkerConfig
+from workflows.spec.trial_io import TrialInput
 from workflows.trial import TrialWorkflow
-from workflows.trial_io import TrialInput
 from workflows.worker import build_worker
 
 TINY_INPUTS = {

@@ -1,0 +1,2 @@
+"""The training trial kind: single-process and distributed training on each path, judged on
+the loss curves."""
