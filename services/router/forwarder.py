@@ -25,8 +25,8 @@ from google.protobuf.message import Message
 from services.router import wire
 from services.router.executor_transport import ExecutorTransport, Reply
 from services.router.policies import DeploymentState, plan
+from services.router.request_records import Outcome
 from services.router.router_config import Route, Settings, Target
-from services.router.usage_meter import Outcome
 from switchyard import oip_params
 from switchyard.errors import DeadlineExceeded, Status, UpstreamError
 from switchyard.gen.inference import grpc_service_pb2 as pb
@@ -124,6 +124,9 @@ class Forwarder:
             self._account(state, reply, elapsed, outcome)
             return Forwarded(reply, target, wait_ns + elapsed)
         raise AssertionError("plan() returns at least one choice")
+
+    def path_of(self, target: Target) -> str:
+        return self.fleet.states[target.deployment].deployment.path
 
     async def infer_on(
         self, target: Target, header: wire.Header, raw: bytes, timeout_s: float, outcome: Outcome

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
@@ -29,11 +29,14 @@ from services.router.capture import Capturer
 from services.router.executor_pool import ExecutorPool
 from services.router.executor_transport import Reply
 from services.router.forwarder import Forwarded, Forwarder
+from services.router.policies import DeploymentState
+from services.router.request_records import Charge, Outcome, now_us
 from services.router.route_table import RouteTable
 from services.router.router_config import Route, Settings
+from services.router.router_metrics import RouterStats
 from services.router.shadow_mirror import ShadowMirror
 from services.router.spool import Spool
-from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us
+from services.router.usage_meter import UsageMeter
 from switchyard import ids
 from switchyard.errors import NotFound, ResourceExhausted, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as pb
@@ -60,6 +63,14 @@ class RequestPath:
     @property
     def spool(self) -> Spool | None:
         return self.meter.spool
+
+    @property
+    def stats(self) -> RouterStats:
+        return self.meter.stats
+
+    @property
+    def states(self) -> Mapping[str, DeploymentState]:
+        return self.pool.states
 
     async def _admit(self, raw: bytes, metadata: Metadata, peer: str) -> Charge:
         started_us = now_us()
