@@ -53,7 +53,7 @@ class CopySender(Protocol):
         """The accelerator path of the target's deployment."""
         ...
 
-    async def infer_on(
+    async def forward_copy(
         self, target: Target, header: wire.Header, raw: bytes, timeout_s: float, outcome: Outcome
     ) -> bytes: ...
 

@@ -124,7 +124,7 @@ class ShadowMirror:
             return
 
         async def pair(outcome: Outcome, tags: dict[str, str], budget: float) -> None:
-            reply = await self.forwarder.infer_on(candidate, charge.header, raw, budget, outcome)
+            reply = await self.forwarder.forward_copy(candidate, charge.header, raw, budget, outcome)
             if is_generation(first):  # a generative model answered unary: the divergence rule
                 answer = pb.ModelInferResponse.FromString(reply)
                 self._judge_generation(stats, tags, generated([first]), generated([answer]))
