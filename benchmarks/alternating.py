@@ -41,12 +41,14 @@ def alternate(args: argparse.Namespace) -> dict[str, list[list[float]]]:
 
     data = np.load(args.input)
     targets: dict[str, str] = json.loads(args.targets)
+    keys: dict[str, str] = json.loads(args.keys)  # server -> the API key it asks for
     datatype = "FP32" if data.dtype == np.float32 else "INT64"
     calls = {}
     for name, address in targets.items():
         inp = triton.InferInput(args.input_name, list(data.shape), datatype)
         inp.set_data_from_numpy(data)
-        calls[name] = (triton.InferenceServerClient(address), inp)
+        headers = {"authorization": f"Bearer {keys[name]}"} if name in keys else None
+        calls[name] = (triton.InferenceServerClient(address), inp, headers)
     windows: dict[str, list[list[float]]] = {name: [] for name in targets}
     order = random.Random(0)
     try:
@@ -54,19 +56,19 @@ def alternate(args: argparse.Namespace) -> dict[str, list[list[float]]]:
             names = list(targets)
             order.shuffle(names)  # no server keeps a place in the pass, or a neighbour
             for name in names:
-                client, inp = calls[name]
+                client, inp, headers = calls[name]
                 until = time.perf_counter() + args.warmup
                 while time.perf_counter() < until:
-                    client.infer(args.model, [inp])
+                    client.infer(args.model, [inp], headers=headers)
                 samples = []
                 until = time.perf_counter() + args.window
                 while (start := time.perf_counter()) < until:
-                    client.infer(args.model, [inp])
+                    client.infer(args.model, [inp], headers=headers)
                     samples.append(time.perf_counter() - start)
                 if turn >= 0:
                     windows[name].append(samples)
     finally:
-        for client, _ in calls.values():
+        for client, *_ in calls.values():
             client.close()
     return windows
 
@@ -79,14 +81,16 @@ def run(
     window: float,
     alternations: int,
     warmup: float,
+    keys: dict[str, str] | None = None,
 ) -> dict[str, list[list[float]]]:
-    """Runs the client process; its windows."""
+    """Runs the client process; its windows. `keys`: server -> the API key it asks for."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "alternating.json"
         argv = [
             sys.executable, __file__, "--targets", json.dumps(targets), "--model", model,
             "--input-name", input_name, "--input", str(data_file), "--window", str(window),
             "--alternations", str(alternations), "--warmup", str(warmup), "--out", str(out),
+            "--keys", json.dumps(keys or {}),
         ]  # fmt: skip
         subprocess.run(argv, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         windows: dict[str, list[list[float]]] = json.loads(out.read_text())
@@ -127,6 +131,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=1.0)
     parser.add_argument("--alternations", type=int, default=12)
     parser.add_argument("--warmup", type=float, default=0.2)
+    parser.add_argument("--keys", default="{}", help="JSON: server -> API key")
     args = parser.parse_args()
     Path(args.out).write_text(json.dumps(alternate(args)))
 

@@ -5,12 +5,15 @@ in a model repository as a torch.export program), then `mlp` and `tiny-lm`, each
 hand-written grpc.aio OIP server, KServe 0.21 (its own venv, `make setup-kserve`; the small
 model only), the switchyard executor as a user starts it (batching on, buckets 1-32), the
 executor at the documented production tracing setting (OTLP batches to a local collector,
-parent-based 1% sampling), and the router in front of the executor; one torch thread
-everywhere. Load: tritonclient sync clients in their own processes, closed loop. At 16
-clients the servers are loaded one at a time, in a new seeded order each round (the
-production-tracing ratio also as the median over rounds of the two executors' ratio in the
-same round); at 1 client one client
-process alternates between all of them in short windows, many passes
+parent-based 1% sampling), and the router in front of the executor as deployed
+(`router_to_executor`: mutual TLS to an executor and a metering of its own, Bearer keys and
+usage through metering, production tracing; issue 34), with the plaintext router beside it
+(`router_to_executor_plaintext`: plaintext to the default executor, no auth, no metering, no
+tracing, the row as it was before); one torch thread everywhere. Load: tritonclient sync
+clients in their own processes, closed loop. At 16 clients the servers are loaded one at a
+time, in a new seeded order each round (the production-tracing ratio also as the median over
+rounds of the two executors' ratio in the same round); at 1 client one client process
+alternates between all of them in short windows, many passes
 (`benchmarks/alternating.py`), with a second copy of the minimal server as a control; at 16
 clients a second default executor is the production-tracing ratio's control. Every
 server's output for a fixed probe input must be identical. Ratios against the minimal server
@@ -53,6 +56,7 @@ from switchyard.gen.inference import grpc_service_pb2 as oip  # noqa: E402
 from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc  # noqa: E402
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl  # noqa: E402
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc  # noqa: E402
+from switchyard.net import free_port  # noqa: E402
 
 # A second copy of the minimal server, measured at one client only: its ratio to the first is
 # how far two identical servers differ in one run (the noise floor of the c=1 ratios).
@@ -60,6 +64,8 @@ CONTROL = "minimal_control"
 # A second default executor, measured at 16 clients only: its ratio to the first is how far two
 # identical executors differ in one run (the noise floor of the production-tracing ratio).
 EXECUTOR_CONTROL = "executor_control"
+BEHIND_ROUTER = frozenset(("executor_mtls", "metering_mtls"))  # not measured: the production router's
+PATH = "cpu-bench"  # the routers' path, priced in the production router's metering
 
 
 def _threads() -> int:
@@ -418,42 +424,19 @@ def outside(args: argparse.Namespace) -> dict[str, Any]:
                 ),
             )
         case: dict[str, Any] = {"input": {name: {"shape": list(data.shape), "dtype": str(data.dtype)}}}
+        keys: dict[str, str] = {}  # server -> the API key its clients send
         try:
             for server in servers:
                 server.start()
             executor = next(s for s in servers if s.name == "executor")
-            routes = repo / f"{model}-routes.toml"
-            routes.write_text(
-                "[router]\nrequire_auth = false\n\n"
-                f'[deployments.cpu]\naddress = "{executor.address}"\npath = "cpu"\n\n'
-                f'[routes.{model}]\npolicy = "pinned"\ntargets = ["cpu"]\n'
-            )
-            router = o.Server(
-                "router_to_executor",
-                [
-                    "-m",
-                    "switchyard",
-                    "--log-level",
-                    "WARNING",
-                    "router",
-                    "serve",
-                    "--port",
-                    "0",
-                    "--config",
-                    str(routes),
-                    "--metrics-port",
-                    "-1",
-                ],
-                announce="router serving OIP on ",
-            )
-            router.start()
-            servers.append(router)
+            keys = _routers(o, repo, model, executor.address, production, servers)
             outputs: dict[str, str] = {}
-            for server in servers:  # ready, and the probe's answer
+            for server in (s for s in servers if s.name not in BEHIND_ROUTER):  # ready; the probe's answer
                 deadline = time.time() + 90
                 while True:
                     try:
-                        outputs[server.name] = o.probe(server.address, model, name, data).hex()
+                        key = keys.get(server.name, "")
+                        outputs[server.name] = o.probe(server.address, model, name, data, key).hex()
                         break
                     except Exception:
                         if time.time() > deadline:
@@ -461,7 +444,8 @@ def outside(args: argparse.Namespace) -> dict[str, Any]:
                         time.sleep(1)
             case["outputs_identical"] = len(set(outputs.values())) == 1
             case["outputs_differ"] = sorted(k for k, v in outputs.items() if v != outputs["minimal"])
-            case["servers"] = _measure(args, servers, model, name, data_file, executor.address)
+            measured = [s for s in servers if s.name not in BEHIND_ROUTER]
+            case["servers"] = _measure(args, measured, model, name, data_file, executor.address, keys)
         finally:
             for server in servers:
                 server.stop()
@@ -472,8 +456,82 @@ def outside(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _routers(
+    o: Any, repo: Path, model: str, executor: str, production: dict[str, str], started: list[Any]
+) -> dict[str, str]:
+    """The router as deployed (`router_to_executor`): mutual TLS to an executor and a metering
+    of its own that require it (certificates as `switchyard up` issues them), Bearer keys
+    through metering, usage to metering, the production tracing setting on all three; and
+    beside it the same router on plaintext to the plaintext `executor`, with no metering and
+    no auth (`router_to_executor_plaintext`). Each is appended to `started` as it starts (the
+    executor and metering behind the first too, to be stopped with the rest); returns the API
+    key the first one's clients send."""
+    from benchmarks import bench_router as br
+    from switchyard import tls
+
+    tmp = repo / f"{model}-router"
+    pki = tls.ensure_local_pki(tmp / "tls", ["executor-cpu", "metering", "router", "operator"])
+    executor_mtls = o.executor_server(
+        "executor_mtls", repo, model, o.BUCKETS, {**production, tls.TLS_DIR_ENV: str(pki["executor-cpu"])}
+    )
+    port = free_port()
+    metering = o.Server(
+        "metering_mtls",
+        ["-c", br.METERING, str(port), f"sqlite:///{tmp / 'ledger.db'}"],
+        {**production, tls.TLS_DIR_ENV: str(pki["metering"])},
+        announce="READY",
+    )
+    for server in (executor_mtls, metering):
+        started.append(server)
+        server.start()
+    metering.address = f"127.0.0.1:{port}"  # it announces READY, not its address
+    key = asyncio.run(_bench_key(metering.address, tls.Security.from_dir(pki["operator"]), model))
+    serve = ["-m", "switchyard", "--log-level", "WARNING", "router", "serve", "--port", "0"]
+    for row, address, extra, env in (
+        ("router_to_executor", executor_mtls.address,
+         ["--metering", metering.address, "--spool-dir", str(tmp / "spool")],
+         {**production, tls.TLS_DIR_ENV: str(pki["router"])}),
+        ("router_to_executor_plaintext", executor, [], {}),
+    ):  # fmt: skip
+        routes = tmp / f"{row}.toml"
+        routes.write_text(
+            ("" if extra else "[router]\nrequire_auth = false\n\n")
+            + f'[deployments.cpu]\naddress = "{address}"\npath = "{PATH}"\n\n'
+            f'[routes.{model}]\npolicy = "pinned"\ntargets = ["cpu"]\n'
+        )
+        router = o.Server(
+            row, [*serve, "--config", str(routes), "--metrics-port", "-1", *extra], env,
+            announce="router serving OIP on ",
+        )  # fmt: skip
+        started.append(router)
+        router.start()
+    return {"router_to_executor": key}
+
+
+async def _bench_key(metering: str, security: Any, model: str) -> str:
+    """An API key of principal "bench" with `infer` on `model`, its path priced (as
+    bench_router's `setup_key` makes one for its own models)."""
+    from switchyard import tls
+    from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
+    from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+    from tests.metering.metering_helpers import price_paths
+
+    async with tls.aio_channel(metering, security=security) as channel:
+        stub = mgrpc.MeteringStub(channel)
+        await price_paths(stub, "bench-cpu", [PATH], per_hour=1_000_000, resource_class="cpu", since_us=0)
+        await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="bench", kind="service", team="bench"))
+        await stub.GrantRole(mpb.RoleRequest(principal="bench", role="infer", scope=f"model:{model}"))
+        return str((await stub.CreateKey(mpb.CreateKeyRequest(principal="bench"))).key)
+
+
 def _measure(
-    args: argparse.Namespace, servers: list[Any], model: str, name: str, data_file: Path, executor: str
+    args: argparse.Namespace,
+    servers: list[Any],
+    model: str,
+    name: str,
+    data_file: Path,
+    executor: str,
+    keys: dict[str, str],
 ) -> dict[str, dict[str, Any]]:
     """Every server's figures per load: one client as alternating short windows (all servers
     but the executor's control, the minimal server's too), more clients as `args.rounds`
@@ -485,14 +543,15 @@ def _measure(
     if 1 in args.loads:
         windows = alternating.run(
             {s.name: s.address for s in servers if s.name != EXECUTOR_CONTROL}, model, name, data_file,
-            args.c1_window, args.c1_alternations, args.c1_warmup,
+            args.c1_window, args.c1_alternations, args.c1_warmup, keys,
         )  # fmt: skip
         for server, summary in alternating.summarize(windows, args.c1_window, "minimal").items():
             figures[server]["c1"] = summary
     rounds: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    # the mean batch from the executor's own statistics (the router's: the executor behind it)
+    # the mean batch from the executor's own statistics (the plaintext router's: the executor
+    # behind it; the mTLS executor answers only certificates, so the production row has none)
     stats_of = {s.name: s.address for s in servers if s.name.startswith("executor")}
-    stats_of["router_to_executor"] = executor
+    stats_of["router_to_executor_plaintext"] = executor
     loaded = [s for s in servers if s.name != CONTROL]
     for round_ in range(args.rounds):
         # a new seeded order each round: in a fixed one a server always followed the same
@@ -501,7 +560,7 @@ def _measure(
             for clients in (c for c in args.loads if c != 1):
                 r = o.run_load(
                     server.address, model, name, data_file, clients, args.seconds, args.warmup,
-                    stats_address=stats_of.get(server.name, ""),
+                    key=keys.get(server.name, ""), stats_address=stats_of.get(server.name, ""),
                 )  # fmt: skip
                 rounds.setdefault((server.name, clients), []).append(r)
     for (server, clients), runs in rounds.items():
@@ -528,6 +587,7 @@ def outside_ratios(servers: dict[str, Any], loads: list[int]) -> dict[str, Any]:
         return a / b if a is not None and b else None
 
     ex, mn, ks, rt = "executor", "minimal", "kserve", "router_to_executor"
+    rp = "router_to_executor_plaintext"
     out: dict[str, Any] = {
         "executor_c1_p50_over_minimal": ratio(get(ex, lo, "p50_ms"), get(mn, lo, "p50_ms")),
         "executor_c1_p50_over_minimal_median_of_passes": get(ex, lo, "p50_ratio_to_minimal"),
@@ -543,6 +603,14 @@ def outside_ratios(servers: dict[str, Any], loads: list[int]) -> dict[str, Any]:
             else None
         ),
         "router_c16_rps_over_executor": ratio(get(rt, hi, "requests_per_s"), get(ex, hi, "requests_per_s")),
+        "router_plaintext_c1_p50_added_ms_over_minimal": (
+            get(rp, lo, "p50_ms") - get(mn, lo, "p50_ms")  # type: ignore[operator]
+            if get(rp, lo, "p50_ms") is not None and get(mn, lo, "p50_ms") is not None
+            else None
+        ),
+        "router_plaintext_c16_rps_over_executor": ratio(
+            get(rp, hi, "requests_per_s"), get(ex, hi, "requests_per_s")
+        ),
         "production_tracing_c16_rps_over_default": ratio(
             get("executor_production_tracing", hi, "requests_per_s"), get(ex, hi, "requests_per_s")
         ),

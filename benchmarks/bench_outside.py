@@ -346,14 +346,14 @@ def kserve_python() -> str | None:
     return path if path and Path(path).exists() and (Path(path).parent.parent / ".ready").exists() else None
 
 
-def probe(address: str, model: str, name: str, data: np.ndarray) -> bytes:
+def probe(address: str, model: str, name: str, data: np.ndarray, key: str = "") -> bytes:
     import tritonclient.grpc as triton
 
     c = triton.InferenceServerClient(address)
     try:
         inp = triton.InferInput(name, list(data.shape), "FP32" if data.dtype == np.float32 else "INT64")
         inp.set_data_from_numpy(data)
-        result = c.infer(model, [inp])
+        result = c.infer(model, [inp], headers={"authorization": f"Bearer {key}"} if key else None)
         out = result.get_response().outputs[0].name
         array = result.as_numpy(out)
         assert array is not None

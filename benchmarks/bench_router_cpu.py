@@ -13,10 +13,17 @@ load hits each alike, and each one's CPU time per request (all threads, schedsta
 figure: on a shared host it moves far less than wall-clock latency. `--py-spy SECONDS`
 records the production router (or `--py-spy-targets`, in turn) with py-spy (`--py-spy-bin`,
 250 Hz, idle samples left out) during extra windows at the highest concurrency, and writes
-each one's collapsed stacks beside the JSON (<out>.<router>.pyspy.txt).
+each one's collapsed stacks beside the JSON (<out>.<router>.pyspy.txt); `--py-spy-native`
+adds the C frames (uvloop, gRPC's Cython, libc), which shows the system calls under a line.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_router_cpu.py [--baseline /tmp/before] \\
-        [--rounds 8] [--requests 400] [--py-spy 15]
+py-spy sees only threads that run Python, so each router's CPU per request is also split by
+thread (`threads`: the event loop's main thread, the other Python threads, chiefly gRPC's
+completion-queue poller, and gRPC's core `event_engine` threads), and `--strace` counts each
+router's system calls per request at each concurrency (`syscalls`; strace slows the router, so
+that window is apart from the others): a count does not drift with the host's load.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_router_cpu.py [--baseline <tree>] \\
+        [--rounds 8] [--requests 400] [--py-spy 15 [--py-spy-native]] [--strace]
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,8 +65,10 @@ def _body() -> bytes:
     return req.SerializeToString()
 
 
-def _py_spy(binary: str, pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+def _py_spy(binary: str, pid: int, seconds: float, out: Path, native: bool) -> subprocess.Popen[bytes]:
     args = [binary, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "250", "-f", "raw"]
+    if native:
+        args.append("--native")  # the C frames too (uvloop's, gRPC's Cython, ssl)
     return subprocess.Popen([*args, "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -157,16 +167,87 @@ async def _measure(args: argparse.Namespace, targets: list[Any], pids: dict[str,
         cells[f"c{concurrency}"] = {r.target: _figures(r) for r in results}
         for r in results:
             print(br._row(r, "1KB", concurrency), flush=True)
+    cells["threads"] = await _thread_split(targets, body, max(args.concurrency), args.requests * 4, paths)
+    if args.strace:
+        cells["syscalls"] = {
+            c: await _syscalls(targets, body, c, args.requests * 4, paths) for c in args.concurrency
+        }
     for name in args.py_spy_targets if args.py_spy else ():
         target = [t for t in targets if t[0] == name]
         out = Path(args.out).with_suffix(f".{name}.pyspy.txt")
-        spy = _py_spy(args.py_spy_bin, pids[name], args.py_spy, out)
+        spy = _py_spy(args.py_spy_bin, pids[name], args.py_spy, out, args.py_spy_native)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + args.py_spy
         while loop.time() < deadline:
             await br.measure_cell(target, body, max(args.concurrency), 400, 1, "1KB", len(body), paths)
         spy.wait()
     return cells
+
+
+def thread_cpu_ns(pid: int) -> dict[str, int]:
+    """The CPU time of each thread of `pid` by its name (threads of one name summed;
+    the main thread, the event loop's, as "main"), in ns."""
+    found: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = "main" if task.name == str(pid) else (task / "comm").read_text().strip()
+            ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that just ended
+            continue
+        found[name] = found.get(name, 0) + ns
+    return found
+
+
+async def _thread_split(
+    targets: list[Any], body: bytes, concurrency: int, count: int, paths: dict[str, dict[str, int]]
+) -> dict[str, dict[str, float]]:
+    """Each router's CPU per request by thread (the event loop's, gRPC's poller and
+    EventEngine threads, ...), one window of `count` requests each: py-spy sees only threads
+    that run Python, and gRPC's core threads run none."""
+    split: dict[str, dict[str, float]] = {}
+    for target in targets:
+        pid = paths[target[0]]["router"]
+        before = thread_cpu_ns(pid)
+        results = await br.measure_cell([target], body, concurrency, count, 1, "1KB", len(body), paths)
+        after = thread_cpu_ns(pid)
+        n = results[0].requests
+        split[target[0]] = {
+            name: round((ns - before.get(name, 0)) / 1000 / n, 1)
+            for name, ns in sorted(after.items(), key=lambda kv: before.get(kv[0], 0) - kv[1])
+            if ns > before.get(name, 0)
+        }
+        print(f"threads of {target[0]} at c={concurrency} (us/request): {split[target[0]]}", flush=True)
+    return split
+
+
+async def _syscalls(
+    targets: list[Any], body: bytes, concurrency: int, count: int, paths: dict[str, dict[str, int]]
+) -> dict[str, dict[str, float]]:
+    """Each router's system calls per request (`strace -c -f` attached for one window of
+    `count` requests): a count, so it does not drift with the host's load as CPU time does
+    (strace slows the router; the other figures are taken without it)."""
+    found: dict[str, dict[str, float]] = {}
+    for target in targets:
+        pid = paths[target[0]]["router"]
+        out = Path(tempfile.mkdtemp(prefix="strace-")) / "summary.txt"
+        spy = await asyncio.create_subprocess_exec(
+            "strace", "-c", "-f", "-p", str(pid), "-o", str(out), stderr=subprocess.DEVNULL
+        )
+        await asyncio.sleep(1.0)  # attached to every thread
+        results = await br.measure_cell([target], body, concurrency, count, 1, "1KB", len(body), paths)
+        spy.send_signal(signal.SIGINT)  # detach and write the summary
+        await spy.wait()
+        calls: dict[str, float] = {}
+        for line in out.read_text().splitlines():
+            cols = line.split()
+            if len(cols) >= 5 and cols[0][0].isdigit() and cols[-1] != "total":
+                calls[cols[-1]] = round(int(cols[3]) / results[0].requests, 2)
+        found[target[0]] = {
+            "total": round(sum(calls.values()), 1),
+            **dict(sorted(calls.items(), key=lambda kv: -kv[1])[:8]),
+        }
+        print(f"system calls of {target[0]} at c={concurrency} per request: {found[target[0]]}", flush=True)
+    return found
 
 
 def _figures(r: br.Result) -> dict[str, float]:
@@ -193,11 +274,15 @@ def main() -> int:
         "--py-spy", type=float, default=0.0, help="seconds of py-spy on the production router"
     )
     parser.add_argument("--py-spy-bin", default="py-spy")
+    parser.add_argument("--strace", action="store_true", help="count each router's system calls per request")
+    parser.add_argument("--py-spy-native", action="store_true", help="record native frames too")
     parser.add_argument("--py-spy-targets", nargs="*", default=["router"], help="routers to record, in turn")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "router-cpu.json"))
     args = parser.parse_args()
     report = asyncio.run(run(args))
     for cell, rows in report["cells"].items():
+        if cell in ("threads", "syscalls"):
+            continue
         for name, f in rows.items():
             ratio = f["router_cpu_us_per_request"] / rows["router"]["router_cpu_us_per_request"]
             cpu = f["router_cpu_us_per_request"]

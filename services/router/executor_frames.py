@@ -61,7 +61,7 @@ class FrameTransport:
         """Asks again at the next passing probe (after an ejection: what comes back may differ)."""
         self._retry_at.pop(deployment, None)
 
-    async def infer(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
+    async def send_framed(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
         message = (*parts, request_parameters(timeout_s, True, self._tracing))
         try:
             reply = await self._open[deployment].request(message, timeout_s)

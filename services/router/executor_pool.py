@@ -92,13 +92,13 @@ class ExecutorPool:
         return "frames" if self._frames.is_open(deployment) else "grpc"
 
     # ---- ExecutorTransport --------------------------------------------------------------------
-    async def infer(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
+    async def send_tensor(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
         """One ModelInferRequest (the concatenated `parts`) to the deployment, over its frame
         connection or one of its streams; returns the serialized ModelInferResponse or raises
         UpstreamError."""
         if self._frames.is_open(deployment):
-            return await self._frames.infer(deployment, parts, timeout_s)
-        return await self._streams.infer(deployment, parts, timeout_s)
+            return await self._frames.send_framed(deployment, parts, timeout_s)
+        return await self._streams.send_streamed(deployment, parts, timeout_s)
 
     def stream(
         self, deployment: str, parts: Sequence[bytes], timeout_s: float

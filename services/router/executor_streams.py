@@ -78,7 +78,7 @@ class GrpcStreamTransport:
                 call.cancel()
             calls.clear()
 
-    async def infer(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
+    async def send_streamed(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
         message = b"".join((*parts, request_parameters(timeout_s, True, self._tracing)))
         return unwrap_answer(await self.answer(deployment, message, timeout_s))
 

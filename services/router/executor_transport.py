@@ -30,7 +30,7 @@ _STREAM_FIELDS = frozenset((wire.STREAM_ERROR, wire.STREAM_RESPONSE))
 class ExecutorTransport(Protocol):
     """Carries requests to a named deployment's executor."""
 
-    async def infer(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
+    async def send_tensor(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
         """One ModelInferRequest (the concatenated `parts`, the router's overrides appended);
         returns the serialized ModelInferResponse."""
         ...

@@ -25,8 +25,8 @@ from google.protobuf.message import Message
 from services.router import wire
 from services.router.executor_transport import ExecutorTransport, Reply
 from services.router.policies import DeploymentState, plan
+from services.router.request_records import Outcome
 from services.router.router_config import Route, Settings, Target
-from services.router.usage_meter import Outcome
 from switchyard import oip_params
 from switchyard.errors import DeadlineExceeded, Status, UpstreamError
 from switchyard.gen.inference import grpc_service_pb2 as pb
@@ -106,7 +106,7 @@ class Forwarder:
                 return  # not taken by that executor: once more elsewhere
         raise UpstreamError(exc.status, f"{exc.details} (path {state.deployment.path})") from None
 
-    async def infer(
+    async def forward_tensor(
         self, route: Route, header: wire.Header, raw: bytes, time_remaining: float | None, outcome: Outcome
     ) -> Forwarded:
         """The answer of the first deployment of the plan that takes the request."""
@@ -115,7 +115,7 @@ class Forwarder:
             outcome.path = state.deployment.path
             t1 = time.perf_counter_ns()
             try:
-                reply = await self.fleet.infer(target.deployment, body(raw, header, target), timeout)
+                reply = await self.fleet.send_tensor(target.deployment, body(raw, header, target), timeout)
             except UpstreamError as exc:
                 wait_ns += time.perf_counter_ns() - t1
                 self._retry_or_raise(exc, target, state, retry)
@@ -125,13 +125,16 @@ class Forwarder:
             return Forwarded(reply, target, wait_ns + elapsed)
         raise AssertionError("plan() returns at least one choice")
 
-    async def infer_on(
+    def path_of(self, target: Target) -> str:
+        return self.fleet.states[target.deployment].deployment.path
+
+    async def forward_copy(
         self, target: Target, header: wire.Header, raw: bytes, timeout_s: float, outcome: Outcome
     ) -> bytes:
         """The answer of one given target (a shadow candidate): no plan, no retry."""
         state = self.fleet.states[target.deployment]
         t1 = time.perf_counter_ns()
-        reply = await self.fleet.infer(target.deployment, body(raw, header, target), timeout_s)
+        reply = await self.fleet.send_tensor(target.deployment, body(raw, header, target), timeout_s)
         self._account(state, reply, time.perf_counter_ns() - t1, outcome)
         return reply
 

@@ -49,7 +49,7 @@ class OipServicer:
             else contextlib.nullcontext()
         )
         with span:
-            return await self.path.infer(raw, metadata, context.time_remaining(), context.peer())
+            return await self.path.serve_tensor(raw, metadata, context.time_remaining(), context.peer())
 
     async def _upstream(
         self, model: str, context: Ctx, method: str, request: Req, reply_type: type[Rep]
@@ -151,7 +151,7 @@ class OipServicer:
         )
         try:
             with span:
-                return wire.stream_answer(await self.path.infer(raw, metadata, time_remaining, peer))
+                return wire.stream_answer(await self.path.serve_tensor(raw, metadata, time_remaining, peer))
         except Exception as exc:  # one bad request must not end the stream the others share
             message = inband_status.encode_error(exc, f"/{SERVICE}/ModelStreamInfer")
         return wire.stream_error(message, _request_id(raw))

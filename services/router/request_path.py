@@ -4,7 +4,7 @@
     bound  ->  forwarder (plan, send, retry, fail over)  ->  usage meter (one event, metrics)
     ->  shadow mirror, workload capture (after the answer, never in its way)  ->  the answer
 
-`RequestPath.infer` takes the serialized ModelInferRequest and returns the serialized
+`RequestPath.serve_tensor` takes the serialized ModelInferRequest and returns the serialized
 response: it reads the request header without decoding tensors, and appends the router's own
 response parameters (`path`, `router_overhead_us`, `request_id`) to the executor's bytes.
 `generate` streams a decoupled (generative) model's responses through the same stages. Each
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
@@ -29,15 +29,16 @@ from services.router.capture import Capturer
 from services.router.executor_pool import ExecutorPool
 from services.router.executor_transport import Reply
 from services.router.forwarder import Forwarded, Forwarder
+from services.router.policies import DeploymentState
+from services.router.request_records import Charge, Outcome, now_us
 from services.router.route_table import RouteTable
 from services.router.router_config import Route, Settings
+from services.router.router_metrics import RouterStats
 from services.router.shadow_mirror import ShadowMirror
 from services.router.spool import Spool
-from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us
+from services.router.usage_meter import UsageMeter
 from switchyard.errors import NotFound, ResourceExhausted, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as pb
-
-_PATH_ENTRIES: dict[str, bytes] = {}  # path -> its encoded `path` parameter (paths are few)
 
 
 @dataclass
@@ -59,6 +60,14 @@ class RequestPath:
     @property
     def spool(self) -> Spool | None:
         return self.meter.spool
+
+    @property
+    def stats(self) -> RouterStats:
+        return self.meter.stats
+
+    @property
+    def states(self) -> Mapping[str, DeploymentState]:
+        return self.pool.states
 
     async def _admit(self, raw: bytes, metadata: Metadata, peer: str) -> Charge:
         started_us = now_us()
@@ -98,7 +107,9 @@ class RequestPath:
         finally:
             self.in_flight[route.model] -= 1
 
-    async def infer(self, raw: bytes, metadata: Metadata, time_remaining: float | None, peer: str) -> bytes:
+    async def serve_tensor(
+        self, raw: bytes, metadata: Metadata, time_remaining: float | None, peer: str
+    ) -> bytes:
         t0 = time.perf_counter_ns()
         charge = await self._admit(raw, metadata, peer)
         # over the principal's limit: refused here, counted, no ledger line (limits.py)
@@ -106,7 +117,7 @@ class RequestPath:
             outcome = Outcome()
             with self._route_slot(charge):
                 try:
-                    sent = await self.forwarder.infer(
+                    sent = await self.forwarder.forward_tensor(
                         charge.route, charge.header, raw, time_remaining, outcome
                     )
                 except asyncio.CancelledError:
@@ -131,22 +142,12 @@ class RequestPath:
     def _answer(self, charge: Charge, outcome: Outcome, sent: Forwarded, t0: int) -> bytes:
         """The executor's bytes with the router's parameters appended."""
         route = charge.route
-        path = _PATH_ENTRIES.get(outcome.path)
-        if path is None:
-            path = _PATH_ENTRIES.setdefault(outcome.path, wire.parameters_field({"path": outcome.path}))
-        suffix = b""
-        if sent.target.model and sent.target.model != route.model:
-            suffix = wire.string_field(wire.MODEL_NAME, route.model)  # callers see the name they asked for
+        renamed = sent.target.model and sent.target.model != route.model
         overhead_us = (time.perf_counter_ns() - t0 - sent.wait_ns) // 1000
         self.meter.observe_overhead(route, outcome.path, overhead_us)
-        return b"".join(
-            (
-                sent.reply,
-                suffix,
-                path,
-                wire.string_parameter(b"request_id", charge.request_id),
-                wire.parameters_field({"router_overhead_us": overhead_us}),
-            )
+        # callers see the model name they asked for
+        return wire.router_answer(
+            sent.reply, outcome.path, charge.request_id, overhead_us, route.model if renamed else ""
         )
 
     async def generate(
@@ -154,11 +155,11 @@ class RequestPath:
     ) -> AsyncGenerator[pb.ModelInferResponse]:
         """A request to a decoupled (generative) model: its responses as the executor sends them,
         each with the router's `path` and `request_id` and the model name the caller used.
-        Admitted, limited and routed as `infer` is. Metered once at the end, with the prompt and
+        Admitted, limited and routed as `serve_tensor` is. Metered once at the end, with the prompt and
         output tokens so far (a caller that leaves early is charged what was generated until
         then, status cancelled)."""
         charge = await self._admit(raw, metadata, peer)
-        # over the principal's limit: refused here, as `infer` is (each of `n` choices is a call)
+        # over the principal's limit: refused here, as `serve_tensor` is (each of `n` choices is a call)
         with self.admission.principal_slot(charge.identity):
             outcome = Outcome()
             kept: list[pb.ModelInferResponse] | None = [] if charge.route.shadow is not None else None

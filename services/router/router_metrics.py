@@ -17,13 +17,12 @@ families are built when Prometheus scrapes (`collector`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
+from services.router.policies import DeploymentState
+from services.router.spool import Spool
 from switchyard.metrics_endpoint import CallbackCollector, Histogram, counter, gauge
-
-if TYPE_CHECKING:
-    from services.router.request_path import RequestPath
 
 
 class RouterStats:
@@ -41,12 +40,29 @@ class RouterStats:
         self.overhead.observe((model, path), overhead_s)
 
 
-def collector(path: RequestPath) -> CallbackCollector:
+class Observed(Protocol):
+    """What the metrics read of the router (its request path): counters kept per request, the
+    routes' in-flight counts, the deployments' states and the usage spool."""
+
+    @property
+    def stats(self) -> RouterStats: ...
+
+    @property
+    def in_flight(self) -> Mapping[str, int]: ...
+
+    @property
+    def states(self) -> Mapping[str, DeploymentState]: ...
+
+    @property
+    def spool(self) -> Spool | None: ...
+
+
+def collector(path: Observed) -> CallbackCollector:
     return CallbackCollector(lambda: families(path))
 
 
-def families(path: RequestPath) -> Iterable[Any]:
-    stats = path.meter.stats
+def families(path: Observed) -> Iterable[Any]:
+    stats = path.stats
     requests = counter(
         "switchyard_router_requests_total", "Requests answered, by route, path and team",
         ("model", "path", "team", "status"),
@@ -60,7 +76,7 @@ def families(path: RequestPath) -> Iterable[Any]:
         "switchyard_router_deployment_admitted", "1 while a deployment is routed to, 0 while ejected",
         ("deployment", "path"),
     )  # fmt: skip
-    for name, state in list(path.pool.states.items()):
+    for name, state in list(path.states.items()):
         admitted.add_metric([name, state.deployment.path], 1.0 if state.admitted() else 0.0)
     found: list[Any] = [
         requests,
@@ -75,7 +91,7 @@ def families(path: RequestPath) -> Iterable[Any]:
         in_flight,
         admitted,
     ]
-    spool = path.meter.spool
+    spool = path.spool
     if spool is not None:
         depth = gauge("switchyard_router_spool_depth", "Usage and audit segments on disk for metering", ())
         depth.add_metric([], spool.backlog)

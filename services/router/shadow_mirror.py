@@ -25,10 +25,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from services.router.evaluator_client import EvaluatorComparer, EvaluatorUnavailable
-from services.router.forwarder import Forwarder
+from services.router.request_records import Charge, CopySender, Outcome, UsageRecorder, now_us
 from services.router.router_config import Settings, Target
 from services.router.shadow_divergence import ShadowStats, divergence, greedy_request, is_generation
-from services.router.usage_meter import Charge, Outcome, UsageMeter, now_us
 from switchyard.errors import SwitchyardError, UpstreamError
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.judge.divergence import judge_pair
@@ -41,8 +40,8 @@ log = logging.getLogger(__name__)
 class ShadowMirror:
     def __init__(
         self,
-        forwarder: Forwarder,
-        meter: UsageMeter,
+        forwarder: CopySender,
+        meter: UsageRecorder,
         settings: Settings,
         evaluator: EvaluatorComparer | None = None,
         rng: random.Random | None = None,
@@ -120,7 +119,7 @@ class ShadowMirror:
             return
 
         async def pair(outcome: Outcome, tags: dict[str, str], budget: float) -> None:
-            reply = await self.forwarder.infer_on(candidate, charge.header, raw, budget, outcome)
+            reply = await self.forwarder.forward_copy(candidate, charge.header, raw, budget, outcome)
             if is_generation(first):  # a generative model answered unary: the divergence rule
                 answer = pb.ModelInferResponse.FromString(reply)
                 self._judge_generation(stats, tags, generated([first]), generated([answer]))
@@ -147,7 +146,7 @@ class ShadowMirror:
     ) -> None:
         """Runs one shadow copy (`pair`: send it, judge the pair); counts its failure, and meters
         it on the candidate's path (arm "shadow", tagged with the judgement or the error)."""
-        outcome = Outcome(path=self.forwarder.fleet.states[candidate.deployment].deployment.path)
+        outcome = Outcome(path=self.forwarder.path_of(candidate))
         copy = Charge(charge.route, charge.identity, charge.request_id, charge.header, now_us())
         tags: dict[str, str] = {"shadow_of": charge.request_id, "candidate": stats.candidate}
         try:

@@ -7,48 +7,20 @@ a deployment was chosen (the route's in-flight bound) is charged to the route's 
 failed. Events go to the spool (batched and spooled to disk while metering is down); the
 idempotency key is the request id (a shadow copy's adds its arm and candidate), so a retried
 flush is stored once. Each event is in the spool's journal on disk before the router answers
-(`durable`). The same outcome feeds the Prometheus counters (`RouterStats`).
+(`durable`). The same outcome feeds the Prometheus counters (`RouterStats`). The records
+(`Outcome`, `Charge`) are the stages' shared ones (`request_records`).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from services.router import wire
-from services.router.auth import Identity
 from services.router.policies import DeploymentState
+from services.router.request_records import Charge, Outcome, now_us
 from services.router.router_config import Route
 from services.router.router_metrics import RouterStats
 from services.router.spool import Spool
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
-
-
-@dataclass
-class Outcome:
-    """What became of one request (or shadow copy), filled in as it goes."""
-
-    status: str = "failed"
-    path: str = ""
-    busy_us: int = 0
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class Charge:
-    """Who a request is charged to, and since when."""
-
-    route: Route
-    identity: Identity
-    request_id: str
-    header: wire.Header
-    started_us: int
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
 
 
 def tags_key(tags: dict[str, str] | None) -> str:

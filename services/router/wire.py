@@ -170,6 +170,39 @@ def string_parameter(key: bytes, value: str) -> bytes:
     return b"".join((head, key, bytes((0x12, inner, 0x1A, len(data))), data))  # its value (2)
 
 
+def int_parameter(key: bytes, value: int) -> bytes:
+    """One `parameters` entry with an int64 value, as `parameters_field({key: value})` encodes
+    it, written directly for a short key and a value >= 0."""
+    if value < 0 or len(key) > 100:
+        return parameters_field({key.decode(): value})
+    data = encode_varint(value)
+    inner = 1 + len(data)  # InferParameter: int64_param (2), varint
+    head = bytes((0x22, 4 + len(key) + inner, 0x0A, len(key)))  # entry; its key (1)
+    return b"".join((head, key, bytes((0x12, inner, 0x10)), data))  # its value (2)
+
+
+_PATH_ENTRIES: dict[str, bytes] = {}  # path -> its encoded `path` parameter (paths are few)
+
+
+def router_answer(reply: bytes, path: str, request_id: str, overhead_us: int, model_name: str = "") -> bytes:
+    """An executor's serialized answer with the router's own fields appended: the model name the
+    caller asked for (where the route's target serves it under another), and the parameters
+    `path`, `request_id` and `router_overhead_us`."""
+    entry = _PATH_ENTRIES.get(path)
+    if entry is None:
+        entry = _PATH_ENTRIES.setdefault(path, parameters_field({"path": path}))
+    name = string_field(MODEL_NAME, model_name) if model_name else b""
+    return b"".join(
+        (
+            reply,
+            name,
+            entry,
+            string_parameter(b"request_id", request_id),
+            int_parameter(b"router_overhead_us", overhead_us),
+        )
+    )
+
+
 def _header_prefix(buf: bytes) -> bytes:
     """The bytes before the first tensor field (executors write fields in number order)."""
     pos = 0
