@@ -166,7 +166,7 @@ async def _report(args: argparse.Namespace) -> int:
         from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
         from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 
-        async with tls.aio_channel(args.metering) as channel:
+        async with tls.aio_channel(args.metering, expect=tls.METERING) as channel:
             stored = await mgrpc.MeteringStub(channel).GetTrialReport(
                 mpb.GetTrialReportRequest(trial_id=args.trial_id), timeout=30
             )

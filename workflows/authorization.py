@@ -64,7 +64,7 @@ async def request_grant(
     security = tls.resolve(security)
     if security.insecure and not api_key:
         return ""
-    async with tls.aio_channel(metering, security=security) as channel:
+    async with tls.aio_channel(metering, security=security, expect=tls.METERING) as channel:
         return await ask_grant(mgrpc.MeteringStub(channel), needs(spec, workflow_id), workflow_id, api_key)
 
 
