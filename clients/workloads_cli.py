@@ -81,7 +81,9 @@ def may_read(args: argparse.Namespace, scope: str, resource: str) -> bool:
 
 
 def _route_scope(workload: str) -> str:
-    return f"model:{workload.rsplit('.', 1)[0]}"
+    from services.router.capture import workload_route
+
+    return f"model:{workload_route(workload)}"
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -129,7 +129,7 @@ async def test_only_the_worker_verifies_grants_and_a_tampered_one_fails(setup: S
     grant = await _grant(setup, "runner", spec, "t-verify")
     request = mpb.VerifyGrantRequest(
         grant=grant,
-        subject="t-verify|mlp|",
+        subject="t-verify|mlp||",
         roles=["trials:run"],
         scope="model:mlp",
         action="trial.authorize",
@@ -157,7 +157,7 @@ async def test_only_the_worker_verifies_grants_and_a_tampered_one_fails(setup: S
             ),
             (
                 mpb.VerifyGrantRequest(
-                    grant=grant, subject="t-other|mlp|", roles=["trials:run"], scope="model:mlp"
+                    grant=grant, subject="t-other|mlp||", roles=["trials:run"], scope="model:mlp"
                 ),
                 "is for",
             ),
