@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, update
 
-from services.metering import costmodel
+from services.metering import costmodel, rowmac
 from services.metering.costmodel import IDLE_METHOD, UNALLOCATED_METHOD
 from services.metering.metering_errors import BadInput, Conflict, UnknownEntity, WrongState
 from services.metering.records import ReservationInfo, check_key, check_time
@@ -63,7 +63,7 @@ def set_price(
     version = f"{key}@{effective_us}"
     values = dict(price_key=key, micros_per_hour=micros_per_hour, currency=currency)
     values.update(effective_from_us=effective_us, version=version, created_us=now_us)
-    conn.execute(PRICES.insert().values(**values))
+    conn.execute(PRICES.insert().values(**values, mac=rowmac.price_mac(conn, values)))
     return conn.execute(select(PRICES).where(PRICES.c.version == version)).one()
 
 

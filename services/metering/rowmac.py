@@ -1,12 +1,18 @@
-"""Keyed MACs on the rows that grant power: role bindings and API keys (with their revocation).
+"""Keyed MACs on the rows that grant power or set money: role bindings, API keys (with their
+revocation) and prices.
 
 Each such row carries `mac`, an HMAC-SHA256 under a key derived from the audit key (which the
 database does not hold) of the row's meaningful fields. Metering writes it with the row and
 checks it whenever it uses the row: a binding whose MAC does not match grants nothing, and a
 key whose MAC does not match (a revoked key whose `revoked_us` was cleared, a changed
-principal, a key inserted by hand) does not authenticate. `audit verify` names such rows
-(problem `row`). A row written before migration 0008 has no MAC and is refused likewise:
-re-grant the role or issue a new key through the service.
+principal, a key inserted by hand) does not authenticate, and a price whose MAC does not match
+(a rate lowered or raised by SQL, a version inserted by hand) charges nothing: usage on its key
+is refused (FAILED_PRECONDITION, the router keeps it in its journal) until an operator acts.
+`audit verify` names such rows (problem `row`). A binding or key written before migration 0008
+has no MAC and is refused likewise: re-grant the role or issue a new key through the service.
+A price written before migration 0009 has none either; it holds where the chain vouches for
+it (its `price.set` row names the same version, rate and currency), since the runtime role
+may not change a price row and so cannot be asked to sign one.
 
 What a MAC cannot tell apart: a row put back exactly as it was earlier (a key's state before
 its revocation, with that state's MAC); `audit verify` cross-checks every `key.revoke` row
@@ -23,7 +29,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from services.metering import audit
-from services.metering.schema import AUDIT, BINDINGS, KEYS
+from services.metering.schema import AUDIT, BINDINGS, KEYS, PRICES
 
 ROW_INFO = b"switchyard row mac v1"
 
@@ -58,6 +64,37 @@ def key_mac(
     )
 
 
+PRICE_FIELDS = ("price_key", "micros_per_hour", "currency", "effective_from_us", "version", "created_us")
+
+
+def price_mac(conn: Connection, fields: dict[str, Any]) -> str:
+    """Of a price's fields (PRICE_FIELDS): what it charges, from when, as which version."""
+    return _mac(conn, "price", *(fields[name] for name in PRICE_FIELDS))
+
+
+def price_ok(conn: Connection, row: Any) -> bool:
+    """The row's MAC matches; or it has none (written before migration 0009) and the chain's
+    `price.set` row for its version says the same rate and currency."""
+    if row.mac is None:
+        return _chained_price(conn, row)
+    expected = price_mac(conn, {name: getattr(row, name) for name in PRICE_FIELDS})
+    return hmac.compare_digest(str(row.mac), expected)
+
+
+def _chained_price(conn: Connection, row: Any) -> bool:
+    said = conn.execute(
+        select(AUDIT.c.detail_json).where(
+            AUDIT.c.action == "price.set", AUDIT.c.resource == f"price/{row.price_key}"
+        )
+    )
+    wanted = (row.version, int(row.micros_per_hour), row.currency)
+    for (detail,) in said:
+        d = json.loads(detail)
+        if (d.get("version"), d.get("micros_per_hour"), d.get("currency")) == wanted:
+            return True
+    return False
+
+
 def binding_ok(conn: Connection, row: Any) -> bool:
     expected = binding_mac(conn, row.principal_id, row.role, row.scope, row.created_us)
     return row.mac is not None and hmac.compare_digest(str(row.mac), expected)
@@ -71,11 +108,20 @@ def key_ok(conn: Connection, row: Any) -> bool:
 
 
 def forged_rows(conn: Connection) -> list[str]:
-    """Every binding and key whose MAC does not match, and every key the chain revoked that
-    the table says is live (a replayed earlier state): `role_binding/<id>`, `api_key/<id>`."""
+    """Every binding, key and price whose MAC does not match, every key the chain revoked that
+    the table says is live (a replayed earlier state) and every price the chain set that the
+    table lost: `role_binding/<id>`, `api_key/<id>`, `price/<version>`."""
     bad = [f"role_binding/{r.id}" for r in conn.execute(select(BINDINGS)) if not binding_ok(conn, r)]
     keys = {r.key_id: r for r in conn.execute(select(KEYS))}
     bad += [f"api_key/{k}" for k, r in keys.items() if not key_ok(conn, r)]
+    prices = list(conn.execute(select(PRICES)))
+    bad += [f"price/{r.version}" for r in prices if not price_ok(conn, r)]
+    versions = {r.version for r in prices}
+    chained = conn.execute(select(AUDIT.c.detail_json).where(AUDIT.c.action == "price.set"))
+    for (detail,) in chained:  # a price the chain set, gone from the table
+        version = str(json.loads(detail).get("version", ""))
+        if version and version not in versions and f"price/{version}" not in bad:
+            bad.append(f"price/{version}")
     revoked = conn.execute(select(AUDIT.c.resource).where(AUDIT.c.action == "key.revoke"))
     for (resource,) in revoked:
         key_id = str(resource).removeprefix("key/")
