@@ -80,7 +80,8 @@ def register_path(
         if {k: getattr(old, k) for k in values} != values:
             raise Conflict(f"path {path} is already registered with other settings; paths are immutable")
         return old
-    conn.execute(PATHS.insert().values(created_us=now_us, **values))
+    row: dict[str, Any] = {**values, "created_us": now_us}
+    conn.execute(PATHS.insert().values(**row, mac=rowmac.path_mac(conn, row)))
     return conn.execute(select(PATHS).where(PATHS.c.path == path)).one()
 
 

@@ -103,10 +103,16 @@ def load_paths(conn: Connection, names: Iterable[str], lock: str = "share") -> d
     wanted = sorted(set(names))
     found: dict[str, str] = {}
     for part in chunks(wanted):
-        stmt = select(PATHS.c.path, PATHS.c.price_key).where(PATHS.c.path.in_(part)).order_by(PATHS.c.path)
+        stmt = select(PATHS).where(PATHS.c.path.in_(part)).order_by(PATHS.c.path)
         if lock:
             stmt = stmt.with_for_update(read=lock == "share")
-        found.update(conn.execute(stmt).all())
+        for row in conn.execute(stmt):
+            if not rowmac.path_ok(conn, row):  # its price key set behind metering's back
+                raise WrongState(
+                    f"path {row.path} fails its MAC: it was written behind metering's back, so usage "
+                    "on it is not charged; see `switchyard audit verify`"
+                )
+            found[row.path] = row.price_key
     for name in wanted:
         if name not in found:
             raise UnknownEntity(f"unknown path {name!r}; register it first (RegisterPath)")

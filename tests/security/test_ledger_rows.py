@@ -6,8 +6,9 @@ whose `revoked_us` is cleared does not authenticate; a key row inserted by SQL w
 secret hash does not authenticate; and `audit verify` names each row (problem `row`).
 A key put back exactly as it was before its revocation (with that state's MAC) passes the
 MAC at use, but verify names it from the chain's `key.revoke` row. A price whose rate is
-changed, a price version inserted, or one deleted, by SQL: usage on its key is refused at use
-(not charged at the forged rate) and verify names the price.
+changed, a price version inserted, or one deleted, and a path pointed at a cheaper price key
+or inserted, by SQL: usage on it is refused at use (not charged at the forged rate) and
+verify names the row.
 """
 
 from __future__ import annotations
@@ -168,3 +169,39 @@ async def test_a_price_from_before_its_mac_holds_where_the_chain_vouches(
     assert (await stub.VerifyAudit(mpb.VerifyAuditRequest())).ok
     plain_sql(db_url, f"UPDATE prices SET micros_per_hour = 1 WHERE version = '{version}'")
     await assert_named(metering, stub, f"price/{version}")
+
+
+# ---- money: paths --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["repointed", "inserted", "legacy"])
+async def test_a_path_changed_by_sql_charges_nothing_and_is_named(
+    metering: Metering, db_url: str, how: str
+) -> None:
+    """A path points at the price key it is charged at: pointed at a cheaper key by SQL, or
+    inserted by SQL, usage on it is refused and verify names it. One from before migration 0010
+    (no MAC) holds as its chained path.register says."""
+    stub = await metering.start()
+    await _priced(stub)
+    cheap = mpb.Price(price_key="cheap", micros_per_hour=1, currency="USD", effective_from_unix_us=T0)
+    await stub.SetPrice(mpb.SetPriceRequest(price=cheap))
+    path = "cpu-eager@h1"
+    if how == "repointed":
+        plain_sql(db_url, f"UPDATE paths SET price_key = 'cheap' WHERE path = '{path}'")
+    elif how == "inserted":
+        path = "sneaky@h1"
+        plain_sql(
+            db_url,
+            "INSERT INTO paths (path, backend, resource_class, price_key, host, created_us, mac) "
+            f"VALUES ('{path}', 'cpu', 'cpu-16', 'cheap', 'h1', 1, NULL)",
+        )
+    else:
+        plain_sql(db_url, f"UPDATE paths SET mac = NULL WHERE path = '{path}'")
+    usage = stub.RecordUsage(mpb.RecordUsageRequest(events=[event("u1", T0 + 1, 1_000_000, path=path)]))
+    if how == "legacy":
+        assert (await usage).accepted == 1
+        assert (await stub.VerifyAudit(mpb.VerifyAuditRequest())).ok
+        plain_sql(db_url, f"UPDATE paths SET price_key = 'cheap' WHERE path = '{path}'")
+    else:
+        await expect_status(usage, grpc.StatusCode.FAILED_PRECONDITION, "fails its MAC")
+    await assert_named(metering, stub, f"path/{path}")
