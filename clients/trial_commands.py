@@ -110,7 +110,7 @@ async def _start(args: argparse.Namespace) -> int:
         print(f"{args.spec}: invalid trial spec: {err}", file=sys.stderr)
         return 2
     workflow_id = args.id or f"trial-{spec.model.name}-{uuid.uuid4().hex[:8]}"
-    try:  # trials:run (and workloads:read) on the model, before anything starts
+    try:  # the roles the spec needs (workflows/authorization.needs), before anything starts
         grant = await request_grant(
             args.metering, spec, workflow_id, os.environ.get("SWITCHYARD_API_KEY", "")
         )
