@@ -123,7 +123,7 @@ async def _connect_tls(
 ) -> dict[str, Send]:
     """The TLS variants of the first server: a gRPC stream on gRPC's TLS (C core), frames on the
     event loop's TLS."""
-    channel = tls.aio_channel(f"127.0.0.1:{ports[0]}", OPTIONS, client)
+    channel = tls.aio_channel(f"127.0.0.1:{ports[0]}", OPTIONS, client, expect=tls.EXECUTOR)
     call: Any = channel.stream_stream(STREAM)()
     channels.append(channel)
     context = tls.client_ssl_context(client)
@@ -134,7 +134,9 @@ async def _connect_tls(
         return cast(bytes, await call.read())
 
     out["grpc_stream_tls"] = over_stream
-    connection = await frames.FrameChannel.connect("127.0.0.1", ports[1], LIMIT, 10.0, context)
+    connection = await frames.FrameChannel.connect(
+        "127.0.0.1", ports[1], LIMIT, 10.0, context, tls.service_name(tls.EXECUTOR)
+    )
     connections.append(connection)
 
     async def over_frames(body: bytes) -> bytes:

@@ -193,17 +193,19 @@ def write_block_means_repository(root: Path) -> None:
         add_model(root, name, source, allowed_factories=("benchmarks",))
 
 
-def _channel(address: str, security: tls.Security | None) -> grpc.aio.Channel:
+def _channel(address: str, security: tls.Security | None, expect: str = tls.EXECUTOR) -> grpc.aio.Channel:
     return (
         grpc.aio.insecure_channel(address)
         if security is None
-        else tls.aio_channel(address, security=security)
+        else tls.aio_channel(address, security=security, expect=expect)
     )
 
 
-async def wait_serving(address: str, security: tls.Security | None = None, timeout_s: float = 180.0) -> None:
+async def wait_serving(
+    address: str, security: tls.Security | None = None, timeout_s: float = 180.0, expect: str = tls.EXECUTOR
+) -> None:
     deadline = time.monotonic() + timeout_s
-    async with _channel(address, security) as channel:
+    async with _channel(address, security, expect) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             try:
@@ -296,7 +298,7 @@ async def measure_cell(
     channels = [
         grpc.aio.insecure_channel(address, options=options)
         if security is None
-        else tls.aio_channel(address, options, security)
+        else tls.aio_channel(address, options, security, expect=tls.EXECUTOR)
         for _, address, _, security in targets
     ]
     try:
@@ -348,7 +350,7 @@ async def measure_cell(
 
 
 async def setup_key(metering: str, security: tls.Security) -> str:
-    async with tls.aio_channel(metering, security=security) as channel:
+    async with tls.aio_channel(metering, security=security, expect=tls.METERING) as channel:
         stub = mgrpc.MeteringStub(channel)
         await price_paths(
             stub, "bench-cpu", ["cpu-bench"], per_hour=1_000_000, resource_class="cpu", since_us=0
@@ -479,7 +481,7 @@ async def _run(
             wait_serving(addr["executor"]),
             wait_serving(addr["metering"]),
             wait_serving(addr["executor_mtls"], operator),
-            wait_serving(addr["metering_mtls"], operator),
+            wait_serving(addr["metering_mtls"], operator, expect=tls.METERING),
         )
         await wait_models_ready(addr["executor"], MODELS)
         await wait_models_ready(addr["executor_mtls"], MODELS, security=ids["router"])

@@ -100,7 +100,7 @@ def call(args: argparse.Namespace, fn: Callable[[pb_grpc.MeteringAsyncStub], Awa
     async def run() -> T:
         # the operator's certificate (or explicit plaintext), and SWITCHYARD_API_KEY if set
         key = os.environ.get("SWITCHYARD_API_KEY", "")
-        async with tls.aio_channel(args.metering, api_key=key) as channel:
+        async with tls.aio_channel(args.metering, api_key=key, expect=tls.METERING) as channel:
             return await fn(pb_grpc.MeteringStub(channel))
 
     return asyncio.run(run())

@@ -34,7 +34,7 @@ def _channel(address: str) -> Any:
     """The operator's certificate (or explicit plaintext), and SWITCHYARD_API_KEY if set."""
     from switchyard import tls
 
-    return tls.aio_channel(address, api_key=os.environ.get("SWITCHYARD_API_KEY", ""))
+    return tls.aio_channel(address, api_key=os.environ.get("SWITCHYARD_API_KEY", ""), expect=tls.METERING)
 
 
 async def _list(args: argparse.Namespace) -> int:

@@ -110,7 +110,7 @@ async def _start(args: argparse.Namespace) -> int:
         print(f"{args.spec}: invalid trial spec: {err}", file=sys.stderr)
         return 2
     workflow_id = args.id or f"trial-{spec.model.name}-{uuid.uuid4().hex[:8]}"
-    try:  # trials:run (and workloads:read) on the model, before anything starts
+    try:  # the roles the spec needs (workflows/authorization.needs), before anything starts
         grant = await request_grant(
             args.metering, spec, workflow_id, os.environ.get("SWITCHYARD_API_KEY", "")
         )
@@ -166,7 +166,7 @@ async def _report(args: argparse.Namespace) -> int:
         from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
         from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 
-        async with tls.aio_channel(args.metering) as channel:
+        async with tls.aio_channel(args.metering, expect=tls.METERING) as channel:
             stored = await mgrpc.MeteringStub(channel).GetTrialReport(
                 mpb.GetTrialReportRequest(trial_id=args.trial_id), timeout=30
             )

@@ -58,7 +58,9 @@ def may_read(args: argparse.Namespace, scope: str, resource: str) -> bool:
         return True
 
     async def ask() -> None:
-        async with tls.aio_channel(args.metering, security=security, api_key=key) as channel:
+        async with tls.aio_channel(
+            args.metering, security=security, api_key=key, expect=tls.METERING
+        ) as channel:
             await mgrpc.MeteringStub(channel).Authorize(
                 mpb.AuthorizeRequest(
                     roles=["workloads:read"],
@@ -79,7 +81,9 @@ def may_read(args: argparse.Namespace, scope: str, resource: str) -> bool:
 
 
 def _route_scope(workload: str) -> str:
-    return f"model:{workload.rsplit('.', 1)[0]}"
+    from switchyard.judge.capture_format import workload_route
+
+    return f"model:{workload_route(workload)}"
 
 
 def _list(args: argparse.Namespace) -> int:

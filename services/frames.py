@@ -133,13 +133,14 @@ class FrameChannel(asyncio.Protocol):
         limit: int,
         timeout_s: float,
         tls: ssl.SSLContext | None = None,
+        server_hostname: str = "",
     ) -> FrameChannel:
-        """Connects (over TLS with `tls`: the executor's certificate checked against `host`,
-        this process's certificate shown to it)."""
+        """Connects (over TLS with `tls`: the executor's certificate checked against
+        `server_hostname`, the name of the service meant (switchyard.tls.service_name), else
+        `host`; this process's certificate shown to it)."""
         loop = asyncio.get_running_loop()
-        connecting = loop.create_connection(
-            lambda: cls(limit), host, port, ssl=tls, server_hostname=host if tls is not None else None
-        )
+        name = (server_hostname or host) if tls is not None else None
+        connecting = loop.create_connection(lambda: cls(limit), host, port, ssl=tls, server_hostname=name)
         _, channel = await asyncio.wait_for(connecting, timeout_s)
         return channel
 

@@ -210,7 +210,7 @@ class MeteringAudit:
     def __init__(self, address: str, security: tls.Security, source: str) -> None:
         from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 
-        self._channel = tls.aio_channel(address, security=security)
+        self._channel = tls.aio_channel(address, security=security, expect=tls.METERING)
         self._stub = mgrpc.MeteringStub(self._channel)
         self.queue = AuditQueue(self._send, source)
 

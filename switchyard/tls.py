@@ -2,9 +2,14 @@
 
 Every switchyard process holds one certificate, issued by the cluster's CA, whose URI SAN
 names it: `spiffe://switchyard/<service>` (router, worker, metering, executor, evaluator,
-operator). Servers require a client certificate from the same CA and read the caller's
-identity from it (the gRPC auth context; the TLS peer certificate on frames); clients check
-the server's certificate against the CA and the host they dial.
+operator), and whose one DNS SAN is the service's name, `<service>.switchyard.internal`
+(`service_name`). Servers require a client certificate from the same CA and read the
+caller's identity from it (the gRPC auth context; the TLS peer certificate on frames).
+Clients check both ways: every dial names the service it means to reach (`expect`), and TLS
+verifies the server's certificate against the CA and that name (gRPC's
+`ssl_target_name_override`, the frames' `server_hostname`), whatever host:port it dials. No
+certificate carries an address (127.0.0.1, localhost) that others share, so one service's
+certificate cannot stand in for another's.
 
 A process finds its certificate in a directory laid out as a Kubernetes TLS Secret (and as
 cert-manager writes one): `ca.crt`, `tls.crt`, `tls.key`. `switchyard up` issues a local CA
@@ -21,7 +26,6 @@ main environment); serving and dialing read PEM files, so the XLA environment ne
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import logging
 import os
 import ssl
@@ -54,9 +58,26 @@ ROUTER, WORKER, METERING, EXECUTOR, EVALUATOR, OPERATOR = (
 SERVICES = (ROUTER, WORKER, METERING, EXECUTOR, EVALUATOR, OPERATOR)
 
 
+NAME_SUFFIX = ".switchyard.internal"
+
+
 def service_id(name: str) -> str:
     """The identity a service's certificate carries: spiffe://switchyard/<name>."""
     return SPIFFE_PREFIX + name
+
+
+def service_name(service: str) -> str:
+    """The DNS name a service's certificate carries and its clients check:
+    `<identity>.switchyard.internal`. A name may carry a suffix after '-' (executor-cpu), or
+    be a full identity (spiffe://switchyard/metering): the identity is the service's name."""
+    identity = service.removeprefix(SPIFFE_PREFIX).split("-", 1)[0]
+    if identity not in SERVICES:
+        raise ValueError(f"{service!r} names no switchyard service ({', '.join(SERVICES)})")
+    return _dns_name(identity)
+
+
+def _dns_name(identity: str) -> str:
+    return identity + NAME_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -195,10 +216,13 @@ def aio_channel(
     security: Security | None = None,
     api_key: str = "",
     interceptors: Sequence[Any] = (),
+    *,
+    expect: str,
 ) -> grpc.aio.Channel:
-    """A grpc.aio channel to `address`: mTLS with this process's certificate, or plaintext
-    where the process is explicitly insecure. With `api_key`, every call on it carries
-    `authorization: Bearer <key>`; `interceptors` (e.g. telemetry's) go first."""
+    """A grpc.aio channel to `address`, the service `expect` (metering, executor, ...): mTLS
+    with this process's certificate, the server's checked to carry `service_name(expect)`; or
+    plaintext where the process is explicitly insecure. With `api_key`, every call on it
+    carries `authorization: Bearer <key>`; `interceptors` (e.g. telemetry's) go first."""
     import grpc
 
     security = resolve(security)
@@ -206,8 +230,14 @@ def aio_channel(
     if security.insecure:
         return grpc.aio.insecure_channel(address, options=list(options), interceptors=chain)
     return grpc.aio.secure_channel(
-        address, channel_credentials(security), options=list(options), interceptors=chain
+        address, channel_credentials(security), options=_expecting(options, expect), interceptors=chain
     )
+
+
+def _expecting(options: Sequence[tuple[str, Any]], expect: str) -> list[tuple[str, Any]]:
+    """`options` with TLS told to check the server's certificate for `expect`'s name, not
+    for the host dialed (an address tells nothing about who holds it)."""
+    return [*options, ("grpc.ssl_target_name_override", service_name(expect))]
 
 
 def _bearer_interceptors(key: str) -> list[Any]:
@@ -244,14 +274,19 @@ class _Details:
 
 
 def sync_channel(
-    address: str, options: Sequence[tuple[str, Any]] = (), security: Security | None = None
+    address: str,
+    options: Sequence[tuple[str, Any]] = (),
+    security: Security | None = None,
+    *,
+    expect: str,
 ) -> grpc.Channel:
+    """A blocking channel, as aio_channel's (the server checked for `expect`)."""
     import grpc
 
     security = resolve(security)
     if security.insecure:
         return grpc.insecure_channel(address, options=list(options))
-    return grpc.secure_channel(address, channel_credentials(security), options=list(options))
+    return grpc.secure_channel(address, channel_credentials(security), options=_expecting(options, expect))
 
 
 # ---- frames (plain TCP + ssl) -------------------------------------------------------------------
@@ -285,6 +320,8 @@ def server_ssl_context(security: Security) -> ssl.SSLContext | None:
 
 
 def client_ssl_context(security: Security) -> ssl.SSLContext | None:
+    """For a frames client: this process's certificate, the server's checked against the CA
+    and against the `server_hostname` of each connection (give `service_name(...)`)."""
     if security.insecure:
         return None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -310,12 +347,27 @@ def _write_private(path: Path, data: bytes) -> None:
     os.chmod(path, 0o600)
 
 
-def ensure_local_pki(
-    root: Path, services: Iterable[str], hosts: Sequence[str] = ("127.0.0.1", "localhost")
-) -> dict[str, Path]:
+def _issued_for(folder: Path, name: str) -> bool:
+    """Whether `folder` holds a certificate whose DNS SAN is `name`. One issued before
+    services had names (for 127.0.0.1 and localhost, which every service shared) is not."""
+    from cryptography import x509
+
+    if not all((folder / n).exists() for n in (CA_FILE, CERT_FILE, KEY_FILE)):
+        return False
+    cert = x509.load_pem_x509_certificate((folder / CERT_FILE).read_bytes())
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    return name in sans.get_values_for_type(x509.DNSName)
+
+
+def ensure_local_pki(root: Path, services: Iterable[str]) -> dict[str, Path]:
     """A local CA under `root/ca` and a certificate directory per service under `root/<name>`,
     created on first use and kept after (every file 0600, every directory 0700). A service
-    name may carry a suffix after '-' (executor-cpu): the identity is the part before it.
+    name may carry a suffix after '-' (executor-cpu): the identity is the part before it. Each
+    certificate carries the identity's SPIFFE URI and its name (`service_name`), nothing else:
+    no address, so no two services' certificates answer to the same name.
     Returns each service's directory."""
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o700)
@@ -328,11 +380,12 @@ def ensure_local_pki(
     for name in services:
         folder = root / name
         out[name] = folder
-        if all((folder / n).exists() for n in (CA_FILE, CERT_FILE, KEY_FILE)):
+        identity = name.split("-", 1)[0]
+        if _issued_for(folder, _dns_name(identity)):
             continue
         folder.mkdir(exist_ok=True)
         os.chmod(folder, 0o700)
-        _issue_service(ca_dir, folder, name, hosts)
+        _issue_service(ca_dir, folder, name)
     return out
 
 
@@ -366,9 +419,9 @@ def _issue_ca(ca_dir: Path) -> None:
     _write_private(ca_dir / CA_FILE, ca_cert.public_bytes(pem))
 
 
-def _issue_service(ca_dir: Path, folder: Path, name: str, hosts: Sequence[str]) -> None:
+def _issue_service(ca_dir: Path, folder: Path, name: str) -> None:
     """`name`'s key and certificate, signed by the CA in `ca_dir`, into `folder` with the CA's:
-    its SPIFFE ID as the URI SAN, and `hosts`, the identity and the name as IP or DNS SANs."""
+    its SPIFFE ID as the URI SAN and its identity's name (`service_name`) as the one DNS SAN."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -382,12 +435,10 @@ def _issue_service(ca_dir: Path, folder: Path, name: str, hosts: Sequence[str]) 
     pem = serialization.Encoding.PEM
     identity = name.split("-", 1)[0]
     key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(service_id(identity))]
-    for host in dict.fromkeys((*hosts, identity, name)):
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
+    names: list[x509.GeneralName] = [
+        x509.UniformResourceIdentifier(service_id(identity)),
+        x509.DNSName(_dns_name(identity)),
+    ]
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, service_id(identity))]))

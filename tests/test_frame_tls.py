@@ -19,6 +19,8 @@ from services.executor.frame_server import FrameServer
 from switchyard import tls
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
+EXECUTOR = tls.service_name(tls.EXECUTOR)  # the name a client checks in an executor's certificate
+
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tls.Security]:
@@ -69,7 +71,7 @@ def test_frames_over_tls_carry_small_and_large_frames_on_either_loop(
         server = FrameServer(_Echo(), 64 << 20, pki["executor"])
         port = await server.start("127.0.0.1", 0)
         context = tls.client_ssl_context(pki["router"])
-        channel = await frames.FrameChannel.connect("127.0.0.1", port, 64 << 20, 5.0, context)
+        channel = await frames.FrameChannel.connect("127.0.0.1", port, 64 << 20, 5.0, context, EXECUTOR)
         try:
             sizes = [0, 1, 1024, 70_000, 1 << 20, 3 << 20] * 3
             bodies = [_request(i, size) for i, size in enumerate(sizes)]
@@ -97,7 +99,7 @@ def test_the_executor_bound_on_in_flight_holds_over_tls(pki: dict[str, tls.Secur
         server = FrameServer(echo, 1 << 20, pki["executor"], max_in_flight=3)
         port = await server.start("127.0.0.1", 0)
         channel = await frames.FrameChannel.connect(
-            "127.0.0.1", port, 1 << 20, 5.0, tls.client_ssl_context(pki["router"])
+            "127.0.0.1", port, 1 << 20, 5.0, tls.client_ssl_context(pki["router"]), EXECUTOR
         )
         try:
             calls = [asyncio.ensure_future(channel.request([_request(i, 512)], 20.0)) for i in range(40)]
@@ -149,7 +151,7 @@ def test_a_slow_reader_holds_the_writer_back_and_loses_nothing(pki: dict[str, tl
         server = await loop.create_server(source, "127.0.0.1", 0, ssl=tls.server_ssl_context(pki["executor"]))
         port = server.sockets[0].getsockname()[1]
         transport, _ = await loop.create_connection(
-            Sink, "127.0.0.1", port, ssl=tls.client_ssl_context(pki["router"]), server_hostname="127.0.0.1"
+            Sink, "127.0.0.1", port, ssl=tls.client_ssl_context(pki["router"]), server_hostname=EXECUTOR
         )
         try:
             await asyncio.wait_for(connected.wait(), 5)
@@ -184,7 +186,9 @@ def test_a_peer_without_a_certificate_fails_the_handshake(pki: dict[str, tls.Sec
         no_cert.load_verify_locations(cadata=pki["router"].ca.decode())
         try:
             with pytest.raises((ssl.SSLError, OSError, frames.FrameClosed)):
-                channel = await frames.FrameChannel.connect("127.0.0.1", port, 1 << 20, 5.0, no_cert)
+                channel = await frames.FrameChannel.connect(
+                    "127.0.0.1", port, 1 << 20, 5.0, no_cert, EXECUTOR
+                )
                 await channel.request([_request(1, 10)], 5.0)  # TLS 1.3: refused after the handshake
             assert not server.connections
         finally:
@@ -204,7 +208,9 @@ def test_a_peer_from_another_ca_or_in_plaintext_is_refused(pki: dict[str, tls.Se
         context = None if who == "plaintext" else tls.client_ssl_context(pki["foreign-router"])
         try:
             with pytest.raises((ssl.SSLError, OSError, frames.FrameClosed)):
-                channel = await frames.FrameChannel.connect("127.0.0.1", port, 1 << 20, 5.0, context)
+                channel = await frames.FrameChannel.connect(
+                    "127.0.0.1", port, 1 << 20, 5.0, context, EXECUTOR
+                )
                 await channel.request([_request(1, 10)], 5.0)
             assert echo.most_in_flight == 0
             await asyncio.sleep(0.1)
@@ -223,7 +229,7 @@ def test_the_router_refuses_an_executor_certified_by_another_ca(pki: dict[str, t
         try:
             with pytest.raises(ssl.SSLCertVerificationError):
                 await frames.FrameChannel.connect(
-                    "127.0.0.1", port, 1 << 20, 5.0, tls.client_ssl_context(pki["router"])
+                    "127.0.0.1", port, 1 << 20, 5.0, tls.client_ssl_context(pki["router"]), EXECUTOR
                 )
             assert echo.most_in_flight == 0
         finally:

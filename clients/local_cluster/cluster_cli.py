@@ -113,4 +113,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     health.add_argument("address", help="host:port")
     health.add_argument("--service", default="", help='health service name ("" = the server)')
     health.add_argument("--timeout", type=float, default=2.0, help="seconds")
+    health.add_argument(
+        "--identity",
+        default="",
+        help="the service ADDRESS must prove it is (metering, executor, ...; default: the one whose "
+        "certificate this process holds, as a container checking itself)",
+    )
     health.set_defaults(func=_health)

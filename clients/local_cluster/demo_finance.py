@@ -57,7 +57,7 @@ class PathCost:
 
 
 async def _describe(address: str) -> executor_pb2.DescribeResponse | None:
-    async with tls.aio_channel(address) as channel:
+    async with tls.aio_channel(address, expect=tls.EXECUTOR) as channel:
         try:
             return await executor_pb2_grpc.ExecutorControlStub(channel).Describe(
                 executor_pb2.DescribeRequest(), timeout=10
@@ -70,7 +70,7 @@ async def ensure_prices(metering: str, executors: Mapping[str, str], paths: Mapp
     """A price in force and a registered path for every executor (audited admin actions).
     `executors` maps backend -> address, `paths` backend -> ledger path id."""
     now_us = int(time.time() * 1_000_000)
-    async with tls.aio_channel(metering) as channel:
+    async with tls.aio_channel(metering, expect=tls.METERING) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
         for backend, address in executors.items():
             described = await _describe(address)
@@ -106,7 +106,7 @@ async def open_reservations(metering: str, paths: Mapping[str, str], run: str, s
     """One reservation per path from `start_us`: the window whose idle time is charged.
     All or none: if one cannot be opened, those already opened are closed again."""
     ids: list[str] = []
-    async with tls.aio_channel(metering) as channel:
+    async with tls.aio_channel(metering, expect=tls.METERING) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
         try:
             for path in paths.values():
@@ -125,7 +125,7 @@ async def open_reservations(metering: str, paths: Mapping[str, str], run: str, s
 
 async def close_reservations(metering: str, reservation_ids: list[str]) -> None:
     end_us = int(time.time() * 1_000_000)
-    async with tls.aio_channel(metering) as channel:
+    async with tls.aio_channel(metering, expect=tls.METERING) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
         for rid in reservation_ids:
             await stub.CloseReservation(
@@ -135,7 +135,7 @@ async def close_reservations(metering: str, reservation_ids: list[str]) -> None:
 
 
 async def report(metering: str, since_us: int) -> list[PathCost]:
-    async with tls.aio_channel(metering) as channel:
+    async with tls.aio_channel(metering, expect=tls.METERING) as channel:
         reply = await metering_pb2_grpc.MeteringStub(channel).CostReport(
             metering_pb2.CostReportRequest(group_by=["path"], since_unix_us=since_us, actor=ACTOR), timeout=30
         )

@@ -27,11 +27,19 @@ UNREACHABLE = "UNREACHABLE"
 
 
 async def grpc_health(
-    address: str, service: str = "", timeout_s: float = 2.0, security: tls.Security | None = None
+    address: str,
+    service: str = "",
+    timeout_s: float = 2.0,
+    security: tls.Security | None = None,
+    expect: str = "",
 ) -> str:
     """The grpc.health.v1 status of `service` at `address` (SERVING, NOT_SERVING, ...), over
-    this process's mTLS (or `security`: plaintext for the router's public port)."""
-    async with tls.aio_channel(address, security=security) as channel:
+    this process's mTLS (or `security`: plaintext for the router's public port), the server
+    checked to be `expect` (metering, executor-cpu, ...; "" = this process's own identity: a
+    container checking itself)."""
+    security = tls.resolve(security)
+    expect = expect or security.identity
+    async with tls.aio_channel(address, security=security, expect=expect) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
@@ -87,7 +95,7 @@ def readiness_summary(models: list[ModelState] | None) -> str:
 
 def health_main(args: argparse.Namespace) -> int:
     """`switchyard health ADDRESS`: exit 0 when SERVING (container and compose health checks)."""
-    status = asyncio.run(grpc_health(args.address, args.service, args.timeout))
+    status = asyncio.run(grpc_health(args.address, args.service, args.timeout, expect=args.identity))
     print(status)
     return 0 if status == SERVING else 1
 
@@ -136,7 +144,7 @@ async def _ask_executor(
     address: str, call: Callable[[executor_pb2_grpc.ExecutorControlAsyncStub], Awaitable[T]]
 ) -> T | None:
     """One ExecutorControl call; None when the executor cannot be asked (a status, not an error)."""
-    async with tls.aio_channel(address) as channel:
+    async with tls.aio_channel(address, expect=tls.EXECUTOR) as channel:
         try:
             return await call(executor_pb2_grpc.ExecutorControlStub(channel))
         except grpc.aio.AioRpcError:

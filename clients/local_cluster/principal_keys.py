@@ -31,7 +31,7 @@ async def create_principal_key(
 ) -> PrincipalKey:
     """Principal `name` (with `existing_ok`, an existing one is kept), each (role, scope) of
     `grants` granted to it, and a new key of it."""
-    async with tls.aio_channel(metering) as channel:
+    async with tls.aio_channel(metering, expect=tls.METERING) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
         try:
             made = await stub.CreatePrincipal(

@@ -67,7 +67,7 @@ class Readiness:
             return health.SERVING if pollers > 0 else "NO_POLLER"
         # the router's port is its public one: API keys, no client certificates
         public = tls.Security.plaintext() if spec.name == "router" else None
-        return await health.grpc_health(spec.address, security=public)
+        return await health.grpc_health(spec.address, security=public, expect=spec.name)
 
     def _temporal_address(self) -> str:
         for spec in self.specs:

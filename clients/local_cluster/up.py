@@ -129,8 +129,7 @@ class LocalCluster:
             tls.set_default(tls.Security.plaintext())
             return
         pki = self.config.pki_dir.resolve()
-        hosts = tuple(dict.fromkeys((self.config.host, "127.0.0.1", "localhost")))
-        folders = tls.ensure_local_pki(pki, identities(self.config), hosts)
+        folders = tls.ensure_local_pki(pki, identities(self.config))
         tls.set_default(tls.Security.from_dir(folders["operator"]))
         self._say(
             f"mTLS between services: certificates in {pki} (CLI: {tls.TLS_DIR_ENV}={folders['operator']})"
@@ -292,7 +291,7 @@ async def status_rows(state_dir: Path) -> list[StatusRow]:
             status = await health.temporal_health(address)
         else:  # the router's port is public: plaintext unless it serves TLS itself
             public = tls.Security.plaintext() if name == "router" else None
-            status = await health.grpc_health(address, security=public)
+            status = await health.grpc_health(address, security=public, expect=name)
         models = s.get("info") or "-"
         if s.get("models"):
             models = health.readiness_summary(await health.executor_models(address))

@@ -84,7 +84,15 @@ class AccessRpcs(LedgerCalls):
         key = bearer(context)
         done = await self._w(
             lambda: self.authorizer.authorize(
-                key, operator, list(r.roles), r.scope, action, r.resource, r.grant_subject, actor
+                key,
+                operator,
+                list(r.roles),
+                r.scope,
+                action,
+                r.resource,
+                r.grant_subject,
+                actor,
+                _pairs(r.more),
             )
         )
         return authorized_msg(done)
@@ -95,7 +103,7 @@ class AccessRpcs(LedgerCalls):
         actor = actor_of(pb.Actor(source="trial worker"), context)
         done = await self._w(
             lambda: self.authorizer.verify(
-                r.grant, r.subject, list(r.roles), r.scope, action, r.resource, actor
+                r.grant, r.subject, list(r.roles), r.scope, action, r.resource, actor, _pairs(r.more)
             )
         )
         return authorized_msg(done)
@@ -151,3 +159,8 @@ class AccessRpcs(LedgerCalls):
         return pb.VerifyAuditResponse(
             ok=v.ok, rows_checked=v.rows_checked, first_broken_seq=v.first_broken_seq, problem=v.problem
         )
+
+
+def _pairs(bindings: Any) -> list[tuple[str, str]]:
+    """A request's `more`: (role, scope) pairs."""
+    return [(b.role, b.scope) for b in bindings]

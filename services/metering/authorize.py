@@ -48,6 +48,26 @@ def check_request(roles: Sequence[str], scope: str) -> tuple[tuple[str, ...], st
     return tuple(dict.fromkeys(roles)), scope
 
 
+Pairs = tuple[tuple[str, str], ...]  # (role, scope)
+
+
+def check_more(more: Sequence[tuple[str, str]]) -> Pairs:
+    """The (role, scope) pairs also needed, each checked as `check_request` checks one."""
+    if len(more) > MAX_ROLES:
+        raise BadInput(f"more names {len(more)} roles; at most {MAX_ROLES}")
+    pairs = []
+    for role, scope in more:
+        (checked,), on = check_request([role], scope)
+        pairs.append((checked, on))
+    return tuple(dict.fromkeys(pairs))
+
+
+def missing(held: Pairs, needed: Sequence[str], scope: str, more: Pairs) -> list[tuple[str, str]]:
+    """What of `needed` on `scope`, and of `more` on each pair's scope, `held` does not cover."""
+    out = [(role, scope) for role in access.missing_roles(held, needed, scope)]
+    return out + [(r, s) for r, s in more if access.missing_roles(held, [r], s)]
+
+
 class Authorizer:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
@@ -63,9 +83,11 @@ class Authorizer:
         resource: str,
         subject: str,
         actor: Actor,
+        more: Sequence[tuple[str, str]] = (),
     ) -> Authorized:
         """Runs on a ledger thread: authenticates `key` (else the operator), checks, audits."""
         needed, scope = check_request(roles, scope)
+        also = check_more(more)
         if len(subject) > 400:
             raise BadInput(f"grant_subject is {len(subject)} characters; at most 400")
         if key:
@@ -80,22 +102,28 @@ class Authorizer:
             )
         actor = dataclasses.replace(actor, principal=principal.principal_id)
         resource = authz.cap(resource or scope)
-        missing = access.missing_roles(held, needed, scope)
-        if missing:
-            self.ledger.append_audit(actor, action, resource, "denied", {"missing": missing, "scope": scope})
+        lacking = missing(held, needed, scope, also)
+        if lacking:
+            detail_of = {"missing": [r for r, _ in lacking], "scope": scope}
+            if also:
+                detail_of["missing_on"] = [f"{r} on {s}" for r, s in lacking]
+            self.ledger.append_audit(actor, action, resource, "denied", detail_of)
+            (role, on) = lacking[0]
             raise PermissionDenied(
-                f"principal {principal.name!r} lacks {', '.join(f'`{m}`' for m in missing)} on {scope}, "
+                f"principal {principal.name!r} lacks {', '.join(f'`{r}` on {s}' for r, s in lacking)}, "
                 f"needed for {action}; ask an admin for `switchyard roles grant {principal.name} "
-                f"{missing[0]} --scope {scope}`"
+                f"{role} --scope {on}`"
             )
         granted = Authorized(principal)
         if subject:
             expires = self.ledger.clock() + grants.LIFETIME_US
             token = grants.sign(
-                self._key, grants.Grant(principal.principal_id, subject, needed, scope, expires)
+                self._key, grants.Grant(principal.principal_id, subject, needed, scope, expires, also)
             )
             granted = Authorized(principal, token, expires)
-        detail = {"roles": list(needed), "scope": scope, "grant": bool(subject)}
+        detail: dict[str, object] = {"roles": list(needed), "scope": scope, "grant": bool(subject)}
+        if also:
+            detail["more"] = [f"{r} on {s}" for r, s in also]
         self.ledger.append_audit(actor, action, resource, "ok", detail)
         return granted
 
@@ -108,15 +136,17 @@ class Authorizer:
         action: str,
         resource: str,
         actor: Actor,
+        more: Sequence[tuple[str, str]] = (),
     ) -> Authorized:
         resource = authz.cap(resource or subject)
         try:
             needed, scope = check_request(roles, scope)
+            also = check_more(more)
             grant = grants.verify(self._key, token, subject, self.ledger.clock())
-            if grant.roles != needed or grant.scope != scope:
+            if grant.roles != needed or grant.scope != scope or grant.more != also:
                 raise grants.GrantRefused(
-                    f"the trial grant is for {list(grant.roles)} on {grant.scope}; this trial needs "
-                    f"{list(needed)} on {scope}"
+                    f"the trial grant is for {_said(grant.roles, grant.scope, grant.more)}; this trial "
+                    f"needs {_said(needed, scope, also)}"
                 )
             if grant.principal_id == OPERATOR.principal_id:
                 principal = OPERATOR
@@ -127,10 +157,11 @@ class Authorizer:
                         access.roles_of(conn, grant.principal_id),
                     )
                 )
-                missing = access.missing_roles(held, needed, scope)
-                if missing:
+                lacking = missing(held, needed, scope, also)
+                if lacking:
                     raise grants.GrantRefused(
-                        f"principal {principal.name!r} no longer holds {', '.join(missing)} on {scope}"
+                        f"principal {principal.name!r} no longer holds "
+                        f"{', '.join(f'{r} on {s}' for r, s in lacking)}"
                     )
         except (grants.GrantRefused, UnknownEntity) as exc:
             detail = {"status": "PERMISSION_DENIED", "reason": authz.cap(str(exc), 512)}
@@ -139,3 +170,7 @@ class Authorizer:
         on_behalf = dataclasses.replace(actor, on_behalf_of=principal.principal_id)
         self.ledger.append_audit(on_behalf, action, resource, "ok", {"roles": list(needed), "scope": scope})
         return Authorized(principal, "", grant.expires_us)
+
+
+def _said(roles: Sequence[str], scope: str, more: Pairs) -> str:
+    return ", ".join([f"{list(roles)} on {scope}", *(f"{r} on {s}" for r, s in more)])

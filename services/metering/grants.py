@@ -1,9 +1,10 @@
 """Signed grants: what a trial's Temporal history holds instead of the API key that started it.
 
 `switchyard trial start` asks metering's Authorize, with the operator's key, for the roles the
-trial needs (`trials:run`, and `workloads:read` when its inputs name a captured workload) on
-the model's scope; metering answers with a grant of the subject "<workflow id>|<model>|<workload>",
-the roles and the scope, signed with HMAC-SHA256 under a key derived from the audit key (which
+trial needs: `trials:run` on the model's scope, `workloads:read` on the route of each captured
+workload it replays (inputs or generation), `admin` on * for an executor named by address; it answers
+with a grant of the subject "<workflow id>|<model>|<inputs' workload>|<generation's workload>",
+the roles and their scopes, signed with HMAC-SHA256 under a key derived from the audit key (which
 the database does not hold, and which every metering replica shares). The workflow's first
 activity hands it to VerifyGrant: signature, expiry and subject must match, and the principal
 must still hold the roles. A grant authorises that one trial; it opens no other RPC, and it
@@ -33,6 +34,7 @@ class Grant:
     roles: tuple[str, ...]
     scope: str
     expires_us: int
+    more: tuple[tuple[str, str], ...] = ()  # (role, scope): also granted, each on its own scope
 
 
 def grant_key(audit_key: bytes) -> bytes:
@@ -47,6 +49,7 @@ def sign(key: bytes, grant: Grant) -> str:
             "r": list(grant.roles),
             "c": grant.scope,
             "e": grant.expires_us,
+            "m": [list(pair) for pair in grant.more],
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -71,8 +74,9 @@ def verify(key: bytes, token: str, subject: str, now_us: int) -> Grant:
         raise GrantRefused("the trial grant's signature does not verify: it was not issued by this metering")
     try:
         raw = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        more = tuple((str(role), str(scope)) for role, scope in raw.get("m", ()))
         grant = Grant(
-            str(raw["p"]), str(raw["s"]), tuple(str(r) for r in raw["r"]), str(raw["c"]), int(raw["e"])
+            str(raw["p"]), str(raw["s"]), tuple(str(r) for r in raw["r"]), str(raw["c"]), int(raw["e"]), more
         )
     except (ValueError, KeyError, TypeError):
         raise GrantRefused("the trial grant's body is malformed") from None

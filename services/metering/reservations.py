@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, update
 
-from services.metering import costmodel
+from services.metering import costmodel, rowmac
 from services.metering.costmodel import IDLE_METHOD, UNALLOCATED_METHOD
 from services.metering.metering_errors import BadInput, Conflict, UnknownEntity, WrongState
 from services.metering.records import ReservationInfo, check_key, check_time
@@ -63,7 +63,7 @@ def set_price(
     version = f"{key}@{effective_us}"
     values = dict(price_key=key, micros_per_hour=micros_per_hour, currency=currency)
     values.update(effective_from_us=effective_us, version=version, created_us=now_us)
-    conn.execute(PRICES.insert().values(**values))
+    conn.execute(PRICES.insert().values(**values, mac=rowmac.price_mac(conn, values)))
     return conn.execute(select(PRICES).where(PRICES.c.version == version)).one()
 
 
@@ -80,7 +80,8 @@ def register_path(
         if {k: getattr(old, k) for k in values} != values:
             raise Conflict(f"path {path} is already registered with other settings; paths are immutable")
         return old
-    conn.execute(PATHS.insert().values(created_us=now_us, **values))
+    row: dict[str, Any] = {**values, "created_us": now_us}
+    conn.execute(PATHS.insert().values(**row, mac=rowmac.path_mac(conn, row)))
     return conn.execute(select(PATHS).where(PATHS.c.path == path)).one()
 
 

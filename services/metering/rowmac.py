@@ -1,12 +1,20 @@
-"""Keyed MACs on the rows that grant power: role bindings and API keys (with their revocation).
+"""Keyed MACs on the rows that grant power or set money: role bindings, API keys (with their
+revocation), paths (the price key each is charged at) and prices.
 
 Each such row carries `mac`, an HMAC-SHA256 under a key derived from the audit key (which the
 database does not hold) of the row's meaningful fields. Metering writes it with the row and
 checks it whenever it uses the row: a binding whose MAC does not match grants nothing, and a
 key whose MAC does not match (a revoked key whose `revoked_us` was cleared, a changed
-principal, a key inserted by hand) does not authenticate. `audit verify` names such rows
-(problem `row`). A row written before migration 0008 has no MAC and is refused likewise:
-re-grant the role or issue a new key through the service.
+principal, a key inserted by hand) does not authenticate, and a price whose MAC does not match
+(a rate lowered or raised by SQL, a version inserted by hand), like a path whose MAC does not
+match (its price key pointed at a cheaper one), charges nothing: usage on it is refused
+(FAILED_PRECONDITION, the router keeps it in its journal) until an operator acts.
+`audit verify` names such rows (problem `row`). A binding or key written before migration 0008
+has no MAC and is refused likewise: re-grant the role or issue a new key through the service.
+A price written before migration 0009 (a path: 0010) has none either; it holds where the
+chain vouches for it (its `price.set` row names the same version, rate and currency; its
+`path.register` row the same price key and resource class), since paths and prices are never
+changed and so are never signed again.
 
 What a MAC cannot tell apart: a row put back exactly as it was earlier (a key's state before
 its revocation, with that state's MAC); `audit verify` cross-checks every `key.revoke` row
@@ -23,7 +31,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from services.metering import audit
-from services.metering.schema import AUDIT, BINDINGS, KEYS
+from services.metering.schema import AUDIT, BINDINGS, KEYS, PATHS, PRICES
 
 ROW_INFO = b"switchyard row mac v1"
 
@@ -58,6 +66,54 @@ def key_mac(
     )
 
 
+PRICE_FIELDS = ("price_key", "micros_per_hour", "currency", "effective_from_us", "version", "created_us")
+
+
+def price_mac(conn: Connection, fields: dict[str, Any]) -> str:
+    """Of a price's fields (PRICE_FIELDS): what it charges, from when, as which version."""
+    return _mac(conn, "price", *(fields[name] for name in PRICE_FIELDS))
+
+
+def price_ok(conn: Connection, row: Any) -> bool:
+    """The row's MAC matches; or it has none (written before migration 0009) and the chain's
+    `price.set` row for its version says the same rate and currency."""
+    if row.mac is None:
+        return _chained_price(conn, row)
+    expected = price_mac(conn, {name: getattr(row, name) for name in PRICE_FIELDS})
+    return hmac.compare_digest(str(row.mac), expected)
+
+
+PATH_FIELDS = ("path", "backend", "resource_class", "price_key", "host", "created_us")
+
+
+def path_mac(conn: Connection, fields: dict[str, Any]) -> str:
+    """Of a path's fields (PATH_FIELDS): above all, the price key it is charged at."""
+    return _mac(conn, "path", *(fields[name] for name in PATH_FIELDS))
+
+
+def path_ok(conn: Connection, row: Any) -> bool:
+    """As price_ok: the MAC, or (a path from before migration 0010) its chained path.register."""
+    if row.mac is None:
+        wanted = {"price_key": row.price_key, "resource_class": row.resource_class}
+        return wanted in _chained(conn, "path.register", f"path/{row.path}")
+    expected = path_mac(conn, {name: getattr(row, name) for name in PATH_FIELDS})
+    return hmac.compare_digest(str(row.mac), expected)
+
+
+def _chained(conn: Connection, action: str, resource: str) -> list[dict[str, Any]]:
+    """The details of the chain's `action` rows on `resource`."""
+    rows = conn.execute(
+        select(AUDIT.c.detail_json).where(AUDIT.c.action == action, AUDIT.c.resource == resource)
+    )
+    return [json.loads(detail) for (detail,) in rows]
+
+
+def _chained_price(conn: Connection, row: Any) -> bool:
+    wanted = (row.version, int(row.micros_per_hour), row.currency)
+    said = _chained(conn, "price.set", f"price/{row.price_key}")
+    return any((d.get("version"), d.get("micros_per_hour"), d.get("currency")) == wanted for d in said)
+
+
 def binding_ok(conn: Connection, row: Any) -> bool:
     expected = binding_mac(conn, row.principal_id, row.role, row.scope, row.created_us)
     return row.mac is not None and hmac.compare_digest(str(row.mac), expected)
@@ -71,11 +127,21 @@ def key_ok(conn: Connection, row: Any) -> bool:
 
 
 def forged_rows(conn: Connection) -> list[str]:
-    """Every binding and key whose MAC does not match, and every key the chain revoked that
-    the table says is live (a replayed earlier state): `role_binding/<id>`, `api_key/<id>`."""
+    """Every binding, key, path and price whose MAC does not match, every key the chain revoked
+    that the table says is live (a replayed earlier state) and every price the chain set that
+    the table lost: `role_binding/<id>`, `api_key/<id>`, `path/<name>`, `price/<version>`."""
     bad = [f"role_binding/{r.id}" for r in conn.execute(select(BINDINGS)) if not binding_ok(conn, r)]
     keys = {r.key_id: r for r in conn.execute(select(KEYS))}
     bad += [f"api_key/{k}" for k, r in keys.items() if not key_ok(conn, r)]
+    bad += [f"path/{r.path}" for r in conn.execute(select(PATHS)) if not path_ok(conn, r)]
+    prices = list(conn.execute(select(PRICES)))
+    bad += [f"price/{r.version}" for r in prices if not price_ok(conn, r)]
+    versions = {r.version for r in prices}
+    chained = conn.execute(select(AUDIT.c.detail_json).where(AUDIT.c.action == "price.set"))
+    for (detail,) in chained:  # a price the chain set, gone from the table
+        version = str(json.loads(detail).get("version", ""))
+        if version and version not in versions and f"price/{version}" not in bad:
+            bad.append(f"price/{version}")
     revoked = conn.execute(select(AUDIT.c.resource).where(AUDIT.c.action == "key.revoke"))
     for (resource,) in revoked:
         key_id = str(resource).removeprefix("key/")

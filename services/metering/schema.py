@@ -58,6 +58,7 @@ class PriceRow(Base):
     effective_from_us: Mapped[int] = mapped_column(BigInteger)
     version: Mapped[str] = mapped_column(String(240), unique=True)
     created_us: Mapped[int] = mapped_column(BigInteger)
+    mac: Mapped[str | None] = mapped_column(String(64))  # services/metering/rowmac.py
 
 
 class PathRow(Base):
@@ -71,6 +72,7 @@ class PathRow(Base):
     price_key: Mapped[str] = mapped_column(String(200))
     host: Mapped[str] = mapped_column(String(200))
     created_us: Mapped[int] = mapped_column(BigInteger)
+    mac: Mapped[str | None] = mapped_column(String(64))  # services/metering/rowmac.py
 
 
 class ReservationRow(Base):

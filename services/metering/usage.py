@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, and_, or_, select, update
 
-from services.metering import costmodel
+from services.metering import costmodel, rowmac
 from services.metering.costmodel import Price, PriceBook
 from services.metering.metering_errors import BadInput, Conflict, MeteringError, UnknownEntity, WrongState
 from services.metering.records import UsageEvent, UsageResult, validate_event
@@ -79,6 +79,13 @@ def load_price_book(conn: Connection, price_keys: Iterable[str]) -> PriceBook:
     rows: list[Any] = []
     for part in chunks(keys):
         rows += conn.execute(select(PRICES).where(PRICES.c.price_key.in_(part))).all()
+    forged = [r.version for r in rows if not rowmac.price_ok(conn, r)]
+    if forged:  # a price written behind metering's back charges nothing (rowmac.py)
+        raise WrongState(
+            f"price {forged[0]} fails its MAC: it was written behind metering's back, so usage on "
+            f"{forged[0].rpartition('@')[0]} is not charged; check it and set it again "
+            "(`switchyard prices set`), and see `switchyard audit verify`"
+        )
     return PriceBook(
         Price(r.price_key, r.micros_per_hour, r.currency, r.effective_from_us, r.version) for r in rows
     )
@@ -96,10 +103,16 @@ def load_paths(conn: Connection, names: Iterable[str], lock: str = "share") -> d
     wanted = sorted(set(names))
     found: dict[str, str] = {}
     for part in chunks(wanted):
-        stmt = select(PATHS.c.path, PATHS.c.price_key).where(PATHS.c.path.in_(part)).order_by(PATHS.c.path)
+        stmt = select(PATHS).where(PATHS.c.path.in_(part)).order_by(PATHS.c.path)
         if lock:
             stmt = stmt.with_for_update(read=lock == "share")
-        found.update(conn.execute(stmt).all())
+        for row in conn.execute(stmt):
+            if not rowmac.path_ok(conn, row):  # its price key set behind metering's back
+                raise WrongState(
+                    f"path {row.path} fails its MAC: it was written behind metering's back, so usage "
+                    "on it is not charged; see `switchyard audit verify`"
+                )
+            found[row.path] = row.price_key
     for name in wanted:
         if name not in found:
             raise UnknownEntity(f"unknown path {name!r}; register it first (RegisterPath)")

@@ -47,7 +47,7 @@ class EvaluatorComparer:
         self.address = address
         self._precision = precision
         self._timeout = timeout_s
-        self._channel = tls.aio_channel(address, CHANNEL_OPTIONS, security)
+        self._channel = tls.aio_channel(address, CHANNEL_OPTIONS, security, expect=tls.EVALUATOR)
         self._stub = egrpc.EvaluatorStub(self._channel)
 
     async def compare(self, reference: pb.ModelInferResponse, candidate: pb.ModelInferResponse) -> Divergence:

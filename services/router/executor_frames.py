@@ -22,7 +22,7 @@ import grpc
 
 from services import frames
 from services.router.executor_transport import request_parameters, unwrap_answer
-from switchyard import telemetry
+from switchyard import telemetry, tls
 from switchyard.errors import Status, UpstreamError
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
 
@@ -92,7 +92,9 @@ class FrameTransport:
                 self._retry_at[name] = time.monotonic() + FRAMES_RETRY_S
                 return
             port = described.frames_port
-            channel = await frames.FrameChannel.connect(host, port, self._limit, timeout_s, self._tls)
+            channel = await frames.FrameChannel.connect(
+                host, port, self._limit, timeout_s, self._tls, tls.service_name(tls.EXECUTOR)
+            )
             if not channel.is_open:
                 raise OSError(channel.closed_because or "closed as it opened")
         except (grpc.aio.AioRpcError, OSError, TimeoutError) as exc:

@@ -59,7 +59,8 @@ class ExecutorPool:
         self.security = tls.resolve(security)
         self.states: dict[str, DeploymentState] = {d.name: DeploymentState(d) for d in deployments}
         self.channels: dict[str, grpc.aio.Channel] = {
-            d.name: tls.aio_channel(d.address, CHANNEL_OPTIONS, self.security) for d in deployments
+            d.name: tls.aio_channel(d.address, CHANNEL_OPTIONS, self.security, expect=tls.EXECUTOR)
+            for d in deployments
         }
         self._streams = GrpcStreamTransport(self.channels)
         addresses = {d.name: d.address for d in deployments}

@@ -49,7 +49,11 @@ class MeteringClient:
         self._timeout = timeout_s
         # with tracing on, each call is a CLIENT span, its trace context in the call's metadata
         self._channel = tls.aio_channel(
-            address, CHANNEL_OPTIONS, security, interceptors=telemetry.client_interceptors()
+            address,
+            CHANNEL_OPTIONS,
+            security,
+            interceptors=telemetry.client_interceptors(),
+            expect=tls.METERING,
         )
         self._stub = mgrpc.MeteringStub(self._channel)
 

@@ -65,8 +65,13 @@ def list_workloads(root: Path) -> list[dict[str, Any]]:
     return out
 
 
+def workload_route(workload: str) -> str:
+    """The route a workload was captured at: its id is `<route>.<number>`."""
+    return workload.rsplit(".", 1)[0]
+
+
 def find_workload(root: Path, workload: str) -> tuple[Path, dict[str, Any]]:
-    route = workload.rsplit(".", 1)[0]
+    route = workload_route(workload)
     if route and route not in (".", "..") and "/" not in workload and (root / route).is_dir():
         for entry in read_manifest(root / route)["workloads"]:
             if entry["id"] == workload:

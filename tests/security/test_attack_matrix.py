@@ -82,11 +82,15 @@ class Cluster:
     reader_key: str
 
 
-def _channel(address: str, security: tls.Security, key: str = "") -> grpc.aio.Channel:
+def _channel(
+    address: str, security: tls.Security, key: str = "", expect: str = tls.METERING
+) -> grpc.aio.Channel:
+    """To the service `expect` at `address`, as `security` (its certificate checked for `expect`)."""
     if not security.cert:  # TLS without a client certificate
         credentials = grpc.ssl_channel_credentials(root_certificates=security.ca)
-        return grpc.aio.secure_channel(address, credentials)
-    return tls.aio_channel(address, security=security, api_key=key)
+        name = [("grpc.ssl_target_name_override", tls.service_name(expect))]
+        return grpc.aio.secure_channel(address, credentials, options=name)
+    return tls.aio_channel(address, security=security, api_key=key, expect=expect)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -122,8 +126,11 @@ def audit_seq(metering: RunningMetering) -> int:
 
 
 def rows_after(metering: RunningMetering, seq: int) -> list[Any]:
+    """The rows after `seq` that callers caused: not metering's own `audit.anchor` row, which
+    its first anchor round appends whenever that round falls (10 s after start)."""
+    query = select(AUDIT).where(AUDIT.c.seq > seq, AUDIT.c.action != "audit.anchor").order_by(AUDIT.c.seq)
     with metering.ledger.engines.write.connect() as conn:
-        return list(conn.execute(select(AUDIT).where(AUDIT.c.seq > seq).order_by(AUDIT.c.seq)).all())
+        return list(conn.execute(query).all())
 
 
 def row_size(row: Any) -> int:
@@ -354,7 +361,7 @@ async def test_executor_control_and_oip_refuse_and_audit_once(
     bearer = cluster.revoked_key if key == "revoked" else ""
     before = audit_seq(metering)
     calls = [(CONTROL, m) for m in CONTROL_METHODS] + [(OIP, m) for m in OIP_METHODS]
-    async with _channel(executor.address, pki.ids[who], bearer) as channel:
+    async with _channel(executor.address, pki.ids[who], bearer, tls.EXECUTOR) as channel:
         for service, method in calls:
             status = await call(channel, service, method, executor_request(method))
             assert status == expected, f"{who} {method.name}: {status}"
@@ -370,7 +377,7 @@ async def test_executor_control_and_oip_refuse_and_audit_once(
 async def test_executor_without_credentials_never_gets_a_call_through(cluster: Cluster, pki: Pki) -> None:
     before = audit_seq(cluster.metering)
     for security in (pki.no_cert, pki.foreign, tls.Security.plaintext()):
-        async with _channel(cluster.executor.address, security) as channel:
+        async with _channel(cluster.executor.address, security, expect=tls.EXECUTOR) as channel:
             for method in CONTROL_METHODS[:2] + OIP_METHODS[:2]:
                 service = CONTROL if method in CONTROL_METHODS else OIP
                 assert (
@@ -385,14 +392,14 @@ async def test_executor_admits_router_worker_and_operator_reads(cluster: Cluster
     executor = cluster.executor
     before = audit_seq(cluster.metering)
     for who in ("router", "worker"):
-        async with _channel(executor.address, pki.ids[who]) as channel:
+        async with _channel(executor.address, pki.ids[who], expect=tls.EXECUTOR) as channel:
             for method in OIP_METHODS:
                 status = await call(channel, OIP, method, executor_request(method))
                 assert status == grpc.StatusCode.OK, f"{who} {method.name}: {status}"
             for name in ("Describe", "ModelStatus", "GetLoad"):
                 method = next(m for m in CONTROL_METHODS if m.name == name)
                 assert await call(channel, CONTROL, method, executor_request(method)) == grpc.StatusCode.OK
-    async with _channel(executor.address, pki.ids["operator"]) as channel:
+    async with _channel(executor.address, pki.ids["operator"], expect=tls.EXECUTOR) as channel:
         for method in CONTROL_METHODS:
             status = await call(channel, CONTROL, method, executor_request(method))
             if method.name in ("Describe", "ModelStatus", "GetLoad"):
@@ -411,7 +418,12 @@ async def _frames(cluster: Cluster, security: tls.Security) -> frames.FrameChann
         else ssl.create_default_context(cadata=security.ca.decode())
     )
     return await frames.FrameChannel.connect(
-        "127.0.0.1", cluster.executor.frames.port, net.MAX_MESSAGE_BYTES, 5.0, context
+        "127.0.0.1",
+        cluster.executor.frames.port,
+        net.MAX_MESSAGE_BYTES,
+        5.0,
+        context,
+        tls.service_name(tls.EXECUTOR),
     )
 
 
@@ -525,7 +537,9 @@ async def test_probe_port_answers_health_in_plaintext_and_nothing_else(pki: Pki)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        async with _channel(server.address, pki.ids["executor"]) as channel:  # wrong identity
+        async with _channel(
+            server.address, pki.ids["executor"], expect=tls.EVALUATOR
+        ) as channel:  # wrong identity
             assert (
                 await call(channel, "switchyard.v1.Evaluator", compare, request)
                 == grpc.StatusCode.PERMISSION_DENIED

@@ -307,7 +307,7 @@ async def test_the_openai_port_serves_tls_when_the_public_grpc_port_does(
         writer.close()
         context = ssl.create_default_context(cafile=str(folder / "ca.crt"))
         reader, writer = await asyncio.open_connection(
-            "127.0.0.1", router.openai.port, ssl=context, server_hostname="127.0.0.1"
+            "127.0.0.1", router.openai.port, ssl=context, server_hostname=tls.service_name(tls.ROUTER)
         )
         writer.write(request)
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)

@@ -71,7 +71,7 @@ async def setup(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Setup
         f"sqlite:///{root / 'ledger.db'}", ServerOptions(port=0, security=ids["metering"])
     )
     keys = {}
-    async with tls.aio_channel(metering.address, security=ids["operator"]) as channel:
+    async with tls.aio_channel(metering.address, security=ids["operator"], expect=tls.METERING) as channel:
         stub = mgrpc.MeteringStub(channel)
         for name, roles in (
             ("runner", [("trials:run", "model:mlp")]),
@@ -129,16 +129,20 @@ async def test_only_the_worker_verifies_grants_and_a_tampered_one_fails(setup: S
     grant = await _grant(setup, "runner", spec, "t-verify")
     request = mpb.VerifyGrantRequest(
         grant=grant,
-        subject="t-verify|mlp|",
+        subject="t-verify|mlp||",
         roles=["trials:run"],
         scope="model:mlp",
         action="trial.authorize",
     )
-    async with tls.aio_channel(setup.metering.address, security=setup.ids["router"]) as channel:
+    async with tls.aio_channel(
+        setup.metering.address, security=setup.ids["router"], expect=tls.METERING
+    ) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as router:
             await mgrpc.MeteringStub(channel).VerifyGrant(request)
     assert router.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    async with tls.aio_channel(setup.metering.address, security=setup.ids["worker"]) as channel:
+    async with tls.aio_channel(
+        setup.metering.address, security=setup.ids["worker"], expect=tls.METERING
+    ) as channel:
         stub = mgrpc.MeteringStub(channel)
         ok = await stub.VerifyGrant(request)
         assert ok.principal.name == "runner"
@@ -153,7 +157,7 @@ async def test_only_the_worker_verifies_grants_and_a_tampered_one_fails(setup: S
             ),
             (
                 mpb.VerifyGrantRequest(
-                    grant=grant, subject="t-other|mlp|", roles=["trials:run"], scope="model:mlp"
+                    grant=grant, subject="t-other|mlp||", roles=["trials:run"], scope="model:mlp"
                 ),
                 "is for",
             ),
@@ -251,7 +255,9 @@ async def test_a_trial_runs_only_with_a_grant_its_principal_still_holds(
     # a role revoked between start and the first activity stops the trial
     workflow_id = f"t-left-{uuid.uuid4().hex[:6]}"
     grant = await _grant(setup, "leaver", spec, workflow_id)
-    async with tls.aio_channel(setup.metering.address, security=setup.ids["operator"]) as channel:
+    async with tls.aio_channel(
+        setup.metering.address, security=setup.ids["operator"], expect=tls.METERING
+    ) as channel:
         await mgrpc.MeteringStub(channel).RevokeRole(
             mpb.RoleRequest(principal="leaver", role="trials:run", scope="*")
         )

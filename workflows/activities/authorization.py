@@ -1,9 +1,13 @@
-"""Who started a trial, checked before it measures anything: `trials:run` (and `workloads:read`
-when its inputs name a captured workload) on the model's scope.
+"""Who started a trial, checked before it measures anything: `trials:run` on the model's scope,
+`workloads:read` on the route of each captured workload it replays (`inputs.workload` and
+`performance.generation.workload`, each on its own route), and `admin` on * when a path names
+its executor by host:port rather than by a name the worker was configured with (the worker
+would dial it with its own certificate).
 
 The starter (`switchyard trial start`, the demo) asks metering's Authorize with its API key
 (SWITCHYARD_API_KEY; else the operator's certificate, which acts as a cluster admin) and gets a
-signed grant of the subject "<workflow id>|<model>|<workload>" (services/metering/grants.py).
+signed grant of the subject "<workflow id>|<model>|<inputs' workload>|<generation's workload>"
+(services/metering/grants.py).
 It travels in the workflow's memo, so the history holds the grant, never the key; the
 workflow's first activity hands it to metering's VerifyGrant, which also checks that the
 principal still holds the roles.
@@ -17,7 +21,7 @@ insecure, where nothing is authenticated anyway.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from temporalio import activity
@@ -26,6 +30,7 @@ from temporalio.exceptions import ApplicationError
 from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
+from switchyard.judge.capture_format import workload_route
 from workflows.activities.connections import Connections, grpc_errors
 from workflows.spec.trial_spec import TrialSpec
 
@@ -39,6 +44,7 @@ class TrialAuthorization:
     subject: str
     roles: list[str]
     scope: str
+    more: list[list[str]] = field(default_factory=list)  # [role, scope]: each on its own scope
 
 
 @dataclass
@@ -50,9 +56,17 @@ class TrialPrincipal:
 
 def needs(spec: TrialSpec, workflow_id: str) -> TrialAuthorization:
     """What the trial needs, grant not yet filled in."""
-    roles = ["trials:run"] + (["workloads:read"] if spec.inputs.workload else [])
-    subject = f"{workflow_id}|{spec.model.name}|{spec.inputs.workload}"
-    return TrialAuthorization("", subject, roles, f"model:{spec.model.name}")
+    generation = spec.performance.generation
+    workloads = (spec.inputs.workload, generation.workload if generation else "")
+    more = [["workloads:read", f"model:{workload_route(w)}"] for w in dict.fromkeys(workloads) if w]
+    if any(":" in path.executor for path in spec.paths):  # an address, not a configured name
+        more.append(["admin", "*"])
+    subject = "|".join((workflow_id, spec.model.name, *workloads))
+    return TrialAuthorization("", subject, ["trials:run"], f"model:{spec.model.name}", more)
+
+
+def _bindings(need: TrialAuthorization) -> list[mpb.RoleBinding]:
+    return [mpb.RoleBinding(role=role, scope=scope) for role, scope in need.more]
 
 
 async def request_grant(
@@ -64,7 +78,7 @@ async def request_grant(
     security = tls.resolve(security)
     if security.insecure and not api_key:
         return ""
-    async with tls.aio_channel(metering, security=security) as channel:
+    async with tls.aio_channel(metering, security=security, expect=tls.METERING) as channel:
         return await ask_grant(mgrpc.MeteringStub(channel), needs(spec, workflow_id), workflow_id, api_key)
 
 
@@ -85,6 +99,7 @@ async def ask_grant(
             resource=f"trial/{workflow_id}",
             grant_subject=need.subject,
             actor=mpb.Actor(source=source),
+            more=_bindings(need),
         ),
         metadata=(("authorization", f"Bearer {api_key}"),) if api_key else None,
         timeout=30,
@@ -116,6 +131,7 @@ class AuthorizationActivities:
                     scope=request.scope,
                     action=ACTION,
                     resource=f"trial/{workflow_id}",
+                    more=_bindings(request),
                 ),
                 timeout=30,
             )
@@ -128,7 +144,9 @@ class AuthorizationActivities:
         if not ui_key:
             raise ApplicationError(
                 "this trial carries no grant: start it with `switchyard trial start` and a key holding "
-                f"{' and '.join(request.roles)} on {request.scope} (SWITCHYARD_API_KEY), or give the "
+                f"{' and '.join(request.roles)} on {request.scope}"
+                f"{''.join(f', {role} on {scope}' for role, scope in request.more)} "
+                "(SWITCHYARD_API_KEY), or give the "
                 "worker a UI principal's key (`switchyard worker --ui-key-file`) for trials started "
                 "from the Temporal UI",
                 type="TrialNotAuthorized",

@@ -59,16 +59,17 @@ class Connections:
         """`security`: the worker's identity (None: the process's, from the environment)."""
         self.config = config
         self.security = tls.resolve(security)
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
 
-    def channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
+    def channel(self, address: str, expect: str) -> grpc.aio.Channel:
+        """One channel per (service, address), the server checked to be `expect` (tls.aio_channel)."""
+        channel = self._channels.get((expect, address))
         if channel is None:
             options = net.CHANNEL_OPTIONS
             # with tracing on, each call is a CLIENT span of the activity's trace, its context
             # in the call's metadata (opentelemetry-instrumentation-grpc)
-            channel = self._channels[address] = tls.aio_channel(
-                address, options, self.security, interceptors=telemetry.client_interceptors()
+            channel = self._channels[(expect, address)] = tls.aio_channel(
+                address, options, self.security, interceptors=telemetry.client_interceptors(), expect=expect
             )
         return channel
 
@@ -90,16 +91,16 @@ class Connections:
         return self.config.hosts.get(executor) or self.config.hosts.get(address) or described
 
     def control(self, executor: str) -> exec_grpc.ExecutorControlAsyncStub:
-        return exec_grpc.ExecutorControlStub(self.channel(self.executor_address(executor)))
+        return exec_grpc.ExecutorControlStub(self.channel(self.executor_address(executor), tls.EXECUTOR))
 
     def oip(self, executor: str) -> oip_grpc.GRPCInferenceServiceAsyncStub:
-        return oip_grpc.GRPCInferenceServiceStub(self.channel(self.executor_address(executor)))
+        return oip_grpc.GRPCInferenceServiceStub(self.channel(self.executor_address(executor), tls.EXECUTOR))
 
     def evaluator(self) -> eval_grpc.EvaluatorAsyncStub:
-        return eval_grpc.EvaluatorStub(self.channel(self.config.evaluator))
+        return eval_grpc.EvaluatorStub(self.channel(self.config.evaluator, tls.EVALUATOR))
 
     def metering(self) -> meter_grpc.MeteringAsyncStub:
-        return meter_grpc.MeteringStub(self.channel(self.config.metering))
+        return meter_grpc.MeteringStub(self.channel(self.config.metering, tls.METERING))
 
     async def close(self) -> None:
         for channel in self._channels.values():

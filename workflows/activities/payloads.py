@@ -36,16 +36,36 @@ _NUMPY = {
 MAX_OUTPUT_PAYLOAD = 1_500_000  # bytes per run: Temporal payloads are limited to ~2 MB
 
 
+def inputs_dir() -> Path:
+    """The one folder `inputs.file` may name a file in: $SWITCHYARD_INPUTS_DIR, else var/inputs."""
+    return Path(os.environ.get("SWITCHYARD_INPUTS_DIR", "") or "var/inputs")
+
+
+def inputs_file(name: str) -> Path:
+    """`name` (relative to inputs_dir(), or absolute inside it) as a path in that folder, after
+    resolving links and `..`: a spec reads no other file the worker can."""
+    folder = inputs_dir().resolve()
+    path = (folder / name).resolve()
+    if not path.is_relative_to(folder) or path == folder:
+        raise ApplicationError(
+            f"inputs.file {name[:200]!r} is outside the worker's inputs folder {folder}; put the file "
+            "there and name it relative to it (the worker's SWITCHYARD_INPUTS_DIR)",
+            type="InputsOutsideFolder",
+            non_retryable=True,
+        )
+    return path
+
+
 def _load_file(plan: InputsPlan) -> dict[str, npt.NDArray[np.generic]]:
-    path = Path(plan.file)
+    path = inputs_file(plan.file)
     try:
         blob = path.read_bytes()
     except OSError as exc:
         raise ApplicationError(f"inputs.file {plan.file}: {exc.strerror}", non_retryable=True) from None
-    digest = hashlib.sha256(blob).hexdigest()
-    if digest != plan.file_sha256:
+    if hashlib.sha256(blob).hexdigest() != plan.file_sha256:  # its hash is not said: it is the worker's file
         raise ApplicationError(
-            f"inputs.file {plan.file} hashes to {digest}, not inputs.file_sha256 {plan.file_sha256}",
+            f"inputs.file {plan.file} does not hash to inputs.file_sha256 {plan.file_sha256}; give "
+            "the sha256 of the file you put in the inputs folder",
             type="InputsChecksum",
             non_retryable=True,
         )

@@ -1573,6 +1573,7 @@ class AuthorizeRequest(_message.Message):
     RESOURCE_FIELD_NUMBER: _builtins.int
     GRANT_SUBJECT_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
     scope: _builtins.str
     """"model:<name>" or "*" (default)"""
     action: _builtins.str
@@ -1587,6 +1588,12 @@ class AuthorizeRequest(_message.Message):
 
     @_builtins.property
     def actor(self) -> Global___Actor: ...
+    @_builtins.property
+    def more(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoleBinding]:
+        """also needed, each on its own scope (a trial's workloads:read on each workload's route,
+        admin on * for an executor the worker was not configured with)
+        """
+
     def __init__(
         self,
         *,
@@ -1596,10 +1603,11 @@ class AuthorizeRequest(_message.Message):
         resource: _builtins.str = ...,
         grant_subject: _builtins.str = ...,
         actor: Global___Actor | None = ...,
+        more: _abc.Iterable[Global___RoleBinding] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor", b"actor", "grant_subject", b"grant_subject", "resource", b"resource", "roles", b"roles", "scope", b"scope"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor", b"actor", "grant_subject", b"grant_subject", "more", b"more", "resource", b"resource", "roles", b"roles", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1642,6 +1650,7 @@ class VerifyGrantRequest(_message.Message):
     SCOPE_FIELD_NUMBER: _builtins.int
     ACTION_FIELD_NUMBER: _builtins.int
     RESOURCE_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
     grant: _builtins.str
     subject: _builtins.str
     """must be the grant's subject"""
@@ -1654,6 +1663,10 @@ class VerifyGrantRequest(_message.Message):
     def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """must be the grant's roles, still held by its principal"""
 
+    @_builtins.property
+    def more(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoleBinding]:
+        """must be the grant's, still held by its principal"""
+
     def __init__(
         self,
         *,
@@ -1663,10 +1676,11 @@ class VerifyGrantRequest(_message.Message):
         scope: _builtins.str = ...,
         action: _builtins.str = ...,
         resource: _builtins.str = ...,
+        more: _abc.Iterable[Global___RoleBinding] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "grant", b"grant", "resource", b"resource", "roles", b"roles", "scope", b"scope", "subject", b"subject"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "grant", b"grant", "more", b"more", "resource", b"resource", "roles", b"roles", "scope", b"scope", "subject", b"subject"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
