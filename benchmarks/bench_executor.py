@@ -516,7 +516,7 @@ async def _bench_key(metering: str, security: Any, model: str) -> str:
     from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
     from tests.metering.metering_helpers import price_paths
 
-    async with tls.aio_channel(metering, security=security) as channel:
+    async with tls.aio_channel(metering, security=security, expect="metering") as channel:
         stub = mgrpc.MeteringStub(channel)
         await price_paths(stub, "bench-cpu", [PATH], per_hour=1_000_000, resource_class="cpu", since_us=0)
         await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="bench", kind="service", team="bench"))

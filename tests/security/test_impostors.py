@@ -179,7 +179,7 @@ async def test_the_routers_executor_transport_refuses_an_impostor(
         await pool.start()
         assert not pool.states["cpu"].admitted()  # its health check never completed
         with pytest.raises(errors.UpstreamError) as refused:
-            await pool.infer("cpu", [_infer_body()], 2.0)
+            await pool.send_tensor("cpu", [_infer_body()], 2.0)
         assert refused.value.status == errors.Status.UNAVAILABLE
         assert impostor.calls == []
     finally:
@@ -231,7 +231,7 @@ async def test_the_routers_frames_refuse_an_impostor_frame_port(
         assert pool.states["cpu"].admitted()
         if stolen == "executor":
             assert pool.transport("cpu") == "frames"
-            await pool.infer("cpu", [_infer_body()], 5.0)
+            await pool.send_tensor("cpu", [_infer_body()], 5.0)
             assert model.requests == 1
         else:
             assert pool.transport("cpu") == "grpc"  # streams, on the genuine gRPC port
