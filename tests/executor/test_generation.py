@@ -15,7 +15,8 @@ import pytest_asyncio
 from services.executor.device import select_backend
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_runtime import Executor
-from services.executor.generation.engine import EngineFull, GenerationStream, TokenEvent
+from services.executor.generation.engine_client import GenerationStream
+from services.executor.generation.scheduler import EngineFull, TokenEvent
 from services.executor.generation.settings import SamplingParams, parse_sampling
 from services.executor.loaded_model import LoadedModel, LoadOptions
 from switchyard.errors import InvalidArgument

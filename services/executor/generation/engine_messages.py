@@ -1,0 +1,100 @@
+"""The messages between the executor (`engine_process.RemoteEngine`) and an engine process
+(`engine_child`), pickled over a multiprocessing pipe.
+
+executor -> engine: `Load` once; then `Submit`, `Cancel`, and `Close` at the end.
+engine -> executor: `Ready` or `LoadFailed` once, at load; then `Outputs` after each iteration
+(and at once for a request the engine refused).
+
+Records with explicit fields (typed named tuples). An iteration's tokens go as columns, one
+list per field, not a record per token: a pickled named tuple costs a Python call each way
+(dumps of 32 rows took ~10x the plain tuples' 30 us), while a list of ints or strings pickles
+in C. Deadlines are `time.perf_counter()` instants: CLOCK_MONOTONIC, one clock for every
+process on Linux.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from services.executor.generation.scheduler import EngineCounters
+from services.executor.generation.settings import SamplingParams
+from services.executor.load_phases import Findings, LoadOptions, PhaseTimes
+from switchyard.models.registry import ModelSpec
+
+
+# ---- executor -> engine --------------------------------------------------------------------
+class Load(NamedTuple):
+    """Load this model, as the executor would in process, and report when it is warm."""
+
+    spec: ModelSpec
+    options: LoadOptions
+    backend: str
+    cpu_threads: int
+
+
+class Submit(NamedTuple):
+    """A request the executor admitted (`scheduler.admit`: `max_tokens` is its checked limit)."""
+
+    rid: int
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    with_text: bool
+    deadline: float | None
+
+
+class Cancel(NamedTuple):
+    rid: int
+
+
+class Close(NamedTuple):
+    """Leave: the model is unloaded (EOF on the pipe means the same)."""
+
+
+ToEngine = Submit | Cancel | Close
+
+
+# ---- engine -> executor --------------------------------------------------------------------
+class Stats(NamedTuple):
+    """The engine's state after an iteration."""
+
+    counters: EngineCounters  # the child's own (pickled as it is sent: a copy here)
+    running: int
+    compilations_after_warmup: int
+
+
+class Ready(NamedTuple):
+    times: PhaseTimes
+    findings: Findings
+    vocab_size: int
+    stats: Stats
+
+
+class LoadFailed(NamedTuple):
+    error: BaseException  # the executor raises it as its load's error
+
+
+class Failure(NamedTuple):
+    """The error that ends a request (nothing of it follows)."""
+
+    rid: int
+    error: BaseException
+
+
+class Outputs(NamedTuple):
+    """What one iteration gave: row i of the columns is one token of request `rids[i]`, with
+    the text it released, the finish reason on a request's last token, the request's device
+    time so far, and its choice's logprob and top logprobs (when asked for)."""
+
+    rids: list[int]
+    tokens: list[int]
+    texts: list[str]
+    finish_reasons: list[str | None]
+    busy_us: list[int]
+    logprobs: list[float | None]
+    tops: list[tuple[tuple[int, float], ...]]
+    failures: list[Failure]
+    stats: Stats
+
+
+FromEngine = Ready | LoadFailed | Outputs
