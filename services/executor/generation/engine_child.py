@@ -90,7 +90,8 @@ def _take_in(conn: Connection, core: EngineCore, requests: dict[int, Request]) -
 
 def _send_out(conn: Connection, core: EngineCore, requests: dict[int, Request]) -> None:
     """What the iteration gave, in one message (and the engine's state after it)."""
-    out = Outputs([], [], [], [], [], [], [], [], _stats(core))
+    running, compilations = core.scheduler.running, core.runtime.compilations_after_warmup()
+    out = Outputs([], [], [], [], [], [], [], [], core.counters, running, compilations)
     for rid, request in list(requests.items()):
         if not request.events:
             continue

@@ -2,14 +2,12 @@
 (`engine_child`), pickled over a multiprocessing pipe.
 
 executor -> engine: `Load` once; then `Submit`, `Cancel`, and `Close` at the end.
-engine -> executor: `Ready` or `LoadFailed` once, at load; then `Outputs` after each iteration
-(and at once for a request the engine refused).
+engine -> executor: `Ready` or `LoadFailed` once, at load; then `Outputs` after each iteration.
 
 Records with explicit fields (typed named tuples). An iteration's tokens go as columns, one
-list per field, not a record per token: a pickled named tuple costs a Python call each way
-(dumps of 32 rows took ~10x the plain tuples' 30 us), while a list of ints or strings pickles
-in C. Deadlines are `time.perf_counter()` instants: CLOCK_MONOTONIC, one clock for every
-process on Linux.
+list per field, not a record per token: 32 named tuples took ~10x the 30 us of 32 plain
+tuples to pickle, while a list of ints or strings pickles in C. Deadlines are
+`time.perf_counter()` instants: CLOCK_MONOTONIC, one clock for every process on Linux.
 """
 
 from __future__ import annotations
@@ -84,7 +82,9 @@ class Failure(NamedTuple):
 class Outputs(NamedTuple):
     """What one iteration gave: row i of the columns is one token of request `rids[i]`, with
     the text it released, the finish reason on a request's last token, the request's device
-    time so far, and its choice's logprob and top logprobs (when asked for)."""
+    time so far, and its choice's logprob and top logprobs (when asked for); then the requests
+    that failed, and the engine's state after the iteration (`stats`: its fields inline, as
+    every record class a message names costs it ~5 us more to pickle and ~3 us to unpickle)."""
 
     rids: list[int]
     tokens: list[int]
@@ -94,7 +94,13 @@ class Outputs(NamedTuple):
     logprobs: list[float | None]
     tops: list[tuple[tuple[int, float], ...]]
     failures: list[Failure]
-    stats: Stats
+    counters: EngineCounters
+    running: int
+    compilations_after_warmup: int
+
+    @property
+    def stats(self) -> Stats:
+        return Stats(self.counters, self.running, self.compilations_after_warmup)
 
 
 FromEngine = Ready | LoadFailed | Outputs
