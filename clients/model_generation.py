@@ -136,10 +136,11 @@ def validate_generation(
     compares the token ids with the model's own greedy decoding on the CPU (fp32)."""
     from services.executor.device import select_backend
     from services.executor.generation.engine import EngineCore
-    from services.executor.generation.runtime import GenerationRuntime
+    from services.executor.generation.runtime import load_runtime
+    from services.executor.generation.scheduler import admit, split
     from services.executor.generation.settings import SamplingParams
     from services.executor.generation.tokenizer import load_tokenizer
-    from services.executor.loaded_model import LoadedModel, LoadOptions
+    from services.executor.load_phases import LoadOptions
 
     backend = select_backend(backend_name, 0)
     options = LoadOptions(
@@ -150,18 +151,17 @@ def validate_generation(
         max_queue_size=8,
         dynamic_batching=False,
     )
-    model = LoadedModel(spec, backend, options)
-    model.load()
-    runtime = model.generation
-    assert isinstance(runtime, GenerationRuntime)  # in process: no engine_process was asked
-    tokenizer = load_tokenizer(runtime.settings.tokenizer, spec.folder)
-    prompt = tokenizer.encode(PROMPT)[: runtime.settings.max_prompt]
-    tokens = min(tokens, runtime.settings.max_new_tokens)
+    runtime, times, _ = load_runtime(spec, backend, options)
+    settings = runtime.settings
+    tokenizer = load_tokenizer(settings.tokenizer, spec.folder)
+    prompt = tokenizer.encode(PROMPT)[: settings.max_prompt]
+    tokens = min(tokens, settings.max_new_tokens)
     engine = EngineCore(runtime, tokenizer)
-    stream = engine.submit(prompt, SamplingParams(max_tokens=tokens, temperature=0.0), with_text=True)
+    params = SamplingParams(max_tokens=tokens, temperature=0.0)
+    request = engine.add(prompt, params, admit(settings, runtime.vocab_size, prompt, params, 0), True, None)
     while engine.busy:
         engine.iterate()
-    events, error = stream.take()
+    events, error = split(request.events.take())
     if error is not None:
         raise error
     got = tuple(t for e in events for t in e.token_ids)
@@ -174,7 +174,7 @@ def validate_generation(
         reference,
         "".join(e.text for e in events),
         how,
-        model.times.total_s,
+        times.total_s,
     )
 
 

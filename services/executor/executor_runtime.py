@@ -24,8 +24,7 @@ from services.executor.backends.base import PRECISIONS, Backend, DeviceDescripti
 from services.executor.batching import Batcher, BatchPolicy, BatchResult, QueuedRequest
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_training import ExecutorTraining
-from services.executor.generation.engine import GenerationEngine, GenerationStream
-from services.executor.generation.engine_process import EngineProcess, RemoteEngine
+from services.executor.generation.engine_client import GenerationStream
 from services.executor.generation.settings import SamplingParams
 from services.executor.generation.tokenizer import load_tokenizer
 from services.executor.loaded_model import LoadedModel, LoadOptions
@@ -316,10 +315,7 @@ def _start_serving(
     options = model.options
     if model.generation is not None:
         tokenizer = load_tokenizer(model.generation.settings.tokenizer, model.spec.folder)
-        if isinstance(model.generation, EngineProcess):
-            model.engine = RemoteEngine(model.generation, tokenizer)
-        else:
-            model.engine = GenerationEngine(model.generation, tokenizer, on_device, inline_ok)
+        model.engine = model.generation.serve(tokenizer, on_device, inline_ok)
     policy = BatchPolicy(
         max_batch=model.max_batch,
         max_queue_delay_us=options.max_queue_delay_us,

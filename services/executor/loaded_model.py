@@ -15,73 +15,36 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from services.executor.backends.base import PRECISIONS, Backend, CompileCounters, PreparedModel
 from services.executor.batching import Batcher, Phases, QueuedRequest
-from services.executor.generation.engine import GenerationEngine
-from services.executor.generation.engine_process import EngineProcess, RemoteEngine
-from services.executor.generation.runtime import GenerationRuntime
-from services.executor.generation.settings import GenerationSettings
+from services.executor.generation.engine import LocalEngine
+from services.executor.generation.engine_client import EngineClient, LoadedEngine
+from services.executor.generation.engine_process import EngineProcess
+from services.executor.generation.runtime import load_runtime
+from services.executor.load_phases import (
+    Findings,
+    LoadOptions,
+    PhaseTimes,
+    during_load,
+    to_device,
+    unsupported_dtypes,
+)
 from switchyard import codec
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument
-from switchyard.models.registry import ModelSpec, TensorSpec, load_module
+from switchyard.models.registry import ModelSpec, TensorSpec
+
+__all__ = ["Findings", "LoadOptions", "LoadedModel", "PhaseTimes"]  # the load's records, from load_phases
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class LoadOptions:
-    mode: str
-    precision: str
-    batch_buckets: tuple[int, ...]
-    max_queue_delay_us: int
-    max_queue_size: int
-    dynamic_batching: bool
-    checkpoint_sha256: str = ""
-
-
-@dataclass
-class PhaseTimes:
-    checkpoint_load_s: float = 0.0
-    to_device_s: float = 0.0
-    compile_s: float = 0.0
-
-    @property
-    def total_s(self) -> float:
-        return self.checkpoint_load_s + self.to_device_s + self.compile_s
-
-
-@dataclass
-class Findings:
-    """Compatibility findings of a load (the same shape for every backend)."""
-
-    during_load: CompileCounters = field(default_factory=CompileCounters)
-    adaptations: list[str] = field(default_factory=list)
-    unsupported_dtypes: list[str] = field(default_factory=list)
-
-
 def _float_datatype(precision: str) -> str:
     return codec.oip_datatype(PRECISIONS[precision])
-
-
-def _during_load(own: CompileCounters, process: CompileCounters) -> CompileCounters:
-    """What loading compiled: the model's own compilations and recompiles, the process's graph
-    breaks, fallbacks and notes (the backend's counters since the load began)."""
-    return CompileCounters(
-        compilations=own.compilations,
-        cached_compilations=own.cached_compilations,
-        compile_time_s=own.compile_time_s,
-        graph_breaks=process.graph_breaks,
-        graph_break_reasons=process.graph_break_reasons,
-        recompiles=own.recompiles,
-        fallback_ops=process.fallback_ops or own.fallback_ops,
-        notes=own.notes + process.notes,
-    )
 
 
 class LoadedModel:
@@ -97,8 +60,8 @@ class LoadedModel:
         self.findings = Findings()
         self.prepared: PreparedModel | None = None
         self.batcher: Batcher | None = None
-        self.generation: GenerationRuntime | EngineProcess | None = None  # a causal LM's device side
-        self.engine: GenerationEngine | RemoteEngine | None = None  # its scheduler, once READY
+        self.generation: LoadedEngine | None = None  # a causal LM, loaded and warm
+        self.engine: EngineClient | None = None  # its engine's client, once READY
         self.engine_process = engine_process  # a causal LM's engine in a process of its own
         self.generation_settings = spec.generation  # [generation] of model.toml, read once
         self.sha256 = spec.sha256
@@ -127,24 +90,16 @@ class LoadedModel:
 
     # ---- loading (runs on the device thread) ------------------------------------------
     def load(self) -> None:
-        if self.generation_settings is not None and self.engine_process:
-            self.generation = EngineProcess.start(
-                self.spec, self.options, self.backend.name, torch.get_num_threads()
-            )
+        if self.generation_settings is not None:  # a causal LM: its engine's load
+            if self.engine_process:
+                self.generation = EngineProcess.start(
+                    self.spec, self.options, self.backend.name, torch.get_num_threads()
+                )
+            else:
+                self.generation = LocalEngine(*load_runtime(self.spec, self.backend, self.options))
             self.times, self.findings = self.generation.times, self.generation.findings
             return
-        start = time.perf_counter()
-        module = load_module(self.spec, self.options.checkpoint_sha256)
-        self.times.checkpoint_load_s = time.perf_counter() - start
-
-        start = time.perf_counter()
-        module = self.backend.to_device(module, self.dtype)
-        self.backend.synchronize()
-        self.times.to_device_s = time.perf_counter() - start
-
-        if self.generation_settings is not None:
-            _load_generation(self, module, self.generation_settings)
-            return
+        module = to_device(self.spec, self.backend, self.options, self.times)
         before = self.backend.counters()
         start = time.perf_counter()
         self.prepared = self.backend.prepare(module, self.options.mode)
@@ -163,10 +118,9 @@ class LoadedModel:
             self.warm_compute_s[bucket] = min(samples)
         own = self.prepared.counters()
         process = self.backend.counters().since(before)
-        self.findings.during_load = _during_load(own, process)
+        self.findings.during_load = during_load(own, process)
         self.findings.adaptations = list(self.prepared.adaptations)
-        # precisions this path cannot run (e.g. fp64 on TPU): a compatibility finding for trials
-        self.findings.unsupported_dtypes = [p for p in PRECISIONS if p not in self.backend.precisions]
+        self.findings.unsupported_dtypes = unsupported_dtypes(self.backend)
         self._warm_counters = own
 
     def compilations_after_warmup(self) -> int:
@@ -316,24 +270,3 @@ def _check_inputs(model: LoadedModel, inputs: list[WireTensor]) -> tuple[list[np
     if rows < 1 or rows > model.max_batch:
         raise InvalidArgument(f"batch dimension is {rows}; this model accepts 1 to {model.max_batch} rows")
     return arrays, rows
-
-
-def _load_generation(model: LoadedModel, module: torch.nn.Module, settings: GenerationSettings) -> None:
-    """A causal LM: the generation runtime, every prefill bucket and decode width warmed."""
-    before = model.backend.counters()
-    start = time.perf_counter()
-    runtime = GenerationRuntime(module, settings, model.backend, model.options.mode, model.dtype)
-    runtime.warm()
-    model.backend.synchronize()
-    model.times.compile_s = time.perf_counter() - start
-    own = runtime.counters()
-    process = model.backend.counters().since(before)
-    model.findings.during_load = _during_load(own, process)
-    model.findings.adaptations = [
-        f"generation: static KV cache of {settings.decode_slots} slots x "
-        f"{settings.max_context} positions ({runtime.cache.nbytes} bytes); "
-        f"prefill buckets {list(settings.prompt_buckets)}, "
-        f"decode widths {list(settings.decode_buckets)}"
-    ]
-    model.findings.unsupported_dtypes = [p for p in PRECISIONS if p not in model.backend.precisions]
-    model.generation = runtime

@@ -15,7 +15,8 @@ import pytest_asyncio
 from services.executor.device import select_backend
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_runtime import Executor
-from services.executor.generation.engine import EngineFull, GenerationStream, TokenEvent
+from services.executor.generation.engine_client import GenerationStream
+from services.executor.generation.scheduler import EngineFull, TokenEvent
 from services.executor.generation.settings import SamplingParams, parse_sampling
 from services.executor.loaded_model import LoadedModel, LoadOptions
 from switchyard.errors import InvalidArgument
@@ -194,6 +195,21 @@ async def test_cancellation_frees_the_slot_at_the_next_step(either: Executor) ->
     done = await asyncio.wait_for(events(second), 30)
     assert ids(done) == tiny_lm_reference(list(b"second"), 3)
     assert m.engine.counters.cancelled >= 1 and m.engine.running == 0
+
+
+async def test_a_burst_is_bounded_by_the_slots_and_the_queue(either: Executor) -> None:
+    """Requests that come at once, before an iteration takes any into a slot: the slots plus
+    `max_queue` are admitted, the next is RESOURCE_EXHAUSTED, in process as in the engine
+    process (one admission for both, `scheduler.admit`)."""
+    executor = either
+    m = model(executor, "tiny-lm-gen-one-slot")  # 1 slot, max_queue 1
+    params = SamplingParams(temperature=0.0, max_tokens=3)
+    prompts = [list(b"burst %d" % i) for i in range(2)]
+    streams = [executor.generate(m, p, params, False, None) for p in prompts]
+    with pytest.raises(EngineFull, match="1 decode slots are busy and 1 requests wait"):
+        executor.generate(m, list(b"one too many"), params, False, None)
+    for prompt, stream in zip(prompts, streams, strict=True):
+        assert ids(await asyncio.wait_for(events(stream), 30)) == tiny_lm_reference(prompt, 3)
 
 
 @pytest.mark.parametrize(

@@ -36,8 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from services.executor.generation.engine import GenerationStream, TokenEvent
+from services.executor.generation.engine_client import GenerationStream
 from services.executor.generation.sampling import Choice
+from services.executor.generation.scheduler import TokenEvent
 from services.executor.generation.settings import SamplingParams, parse_sampling
 from services.executor.generation.tokenizer import Tokenizer, parse_messages
 from services.executor.loaded_model import LoadedModel

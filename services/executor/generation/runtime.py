@@ -16,11 +16,20 @@ import time
 import torch
 from torch import nn
 
-from services.executor.backends.base import Backend, CompileCounters, PreparedModel
+from services.executor.backends.base import PRECISIONS, Backend, CompileCounters, PreparedModel
 from services.executor.generation.kv_cache import StaticKVCache
 from services.executor.generation.models import Step, causal_lm_for
 from services.executor.generation.settings import GenerationSettings
+from services.executor.load_phases import (
+    Findings,
+    LoadOptions,
+    PhaseTimes,
+    during_load,
+    to_device,
+    unsupported_dtypes,
+)
 from switchyard.errors import InvalidArgument
+from switchyard.models.registry import ModelSpec
 
 DecodeRow = tuple[int, int, int]  # (slot, token, position)
 Prompt = tuple[int, list[int]]  # (slot, ids)
@@ -153,6 +162,32 @@ class GenerationRuntime:
 
     def compilations_after_warmup(self) -> int:
         return self.compilations() - self._warm
+
+
+def load_runtime(
+    spec: ModelSpec, backend: Backend, options: LoadOptions
+) -> tuple[GenerationRuntime, PhaseTimes, Findings]:
+    """A causal LM loaded and warm: the generation runtime, every prefill bucket and decode
+    width warmed, with the time of each phase and the load's findings."""
+    settings = spec.generation
+    assert settings is not None  # a causal LM's model.toml has [generation]
+    times, findings = PhaseTimes(), Findings()
+    module = to_device(spec, backend, options, times)
+    before = backend.counters()
+    start = time.perf_counter()
+    runtime = GenerationRuntime(module, settings, backend, options.mode, PRECISIONS[options.precision])
+    runtime.warm()
+    backend.synchronize()
+    times.compile_s = time.perf_counter() - start
+    findings.during_load = during_load(runtime.counters(), backend.counters().since(before))
+    findings.adaptations = [
+        f"generation: static KV cache of {settings.decode_slots} slots x "
+        f"{settings.max_context} positions ({runtime.cache.nbytes} bytes); "
+        f"prefill buckets {list(settings.prompt_buckets)}, "
+        f"decode widths {list(settings.decode_buckets)}"
+    ]
+    findings.unsupported_dtypes = unsupported_dtypes(backend)
+    return runtime, times, findings
 
 
 def _smallest_fit(buckets: tuple[int, ...], n: int) -> int:
