@@ -34,8 +34,14 @@ export TRANSFORMERS_OFFLINE := 1
 run: setup
 	$(PY) -m clients.cli demo $(ARGS)
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them
+# (--dist loadfile: module-scoped clusters stay shared within a file). Most tests wait on
+# servers they started, so two workers on two cores take about half the wall time.
+# `make test TEST_WORKERS=0` runs in one process.
+TEST_WORKERS ?= 2
+
 test: setup lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 setup: setup-main setup-xla setup-tools
 
