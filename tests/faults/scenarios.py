@@ -80,6 +80,10 @@ def run_fault(
     got = Cluster.result(load, 90)
     answered = {rid for _, _, rid in got.answers}
     jobs = {k: n for k, n in cluster.completed_jobs(answered, timeout_s=60).items() if k not in earlier}
+    drained_by = time.monotonic() + 30  # the ledger has it all; the spool's files go next
+    while cluster.spool_counts()[0] and time.monotonic() < drained_by:
+        time.sleep(0.1)
+    time.sleep(0.2)  # one more sample of the watcher
     stop.set()
     watcher.join(5)
     seen = cluster.logged_at("router", noticed, cut)
