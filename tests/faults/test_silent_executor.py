@@ -27,7 +27,7 @@ from tests.faults.link_proxy import LinkProxy
 from tests.router.conftest import prepared_ledger_key, routes_config, start_metering_at
 from tests.router.test_router_faults import _request
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
 CLIENTS = 6
 BOUND_S = 2.0  # the route's default eject_unanswered_s
