@@ -202,3 +202,10 @@ class FrameChannel(asyncio.Protocol):
         self.closed_because = self.closed_because or reason
         if self._transport is not None:
             self._transport.close()
+
+    def abort(self, reason: str) -> None:
+        """Closes without flushing what is unsent (close waits for a peer that may never read):
+        every waiting request fails with FrameClosed at once."""
+        self.closed_because = self.closed_because or reason
+        if self._transport is not None:
+            self._transport.abort()

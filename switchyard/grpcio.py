@@ -196,7 +196,9 @@ class ServerOptions:
     registered_methods: frozenset[str] | None = None
 
     def channel_options(self) -> list[tuple[str, int]]:
-        return net.message_options(self.max_receive_bytes, self.max_send_bytes)
+        # and the keepalive pings the internal clients send (switchyard.net.KEEPALIVE_OPTIONS)
+        limits = net.message_options(self.max_receive_bytes, self.max_send_bytes)
+        return [*limits, *net.KEEPALIVE_PERMIT_OPTIONS]
 
 
 # gRPC sets SO_REUSEPORT on Linux by default, so a second server (ours or anyone's of the same

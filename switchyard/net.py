@@ -30,6 +30,24 @@ def message_options(
 CHANNEL_OPTIONS: list[tuple[str, int]] = message_options()
 
 
+# Keepalive for every internal client channel (gRPC's keepalive guide): a ping after 1 s
+# without reads, the transport closed when its answer is 1 s late, with or without calls. A
+# peer that stops answering (a blackholed host: no RST, every packet dropped) then fails its
+# calls with UNAVAILABLE in about 2 s instead of after TCP's retransmission timeout (minutes).
+KEEPALIVE_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+# What a server must allow for those pings, or it answers them with GOAWAY (too_many_pings).
+KEEPALIVE_PERMIT_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
 PORT_FLOOR = 20000  # free ports are drawn from here up to the ephemeral range's start
 
 

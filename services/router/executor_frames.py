@@ -61,6 +61,13 @@ class FrameTransport:
         """Asks again at the next passing probe (after an ejection: what comes back may differ)."""
         self._retry_at.pop(deployment, None)
 
+    def abort(self, deployment: str, reason: str) -> None:
+        """Drops the connection at once (no flush to a host that stopped answering): its
+        waiting requests fail with UNAVAILABLE and may be tried elsewhere."""
+        connection = self._open.pop(deployment, None)
+        if connection is not None:
+            connection.abort(reason)
+
     async def send_framed(self, deployment: str, parts: Sequence[bytes], timeout_s: float) -> bytes:
         message = (*parts, request_parameters(timeout_s, True, self._tracing))
         try:

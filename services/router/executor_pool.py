@@ -11,7 +11,12 @@ found again within a second or two) and a watcher task that asks `grpc.health.v1
 `health_interval_s`: an executor that answers with a failure (UNAVAILABLE: refused or
 unreachable; a status other than SERVING) is ejected at once, one whose probes time out only
 after `health_timeouts_to_eject` in a row (a long XLA compile or a big batch makes a live
-executor answer late; a passing probe resets the count). The cooldown doubles per
+executor answer late; a passing probe resets the count), or once it has answered neither a
+probe nor a request for `eject_unanswered_s` (default 2 s): a blackholed host drops every
+packet and sends no RST, so nothing but time says it is gone. Each probe's deadline is cut to
+end at that bound, and a silent ejection also aborts the deployment's frame connection, so
+the requests waiting on it fail with UNAVAILABLE and the forwarder sends them elsewhere;
+gRPC streams find the same through keepalive pings (KEEPALIVE). The cooldown doubles per
 consecutive ejection; the first passing probe after it re-admits. A call that meets
 UNAVAILABLE ejects its deployment at once (passive health, `forwarder`). The
 watcher also asks ExecutorControl.GetLoad, so least-loaded routing has fresh numbers for
@@ -48,6 +53,7 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    *net.KEEPALIVE_OPTIONS,
 ]
 
 
@@ -112,18 +118,30 @@ class ExecutorPool:
         return await self._streams.call(deployment, method, request, reply_type, timeout_s)
 
     # ---- health -------------------------------------------------------------------------------
-    def eject(self, deployment: str, reason: str) -> None:
+    def eject(self, deployment: str, reason: str, silent: bool = False) -> None:
+        """`silent`: it stopped answering; its frame connection is aborted, not left to wait."""
         state = self.states[deployment]
         was_admitted = state.admitted()
         state.eject(reason, self._settings)
         self._frames.retry_soon(deployment)
+        if silent:
+            self._frames.abort(deployment, reason)
         if was_admitted:
             log.warning("ejected deployment %s: %s", deployment, reason)
+
+    def _probe_timeout(self, name: str) -> float:
+        """health_timeout_s, cut so a probe of a silent admitted deployment times out when it
+        has been silent for eject_unanswered_s (the bound holds whatever the probe phase)."""
+        state, settings = self.states[name], self._settings
+        if not state.admitted() or not state.answered_at:
+            return settings.health_timeout_s
+        left = settings.eject_unanswered_s - state.silent_for(time.monotonic())
+        return max(0.05, min(settings.health_timeout_s, left))
 
     async def _probe(self, name: str) -> tuple[str, bool]:
         """('', False) when healthy, else why not and whether it merely timed out."""
         channel = self.channels[name]
-        timeout = self._settings.health_timeout_s
+        timeout = self._probe_timeout(name)
         try:
             reply = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout
@@ -141,8 +159,11 @@ class ExecutorPool:
         if not timed_out:
             self.eject(name, problem)
             return
+        silent = state.silent_for(time.monotonic())
         if state.probe_timed_out(self._settings):
-            self.eject(name, f"{problem} ({state.probe_timeouts} probes in a row)")
+            self.eject(name, f"{problem} ({state.probe_timeouts} probes in a row)", silent=True)
+        elif silent >= self._settings.eject_unanswered_s:
+            self.eject(name, f"{problem}: no answer for {silent:.1f} s", silent=True)
         else:
             limit = self._settings.health_timeouts_to_eject
             log.info("deployment %s: %s, %d of %d in a row", name, problem, state.probe_timeouts, limit)

@@ -34,6 +34,7 @@ class DeploymentState:
     in_flight: int = 0
     queue_depth: int = 0
     load_at: float = 0.0
+    answered_at: float = 0.0  # its last passing probe or reported load (monotonic; 0 = never)
     service_time_us: float = 0.0  # 0 = not measured yet
 
     def admitted(self) -> bool:
@@ -63,6 +64,7 @@ class DeploymentState:
         """A health probe passed; re-admits once the cooldown is over. True if re-admitted."""
         now = time.monotonic() if now is None else now
         self.probe_timeouts = 0
+        self.answered_at = now
         if self.ejected_until and now >= self.ejected_until:
             self.ejected_until = 0.0
             self.admitted_since = now
@@ -71,6 +73,11 @@ class DeploymentState:
 
     def report_load(self, in_flight: int, queue_depth: int) -> None:
         self.in_flight, self.queue_depth, self.load_at = in_flight, queue_depth, time.monotonic()
+        self.answered_at = self.load_at
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since it last answered (0 before it ever has: start-up counts probes)."""
+        return now - self.answered_at if self.answered_at else 0.0
 
     def observe_service_time(self, micros: float) -> None:
         if self.service_time_us == 0.0:

@@ -95,6 +95,10 @@ class Settings:
     # ejected: a busy executor (a long compile, a big batch) answers late, a dead one refuses
     # (UNAVAILABLE) or says NOT_SERVING, which ejects at once (Envoy's unhealthy_threshold).
     health_timeouts_to_eject: int = 3
+    # A deployment that has answered neither a probe nor a request for this long is ejected
+    # whatever the count above: a blackholed host (every packet dropped, no RST) must be out
+    # within this bound, not after TCP's own timeout (Envoy's outlier detection).
+    eject_unanswered_s: float = 2.0
     eject_base_s: float = 1.0  # first cooldown; doubles per consecutive ejection
     eject_max_s: float = 30.0
     auth_cache_ttl_s: float = 2.0  # a revoked key stops working within this (+ one RPC)
@@ -278,6 +282,10 @@ def parse(raw: Mapping[str, Any]) -> RouterConfig:
         raise InvalidArgument(
             "[router] health_timeouts_to_eject must be >= 1 (1: the first timed-out probe ejects), "
             f"got {settings.health_timeouts_to_eject}"
+        )
+    if settings.eject_unanswered_s <= 0:
+        raise InvalidArgument(
+            f"[router] eject_unanswered_s must be > 0 seconds, got {settings.eject_unanswered_s}"
         )
     if settings.route_sync_s < 0:
         raise InvalidArgument(

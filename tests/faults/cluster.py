@@ -1,0 +1,322 @@
+"""A switchyard cluster laid across network namespaces: one host per service, mTLS between them.
+
+Hosts (tests/faults/netns.py, each its own address on one bridge): `metering` (its ledger a
+SQLite file: PostgreSQL on the machine's 127.0.0.1:5432 is not reachable from inside the
+namespaces without an address in the root namespace, which this harness does not add),
+`exec-a` and `exec-b` (CPU executors serving mlp), `router`, and `client` (the load). Each
+service holds its own certificate from one CA (`switchyard.tls.ensure_local_pki`), and every
+hop checks that the server it dials holds the identity it expects (its name, not its address).
+Processes log with wall-clock stamps to `<dir>/<host>.log`, so a test times what the
+services did against when it injected a fault.
+
+Every wait is bounded; `close` kills what it started and removes the namespaces, and the
+fixture calls it even when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import sqlalchemy as sa
+
+from services.metering.schema import JOBS
+from switchyard import tls
+from tests.faults.netns import Host, Network
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = 7001  # every service's gRPC port on its own host (each host has its own address)
+TEAM = "faults"
+START_S = 120  # a service's start, at most (torch's import on a loaded 2-core host)
+
+_LOGGING = (
+    "import logging, sys; logging.basicConfig(stream=sys.stderr, level=logging.INFO, "
+    "format='%(created).3f %(levelname)s %(name)s %(message)s')\n"
+)
+METERING = (
+    _LOGGING
+    + """
+import asyncio, sys
+import grpc
+from services.metering.metering_server import start_metering
+from switchyard import tls
+from switchyard.grpcio import ServerOptions
+from switchyard.gen.switchyard.v1 import metering_pb2 as mpb, metering_pb2_grpc as mgrpc
+from tests.router.conftest import prepare_ledger
+
+async def main() -> None:
+    url, host, port, operator, team = sys.argv[1:6]
+    running = await start_metering(url, ServerOptions(host=host, port=int(port)))
+    security = tls.Security.from_dir(operator)
+    async with tls.aio_channel(f"{host}:{port}", (), security, expect=tls.METERING) as channel:
+        stub = mgrpc.MeteringStub(channel)
+        await prepare_ledger(stub)
+        await stub.CreatePrincipal(mpb.CreatePrincipalRequest(name="svc-faults", kind="service", team=team))
+        await stub.GrantRole(mpb.RoleRequest(principal="svc-faults", role="infer", scope="*"))
+        key = (await stub.CreateKey(mpb.CreateKeyRequest(principal="svc-faults"))).key
+    print("READY", key, flush=True)
+    await running.serve_until_signal()
+
+asyncio.run(main())
+"""
+)
+EXECUTOR = (
+    _LOGGING
+    + """
+import asyncio, sys
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_server import start_executor
+
+async def main() -> None:
+    config = ExecutorConfig(host=sys.argv[1], port=int(sys.argv[2]), models=("mlp",), max_queue_size=256)
+    running = await start_executor(config)
+    print("READY", flush=True)
+    await running.serve_until_signal()
+
+asyncio.run(main())
+"""
+)
+ROUTER = (
+    _LOGGING
+    + """
+import asyncio, json, sys
+from pathlib import Path
+from services.router import router_config
+from services.router.router_server import start_router
+from switchyard.grpcio import ServerOptions
+
+async def main() -> None:
+    cfg = router_config.parse(json.loads(sys.argv[1]))
+    options = ServerOptions(host=sys.argv[3], port=int(sys.argv[4]))
+    running = await start_router(cfg, sys.argv[2], options, Path(sys.argv[5]))
+    print("READY", flush=True)
+    await running.serve_until_signal()
+
+asyncio.run(main())
+"""
+)
+# The client host's load: `clients` concurrent callers for `seconds`, at most `limit` requests;
+# every answer's request id and every error, with wall-clock times, written as JSON.
+CLIENT = """
+import asyncio, json, sys, time
+import grpc
+import numpy as np
+from switchyard.gen.inference import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbgrpc
+
+def _request() -> pb.ModelInferRequest:
+    x = np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)
+    req = pb.ModelInferRequest(model_name="mlp")
+    req.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
+    req.raw_input_contents.append(x.tobytes())
+    return req
+
+async def main() -> None:
+    address, key, clients, seconds, limit, out = sys.argv[1:7]
+    answers, errors, sent = [], [], iter(range(int(limit)))
+    metadata = [("authorization", f"Bearer {key}")]
+    async with grpc.aio.insecure_channel(address) as channel:  # the first answer (counted): GO
+        first = pbgrpc.GRPCInferenceServiceStub(channel)
+        for _ in range(300):
+            t0 = time.time()
+            try:
+                reply = await first.ModelInfer(_request(), metadata=metadata, timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                errors.append([t0, time.time(), exc.code().name])
+                await asyncio.sleep(0.1)
+            else:
+                answers.append([t0, time.time(), reply.parameters["request_id"].string_param])
+                break
+    print("GO", flush=True)
+    end = time.time() + float(seconds)
+
+    async def one() -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = pbgrpc.GRPCInferenceServiceStub(channel)
+            for _ in sent:
+                if time.time() >= end:
+                    return
+                t0 = time.time()
+                try:
+                    reply = await stub.ModelInfer(_request(), metadata=metadata, timeout=10)
+                except grpc.aio.AioRpcError as exc:
+                    errors.append([t0, time.time(), exc.code().name])
+                    await asyncio.sleep(0.02)
+                else:
+                    answers.append([t0, time.time(), reply.parameters["request_id"].string_param])
+
+    await asyncio.wait_for(asyncio.gather(*(one() for _ in range(int(clients)))), float(seconds) + 30)
+    Path = __import__("pathlib").Path
+    Path(out).write_text(json.dumps({"answers": answers, "errors": errors}))
+
+asyncio.run(main())
+"""
+
+
+@dataclass
+class Load:
+    answers: list[tuple[float, float, str]]  # (sent, answered, request id), wall clock
+    errors: list[tuple[float, float, str]]  # (sent, failed, status)
+
+    def p99_ms(self, start: float, stop: float) -> float:
+        took = sorted((b - a) * 1000 for a, b, _ in self.answers if start <= a < stop)
+        return took[min(len(took) - 1, int(0.99 * len(took)))] if took else 0.0
+
+
+@dataclass
+class Cluster:
+    network: Network
+    directory: Path
+    router_settings: dict[str, Any] = field(default_factory=dict)
+    hosts: dict[str, Host] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    logs: dict[str, IO[bytes]] = field(default_factory=dict)
+    key: str = ""
+
+    def start(self) -> Cluster:
+        for role in ("metering", "exec-a", "exec-b", "router", "client"):
+            self.hosts[role] = self.network.add(role)
+        pki = self.directory / "tls"
+        certs = {role: self._cert(pki, role) for role in ("metering", "exec-a", "exec-b", "router")}
+        met = self.hosts["metering"]  # the operator that makes the load's key works there
+        operator = tls.ensure_local_pki(pki, ["operator"])["operator"]
+        self.ledger_url = f"sqlite:///{self.directory / 'ledger.db'}"
+        self._launch("metering", certs["metering"], METERING, self.ledger_url, met.address, str(PORT),
+                     str(operator), TEAM)  # fmt: skip
+        for role in ("exec-a", "exec-b"):  # started together: each imports torch for seconds
+            self._launch(role, certs[role], EXECUTOR, self.hosts[role].address, str(PORT))
+        self.key = self._ready("metering").split()[1]
+        self._ready("exec-a")
+        self._ready("exec-b")
+        self.start_router()
+        return self
+
+    def _cert(self, pki: Path, role: str) -> Path:
+        name = {"exec-a": "executor-a", "exec-b": "executor-b"}.get(role, role)
+        return tls.ensure_local_pki(pki, [name])[name]
+
+    def address(self, role: str) -> str:
+        return f"{self.hosts[role].address}:{PORT}"
+
+    def start_router(self) -> None:
+        cfg = {
+            "router": {"fleet": "faults", "usage_flush_s": 0.2, **self.router_settings},
+            "deployments": {
+                name: {"address": self.address(role), "path": path, "price_micros_per_hour": 100}
+                for name, role, path in (("a", "exec-a", "cpu-a"), ("b", "exec-b", "cpu-b"))
+            },
+            "routes": {"mlp": {"policy": "least_loaded", "targets": ["a", "b"]}},
+        }
+        router = self.hosts["router"]
+        cert = self.directory / "tls" / "router"
+        self._launch("router", cert, ROUTER, json.dumps(cfg), self.address("metering"), router.address,
+                     str(PORT), str(self.spool))  # fmt: skip
+        self._ready("router")
+
+    def _launch(self, role: str, cert: Path, script: str, *args: str) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), tls.TLS_DIR_ENV: str(cert)}
+        env.pop(tls.INSECURE_ENV, None)
+        log = self.logs.setdefault(role, (self.directory / f"{role}.log").open("ab"))
+        self.procs[role] = subprocess.Popen(
+            self.hosts[role].command(sys.executable, "-c", script, *args),
+            stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT,
+        )  # fmt: skip
+
+    def _ready(self, role: str) -> str:
+        """Its READY line, within START_S."""
+        stdout = self.procs[role].stdout
+        assert stdout is not None
+        ready, _, _ = select.select([stdout], [], [], START_S)
+        line = stdout.readline().decode() if ready else ""
+        if not line.startswith("READY"):
+            raise RuntimeError(f"{role} did not start: {self.log_text(role)[-3000:]}")
+        return line
+
+    def load(self, clients: int, seconds: float, limit: int = 100_000) -> subprocess.Popen[bytes]:
+        """Starts the client host's load and returns once it has had an answer (its `seconds`
+        run from then); `result` reads it once it ends."""
+        out = self.directory / f"load-{time.time():.0f}.json"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        args = (self.address("router"), self.key, str(clients), str(seconds), str(limit), str(out))
+        command = self.hosts["client"].command(sys.executable, "-c", CLIENT, *args)
+        proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE)
+        proc.out = out  # type: ignore[attr-defined]
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], START_S)
+        assert ready and proc.stdout.readline().startswith(b"GO"), "the load never got an answer"
+        return proc
+
+    @staticmethod
+    def result(proc: subprocess.Popen[bytes], timeout_s: float) -> Load:
+        assert proc.wait(timeout_s) == 0, "the load client failed"
+        raw = json.loads(Path(proc.out).read_text())  # type: ignore[attr-defined]
+        return Load([tuple(a) for a in raw["answers"]], [tuple(e) for e in raw["errors"]])
+
+    @property
+    def spool(self) -> Path:
+        return self.directory / "spool"
+
+    def spool_counts(self) -> tuple[int, int]:
+        """(usage/audit segments waiting on disk, dead-lettered events)."""
+        segments = len(list(self.spool.glob("*.pb")))
+        dead = self.spool / "dead-letter.jsonl"
+        return segments, (len(dead.read_text().splitlines()) if dead.exists() else 0)
+
+    def log_text(self, role: str) -> str:
+        self.logs[role].flush()
+        return (self.directory / f"{role}.log").read_text(errors="replace")
+
+    def logged_at(self, role: str, pattern: str, after: float) -> float | None:
+        """The wall-clock time of the first line of `role`'s log matching `pattern` after `after`."""
+        for line in self.log_text(role).splitlines():
+            stamp, _, text = line.partition(" ")
+            try:
+                at = float(stamp)
+            except ValueError:
+                continue
+            if at >= after and re.search(pattern, text):
+                return at
+        return None
+
+    def completed_jobs(self, answered: set[str], timeout_s: float = 20) -> dict[str, int]:
+        """The ledger's completed primary jobs per request id, once every answered one is in (bounded)."""
+        engine = sa.create_engine(self.ledger_url)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                with engine.connect() as conn:
+                    rows = conn.execute(
+                        sa.select(JOBS.c.job_id, sa.func.count())
+                        .where(JOBS.c.team == TEAM, JOBS.c.arm == "primary", JOBS.c.status == "completed")
+                        .group_by(JOBS.c.job_id)
+                    ).all()
+                jobs = {str(k): int(n) for k, n in rows}
+                if answered <= set(jobs) or time.monotonic() > deadline:
+                    return jobs
+                time.sleep(0.2)
+        finally:
+            engine.dispose()
+
+    def stop(self, role: str) -> None:
+        proc = self.procs.pop(role, None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+    def close(self) -> None:
+        for role in ("router", "exec-a", "exec-b", "metering"):
+            self.stop(role)
+        for log in self.logs.values():
+            log.close()
+        self.network.close()

@@ -1,0 +1,51 @@
+"""Faults a network makes, on a cluster laid across hosts (tests/faults/cluster.py), under load
+from the client host: each test asserts its figures and that the ledger equals the answers the
+client received, counted on the client, every one (issue 33). Root only (CI runs as root)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.faults.cluster import Cluster
+from tests.faults.netns import Network, unavailable
+from tests.faults.scenarios import CLIENTS, Figures, executor_blackhole, metering_partition
+
+WHY = unavailable()
+pytestmark = [pytest.mark.skipif(bool(WHY), reason=WHY or "runs"), pytest.mark.slow]
+
+BOUND_S = 2.0  # eject_unanswered_s, the router's default
+MARGIN_S = 0.7  # probe scheduling and log stamping on a loaded 2-core host
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for the module's faults (each heals its own; start-up is about a minute on
+    a loaded 2-core host); the ledger figures count only each fault's own jobs."""
+    running = Cluster(Network(), tmp_path_factory.mktemp("cluster"))
+    try:
+        yield running.start()
+    finally:
+        running.close()  # even when the test failed: processes, then namespaces
+
+
+def _ledger_exact(f: Figures) -> None:
+    assert f.ledger_jobs == f.answered and f.doubled == 0 and f.unanswered_jobs == 0, f
+    assert f.dead_letters == 0, f
+
+
+def test_blackholed_executor_host_is_ejected_and_traffic_fails_over(cluster: Cluster) -> None:
+    f = executor_blackhole(cluster)
+    assert f.eject_s is not None and f.eject_s <= BOUND_S + MARGIN_S, f
+    assert f.recover_s is not None and f.recover_s < 10, f  # re-admitted after the heal
+    assert f.errors <= CLIENTS, f  # at most the requests in flight on b at the cut
+    _ledger_exact(f)
+
+
+def test_router_metering_partition_spools_then_delivers_exactly_once(cluster: Cluster) -> None:
+    f = metering_partition(cluster, seconds=8)  # the issue's 30 s in `python -m benchmarks.faults`
+    assert f.errors == 0, f  # keys from the auth cache, usage to the spool: clients see nothing
+    assert f.eject_s is not None and f.spool_peak > 0, f  # it did spool
+    assert f.recover_s is not None, f  # and drained after the heal
+    _ledger_exact(f)
