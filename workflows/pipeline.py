@@ -22,6 +22,7 @@ from temporalio.exceptions import ActivityError
 from workflows.activities import PathActivities
 from workflows.comparison_activities import ComparisonActivities
 from workflows.generation_pipeline import GenerationSteps
+from workflows.interleave import Alone, Interleaved
 from workflows.ledger_activities import LedgerActivities
 from workflows.path_ledger import PathLedger
 from workflows.path_state import PathState
@@ -55,6 +56,19 @@ def artifact_problem(path: Target, mine: str, reference: Target, theirs: str) ->
     )
 
 
+async def reference_answers(ctx: TrialContext, request: PerformanceRequest) -> dict[str, list[TensorData]]:
+    """The reference's answer to each batch size's inputs, one request each, before its
+    measurement: a candidate measured at the same time on another host waits only for
+    these. Not metered (a few requests; the measurement's idempotency keys are its own)."""
+    if request.inputs.workload:
+        return {}
+    plan = dataclasses.replace(
+        request.plan, warmup=0, min_iterations=1, min_seconds=0.0, offline_concurrency=1, blocks=1
+    )
+    probe = dataclasses.replace(request, plan=plan, ledger=False)
+    return (await ctx.call(PerformanceActivities.measure_performance, probe)).answers
+
+
 class PathRun:
     def __init__(self, ctx: TrialContext, target: Target, is_reference: bool, version_field: str) -> None:
         self.ctx = ctx
@@ -72,6 +86,8 @@ class PathRun:
         self.answers_ready = asyncio.Event()
         self.loss: list[float] = []
         self.loss_ready = asyncio.Event()
+        # the paths it is measured with and the turns it keeps meanwhile (workflows/interleave.py)
+        self.group: Alone | Interleaved = Alone(ctx)
         # a generative model's golden, correctness and performance steps (prompts, not tensors)
         self.generation = (
             GenerationSteps(ctx, target, self.state, self.ledger) if ctx.spec.generative else None
@@ -117,21 +133,31 @@ class PathRun:
             self.state.status = "cancelled"
             raise
         finally:
-            for event in (self.prepared, self.outputs_ready, self.answers_ready, self.loss_ready):
-                event.set()
+            self._release()
+            self.group.finished(self.target.path)
+
+    def _release(self) -> None:
+        """Whoever waits on this path's outputs need wait no longer: they are ready, or never."""
+        for event in (self.prepared, self.outputs_ready, self.answers_ready, self.loss_ready):
+            event.set()
 
     async def _pipeline(self, reference: PathRun) -> None:
-        self._enter("prepare")
-        await self.ledger.open()
+        name = self.target.path
         try:
-            await self._prepare(reference)
-            self._leave()
-            passed = await self._phase("correctness", self._correctness(reference))
+            async with self.group.turn(name, "setup"):  # its reservation opens with its turn
+                self._enter("prepare")
+                await self.ledger.open()
+                await self._prepare(reference)
+                self._leave()
+                passed = await self._phase("correctness", self._correctness(reference))
             await self._phase("performance", self._performance(passed, reference))
-            await self._phase("training", self._training(reference, passed))
+            async with self.group.turn(name, "training"):
+                await self._phase("training", self._training(reference, passed))
         except (ActivityError, PathProblem) as err:
             self.state.fail(self.state.phase, reason_of(err))
-            self.prepared.set()  # a candidate elsewhere need not wait for this path's cleanup
+            self._release()  # a candidate elsewhere need not wait for this path's cleanup
+        self.group.leave(name)
+        await self.group.last_out(name)
         await self._phase("economics", self.ledger.economics())
         await self.ledger.cleanup()
         if self.state.status != "failed":
@@ -213,6 +239,7 @@ class PathRun:
         if not passed:
             self.state.performance_skipped = "failed correctness: no speed verdict"
             self.answers_ready.set()
+            self.group.withdraw(self.target.path)
             return
         if self.generation is not None:
             await self.generation.performance()
@@ -232,26 +259,14 @@ class PathRun:
             elif not reference.answers:
                 request.under_load_skip = "not checked under load: the reference kept no answers"
         if self.is_reference:
-            await self._answers(request)
-        perf = await self.ctx.call(PerformanceActivities.measure_performance, request)
+            try:
+                self.answers = await reference_answers(self.ctx, request)
+            finally:
+                self.answers_ready.set()
+        perf = await self.group.measure(self.target.path, request)
         self.state.performance = dataclasses.replace(perf, answers={})
         if not perf.ok:
             self.state.errors["performance"] = perf.problem
-
-    async def _answers(self, request: PerformanceRequest) -> None:
-        """The reference's answer to each batch size's inputs, one request each, before its
-        measurement: a candidate measured at the same time on another host waits only for
-        these. Not metered (a few requests; the measurement's idempotency keys are its own)."""
-        try:
-            if request.inputs.workload:
-                return
-            plan = dataclasses.replace(
-                request.plan, warmup=0, min_iterations=1, min_seconds=0.0, offline_concurrency=1, blocks=1
-            )
-            probe = dataclasses.replace(request, plan=plan, ledger=False)
-            self.answers = (await self.ctx.call(PerformanceActivities.measure_performance, probe)).answers
-        finally:
-            self.answers_ready.set()
 
     async def _training(self, reference: PathRun, passed: bool) -> None:
         plan = self.ctx.spec.training

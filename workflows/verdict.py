@@ -42,8 +42,16 @@ def _single(state: PathState) -> ScenarioResult | None:
 
 
 def _how_measured(reference: PathState, candidate: PathState) -> str:
+    """How the two were measured, so a reader knows what the pairing of blocks means."""
+    perf = candidate.performance
+    if perf is not None and reference.path in perf.interleaved_with:
+        return (
+            f"measured in alternating blocks on host {candidate.host} (AB, BA, ...), "
+            "block i of each paired by time"
+        )
     if reference.host and reference.host == candidate.host:
-        return f"measured one after the other on host {candidate.host}, blocks paired in order"
+        why = f" ({perf.not_interleaved})" if perf is not None and perf.not_interleaved else ""
+        return f"measured one after the other on host {candidate.host}, blocks paired in order{why}"
     return "measured concurrently on separate hosts"
 
 

@@ -19,7 +19,7 @@ from switchyard.money import round_half_up
 from tests.metering.metering_helpers import price_paths
 from workflows.connections import Connections, WorkerConfig
 from workflows.ledger_activities import LedgerActivities
-from workflows.performance import PerformanceActivities, _Sample
+from workflows.performance import _record, _Sample
 from workflows.spec import PerformancePlan
 from workflows.types import EconomicsRequest, InputsPlan, PerformanceRequest, Target
 
@@ -51,8 +51,7 @@ async def test_trial_usage_carries_prompt_and_output_tokens(tmp_path: Path) -> N
                     idempotency_key="t-gen/res", path="cpu-eager@h", start_unix_us=T0, trial_id="t-gen"
                 )
             )
-            acts = PerformanceActivities(connections)
-            await ActivityEnvironment().run(acts._record, request, "generation", 1, 1, samples)
+            await ActivityEnvironment().run(_record, connections, request, "generation", 1, 1, samples)
             report = await stub.CostReport(mpb.CostReportRequest(group_by=["path"], trial_id="t-gen"))
             # The trial's economics (what the report and verdict read): the reservation closed
             # after a second, its idle time shared to the requests, all of it generation.
