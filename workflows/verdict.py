@@ -24,7 +24,7 @@ from fractions import Fraction
 from workflows import under_load
 from workflows.compatibility import fallback_summary, findings, judge_compatibility
 from workflows.generation_verdict import judge_generation
-from workflows.intervals import decide, drift, noise_floor, ratio_interval
+from workflows.intervals import RatioInterval, decide, drift, mean, noise_floor, ratio_interval
 from workflows.path_state import PathState
 from workflows.spec import Policy
 from workflows.trial_io import Criterion, Verdict
@@ -221,12 +221,37 @@ def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: b
         else "all of the trial's cost in the ledger, preparation included"
     )
     saving = float(1 - mine / ref)
-    return Criterion(
-        PASS if saving >= policy.min_cost_saving else FAIL,
+    reason = (
         f"cost per completed job {float(mine):.4g} vs reference {float(ref):.4g} {econ.currency} "
-        f"micro-units ({basis}): saving {saving:+.1%}, policy needs at least {policy.min_cost_saving:+.0%}",
-        f"saving {saving:+.1%} (needs {policy.min_cost_saving:+.0%})",
+        f"micro-units ({basis}): saving {saving:+.1%}, policy needs at least {policy.min_cost_saving:+.0%}"
     )
+    figure = f"saving {saving:+.1%} (needs {policy.min_cost_saving:+.0%})"
+    spread = _time_per_job(_single(candidate), _single(reference), policy)
+    if spread is None:  # no blocks (a report from before they were kept): the point estimates
+        return Criterion(PASS if saving >= policy.min_cost_saving else FAIL, reason, figure)
+    ratio = float(mine / ref)
+    interval = dataclasses.replace(
+        spread, ratio=ratio, low=ratio * spread.low / spread.ratio, high=ratio * spread.high / spread.ratio
+    )
+    decision = decide(interval, -policy.min_cost_saving, "cost ratio")
+    why = "its spread is that of the mean latency ratio over the same paired blocks: a job's cost is its time"
+    return Criterion(
+        decision.result, f"{reason}; {decision.reason} ({why})", f"{figure}; {interval.text('cost ratio')}"
+    )
+
+
+def _time_per_job(
+    mine: ScenarioResult | None, theirs: ScenarioResult | None, policy: Policy
+) -> RatioInterval | None:
+    """The paired interval of the mean single-stream latency ratio, whose relative spread the
+    cost ratio takes (None without blocks to bootstrap)."""
+    if mine is None or theirs is None or not mine.blocks_ms or not theirs.blocks_ms:
+        return None
+    try:
+        interval = ratio_interval(mine.blocks_ms, theirs.blocks_ms, level=policy.confidence, stat=mean)
+    except ValueError:
+        return None
+    return dataclasses.replace(interval, samples=max(interval.samples, mine.iterations))
 
 
 def verdict_line(verdict: str, criteria: Criteria) -> str:
