@@ -1,7 +1,9 @@
 """Planted models slower by a known factor: the same small MLP as tests/trial/planted.py,
 whose every call also waits BASE_S times its version's factor, on any device. The wait
 dominates a call's latency, so `slow2` is about 2x the `honest` reference end to end, and
-`slow105` about 1.05x (a little under: the call's own overhead is not multiplied).
+`slow105` about 1.05x (a little under: the call's own overhead is not multiplied). BASE_S is
+long enough to dominate even on a host so busy that a call waits tens of ms to be scheduled
+(a 10 ms wait gave slow2 1.076 [0.615, 1.541] at a reference p95 of 114 ms there).
 
 One factory-format repository entry, `planted-speed`, with a version per factor.
 """
@@ -18,7 +20,7 @@ from torch import nn
 from switchyard.models.registry import TensorSpec, UserModel
 from tests.trial.planted import FEATURES, HIDDEN, OUTPUTS
 
-BASE_S = 0.01
+BASE_S = 0.1
 FACTORS = {"honest": 1.0, "slow2": 2.0, "slow105": 1.05}
 
 

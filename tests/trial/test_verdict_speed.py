@@ -13,11 +13,13 @@ import re
 from typing import Any
 
 import pytest
+from temporalio.worker import Replayer
 
 from clients.model_admin import add_model
 from tests.trial import planted, planted_speed
 from tests.trial.stack import Stack
 from tests.trial.trial_helpers import run_trial
+from workflows.trial import TrialWorkflow
 
 MODEL = "planted-speed"
 INTERVAL = re.compile(r"p95 ratio ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]")
@@ -61,3 +63,6 @@ async def test_twice_as_slow_is_rejected_and_five_percent_slower_is_not(
     assert report["verdicts"]["slow105"]["criteria"]["correctness"]["result"] == "pass"
     print("slow2:", _interval(report, "slow2")[3])
     print("slow105:", reason)
+    # the group's turns and its one measurement replay deterministically (a restarted worker)
+    history = await stack.env.client.get_workflow_handle(report["trial_id"]).fetch_history()
+    await Replayer(workflows=[TrialWorkflow]).replay_workflow(history)
