@@ -280,11 +280,11 @@ class PerformanceActivities:
         progress = _Progress(
             request,
             before,
-            [ScenarioResult(**s) for s in saved.get("completed", [])],
-            int(saved.get("busy_us", 0)),
-            int(saved.get("jobs", 0)),
-            int(saved.get("memory_min_available", 0)),
-            problem=str(saved.get("problem", "")),
+            [ScenarioResult(**s) for s in saved.get("completed") or []],
+            int(saved.get("busy_us") or 0),
+            int(saved.get("jobs") or 0),
+            int(saved.get("memory_min_available") or 0),
+            problem=str(saved.get("problem") or ""),
         )
         if request.criteria is not None:
             progress.check = UnderLoad(skipped=request.under_load_skip)

@@ -164,6 +164,8 @@ class PathRun:
             self.state.status = "done"
 
     async def _phase(self, phase: str, step: Awaitable[T]) -> T:
+        if (task := asyncio.current_task()) is not None and task.cancelling():
+            raise asyncio.CancelledError()  # cancelled while in an activity that then completed
         self._enter(phase)
         result = await step
         self._leave()
