@@ -2,12 +2,14 @@
 
 Starts a real Temporal dev server, the evaluator, metering (SQLite in a temp dir, a price in
 force), a CPU executor and an in-process trial worker, then runs RUNS trials per model (mlp,
-tiny-lm) of cpu-eager against cpu-eager with the default performance plan and policy. An
-identical path must never be rejected on latency, and its p95 ratio interval should cover
-1.0 in at least 90% of runs (issue 30). Each run's wall time is reported beside its verdict,
-for the cost of the method.
+tiny-lm) of cpu-eager against cpu-eager with the default performance plan and policy: the two
+paths share the executor's one loaded instance and are measured in alternating blocks. An
+identical path must never be rejected, and its p95 ratio interval should cover 1.0 in at
+least 90% of runs (issue 30). With --serial N, N more runs per model measure the two paths one
+after the other (`performance.interleave: false`, the method before alternating blocks), in
+the same run, so both methods' verdicts and wall times are measured under the same load.
 
-Usage: python benchmarks/bench_aa.py [--runs 10] [--models mlp,tiny-lm]
+Usage: python benchmarks/bench_aa.py [--runs 10] [--models mlp,tiny-lm] [--serial 0]
 Writes out/bench/aa.json.
 """
 
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import json
 import re
+import statistics
 import tempfile
 import time
 import uuid
@@ -50,9 +53,9 @@ INPUTS = {
 INTERVAL = re.compile(r"p95 ratio ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]")
 
 
-def spec(model: str, seed: int) -> dict[str, Any]:
-    """Spec defaults except the inputs and the two identical paths."""
-    return {
+def spec(model: str, seed: int, interleave: bool = True) -> dict[str, Any]:
+    """Spec defaults except the inputs and the two identical paths (and the method)."""
+    out: dict[str, Any] = {
         "model": {"name": model},
         "inputs": {"seed": seed, "tensors": [INPUTS[model]]},
         "paths": [
@@ -61,17 +64,23 @@ def spec(model: str, seed: int) -> dict[str, Any]:
         ],
         "reference": "ref",
     }
+    if not interleave:
+        out["performance"] = {"interleave": False}
+    return out
 
 
-def _row(model: str, i: int, wall: float, report: dict[str, Any]) -> dict[str, Any]:
-    latency = report["verdicts"]["same"]["criteria"]["latency"]
+def _row(model: str, i: int, wall: float, report: dict[str, Any], method: str) -> dict[str, Any]:
+    verdict = report["verdicts"]["same"]
+    latency = verdict["criteria"]["latency"]
     found = INTERVAL.search(latency["reason"])
     ratio, low, high = (float(g) for g in found.groups()) if found else (None, None, None)
     return {
         "model": model,
+        "method": method,
         "run": i,
         "wall_s": round(wall, 2),
-        "verdict": report["verdicts"]["same"]["verdict"],
+        "verdict": verdict["verdict"],
+        "criteria": {name: c["result"] for name, c in verdict["criteria"].items()},
         "latency": latency["result"],
         "ratio": ratio,
         "low": low,
@@ -96,7 +105,41 @@ async def _servers(tmp: str) -> tuple[Any, Any, Any]:
     return evaluator, metering, executor
 
 
-async def main(runs: int, models: list[str]) -> dict[str, Any]:
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per method and model: runs, REJECTs (any criterion), latency rejects, intervals covering
+    1.0, and the median trial wall time."""
+    out: dict[str, Any] = {}
+    for method, model in sorted({(r["method"], r["model"]) for r in rows}):
+        mine = [r for r in rows if r["method"] == method and r["model"] == model]
+        out[f"{method}/{model}"] = {
+            "runs": len(mine),
+            "rejects": sum(r["verdict"] == "REJECT" for r in mine),
+            "latency_rejects": sum(r["latency"] == "fail" for r in mine),
+            "covers_1": sum(r["covers_1"] for r in mine),
+            "latency": {k: sum(r["latency"] == k for r in mine) for k in ("pass", "inconclusive", "fail")},
+            "wall_s_median": statistics.median(r["wall_s"] for r in mine),
+        }
+    return out
+
+
+async def _trial(env: Any, model: str, i: int, method: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    report = await env.client.execute_workflow(
+        TrialWorkflow.run,
+        TrialInput.from_json(spec(model, i + 1, interleave=method == "interleaved")),
+        id=f"aa-{model}-{method}-{i}-{uuid.uuid4().hex[:6]}",
+        task_queue="aa",
+    )
+    row = _row(model, i, time.perf_counter() - t0, json.loads(json.dumps(report.to_json())), method)
+    print(
+        f"{method} {model} run {i}: {row['verdict']} {row['criteria']} "
+        f"({row['ratio']} [{row['low']}, {row['high']}]), {row['wall_s']} s",
+        flush=True,
+    )
+    return row
+
+
+async def main(runs: int, models: list[str], serial: int = 0) -> dict[str, Any]:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(ROOT / ".venv" / "bin" / "temporal"),
         search_attributes=SEARCH_ATTRIBUTES,
@@ -108,41 +151,30 @@ async def main(runs: int, models: list[str]) -> dict[str, Any]:
     )
     connections = Connections(config)
     rows = []
+    # the methods alternate run by run, so a change of the host's load lands on both alike
+    plan = [(m, i, "interleaved") for m in models for i in range(runs)]
+    plan += [(m, i, "serial") for m in models for i in range(serial)]
+    plan.sort(key=lambda p: (p[0], p[1]))
     try:
         async with build_worker(env.client, connections, task_queue="aa"):
-            for model in models:
-                for i in range(runs):
-                    t0 = time.perf_counter()
-                    report = await env.client.execute_workflow(
-                        TrialWorkflow.run,
-                        TrialInput.from_json(spec(model, i + 1)),
-                        id=f"aa-{model}-{i}-{uuid.uuid4().hex[:6]}",
-                        task_queue="aa",
-                    )
-                    row = _row(model, i, time.perf_counter() - t0, json.loads(json.dumps(report.to_json())))
-                    print(
-                        f"{model} run {i}: {row['latency']} "
-                        f"({row['ratio']} [{row['low']}, {row['high']}]), {row['wall_s']} s"
-                    )
-                    rows.append(row)
+            for model, i, method in plan:
+                rows.append(await _trial(env, model, i, method))
+                partial = {"benchmark": "aa", "partial": True, "summary": _summary(rows), "runs": rows}
+                write_report("aa", partial)
     finally:
         await connections.close()
         await executor.stop(0)
         await metering.stop(0)
         await evaluator.drain(0)
         await env.shutdown()
-    summary = {
-        m: {
-            "runs": sum(r["model"] == m for r in rows),
-            "latency_rejects": sum(r["model"] == m and r["latency"] == "fail" for r in rows),
-            "covers_1": sum(r["model"] == m and r["covers_1"] for r in rows),
-        }
-        for m in models
-    }
     return {
         "benchmark": "aa",
-        "configuration": {"paths": "cpu-eager vs cpu-eager, one host (serialised)", "spec": "defaults"},
-        "summary": summary,
+        "configuration": {
+            "paths": "cpu-eager vs cpu-eager, one executor, one loaded instance",
+            "methods": "interleaved: alternating blocks (the default); serial: performance.interleave false",
+            "spec": "defaults",
+        },
+        "summary": _summary(rows),
         "runs": rows,
     }
 
@@ -151,7 +183,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--models", default="mlp,tiny-lm")
+    parser.add_argument("--serial", type=int, default=0, help="runs per model measured one after the other")
     args = parser.parse_args()
-    result = asyncio.run(main(args.runs, args.models.split(",")))
+    result = asyncio.run(main(args.runs, args.models.split(","), args.serial))
     print(json.dumps(result["summary"]))
     write_report("aa", result)

@@ -18,6 +18,7 @@ import argparse
 import functools
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.faults.cluster import Cluster
@@ -57,7 +58,10 @@ def main() -> None:
     why = unavailable()
     if why:
         raise SystemExit(f"cannot make hosts here: {why}")
-    runs = {**FAULTS, "metering-partition": functools.partial(metering_partition, seconds=args.partition_s)}
+    runs: dict[str, Callable[[Cluster], Figures]] = {
+        **FAULTS,
+        "metering-partition": functools.partial(metering_partition, seconds=args.partition_s),
+    }
     rows: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="switchyard-faults-") as scratch:
         cluster = Cluster(Network(), Path(scratch))

@@ -1,9 +1,12 @@
 """TrialWorkflow: one JSON spec in, a report with a verdict per path out (docs/architecture.md#trials).
 
 Per path: prepare -> correctness -> performance -> training -> economics. Paths on different
-hosts run in parallel; paths sharing a host (as Describe reports it) hold that host's lock for
-their whole pipeline, so their timings never overlap. The reference path goes first on its
-host; candidates elsewhere wait only for the reference outputs they are compared with.
+hosts run in parallel; paths sharing a host (as Describe reports it) never measure at once:
+the candidates on the reference's host that can be loaded beside it are measured with it in
+alternating blocks, taking turns for their other phases (workflows/pipeline/interleave.py), and any
+other path there holds that host's lock for its whole pipeline, after them. The reference
+path goes first on its host; candidates elsewhere wait only for the reference outputs they
+are compared with.
 A path whose backend fails is INCONCLUSIVE with its reason; the trial itself completes.
 `progress` (query) and `cancel` (update) are for operators; search attributes model, paths
 and verdict let them filter in the UI.
@@ -26,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.activities.authorization import AuthorizationActivities
     from workflows.activities.trial_ledger import LedgerActivities
     from workflows.kinds import kind_of
+    from workflows.pipeline import interleave
     from workflows.pipeline.context import TrialContext
     from workflows.pipeline.path_run import PathRun
     from workflows.pipeline.types import PHASES, PathInfo, Target, TrialRecord
@@ -169,11 +173,39 @@ class TrialWorkflow:
                 locks.setdefault(info.host, asyncio.Lock())
         if self.cancel_reason:
             raise asyncio.CancelledError()
+        grouped = self._interleave(reference)
         ordered = sorted(self.runs.values(), key=lambda r: not r.is_reference)
         for run in ordered:
-            lock = locks.get(run.state.host, asyncio.Lock())
+            # the reference holds its host's lock for the paths measured with it
+            lock = asyncio.Lock() if run.target.path in grouped else locks.get(run.state.host, asyncio.Lock())
             self.tasks.append(asyncio.create_task(run.pipeline(lock, reference)))
         await asyncio.gather(*self.tasks)
+
+    def _interleave(self, reference: PathRun) -> set[str]:
+        """The candidates measured with the reference in alternating blocks, on its host
+        (workflows/pipeline/interleave.py); a candidate there that cannot be is told why."""
+        spec = reference.ctx.spec
+        if spec.generative or reference.state.info is None:
+            return set()
+        candidates = [
+            (r.target, r.state.info)
+            for r in self.runs.values()
+            if not r.is_reference and r.state.info is not None and not r.state.errors
+        ]
+        found = interleave.plan((reference.target, reference.state.info), candidates)
+        if not spec.performance.interleave:
+            apart = found.members[1:] + list(found.apart)
+            found = interleave.Plan(found.members[:1], dict.fromkeys(apart, "interleave off in the spec"))
+        for name, why in found.apart.items():
+            self.runs[name].group = interleave.Alone(reference.ctx, why)
+        if len(found.members) < 2:
+            return set()
+        group = interleave.Interleaved(reference.ctx, found.members)
+        for name in found.members:
+            self.runs[name].group = group
+        for name in found.shared:
+            self.runs[name].ledger.unload = False
+        return set(found.members[1:])
 
     def _reference(self) -> PathRun:
         return next(r for r in self.runs.values() if r.is_reference)

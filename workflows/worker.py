@@ -91,6 +91,7 @@ def activities(connections: Connections) -> Sequence[Any]:
         comparison.compare_outputs,
         training.train_path,
         perf.measure_performance,
+        perf.measure_interleaved,
         generation.run_generation,
         generation.compare_generation,
         generation.measure_generation,

@@ -75,9 +75,17 @@ async def test_three_path_trial_has_all_four_parts_and_verdicts(stack: Stack) ->
     # compiled, or served from the executor's compile cache (an earlier test loaded these graphs)
     compiled = xla_compat["compilations"] + xla_compat["cached_compilations"]
     assert xla_compat["compile_time_s"] > 0 or compiled > 0, xla_compat
-    # one host: the paths' performance phases never overlapped
-    windows = sorted(tuple(s["timeline"]["performance"]) for s in report["paths"].values())
+    # one host: xla (its own executor) was measured with the reference in alternating blocks;
+    # cpu-compile needs another load of tiny-lm on the reference's executor, so it measured
+    # alone, after them, and says why
+    paths = report["paths"]
+    assert paths["xla"]["performance"]["interleaved_with"] == ["cpu-eager"]
+    assert paths["cpu-compile"]["performance"]["interleaved_with"] == []
+    windows = sorted(tuple(paths[p]["timeline"]["performance"]) for p in ("cpu-eager", "cpu-compile"))
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(windows))
+    assert paths["xla"]["timeline"]["performance"][1] <= paths["cpu-compile"]["timeline"]["performance"][0]
+    apart = paths["cpu-compile"]["performance"]["not_interleaved"]
+    assert "cpu-eager and cpu-compile need different loads of tiny-lm:default on one executor" in apart
     assert len(report["placement"]) == 1
 
     state = _conserved(stack, report["trial_id"])

@@ -21,7 +21,7 @@ from workflows.activities.connections import Connections, WorkerConfig
 from workflows.activities.trial_ledger import LedgerActivities
 from workflows.pipeline.types import EconomicsRequest, InputsPlan, PerformanceRequest, Target
 from workflows.spec.trial_spec import PerformancePlan
-from workflows.tensor.performance import PerformanceActivities, _Sample
+from workflows.tensor.performance import _record, _Sample
 
 T0 = 1_767_225_600_000_000
 
@@ -51,8 +51,7 @@ async def test_trial_usage_carries_prompt_and_output_tokens(tmp_path: Path) -> N
                     idempotency_key="t-gen/res", path="cpu-eager@h", start_unix_us=T0, trial_id="t-gen"
                 )
             )
-            acts = PerformanceActivities(connections)
-            await ActivityEnvironment().run(acts._record, request, "generation", 1, 1, samples)
+            await ActivityEnvironment().run(_record, connections, request, "generation", 1, 1, samples)
             report = await stub.CostReport(mpb.CostReportRequest(group_by=["path"], trial_id="t-gen"))
             # The trial's economics (what the report and verdict read): the reservation closed
             # after a second, its idle time shared to the requests, all of it generation.

@@ -78,3 +78,30 @@ def test_slow_first_calls_make_latency_inconclusive_as_a_short_warm_up() -> None
     assert latency["figure"].startswith("warm-up too short (candidate p95 last third / first third ")
     unchecked = judge(reference, candidate, Policy(max_latency_drift=0.0), training=False)
     assert not unchecked["criteria"]["latency"]["reason"].startswith("warm-up too short")
+
+
+def _costing(state: PathState, cpj: int) -> PathState:
+    assert state.economics is not None
+    state.economics = dataclasses.replace(
+        state.economics, total_micros=cpj * 100, cost_per_completed_job_micros=cpj
+    )
+    return state
+
+
+def test_a_cost_within_its_noise_is_inconclusive_never_rejected() -> None:
+    # an identical path 1% dearer in the ledger, within its time's noise (about +-3% here):
+    # no saving shown, none disproved
+    for seed in range(10):
+        reference = _measured(1.0, seed, "h")
+        candidate = _costing(_measured(1.0, 50 + seed, "h"), 101)
+        cost = judge(reference, candidate, Policy(), training=False)["criteria"]["cost"]
+        assert cost["result"] == "inconclusive", cost
+        assert "cost ratio 1.010 [" in cost["figure"] and "mean latency ratio" in cost["reason"]
+
+
+def test_twice_the_cost_of_twice_the_time_fails_on_its_interval() -> None:
+    reference, candidate = _measured(1.0, 11, "h"), _costing(_measured(2.0, 12, "h"), 200)
+    cost = judge(reference, candidate, Policy(), training=False)["criteria"]["cost"]
+    assert cost["result"] == "fail", cost
+    assert cost["figure"].startswith("saving -100.0% (needs +0%); cost ratio 2.000 [")
+    assert "the whole interval is beyond the allowed 1" in cost["reason"]

@@ -24,7 +24,7 @@ from workflows.generation.types import (
 )
 from workflows.generation.verdict import judge_generation
 from workflows.pipeline.context import PathProblem, TrialContext
-from workflows.pipeline.kind import KindRender, PathSteps
+from workflows.pipeline.kind import KindRender, Measurement, PathSteps
 from workflows.pipeline.path_ledger import PathLedger
 from workflows.pipeline.path_state import PathState
 from workflows.pipeline.types import CorrectnessResult, Target
@@ -89,8 +89,9 @@ class GenerationSteps:
         self.state.generation = await self.ctx.call(GenerationActivities.compare_generation, compare)
         return self.state.generation.passed
 
-    async def performance(self, reference: GenerationSteps) -> None:
-        """The generation scenario's load levels, each request a job with its tokens."""
+    async def performance(self, reference: GenerationSteps, measurement: Measurement) -> None:
+        """The generation scenario's load levels, each request a job with its tokens (measured
+        alone: generation paths are not interleaved yet, so `measurement` is not used)."""
         spec = self.ctx.spec
         prompts, policy = spec.inputs.prompts, spec.policy
         slo = {"ttft_ms": policy.slo_ttft_ms, "tpot_ms": policy.slo_tpot_ms, "e2el_ms": policy.slo_e2el_ms}

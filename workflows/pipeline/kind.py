@@ -21,11 +21,18 @@ if TYPE_CHECKING:
     from workflows.pipeline.context import TrialContext
     from workflows.pipeline.path_ledger import PathLedger
     from workflows.pipeline.path_state import PathState
-    from workflows.pipeline.types import Target
+    from workflows.pipeline.types import PerformanceRequest, PerformanceResult, Target
     from workflows.spec.trial_io import Verdict
     from workflows.spec.trial_spec import Policy
 
 Rows = list[tuple[str, dict[str, Any]]]  # (path, its entry of the report), the reference first
+
+
+class Measurement(Protocol):
+    """How a path's tensor measurement runs: alone, or in alternating blocks with the paths that
+    share its host (workflows/pipeline/interleave.py)."""
+
+    async def measure(self, name: str, request: PerformanceRequest) -> PerformanceResult: ...
 
 
 class PathSteps(Protocol):
@@ -37,8 +44,9 @@ class PathSteps(Protocol):
     async def correctness(self, reference: Self) -> bool:
         """Run the fixed inputs and judge them against the reference; False: no speed verdict."""
 
-    async def performance(self, reference: Self) -> None:
-        """Measure the path (only called when its correctness passed)."""
+    async def performance(self, reference: Self, measurement: Measurement) -> None:
+        """Measure the path (only called when its correctness passed), through `measurement`
+        where the kind's measurement can alternate with other paths'."""
 
     async def training(self, reference: Self, passed: bool) -> None:
         """Train the path, if the kind trains."""

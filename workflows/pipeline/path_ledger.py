@@ -37,6 +37,7 @@ class PathLedger:
         self.ctx = ctx
         self.target = target
         self.state = state
+        self.unload = True  # False: the path shares another path's load, which that one hands back
 
     async def open(self) -> None:
         """Hold a reservation for the pipeline (none if the path could not be registered)."""
@@ -83,7 +84,7 @@ class PathLedger:
         if not self.state.reservation_open and not self.state.loaded:
             return
         reservation = self.state.reservation_id if self.state.reservation_open else ""
-        request = CloseRequest(self.target, reservation, now_us(), restore=self.state.restore)
+        request = CloseRequest(self.target, reservation, now_us(), self.unload, self.state.restore)
         try:
             await self.ctx.call(LedgerActivities.close_path, request)
             self.state.reservation_open = False

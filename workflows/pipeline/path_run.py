@@ -26,6 +26,7 @@ from temporalio.exceptions import ActivityError
 from workflows.activities.path import PathActivities
 from workflows.activities.trial_ledger import LedgerActivities
 from workflows.pipeline.context import PathProblem, TrialContext, reason_of
+from workflows.pipeline.interleave import Alone, Interleaved
 from workflows.pipeline.kind import TrialKind
 from workflows.pipeline.path_ledger import PathLedger
 from workflows.pipeline.path_state import PathState
@@ -59,6 +60,8 @@ class PathRun:
         self.steps = kind.steps(ctx, target, self.state, self.ledger)
         self.model_problem = ""  # why the executor cannot load the model ("" = it can)
         self.prepared = asyncio.Event()
+        # the paths it is measured with and the turns it keeps meanwhile (interleave.py)
+        self.group: Alone | Interleaved = Alone(ctx)
 
     async def describe(self) -> PathInfo | None:
         """Describe the executor and register the path; refuse a model it does not hold."""
@@ -100,27 +103,39 @@ class PathRun:
             self.state.status = "cancelled"
             raise
         finally:
-            self.prepared.set()
-            self.steps.release()
+            self._release()
+            self.group.finished(self.target.path)
+
+    def _release(self) -> None:
+        """Whoever waits on this path's results need wait no longer: they are ready, or never."""
+        self.prepared.set()
+        self.steps.release()
 
     async def _pipeline(self, reference: PathRun) -> None:
-        self._enter("prepare")
-        await self.ledger.open()
+        name = self.target.path
         try:
-            await self._prepare(reference)
-            self._leave()
-            passed = await self._phase("correctness", self.steps.correctness(reference.steps))
+            async with self.group.turn(name, "setup"):  # its reservation opens with its turn
+                self._enter("prepare")
+                await self.ledger.open()
+                await self._prepare(reference)
+                self._leave()
+                passed = await self._phase("correctness", self.steps.correctness(reference.steps))
             await self._phase("performance", self._performance(passed, reference))
-            await self._phase("training", self.steps.training(reference.steps, passed))
+            async with self.group.turn(name, "training"):
+                await self._phase("training", self.steps.training(reference.steps, passed))
         except (ActivityError, PathProblem) as err:
             self.state.fail(self.state.phase, reason_of(err))
-            self.prepared.set()  # a candidate elsewhere need not wait for this path's cleanup
+            self._release()  # a candidate elsewhere need not wait for this path's cleanup
+        self.group.leave(name)
+        await self.group.last_out(name)
         await self._phase("economics", self.ledger.economics())
         await self.ledger.cleanup()
         if self.state.status != "failed":
             self.state.status = "done"
 
     async def _phase(self, phase: str, step: Awaitable[T]) -> T:
+        if (task := asyncio.current_task()) is not None and task.cancelling():
+            raise asyncio.CancelledError()  # cancelled while in an activity that then completed
         self._enter(phase)
         result = await step
         self._leave()
@@ -147,5 +162,6 @@ class PathRun:
         if not passed:
             self.state.performance_skipped = "failed correctness: no speed verdict"
             self.steps.release()  # a path that waits on this one's answers need not wait longer
+            self.group.withdraw(self.target.path)
             return
-        await self.steps.performance(reference.steps)
+        await self.steps.performance(reference.steps, self.group)

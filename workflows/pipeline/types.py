@@ -239,6 +239,13 @@ class PerformanceRequest:
 
 
 @dataclass
+class InterleavedRequest:
+    """Paths that share a host, measured together in alternating blocks; one plan for all."""
+
+    paths: list[PerformanceRequest]
+
+
+@dataclass
 class ScenarioResult:
     scenario: str
     batch_size: int
@@ -275,6 +282,15 @@ class PerformanceResult:
     memory_min_available_bytes: int = 0  # device-wide; total - this = peak use while measuring
     answers: dict[str, list[TensorData]] = field(default_factory=dict)  # first answer per batch
     under_load: UnderLoad | None = None  # the candidate's answers under load, checked
+    # the paths measured in alternating blocks with this one (workflows/tensor/performance.py), and
+    # why a path that shares the reference's host was not ("" = it was, or no shared host)
+    interleaved_with: list[str] = field(default_factory=list)
+    not_interleaved: str = ""
+
+
+@dataclass
+class InterleavedResult:
+    results: list[PerformanceResult]  # in the order of the request's paths
 
 
 @dataclass

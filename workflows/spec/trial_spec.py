@@ -129,6 +129,7 @@ class PerformancePlan:
     batch_buckets: tuple[int, ...] = ()  # () = batch_sizes plus the correctness batch
     generation: GenerationPlan | None = None
     blocks: int = 10  # each scenario's samples in blocks of consecutive requests (intervals)
+    interleave: bool = True  # paths sharing the reference's host alternate blocks with it
 
 
 @dataclass(frozen=True)
@@ -407,6 +408,7 @@ def _performance(f: Fields, seed: int = 0) -> PerformancePlan:
         batch_buckets=tuple(f.ints("batch_buckets", [], minimum=1)),
         generation=generation,
         blocks=f.integer("blocks", d.blocks, minimum=MIN_BLOCKS),
+        interleave=f.flag("interleave", d.interleave),
     )
     if generation is not None and "generation" not in plan.scenarios:
         plan = dataclasses.replace(plan, scenarios=("generation",))

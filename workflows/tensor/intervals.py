@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from workflows.report.results import FAIL, PASS, UNKNOWN, Result
@@ -87,6 +87,10 @@ def _pooled(blocks: Blocks, picks: Sequence[int]) -> list[float]:
     return [v for i in picks for v in blocks[i]]
 
 
+def mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
 def ratio_interval(
     candidate: Blocks,
     reference: Blocks,
@@ -94,10 +98,13 @@ def ratio_interval(
     level: float = 0.95,
     seed: int = 0,
     resamples: int = RESAMPLES,
+    stat: Callable[[Sequence[float]], float] | None = None,
 ) -> RatioInterval:
-    """The paired block-bootstrap interval of percentile(candidate) / percentile(reference).
+    """The paired block-bootstrap interval of percentile(candidate) / percentile(reference),
+    or of another statistic of the pooled samples (`stat`, e.g. `mean`).
 
     Blocks pair by index; a path with more blocks has its extra ones left out."""
+    figure = stat or (lambda values: percentile(values, q))
     if not 0.0 < level < 1.0:
         raise ValueError("level must be between 0 and 1")
     n = min(len(candidate), len(reference))
@@ -107,16 +114,16 @@ def ratio_interval(
     if n < MIN_BLOCKS:
         raise ValueError(f"{n} paired block(s): an interval needs at least {MIN_BLOCKS}")
     everything = list(range(n))
-    base = percentile(_pooled(ref, everything), q)
+    base = figure(_pooled(ref, everything))
     if base <= 0:
-        raise ValueError("the reference's percentile is 0: no basis for a ratio")
-    ratio = percentile(_pooled(cand, everything), q) / base
+        raise ValueError("the reference's figure is 0: no basis for a ratio")
+    ratio = figure(_pooled(cand, everything)) / base
     rng = random.Random(seed)
     ratios = []
     for _ in range(resamples):
         picks = [rng.randrange(n) for _ in range(n)]
-        r = percentile(_pooled(ref, picks), q)
-        ratios.append(percentile(_pooled(cand, picks), q) / r if r > 0 else math.inf)
+        r = figure(_pooled(ref, picks))
+        ratios.append(figure(_pooled(cand, picks)) / r if r > 0 else math.inf)
     tail = (1.0 - level) / 2 * 100
     low, high = percentile(ratios, tail), percentile(ratios, 100 - tail)
     samples = sum(len(b) for b in cand)

@@ -1,6 +1,13 @@
 """The performance phase: warm-up, then single-stream and offline scenarios until both the
 minimum iteration count and the minimum duration are met, with proof that nothing compiled.
 
+One path is measured alone (`measure_performance`), or several paths that share a host are
+measured together in alternating blocks (`measure_interleaved`): every scenario is cut into
+`blocks` time slots, and in each slot every path measures its share of the plan (its
+`min_iterations / blocks` requests and `min_seconds / blocks` seconds) in turn, the order
+reversed every other slot (AB, BA, AB, ...), so a change of the host's load lands on all of
+them alike and block i of each path is paired with block i of the others by time.
+
 Each request is one job in the ledger (kind "trial"), recorded at the end of its scenario
 with an idempotency key from the workflow run, so a retried activity never double counts.
 Finished scenarios are kept in the heartbeat details: if the worker dies mid-measurement,
@@ -12,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import math
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -27,17 +36,21 @@ from workflows.activities.path import Clock
 from workflows.activities.trial_ledger import send_usage, usage_event
 from workflows.pipeline.types import (
     CompareRequest,
+    InterleavedRequest,
+    InterleavedResult,
     PerformanceRequest,
     PerformanceResult,
     ScenarioResult,
     TensorData,
     UnderLoad,
 )
+from workflows.spec.trial_spec import PerformancePlan
 from workflows.tensor import under_load
 from workflows.tensor.comparison import ComparisonActivities
 from workflows.tensor.intervals import split_blocks, thin
 
 BLOCK_SAMPLES = 200  # values kept per block: 10 blocks of single-stream are about 16 KB of JSON
+BEAT_S = 0.5  # heartbeat (and memory sample) interval while measuring
 
 
 @dataclasses.dataclass
@@ -51,50 +64,108 @@ class _Sample:
     output_tokens: int = 0
 
 
+@dataclasses.dataclass
+class _Stream:
+    """One path's requests in one scenario: how to send one, and what it measured, by block."""
+
+    call: Callable[[int], Awaitable[_Sample]]  # index >= 0: a measured request (-1: warm-up)
+    inputs: list[tuple[str, str, Any]]
+    batch: int  # the rows per request (a workload's mean rows)
+    kept: dict[int, list[TensorData]]  # answers under load to check, by request index
+    blocks: list[list[_Sample]] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0  # time spent measuring this path (its own blocks only)
+    measured: itertools.count[int] = dataclasses.field(default_factory=itertools.count)
+
+    def samples(self) -> list[_Sample]:
+        return [s for b in self.blocks for s in b]
+
+
+@dataclasses.dataclass
+class _Progress:
+    """One path's measurement so far; its `state` is what the heartbeat keeps for a retry."""
+
+    request: PerformanceRequest
+    before: int  # compilation counters before measuring
+    done: list[ScenarioResult] = dataclasses.field(default_factory=list)
+    busy_us: int = 0
+    jobs: int = 0
+    memory_min_available: int = 0
+    answers: dict[str, list[TensorData]] = dataclasses.field(default_factory=dict)
+    check: UnderLoad | None = None
+    problem: str = ""  # why this path stopped measuring (every request of a scenario failed)
+
+    def finished(self, name: str, batch: int) -> bool:
+        return bool(self.problem) or any(s.scenario == name and s.batch_size == batch for s in self.done)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "completed": [dataclasses.asdict(s) for s in self.done],
+            "compilations_before": self.before,
+            "busy_us": self.busy_us,
+            "jobs": self.jobs,
+            "memory_min_available": self.memory_min_available,
+            "problem": self.problem,
+        }
+
+
+def _scenarios(plan: PerformancePlan) -> list[tuple[str, int, int]]:
+    """(name, batch, concurrency) of each scenario of the plan, in order."""
+    scenarios: list[tuple[str, int, int]] = []
+    if "single-stream" in plan.scenarios:
+        scenarios.append(("single-stream", 1, 1))
+    if "offline" in plan.scenarios:
+        scenarios += [("offline", b, plan.offline_concurrency) for b in plan.batch_sizes]
+    return scenarios
+
+
 def _summary(
     name: str,
-    batch: int,
     concurrency: int,
-    samples: list[_Sample],
-    elapsed: float,
+    stream: _Stream,
     sizes: dict[str, list[int]],
     blocks: int,
+    interleaved: bool,
 ) -> ScenarioResult:
     """One scenario's figures from its samples (latency of the completed requests only)."""
+    samples = stream.samples()
     good = [s for s in samples if s.ok]
     lat = np.array([s.latency_s * 1e3 for s in good])
     edges = np.geomspace(max(lat.min(), 1e-3), max(lat.max(), lat.min() * 1.01, 1e-3), 21)
     counts, _ = np.histogram(lat, bins=edges)
     pct = {q: float(np.percentile(lat, q)) for q in (50, 90, 95, 99)}
+    if interleaved:  # the time slots as measured: block i of every path shares slot i
+        kept = [[round(s.latency_s * 1e3, 4) for s in b if s.ok] for b in stream.blocks]
+    else:
+        kept = split_blocks([round(float(v), 4) for v in lat], blocks)
     return ScenarioResult(
         scenario=name,
-        batch_size=batch,
+        batch_size=stream.batch,
         concurrency=concurrency,
         iterations=len(good),
-        seconds=elapsed,
+        seconds=stream.seconds,
         p50_ms=pct[50],
         p90_ms=pct[90],
         p95_ms=pct[95],
         p99_ms=pct[99],
         mean_ms=float(lat.mean()),
         compute_p50_ms=float(np.percentile([s.compute_us / 1e3 for s in good], 50)),
-        throughput=len(good) * batch / elapsed,
+        throughput=len(good) * stream.batch / stream.seconds,
         throughput_unit="samples/s",
         input_sizes=sizes,
         histogram_ms=[float(e) for e in edges],
         histogram_counts=[int(c) for c in counts],
         failed=len(samples) - len(good),
-        blocks_ms=_blocks(name, [round(float(v), 4) for v in lat], blocks),
+        blocks_ms=_blocks(name, kept),
     )
 
 
-def _blocks(name: str, latencies: list[float], blocks: int) -> list[list[float]]:
+def _blocks(name: str, blocks: list[list[float]]) -> list[list[float]]:
     """Single-stream latencies in blocks for the verdict's intervals, each block thinned to at
     most BLOCK_SAMPLES values: a fast model's thousands of requests would otherwise carry the
     report past Temporal's payload limit. Other scenarios are not judged on them."""
     if name != "single-stream":
         return []
-    return [thin(b, BLOCK_SAMPLES) for b in split_blocks(latencies, blocks)]
+    return [thin(b, BLOCK_SAMPLES) for b in blocks]
 
 
 def _outputs(response: oip.ModelInferResponse) -> list[TensorData]:
@@ -103,6 +174,37 @@ def _outputs(response: oip.ModelInferResponse) -> list[TensorData]:
         return payloads.outputs_of(response)
     except ApplicationError:
         return []
+
+
+class _Beat:
+    """The heartbeat while measuring, at most every BEAT_S: every path's progress, so a retry
+    resumes at the first unfinished scenario, and what an operator reads in the UI."""
+
+    def __init__(self, progress: list[_Progress], scenario: str, batch: int, attempt: int) -> None:
+        self.progress, self.scenario, self.batch, self.attempt = progress, scenario, batch, attempt
+        self.last = time.perf_counter()
+        self.done: dict[str, int] = {}
+
+    def due(self) -> bool:
+        return time.perf_counter() - self.last >= BEAT_S
+
+    def send(self, path: str = "", done: int = 0) -> None:
+        self.last = time.perf_counter()
+        if path:
+            self.done[path] = done
+        paths = {p.request.target.path: {**p.state(), "done": self.done.get(p.request.target.path, 0)}
+                 for p in self.progress}  # fmt: skip
+        plan = self.progress[0].request.plan
+        activity.heartbeat(
+            {
+                "phase": "performance",
+                "scenario": self.scenario,
+                "batch": self.batch,
+                "target": plan.min_iterations,
+                "attempt": self.attempt,
+                "paths": paths,
+            }
+        )
 
 
 class PerformanceActivities:
@@ -119,13 +221,11 @@ class PerformanceActivities:
             return 0, 0
         return int(d.device.memory_total_bytes), int(d.device.memory_available_bytes)
 
-    async def _sample_memory(self, request: PerformanceRequest, state: dict[str, Any]) -> None:
-        """Keep the lowest available memory seen in the heartbeat state (it survives a retry)."""
-        _, available = await self._memory(request)
+    async def _sample_memory(self, progress: _Progress) -> None:
+        """Keep the lowest available memory seen (in the heartbeat state: it survives a retry)."""
+        _, available = await self._memory(progress.request)
         if available:
-            state["memory_min_available"] = min(
-                int(state.get("memory_min_available") or available), available
-            )
+            progress.memory_min_available = min(progress.memory_min_available or available, available)
 
     async def _compilations(self, request: PerformanceRequest) -> int:
         t = request.target
@@ -142,178 +242,248 @@ class PerformanceActivities:
 
     @activity.defn(name="measure_performance")
     async def measure_performance(self, request: PerformanceRequest) -> PerformanceResult:
+        """One path alone: each scenario measured in one go, then cut into blocks."""
+        return (await self._measure([request], interleaved=False))[0]
+
+    @activity.defn(name="measure_interleaved")
+    async def measure_interleaved(self, request: InterleavedRequest) -> InterleavedResult:
+        """Paths that share a host, in alternating blocks of every scenario (module doc)."""
+        return InterleavedResult(await self._measure(request.paths, interleaved=True))
+
+    async def _measure(
+        self, requests: list[PerformanceRequest], interleaved: bool
+    ) -> list[PerformanceResult]:
         info = activity.info()
         resumed: dict[str, Any] = dict(info.heartbeat_details[0]) if info.heartbeat_details else {}
-        done = [ScenarioResult(**s) for s in resumed.get("completed", [])]
-        before = int(resumed["compilations_before"]) if "compilations_before" in resumed else None
-        if before is None:
-            before = await self._compilations(request)
-        plan = request.plan
-        scenarios: list[tuple[str, int, int]] = []
-        if "single-stream" in plan.scenarios:
-            scenarios.append(("single-stream", 1, 1))
-        if "offline" in plan.scenarios:
-            scenarios += [("offline", b, plan.offline_concurrency) for b in plan.batch_sizes]
-        memory = {"memory_min_available": resumed.get("memory_min_available", 0)}
-        busy = int(resumed.get("busy_us", 0))
-        jobs = int(resumed.get("jobs", 0))
-        answers: dict[str, list[TensorData]] = {}
-        check = UnderLoad(skipped=request.under_load_skip) if request.criteria is not None else None
-        if check is not None and done:
-            check.skipped = "; ".join(filter(None, [check.skipped, "resumed scenarios not checked"]))
-        for name, batch, concurrency in scenarios:
-            if any(s.scenario == name and s.batch_size == batch for s in done):
+        saved = resumed.get("paths", {})
+        progress = [await self._resume(r, saved.get(r.target.path, {})) for r in requests]
+        plan = requests[0].plan
+        for name, batch, concurrency in _scenarios(plan):
+            todo = [p for p in progress if not p.finished(name, batch)]
+            if not todo:
                 continue
-            state: dict[str, Any] = {
-                "phase": "performance",
-                "path": request.target.path,
-                "scenario": name,
-                "batch": batch,
-                "done": 0,
-                "target": plan.min_iterations,
-                "compilations_before": before,
-                "completed": [dataclasses.asdict(s) for s in done],
-                "busy_us": busy,
-                "jobs": jobs,
-                "attempt": info.attempt,
-                **memory,
-            }
-            result, samples, kept = await self._scenario(request, name, batch, concurrency, state)
-            await self._answers(request, batch, kept, answers, check)
-            if check is not None:
-                check.measured += sum(s.ok for s in samples)
-            await self._record(request, name, batch, info.attempt, samples)
-            busy += sum(s.compute_us for s in samples)
-            jobs += len(samples)
-            done.append(result)
-            memory["memory_min_available"] = state.get("memory_min_available", 0)
-            state.update(completed=[dataclasses.asdict(s) for s in done], busy_us=busy, jobs=jobs)
-            activity.heartbeat(state)
+            beat = _Beat(progress, name, batch, info.attempt)
+            streams = [_stream(self.connections, self.clock, p.request, batch) for p in todo]
+            await self._run(list(zip(streams, todo, strict=True)), concurrency, plan, interleaved, beat)
+            for stream, p in zip(streams, todo, strict=True):
+                await self._finish(p, stream, name, batch, concurrency, interleaved, info.attempt)
+            if all(p.problem for p in progress):  # nothing left to measure: retry the activity
+                raise ApplicationError("; ".join(p.problem for p in progress), type="AllFailed")
+            beat.send()
+        return [await self._result(p) for p in progress]
+
+    async def _resume(self, request: PerformanceRequest, saved: dict[str, Any]) -> _Progress:
+        """A path's progress from a retried attempt's heartbeat, or a fresh one."""
+        if "compilations_before" in saved:
+            before = int(saved["compilations_before"])
+        else:
+            before = await self._compilations(request)
+        progress = _Progress(
+            request,
+            before,
+            [ScenarioResult(**s) for s in saved.get("completed") or []],
+            int(saved.get("busy_us") or 0),
+            int(saved.get("jobs") or 0),
+            int(saved.get("memory_min_available") or 0),
+            problem=str(saved.get("problem") or ""),
+        )
+        if request.criteria is not None:
+            progress.check = UnderLoad(skipped=request.under_load_skip)
+            if progress.done:
+                why = [progress.check.skipped, "resumed scenarios not checked"]
+                progress.check.skipped = "; ".join(filter(None, why))
+        return progress
+
+    async def _run(
+        self,
+        paths: list[tuple[_Stream, _Progress]],
+        concurrency: int,
+        plan: PerformancePlan,
+        interleaved: bool,
+        beat: _Beat,
+    ) -> None:
+        """Warm every path up, then measure: alone in one go, or in alternating blocks, each
+        block after the first led by one unmeasured request (the switch's cold caches)."""
+        for stream, _ in paths:
+            for _ in range(plan.warmup):
+                await stream.call(-1)
+        if not interleaved:
+            stream, progress = paths[0]
+            await self._block(stream, progress, concurrency, plan.min_iterations, plan.min_seconds, beat)
+            return
+        count, seconds = math.ceil(plan.min_iterations / plan.blocks), plan.min_seconds / plan.blocks
+        for slot in range(plan.blocks):
+            for stream, progress in paths if slot % 2 == 0 else paths[::-1]:
+                if slot:
+                    await stream.call(-1)
+                await self._block(stream, progress, concurrency, count, seconds, beat)
+
+    async def _block(
+        self, stream: _Stream, progress: _Progress, concurrency: int, count: int, seconds: float, beat: _Beat
+    ) -> None:
+        """Measure one block of a path: at least `count` requests and `seconds` long."""
+        samples: list[_Sample] = []
+        stream.blocks.append(samples)
+        begin = time.perf_counter()
+
+        def satisfied() -> bool:
+            return len(samples) >= count and time.perf_counter() - begin >= seconds
+
+        async def worker() -> None:
+            while not satisfied():
+                samples.append(await stream.call(next(stream.measured)))
+                if beat.due():
+                    await self._sample_memory(progress)
+                    beat.send(progress.request.target.path, sum(len(b) for b in stream.blocks))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        stream.seconds += time.perf_counter() - begin
+
+    async def _finish(
+        self,
+        progress: _Progress,
+        stream: _Stream,
+        name: str,
+        batch: int,
+        concurrency: int,
+        interleaved: bool,
+        attempt: int,
+    ) -> None:
+        """A path's scenario done: its figures, its answers under load checked, its jobs."""
+        request, samples = progress.request, stream.samples()
+        await _record(self.connections, request, name, batch, attempt, samples)
+        progress.busy_us += sum(s.compute_us for s in samples)
+        progress.jobs += len(samples)
+        if not any(s.ok for s in samples):
+            progress.problem = f"every request of {name} batch {batch} on {request.target.path} failed"
+            return
+        sizes = payloads.sizes(stream.inputs)
+        progress.done.append(_summary(name, concurrency, stream, sizes, request.plan.blocks, interleaved))
+        kept = {i: a for i, a in stream.kept.items() if a}
+        await _answers(self.connections, request, batch, kept, progress.answers, progress.check)
+        if progress.check is not None:
+            progress.check.measured += sum(s.ok for s in samples)
+
+    async def _result(self, progress: _Progress) -> PerformanceResult:
+        p, request = progress, progress.request
+        if p.problem:
+            return PerformanceResult(
+                p.done, p.before, p.before, p.busy_us, p.jobs, False, p.problem, 0, 0, p.answers, p.check
+            )
         after = await self._compilations(request)
         total, low = await self._memory(request)
-        lowest = min(low, int(memory.get("memory_min_available") or low))
+        lowest = min(low, p.memory_min_available or low)
         problem = ""
-        if after != before:
+        if after != p.before:
             problem = (
-                f"{after - before} compilation(s) or recompile(s) while measuring; "
+                f"{after - p.before} compilation(s) or recompile(s) while measuring; "
                 "the timings are not steady state"
             )
         return PerformanceResult(
-            done, before, after, busy, jobs, not problem, problem, total, lowest, answers, check
+            p.done,
+            p.before,
+            after,
+            p.busy_us,
+            p.jobs,
+            not problem,
+            problem,
+            total,
+            lowest,
+            p.answers,
+            p.check,
         )
 
-    async def _answers(
-        self,
-        request: PerformanceRequest,
-        batch: int,
-        kept: dict[int, list[TensorData]],
-        answers: dict[str, list[TensorData]],
-        check: UnderLoad | None,
-    ) -> None:
-        """Keep the first answer per batch size (the reference's), or check the kept answers
-        against the reference's (a candidate's), by the correctness phase's Compare."""
-        if request.inputs.workload:
-            return
-        if check is None:
-            first = kept.get(min(kept)) if kept else None
-            if first is not None:
-                answers.setdefault(str(batch), first)
-            return
-        theirs, criteria = request.reference_answers.get(str(batch)), request.criteria
-        if theirs is None or criteria is None:
-            if not request.under_load_skip:
-                check.skipped = f"not checked under load at batch {batch}: no reference answer"
-            return
-        comparison = ComparisonActivities(self.connections)
-        for index in sorted(kept):
-            compare = CompareRequest(request.target, criteria, theirs, kept[index])
-            under_load.record(check, index, batch, await comparison.compare_outputs(compare))
 
-    async def _scenario(
-        self, request: PerformanceRequest, name: str, batch: int, concurrency: int, state: dict[str, Any]
-    ) -> tuple[ScenarioResult, list[_Sample], dict[int, list[TensorData]]]:
-        t, plan = request.target, request.plan
-        stub = self.connections.oip(t.executor)
-        if request.inputs.workload:  # the captured requests in order, cycling, with their shapes
-            replay = payloads.workload_requests(request.inputs)
-            messages = [payloads.retarget(r, t.model, t.version) for r in replay]
-            inputs = payloads.make_inputs(request.inputs)
-            batch = max(1, round(sum(int(r.inputs[0].shape[0]) for r in replay) / len(replay)))
-        else:
-            inputs = payloads.make_inputs(request.inputs, batch)
-            messages = [payloads.infer_request(t.model, t.version, inputs)]
-        turn, measured = itertools.count(), itertools.count()
-        kept: dict[int, list[TensorData]] = {}  # answers under load to check, by request index
-        wanted = 1 if request.criteria is None else under_load.MAX_CHECKED
+async def _answers(
+    connections: Connections,
+    request: PerformanceRequest,
+    batch: int,
+    kept: dict[int, list[TensorData]],
+    answers: dict[str, list[TensorData]],
+    check: UnderLoad | None,
+) -> None:
+    """Keep the first answer per batch size (the reference's), or check the kept answers
+    against the reference's (a candidate's), by the correctness phase's Compare."""
+    if request.inputs.workload:
+        return
+    if check is None:
+        first = kept.get(min(kept)) if kept else None
+        if first is not None:
+            answers.setdefault(str(batch), first)
+        return
+    theirs, criteria = request.reference_answers.get(str(batch)), request.criteria
+    if theirs is None or criteria is None:
+        if not request.under_load_skip:
+            check.skipped = f"not checked under load at batch {batch}: no reference answer"
+        return
+    comparison = ComparisonActivities(connections)
+    for index in sorted(kept):
+        compare = CompareRequest(request.target, criteria, theirs, kept[index])
+        under_load.record(check, index, batch, await comparison.compare_outputs(compare))
 
-        async def call(index: int = -1) -> _Sample:
-            start_us = int(self.clock() * 1e6)
-            t0 = time.perf_counter()
-            message = messages[next(turn) % len(messages)]
-            try:
-                response: oip.ModelInferResponse = await stub.ModelInfer(message, timeout=60)
-            except Exception:  # a failed request is a failed job, counted, not a crash
-                return _Sample(start_us, int(self.clock() * 1e6), time.perf_counter() - t0, 0, False)
-            latency = time.perf_counter() - t0
-            if index >= 0 and len(kept) < wanted and under_load.chosen(index, request.inputs.seed, len(kept)):
-                kept[index] = _outputs(response)
-            compute = response.parameters.get("compute_us")
-            end_us = max(int(self.clock() * 1e6), start_us)
-            busy = min(compute.int64_param if compute is not None else int(latency * 1e6), end_us - start_us)
-            return _Sample(start_us, end_us, latency, busy, True)
 
-        for _ in range(plan.warmup):
-            await call()
-        samples: list[_Sample] = []
-        begin = time.perf_counter()
-        last_beat = begin
+def _stream(connections: Connections, clock: Clock, request: PerformanceRequest, batch: int) -> _Stream:
+    """How one path sends a scenario's requests, keeping a seeded share of its answers."""
+    t = request.target
+    stub = connections.oip(t.executor)
+    if request.inputs.workload:  # the captured requests in order, cycling, with their shapes
+        replay = payloads.workload_requests(request.inputs)
+        messages = [payloads.retarget(r, t.model, t.version) for r in replay]
+        inputs = payloads.make_inputs(request.inputs)
+        batch = max(1, round(sum(int(r.inputs[0].shape[0]) for r in replay) / len(replay)))
+    else:
+        inputs = payloads.make_inputs(request.inputs, batch)
+        messages = [payloads.infer_request(t.model, t.version, inputs)]
+    turn = itertools.count()
+    kept: dict[int, list[TensorData]] = {}
+    wanted = 1 if request.criteria is None else under_load.MAX_CHECKED
 
-        def satisfied() -> bool:
-            enough = len(samples) >= plan.min_iterations
-            return enough and time.perf_counter() - begin >= plan.min_seconds
+    async def call(index: int) -> _Sample:
+        start_us = int(clock() * 1e6)
+        t0 = time.perf_counter()
+        message = messages[next(turn) % len(messages)]
+        try:
+            response: oip.ModelInferResponse = await stub.ModelInfer(message, timeout=60)
+        except Exception:  # a failed request is a failed job, counted, not a crash
+            return _Sample(start_us, int(clock() * 1e6), time.perf_counter() - t0, 0, False)
+        latency = time.perf_counter() - t0
+        if index >= 0 and len(kept) < wanted and under_load.chosen(index, request.inputs.seed, len(kept)):
+            kept[index] = _outputs(response)
+        compute = response.parameters.get("compute_us")
+        end_us = max(int(clock() * 1e6), start_us)
+        busy = min(compute.int64_param if compute is not None else int(latency * 1e6), end_us - start_us)
+        return _Sample(start_us, end_us, latency, busy, True)
 
-        async def worker() -> None:
-            nonlocal last_beat
-            while not satisfied():
-                samples.append(await call(next(measured)))
-                if time.perf_counter() - last_beat >= 0.5:
-                    last_beat = time.perf_counter()
-                    state.update(done=len(samples), elapsed_s=round(last_beat - begin, 2))
-                    await self._sample_memory(request, state)
-                    activity.heartbeat(state)
+    return _Stream(call, inputs, batch, kept)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - begin
-        if not any(s.ok for s in samples):
-            raise ApplicationError(
-                f"every request of {name} batch {batch} on {t.path} failed", type="AllFailed"
-            )
-        sizes = payloads.sizes(inputs)
-        kept = {i: a for i, a in kept.items() if a}
-        return _summary(name, batch, concurrency, samples, elapsed, sizes, plan.blocks), samples, kept
 
-    async def _record(
-        self, request: PerformanceRequest, name: str, batch: int, attempt: int, samples: list[_Sample]
-    ) -> None:
-        """Each request is a job of the path; keys from the run id make a retry idempotent."""
-        t = request.target
-        if not request.ledger:
-            return
-        run = activity.info().workflow_run_id
-        events = [
-            usage_event(
-                t,
-                f"{run}/{t.path}/{name}-b{batch}/a{attempt}/{i}",
-                "trial",
-                status="completed" if s.ok else "failed",
-                met_quality=s.ok and request.met_quality,
-                busy_us=s.compute_us,
-                started_unix_us=s.started_us,
-                ended_unix_us=s.ended_us,
-                tags={"scenario": name, "batch_size": str(batch)},
-                prompt_tokens=s.prompt_tokens,
-                output_tokens=s.output_tokens,
-            )
-            for i, s in enumerate(samples)
-        ]
-        await send_usage(self.connections, t, events)
+async def _record(
+    connections: Connections,
+    request: PerformanceRequest,
+    name: str,
+    batch: int,
+    attempt: int,
+    samples: list[_Sample],
+) -> None:
+    """Each request is a job of the path; keys from the run id make a retry idempotent."""
+    t = request.target
+    if not request.ledger:
+        return
+    run = activity.info().workflow_run_id
+    events = [
+        usage_event(
+            t,
+            f"{run}/{t.path}/{name}-b{batch}/a{attempt}/{i}",
+            "trial",
+            status="completed" if s.ok else "failed",
+            met_quality=s.ok and request.met_quality,
+            busy_us=s.compute_us,
+            started_unix_us=s.started_us,
+            ended_unix_us=s.ended_us,
+            tags={"scenario": name, "batch_size": str(batch)},
+            prompt_tokens=s.prompt_tokens,
+            output_tokens=s.output_tokens,
+        )
+        for i, s in enumerate(samples)
+    ]
+    await send_usage(connections, t, events)

@@ -16,7 +16,7 @@ from typing import Any
 
 from workflows.activities.path import PathActivities
 from workflows.pipeline.context import PathProblem, TrialContext
-from workflows.pipeline.kind import KindRender, PathSteps
+from workflows.pipeline.kind import KindRender, Measurement, PathSteps
 from workflows.pipeline.path_ledger import PathLedger
 from workflows.pipeline.path_state import PathState
 from workflows.pipeline.types import (
@@ -96,7 +96,7 @@ class TensorSteps:
             )
             self.state.against_float64 = await self.ctx.call(ComparisonActivities.compare_outputs, compare)
 
-    async def performance(self, reference: TensorSteps) -> None:
+    async def performance(self, reference: TensorSteps, measurement: Measurement) -> None:
         request = PerformanceRequest(
             self.target,
             self.ctx.inputs(),
@@ -113,7 +113,7 @@ class TensorSteps:
                 request.under_load_skip = "not checked under load: workload replay"
             elif not reference.answers:
                 request.under_load_skip = "not checked under load: the reference kept no answers"
-        perf = await self.ctx.call(PerformanceActivities.measure_performance, request)
+        perf = await measurement.measure(self.target.path, request)
         self.state.performance = dataclasses.replace(perf, answers={})
         if not perf.ok:
             self.state.errors["performance"] = perf.problem

@@ -2,7 +2,7 @@
 count of those beyond tolerance, and the verdict's words for it.
 
 Every scenario's inputs are the same on every call, so the reference's answer to each batch
-size's inputs (one request each, just before its measurement: workflows/pipeline.py) is the
+size's inputs (one request each, just before its measurement: workflows/tensor/strategy.py) is the
 answer every candidate call at that batch size must meet. The candidate keeps every
 answer of the first FIRST_ALL requests of a scenario, then a seeded 1 in ONE_IN, at most
 MAX_CHECKED per scenario, and each is judged by the evaluator's Compare (the correctness

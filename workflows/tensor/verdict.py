@@ -28,7 +28,7 @@ from workflows.report.results import FAIL, PASS, SKIPPED, UNKNOWN
 from workflows.spec.trial_io import Criterion
 from workflows.spec.trial_spec import Policy
 from workflows.tensor import under_load
-from workflows.tensor.intervals import decide, drift, noise_floor, ratio_interval
+from workflows.tensor.intervals import RatioInterval, decide, drift, mean, noise_floor, ratio_interval
 
 Criteria = dict[str, Criterion]
 
@@ -41,8 +41,16 @@ def _single(state: PathState) -> ScenarioResult | None:
 
 
 def _how_measured(reference: PathState, candidate: PathState) -> str:
+    """How the two were measured, so a reader knows what the pairing of blocks means."""
+    perf = candidate.performance
+    if perf is not None and reference.path in perf.interleaved_with:
+        return (
+            f"measured in alternating blocks on host {candidate.host} (AB, BA, ...), "
+            "block i of each paired by time"
+        )
     if reference.host and reference.host == candidate.host:
-        return f"measured one after the other on host {candidate.host}, blocks paired in order"
+        why = f" ({perf.not_interleaved})" if perf is not None and perf.not_interleaved else ""
+        return f"measured one after the other on host {candidate.host}, blocks paired in order{why}"
     return "measured concurrently on separate hosts"
 
 
@@ -122,7 +130,7 @@ def _latency_interval(
     level = policy.confidence
     try:
         interval = ratio_interval(mine.blocks_ms, theirs.blocks_ms, level=level)
-        # blocks may be thinned (workflows/performance.py): count the requests that were measured
+        # blocks may be thinned (workflows/tensor/performance.py): count the requests that were measured
         interval = dataclasses.replace(interval, samples=max(interval.samples, mine.iterations))
     except ValueError as err:
         return Criterion(UNKNOWN, f"{reason}; no interval: {err}", "too few blocks")
@@ -181,12 +189,37 @@ def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: b
         else "all of the trial's cost in the ledger, preparation included"
     )
     saving = float(1 - mine / ref)
-    return Criterion(
-        PASS if saving >= policy.min_cost_saving else FAIL,
+    reason = (
         f"cost per completed job {float(mine):.4g} vs reference {float(ref):.4g} {econ.currency} "
-        f"micro-units ({basis}): saving {saving:+.1%}, policy needs at least {policy.min_cost_saving:+.0%}",
-        f"saving {saving:+.1%} (needs {policy.min_cost_saving:+.0%})",
+        f"micro-units ({basis}): saving {saving:+.1%}, policy needs at least {policy.min_cost_saving:+.0%}"
     )
+    figure = f"saving {saving:+.1%} (needs {policy.min_cost_saving:+.0%})"
+    spread = _time_per_job(_single(candidate), _single(reference), policy)
+    if spread is None:  # no blocks (a report from before they were kept): the point estimates
+        return Criterion(PASS if saving >= policy.min_cost_saving else FAIL, reason, figure)
+    ratio = float(mine / ref)
+    interval = dataclasses.replace(
+        spread, ratio=ratio, low=ratio * spread.low / spread.ratio, high=ratio * spread.high / spread.ratio
+    )
+    decision = decide(interval, -policy.min_cost_saving, "cost ratio")
+    why = "its spread is that of the mean latency ratio over the same paired blocks: a job's cost is its time"
+    return Criterion(
+        decision.result, f"{reason}; {decision.reason} ({why})", f"{figure}; {interval.text('cost ratio')}"
+    )
+
+
+def _time_per_job(
+    mine: ScenarioResult | None, theirs: ScenarioResult | None, policy: Policy
+) -> RatioInterval | None:
+    """The paired interval of the mean single-stream latency ratio, whose relative spread the
+    cost ratio takes (None without blocks to bootstrap)."""
+    if mine is None or theirs is None or not mine.blocks_ms or not theirs.blocks_ms:
+        return None
+    try:
+        interval = ratio_interval(mine.blocks_ms, theirs.blocks_ms, level=policy.confidence, stat=mean)
+    except ValueError:
+        return None
+    return dataclasses.replace(interval, samples=max(interval.samples, mine.iterations))
 
 
 def _failed_figure(o: OutputVerdict) -> str:
