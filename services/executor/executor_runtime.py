@@ -23,7 +23,7 @@ import torch
 from services.executor.backends.base import PRECISIONS, Backend, DeviceDescription, host_id
 from services.executor.batching import Batcher, BatchPolicy, BatchResult, QueuedRequest
 from services.executor.executor_config import ExecutorConfig
-from services.executor.executor_training import ExecutorTraining
+from services.executor.executor_training import Trainer
 from services.executor.generation.engine import GenerationEngine, GenerationStream
 from services.executor.generation.engine_process import EngineProcess, RemoteEngine
 from services.executor.generation.settings import SamplingParams
@@ -75,7 +75,7 @@ class Load:
     draining: bool
 
 
-class Executor(ExecutorTraining):
+class Executor:
     def __init__(self, config: ExecutorConfig, backend: Backend, registry: Repository) -> None:
         self.config = config
         self.backend = backend
@@ -93,6 +93,7 @@ class Executor(ExecutorTraining):
         self._last_done_cpu = 0.0  # time.thread_time() of the loop's thread then
         # causal LMs' engines in processes of their own on the host CPU (generation.engine_process)
         self.engine_process = config.generation_engine == "process" and backend.name == "cpu"
+        self.trainer = Trainer(self)  # training on copies of the loaded models, on the device thread
 
     async def on_device(self, fn: Any, *args: Any) -> Any:
         self._device_jobs += 1
