@@ -21,7 +21,7 @@ from services.executor.executor_runtime import Executor
 from services.executor.generation import generation_oip as gen_oip
 from services.executor.generation.engine import GenerationStream
 from services.executor.loaded_model import LoadedModel
-from services.executor.metadata_rpcs import MetadataRpcs
+from services.executor.oip_metadata import MetadataRpcs
 from switchyard import codec, inband_status, oip_params, telemetry
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument, ResourceExhausted, SwitchyardError, Unimplemented
