@@ -35,17 +35,9 @@ from services.executor.oip_metadata import (
     model_metadata,
     model_statistics,
 )
-from services.executor.request_inputs import (
-    BYTES_INLINE_ELEMENTS,
-    Signatures,
-    bytes_elements,
-    deadline_of,
-    decode_inputs,
-    model_arrays,
-    trace_carrier,
-)
+from services.executor.request_inputs import Signatures, deadline_of, model_arrays, read_inputs, trace_carrier
 from switchyard import inband_status, oip_params, telemetry
-from switchyard.errors import InvalidArgument, ResourceExhausted, Unavailable
+from switchyard.errors import InvalidArgument, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import model_config_pb2 as mc
 from switchyard.streams import StreamReplies
@@ -158,11 +150,9 @@ class DataPlane:
         model = executor.find(request.model_name, request.model_version)
         if model.engine is not None:  # a causal LM: the whole completion in one response
             return await self.generations.unary(model, request, time_remaining)
-        if any(tensor.datatype == "BYTES" for tensor in request.inputs):
-            inputs = await self._decode_bytes(request)
-            model = executor.find(request.model_name, request.model_version)  # it may have been reloaded
-        else:
-            inputs = decode_inputs(request)
+        inputs, waited = await read_inputs(request, executor.config.max_bytes_elements)
+        if waited:  # the model may have been reloaded meanwhile
+            model = executor.find(request.model_name, request.model_version)
         deadline = deadline_of(request, time_remaining)
         plan = self._plan(model)
         wanted = [o.name for o in request.outputs]
@@ -182,20 +172,6 @@ class DataPlane:
         counters.success += 1
         counters.success_ns += time.perf_counter_ns() - started
         return response
-
-    async def _decode_bytes(self, request: pb.ModelInferRequest) -> list[Any]:
-        """A request with BYTES inputs, bounded before any decoding; a large one decodes on a
-        worker thread, not the event loop."""
-        elements = bytes_elements(request)
-        limit = self.executor.config.max_bytes_elements
-        if elements > limit:
-            raise ResourceExhausted(
-                f"the request has {elements} BYTES elements; this executor takes at most "
-                f"{limit} per request: split it"
-            )
-        if elements > BYTES_INLINE_ELEMENTS:
-            return await asyncio.to_thread(decode_inputs, request)
-        return decode_inputs(request)
 
     async def _hand_off(
         self, model: LoadedModel, arrays: list[Any], rows: int, deadline: float | None

@@ -10,6 +10,7 @@ to every path). Everything here raises `switchyard.errors` (INVALID_ARGUMENT, UN
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 from services.executor.loaded_model import LoadedModel
 from switchyard import codec, oip_params
 from switchyard.codec import WireTensor
-from switchyard.errors import InvalidArgument, Unimplemented
+from switchyard.errors import InvalidArgument, ResourceExhausted, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 # BYTES inputs with more elements than this are decoded on a worker thread, not the event
@@ -78,6 +79,28 @@ def decode_inputs(request: pb.ModelInferRequest) -> list[WireTensor]:
             data = np.asarray(values, dtype=wire_dtype).tobytes()
         tensors.append(codec.decode(tensor.name, tensor.datatype, tensor.shape, data))
     return tensors
+
+
+async def read_inputs(
+    request: pb.ModelInferRequest, max_bytes_elements: int
+) -> tuple[list[WireTensor], bool]:
+    """A tensor request's inputs, decoded, and whether that waited: BYTES inputs are bounded
+    before any decoding (RESOURCE_EXHAUSTED over `max_bytes_elements`), and many of them decode
+    on a worker thread, not the event loop."""
+    for tensor in request.inputs:
+        if tensor.datatype == "BYTES":
+            break
+    else:
+        return decode_inputs(request), False
+    elements = bytes_elements(request)
+    if elements > max_bytes_elements:
+        raise ResourceExhausted(
+            f"the request has {elements} BYTES elements; this executor takes at most "
+            f"{max_bytes_elements} per request: split it"
+        )
+    if elements > BYTES_INLINE_ELEMENTS:
+        return await asyncio.to_thread(decode_inputs, request), True
+    return decode_inputs(request), False
 
 
 def bytes_elements(request: pb.ModelInferRequest) -> int:
