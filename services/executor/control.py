@@ -98,7 +98,7 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
     async def Train(self, request: pb.TrainRequest, context: ServicerContext) -> pb.TrainResponse:
         if request.HasField("distributed"):
             return await self._train_distributed(request)
-        result = await self.executor.train(
+        result = await self.executor.trainer.train(
             request.model_name, request.version, request.steps or 10, request.lr or 0.01, request.seed,
             request.batch_size or 8,
         )  # fmt: skip
@@ -106,7 +106,7 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
 
     async def _train_distributed(self, request: pb.TrainRequest) -> pb.TrainResponse:
         d = request.distributed
-        run = await self.executor.train_distributed(
+        run = await self.executor.trainer.train_distributed(
             request.model_name, request.version, request.steps or 10, request.lr or 0.01, request.seed,
             d.world_size or 1, d.strategy or "ddp", d.per_rank_batch or 4, d.timeout_s or 60.0,
             request.label,

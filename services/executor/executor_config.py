@@ -16,7 +16,7 @@ class ExecutorConfig:
     backend: str = "cpu"
     host: str = "127.0.0.1"
     port: int = 0
-    # Framed inference for routers (switchyard.frames), on the same host: 0 = any free port
+    # Framed inference for routers (services.frames), on the same host: 0 = any free port
     # (reported by Describe), -1 = off (routers then use gRPC streams).
     frames_port: int = 0
     models: tuple[str, ...] = ()  # loaded at start-up with the defaults below

@@ -1,7 +1,8 @@
-"""The executor's domain: loaded models, inference, training, load and description.
+"""The executor's domain: loaded models, their device thread, load and description.
 
-No grpc here (docs/architecture.md#code-style): the servicers in `executor_servicer.py` convert
-messages and call this.
+No grpc here (docs/architecture.md#code-style): requests reach the models through the data
+plane (`data_plane.py`), control through `control.py`; training is the Trainer it holds
+(`executor_training.py`).
 All device work (loading, warm-up, batches, training) runs on one device thread, so the event
 loop stays free to accept, validate and queue requests while the device computes, and two
 computations never overlap on the device (timings stay honest).
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,31 +21,18 @@ import numpy as np
 import torch
 
 from services.executor.backends.base import PRECISIONS, Backend, DeviceDescription, host_id
-from services.executor.batching import Batcher, BatchPolicy, BatchResult, QueuedRequest
+from services.executor.batching import Batcher, BatchPolicy, QueuedRequest
 from services.executor.executor_config import ExecutorConfig
-from services.executor.executor_training import ExecutorTraining
+from services.executor.executor_training import Trainer
 from services.executor.generation.engine_client import GenerationStream
 from services.executor.generation.settings import SamplingParams
 from services.executor.generation.tokenizer import load_tokenizer
 from services.executor.loaded_model import LoadedModel, LoadOptions
-from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument, NotFound, Unavailable
 from switchyard.models.repository import ModelNotFound, Repository
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# The inline fast path is for a quiet executor, and "quiet" is read from the event loop's own
-# thread: since the last request finished, it sat idle (waiting on the network, not running)
-# for at least this long. Requests waiting inside gRPC cannot be counted from here, but they
-# keep the loop busy: at 16 clients it accepts, decodes and answers calls back to back and
-# never idles, so every request goes through the batcher and the device thread, where
-# batches form while the loop takes in the next ones. A lone client's next request leaves the
-# loop idle for the client's whole turn (its decode, its next request, the loopback), well
-# over this. (A gap in wall time alone cannot tell the two apart: under load gRPC's own work
-# between two handlers takes as long as a lone client's round trip.)
-LOOP_IDLE_S = 100e-6
-INLINE_LOOK_TURNS = 3
 
 
 class ModelNotLoaded(NotFound):
@@ -74,7 +61,7 @@ class Load:
     draining: bool
 
 
-class Executor(ExecutorTraining):
+class Executor:
     def __init__(self, config: ExecutorConfig, backend: Backend, registry: Repository) -> None:
         self.config = config
         self.backend = backend
@@ -84,14 +71,13 @@ class Executor(ExecutorTraining):
         self.in_flight = 0
         self.draining = False
         self.executor_id = config.executor_id or host_id()
-        self.frames_port = 0  # where framed inference listens (switchyard.frames); 0 = not offered
+        self.frames_port = 0  # where framed inference listens (services.frames); 0 = not offered
         self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{backend.name}-device")
         self._load_lock = asyncio.Lock()
         self._device_jobs = 0
-        self._last_done = 0.0  # time.perf_counter() when the last request left `infer`
-        self._last_done_cpu = 0.0  # time.thread_time() of the loop's thread then
         # causal LMs' engines in processes of their own on the host CPU (generation.engine_process)
         self.engine_process = config.generation_engine == "process" and backend.name == "cpu"
+        self.trainer = Trainer(self)  # training on copies of the loaded models, on the device thread
 
     async def on_device(self, fn: Any, *args: Any) -> Any:
         self._device_jobs += 1
@@ -103,7 +89,7 @@ class Executor(ExecutorTraining):
     async def run_batch(self, model: LoadedModel, batch: list[QueuedRequest]) -> Any:
         """Queued work runs on the device thread, so the event loop keeps receiving and
         decoding the next requests while the device computes: that is how batches form under
-        load. (A lone request on a quiet executor takes the inline fast path in `infer`.)
+        load. (A lone request on a quiet executor takes the data plane's inline fast path.)
         With batching off no batch can form, so a short request computes right here instead:
         a thread hand-off would only add its cost (and, for Python-heavy eager models, GIL
         contention between the loop and the device thread)."""
@@ -118,6 +104,11 @@ class Executor(ExecutorTraining):
         """May work expected to take `expected_s` run on the event loop: nothing is on the device
         thread and it is within `inline_compute_us`."""
         return self._device_jobs == 0 and expected_s <= self.config.inline_compute_us / 1e6
+
+    @property
+    def device_idle(self) -> bool:
+        """Nothing runs or waits on the device thread."""
+        return self._device_jobs == 0
 
     # ---- models -------------------------------------------------------------------------
     def default_options(self, name: str = "", version: str = "") -> LoadOptions:
@@ -201,37 +192,7 @@ class Executor(ExecutorTraining):
     def loaded_names(self) -> list[str]:
         return sorted({f"{n}:{v}" for n, v in self.models})
 
-    # ---- inference -----------------------------------------------------------------------
-    async def infer(
-        self, name: str, version: str, inputs: list[WireTensor], deadline: float | None
-    ) -> tuple[LoadedModel, BatchResult]:
-        """`deadline` is in time.perf_counter() seconds; work still queued then is dropped."""
-        if self.draining:
-            raise Draining("executor is draining; retry on another executor")
-        model = self.find(name, version)
-        if model.state != "READY" or model.batcher is None:
-            raise Unavailable(f"model {name!r} is {model.state}; retry when it is READY")
-        arrays, rows = model.validate(inputs)
-        batcher = model.batcher
-        # wall time since the last request finished, less what the loop's thread ran meanwhile
-        idle = (time.perf_counter() - self._last_done) - (time.thread_time() - self._last_done_cpu)
-        quiet = idle > LOOP_IDLE_S
-        self.in_flight += 1
-        try:
-            if quiet and self.in_flight == 1 and batcher.idle and self._inline_ok(model, arrays, rows):
-                # Requests that reached gRPC while the loop was busy show up within a few loop
-                # turns; counted in flight, this one makes them queue rather than go inline.
-                for _ in range(INLINE_LOOK_TURNS):
-                    await asyncio.sleep(0)
-                if self.in_flight == 1 and batcher.idle and self._device_jobs == 0:
-                    # Alone and short: compute right here; queue and thread hand-offs cost more.
-                    return model, batcher.run_now(arrays, rows, model.compute)
-            return model, await batcher.submit(arrays, rows, deadline)
-        finally:
-            self.in_flight -= 1
-            self._last_done = time.perf_counter()
-            self._last_done_cpu = time.thread_time()
-
+    # ---- inference (requests come through the data plane, data_plane.py) ---------------------
     def generate(
         self,
         model: LoadedModel,

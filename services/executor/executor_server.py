@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.executor.control import ControlServicer
+from services.executor.data_plane import DataPlane
 from services.executor.device import select_backend
 from services.executor.executor_config import GENERATION_ENGINES, ExecutorConfig
 from services.executor.executor_runtime import Executor
@@ -67,6 +68,7 @@ def executor_guard(
 class RunningExecutor(OnServer):
     executor: Executor
     server: RunningServer
+    plane: DataPlane  # what every inference transport answers through
     frames: FrameServer | None = None
     audit: authz.MeteringAudit | None = None
 
@@ -116,13 +118,13 @@ def _server_options(
 
 
 async def _frames_and_models(
-    running: RunningExecutor, inference: InferenceServicer, config: ExecutorConfig, security: tls.Security
+    running: RunningExecutor, config: ExecutorConfig, security: tls.Security
 ) -> None:
     """The frame server (unless off), then every configured model, loaded and warmed."""
     executor = running.executor
     if config.frames_port >= 0:
         running.frames = FrameServer(
-            inference,
+            running.plane,
             config.max_message_bytes,
             security,
             config.oip_identities,
@@ -156,10 +158,14 @@ async def start_executor(config: ExecutorConfig, security: tls.Security | None =
         else None
     )
     options = _server_options(config, security, audit)
-    inference = InferenceServicer(executor)
+    plane = DataPlane(executor)
     server = await start_server(
         [
-            (grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, inference, OIP_SERVICE),
+            (
+                grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
+                InferenceServicer(plane),
+                OIP_SERVICE,
+            ),
             (
                 executor_pb2_grpc.add_ExecutorControlServicer_to_server,
                 ControlServicer(executor),
@@ -171,9 +177,9 @@ async def start_executor(config: ExecutorConfig, security: tls.Security | None =
     )
     if not config.executor_id:
         executor.executor_id = f"{executor.executor_id}:{server.port}"
-    running = RunningExecutor(executor, server, audit=audit)
+    running = RunningExecutor(executor, server, plane, audit=audit)
     try:
-        await _frames_and_models(running, inference, config, security)
+        await _frames_and_models(running, config, security)
     except BaseException:
         await running.stop(0)
         raise

@@ -27,7 +27,7 @@ class TrainResult:
 
 
 class _Executor(Protocol):
-    """What training needs of the Executor it is mixed into."""
+    """What training needs of the Executor that holds it: its models and its device thread."""
 
     backend: Backend
 
@@ -36,23 +36,27 @@ class _Executor(Protocol):
     async def on_device(self, fn: Any, *args: Any) -> Any: ...
 
 
-class ExecutorTraining:
-    """Mixed into Executor, whose models and device thread it uses."""
+class Trainer:
+    """An executor's training: held by the Executor, whose models and device thread it uses."""
+
+    def __init__(self, executor: _Executor) -> None:
+        self.executor = executor
 
     async def train(
-        self: _Executor, name: str, version: str, steps: int, lr: float, seed: int, batch_size: int
+        self, name: str, version: str, steps: int, lr: float, seed: int, batch_size: int
     ) -> TrainResult:
-        model = self.find(name, version)
+        executor = self.executor
+        model = executor.find(name, version)
         if model.spec.train_loss is None:
             raise FailedPrecondition(
                 f"model {model.spec.name!r} has no training objective; train mlp or tiny-lm"
             )
         if not 1 <= steps <= 10_000 or not 1 <= batch_size <= 1024 or not lr > 0:
             raise InvalidArgument("steps must be 1..10000, batch_size 1..1024 and lr > 0")
-        return await self.on_device(_train_copy, self.backend, model, steps, lr, seed, batch_size)  # type: ignore[no-any-return]
+        return await executor.on_device(_train_copy, executor.backend, model, steps, lr, seed, batch_size)  # type: ignore[no-any-return]
 
     async def train_distributed(
-        self: _Executor, name: str, version: str, steps: int, lr: float, seed: int, world_size: int,
+        self, name: str, version: str, steps: int, lr: float, seed: int, world_size: int,
         strategy: str, per_rank_batch: int, timeout_s: float, label: str = "",
     ) -> DistributedRun:  # fmt: skip
         """Trains a copy of the loaded weights across `world_size` ranks this executor starts.
@@ -60,7 +64,7 @@ class ExecutorTraining:
         Runs on the device thread, so nothing else computes on this executor meanwhile. A rank's
         failure comes back in the result (ok false, the rank and its error), not as an error.
         """
-        model = self.find(name, version)
+        model = self.executor.find(name, version)
         spec = model.spec
         objective = split_objective(spec.train_loss)
         if objective is None:
@@ -71,7 +75,7 @@ class ExecutorTraining:
         train_batch, batch_loss = objective
         if not 1 <= steps <= 10_000 or not 1 <= per_rank_batch <= 1024 or not lr > 0:
             raise InvalidArgument("steps must be 1..10000, per_rank_batch 1..1024 and lr > 0")
-        config = distributed.plan(self.backend.name, world_size, strategy, timeout_s)
+        config = distributed.plan(self.executor.backend.name, world_size, strategy, timeout_s)
         assert model.prepared is not None
         module = model.prepared.module
 
@@ -81,7 +85,7 @@ class ExecutorTraining:
                 per_rank_batch, label,
             )  # fmt: skip
 
-        return await self.on_device(run)  # type: ignore[no-any-return]
+        return await self.executor.on_device(run)  # type: ignore[no-any-return]
 
 
 def _train_copy(

@@ -1,6 +1,7 @@
-"""The executor's end of framed inference (switchyard.frames): requests answered on its event loop.
+"""The executor's end of framed inference (services.frames): requests answered on its event loop.
 
-Each REQUEST frame becomes a task running `InferenceServicer.answer`, the code that answers
+An adapter over the data plane (`data_plane.py`), as the gRPC servicer is: each REQUEST frame
+becomes a task running `DataPlane.answer`, the code that answers each request of a
 ModelStreamInfer, and its REPLY goes back when done, in any order. CANCEL cancels that task
 (the batcher drops the request if it is still queued), and so does the connection closing.
 A malformed request gets INVALID_ARGUMENT and an oversized one RESOURCE_EXHAUSTED in its
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 class Answerer(Protocol):
-    """What answers a request: `InferenceServicer.answer`, the code behind ModelStreamInfer."""
+    """What answers a request: `DataPlane.answer`, as on a ModelStreamInfer stream."""
 
     async def answer(
         self, request: pb.ModelInferRequest, time_remaining: float | None, /
@@ -136,7 +137,7 @@ class _Connection(asyncio.Protocol):
         except DecodeError as exc:
             self._reply(number, _error_reply(Status.INVALID_ARGUMENT, f"not a ModelInferRequest: {exc}"))
             return
-        reply = await self._server.servicer.answer(request, None)
+        reply = await self._server.plane.answer(request, None)
         self._reply(number, reply.SerializeToString())
 
     def _reply(self, number: int, data: bytes) -> None:
@@ -161,14 +162,14 @@ class FrameServer:
 
     def __init__(
         self,
-        servicer: Answerer,
+        plane: Answerer,
         limit: int,
         security: tls.Security | None = None,
         allowed: Collection[str] = (tls.ROUTER, tls.WORKER),
         audit: authz.AuditSink | None = None,
         max_in_flight: int = 256,
     ) -> None:
-        self.servicer = servicer
+        self.plane = plane
         self.limit = limit
         self.security = tls.resolve(security)
         self.allowed = frozenset(allowed)

@@ -1,13 +1,13 @@
-"""One loaded model: its load phases, input validation, and batch compute on the backend.
+"""One loaded model: its load phases and batch compute on the backend.
 
 Loading times each phase separately (checkpoint load, to-device, compile/warm-up of every
 batch bucket, the device synchronised before each timer stops) and records the backend's
 compatibility findings. The model is READY only after every bucket is warmed; the counters
 taken then are the baseline for `compilations_after_warmup`, which must stay 0 while serving.
 
-Float inputs are accepted as the loaded precision's datatype or as FP32 (trials send the same
-FP32 inputs to every path); float outputs come back in the loaded precision (an fp64 golden
-run is not rounded to fp32). Compute runs on the executor's single device thread.
+Float outputs come back in the loaded precision (an fp64 golden run is not rounded to fp32);
+the data plane checks a request's inputs against the declaration before they reach a batch
+(request_inputs.py). Compute runs on the executor's single device thread.
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ from services.executor.load_phases import (
     unsupported_dtypes,
 )
 from switchyard import codec
-from switchyard.codec import WireTensor
-from switchyard.errors import InvalidArgument
 from switchyard.models.registry import ModelSpec, TensorSpec
 
 __all__ = ["Findings", "LoadOptions", "LoadedModel", "PhaseTimes"]  # the load's records, from load_phases
@@ -71,7 +69,6 @@ class LoadedModel:
         # graphs) a shape not among them compiles on its first run, seconds of work that holds
         # the GIL, so it must go to the device thread, never inline on the event loop.
         self._run_shapes: set[tuple[tuple[int, ...], ...]] = set()
-        self._valid_signatures: dict[tuple[tuple[str, str, tuple[int, ...]], ...], tuple[int, ...]] = {}
         self._datatypes = {
             np.dtype(codec.element_dtype(d)): d for d in codec.DATATYPES if d not in ("BYTES", "BF16")
         }
@@ -137,22 +134,6 @@ class LoadedModel:
         return self.prepared.counters().since(self._warm_counters).fallback_ops
 
     # ---- requests ---------------------------------------------------------------------
-    def validate(self, inputs: list[WireTensor]) -> tuple[list[np.ndarray], int]:
-        """Checks names, datatypes, ranks and dims; returns arrays in declared order and rows.
-
-        A signature (names, datatypes, shapes) that passed once is remembered, so steady
-        traffic pays for a dict lookup instead of the full check.
-        """
-        signature = tuple((t.name, t.datatype, t.shape) for t in inputs)
-        order = self._valid_signatures.get(signature)
-        if order is not None:
-            return [inputs[i].array for i in order], inputs[0].shape[0]
-        arrays, rows = _check_inputs(self, inputs)
-        if len(self._valid_signatures) < 1024:
-            position = {t.name: i for i, t in enumerate(inputs)}
-            self._valid_signatures[signature] = tuple(position[s.name] for s in self.spec.inputs)
-        return arrays, rows
-
     def expected_compute_s(self, arrays: list[np.ndarray], rows: int) -> float:
         """The warm time of a batch of these inputs; infinite where it would compile first."""
         bucket = self.bucket_for(rows)
@@ -227,46 +208,3 @@ class LoadedModel:
         if device.type == "cpu":  # .to("cpu") and detach cost a dispatch even as no-ops
             return [o.detach() if o.requires_grad else o for o in outs]
         return [o.detach().to("cpu") for o in outs]
-
-
-def _check_inputs(model: LoadedModel, inputs: list[WireTensor]) -> tuple[list[np.ndarray], int]:
-    """The full check of a request's inputs against the model's declaration (names, datatypes,
-    ranks, dims, one batch size); the arrays in declared order and the rows."""
-    by_name = {t.name: t for t in inputs}
-    if len(by_name) != len(inputs):
-        raise InvalidArgument("an input name appears twice; send each input once")
-    declared = {s.name for s in model.spec.inputs}
-    extra = sorted(set(by_name) - declared)
-    if extra:
-        raise InvalidArgument(f"unexpected input(s) {extra}; {model.spec.name} takes {sorted(declared)}")
-    arrays: list[np.ndarray] = []
-    rows = -1
-    for s in model.spec.inputs:
-        t = by_name.get(s.name)
-        if t is None:
-            raise InvalidArgument(f"missing input {s.name!r}; {model.spec.name} takes {sorted(declared)}")
-        allowed = {model.wire_datatype(s), "FP32"} if s.floating else {s.datatype}
-        if t.datatype not in allowed:
-            raise InvalidArgument(
-                f"input {s.name!r} has datatype {t.datatype}; send {' or '.join(sorted(allowed))}"
-            )
-        want = f"[batch, {', '.join(str(d) for d in s.dims)}]".replace(", ]", "]")
-        if len(t.shape) != len(s.dims) + 1:
-            raise InvalidArgument(
-                f"input {s.name!r} has rank {len(t.shape)} {list(t.shape)}; expected {want}"
-            )
-        for axis, (got, dim) in enumerate(zip(t.shape[1:], s.dims, strict=True), start=1):
-            limit = s.max_dims[axis - 1] if s.max_dims else None
-            if (dim >= 0 and got != dim) or got == 0 or (limit is not None and got > limit):
-                bound = f" (at most {limit})" if limit is not None and dim < 0 else ""
-                raise InvalidArgument(
-                    f"input {s.name!r} has shape {list(t.shape)}; expected {want}{bound}, "
-                    f"dimension {axis} is wrong"
-                )
-        if rows not in (-1, t.shape[0]):
-            raise InvalidArgument(f"inputs disagree on the batch dimension ({rows} vs {t.shape[0]})")
-        rows = t.shape[0]
-        arrays.append(t.array)
-    if rows < 1 or rows > model.max_batch:
-        raise InvalidArgument(f"batch dimension is {rows}; this model accepts 1 to {model.max_batch} rows")
-    return arrays, rows

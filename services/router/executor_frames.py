@@ -1,6 +1,6 @@
 """The framed `ExecutorTransport` half: inference on one frame connection per deployment.
 
-Where the executor offers framed inference (switchyard.frames: its Describe names the port)
+Where the executor offers framed inference (services.frames: its Describe names the port)
 and `executor_transport` is "frames", requests go over one frame connection per deployment
 instead of the gRPC streams: the same messages, several times cheaper per hop. The pool's
 watcher opens it after a passing probe and opens it again after it breaks (a restarted executor

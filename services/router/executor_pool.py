@@ -4,7 +4,7 @@
 a deployment's frame connection where one is open (`executor_frames`) and over its pooled
 ModelStreamInfer streams otherwise (`executor_streams`); generations and the small metadata
 RPCs always take gRPC. An executor's error comes back in-band as "STATUS: why" and keeps its
-status (switchyard.inband_status).
+status (services.inband_status).
 
 Each deployment gets one channel with short reconnect back-off (so a restarted executor is
 found again within a second or two) and a watcher task that asks `grpc.health.v1` every

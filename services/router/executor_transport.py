@@ -7,7 +7,7 @@ inference on a plain TCP connection, `executor_frames`); `ExecutorPool` (`execut
 offers both behind this one port, choosing per deployment, and watches their health.
 
 Every failure is an `UpstreamError` with the executor's own status: its in-band "STATUS: why"
-(switchyard.inband_status) parsed back, or UNAVAILABLE for a connection or stream that broke
+(services.inband_status) parsed back, or UNAVAILABLE for a connection or stream that broke
 under the request (the executor did not take it: the forwarder may try elsewhere).
 """
 

@@ -123,7 +123,7 @@ class Settings:
     shadow_atol: float = 1e-5
     shadow_rtol: float = 1e-4
     shadow_max_pending: int = 64  # mirrored requests in flight; beyond that a mirror is skipped
-    # How inference reaches executors: "frames" (switchyard.frames, where the executor offers
+    # How inference reaches executors: "frames" (services.frames, where the executor offers
     # them; gRPC streams until connected and for executors that do not) or "grpc" (streams only).
     executor_transport: str = "frames"
     # Routers with the same fleet name share RouterAdmin route changes through metering; each

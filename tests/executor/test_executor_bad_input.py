@@ -168,17 +168,14 @@ async def test_deadline_expiring_in_queue_drops_the_work(
 
 
 async def test_expiry_in_queue_is_the_executors_own_deadline_exceeded(executor: RunningExecutor) -> None:
-    """The domain says DEADLINE_EXCEEDED itself (not only the caller's gRPC deadline)."""
-    import time
-
+    """The data plane says DEADLINE_EXCEEDED itself (not only the caller's gRPC deadline)."""
     from services.executor.batching import ExpiredInQueue
-    from switchyard.codec import decode
     from switchyard.errors import Status
 
     await _load_slow_queue(executor.address, queue_size=8)
-    x = decode("x", "FP32", [1, 64], GOOD_X.tobytes())
+    request = build_infer_request("mlp", {"x": GOOD_X}, version="perturbed")
     with pytest.raises(ExpiredInQueue) as info:
-        await executor.executor.infer("mlp", "perturbed", [x], deadline=time.perf_counter() + 0.05)
+        await executor.plane.infer(request, time_remaining=0.05)
     assert info.value.status is Status.DEADLINE_EXCEEDED and "it was not run" in str(info.value)
 
 

@@ -11,7 +11,6 @@ import pytest
 
 from services import frames
 from services.executor.executor_server import RunningExecutor
-from services.executor.executor_servicer import InferenceServicer
 from services.executor.frame_server import FrameServer
 from switchyard import net, oip_params
 from switchyard.gen.inference import grpc_service_pb2 as pb
@@ -96,7 +95,7 @@ async def test_many_requests_in_flight_on_one_connection_each_get_their_own_answ
 
 
 async def test_an_oversized_request_is_refused_and_the_connection_goes_on(executor: RunningExecutor) -> None:
-    small = FrameServer(InferenceServicer(executor.executor), limit=4096)
+    small = FrameServer(executor.plane, limit=4096)
     port = await small.start("127.0.0.1", 0)
     channel = await _connect(port)
     try:
@@ -111,7 +110,7 @@ async def test_an_oversized_request_is_refused_and_the_connection_goes_on(execut
 async def test_closing_the_server_fails_requests_in_flight_and_refuses_new_ones(
     executor: RunningExecutor,
 ) -> None:
-    server = FrameServer(InferenceServicer(executor.executor), limit=1 << 20)
+    server = FrameServer(executor.plane, limit=1 << 20)
     port = await server.start("127.0.0.1", 0)
     channel = await _connect(port)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -1,15 +1,14 @@
-"""The executor's OIP metadata and statistics RPCs (ServerLive, ServerReady, ModelReady,
-ServerMetadata, ModelMetadata, ModelConfig, ModelStatistics), as Triton answers them.
+"""A loaded model described in OIP's messages, as Triton describes its models: metadata,
+config (inference.ModelConfig) and statistics; the data plane answers ModelMetadata,
+ModelConfig and ModelStatistics with these (`data_plane.py`).
 """
 
 from __future__ import annotations
 
 from services.executor.batching import BatchCounters
-from services.executor.executor_runtime import Executor, find_all
 from services.executor.loaded_model import LoadedModel
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import model_config_pb2 as mc
-from switchyard.grpcio import ServicerContext
 
 SERVER_NAME = "switchyard-executor"
 SERVER_VERSION = "0.1.0"
@@ -96,53 +95,3 @@ def model_statistics(c: BatchCounters, stats: pb.ModelStatistics) -> None:
         b.compute_input.count, b.compute_input.ns = n, input_ns
         b.compute_infer.count, b.compute_infer.ns = n, infer_ns
         b.compute_output.count, b.compute_output.ns = n, output_ns
-
-
-class MetadataRpcs:
-    """Mixed into InferenceServicer: what a client asks about the server and its models."""
-
-    executor: Executor
-
-    async def ServerLive(
-        self, request: pb.ServerLiveRequest, context: ServicerContext
-    ) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=True)
-
-    async def ServerReady(
-        self, request: pb.ServerReadyRequest, context: ServicerContext
-    ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.executor.ready())
-
-    async def ModelReady(
-        self, request: pb.ModelReadyRequest, context: ServicerContext
-    ) -> pb.ModelReadyResponse:
-        model = self.executor.find(request.name, request.version)
-        return pb.ModelReadyResponse(ready=model.state == "READY" and not self.executor.draining)
-
-    async def ServerMetadata(
-        self, request: pb.ServerMetadataRequest, context: ServicerContext
-    ) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(
-            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration", "statistics"]
-        )
-
-    async def ModelMetadata(
-        self, request: pb.ModelMetadataRequest, context: ServicerContext
-    ) -> pb.ModelMetadataResponse:
-        return model_metadata(self.executor.find(request.name, request.version))
-
-    async def ModelConfig(
-        self, request: pb.ModelConfigRequest, context: ServicerContext
-    ) -> pb.ModelConfigResponse:
-        return pb.ModelConfigResponse(config=model_config(self.executor.find(request.name, request.version)))
-
-    async def ModelStatistics(
-        self, request: pb.ModelStatisticsRequest, context: ServicerContext
-    ) -> pb.ModelStatisticsResponse:
-        models = find_all(self.executor, request.name, request.version)
-        response = pb.ModelStatisticsResponse()
-        for model in models:
-            stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
-            if model.batcher is not None:
-                model_statistics(model.batcher.counters, stats)
-        return response

@@ -1,0 +1,278 @@
+"""The executor's data plane: an OIP request in, its answer out, whichever transport carried it.
+
+gRPC ModelInfer and ModelStreamInfer (`executor_servicer.py`) and framed inference
+(`frame_server.py`, services.frames) are adapters of a few lines over `DataPlane`, as
+KServe's servicers are over its DataPlane. For a tensor request it finds the model, bounds
+BYTES inputs, decodes and checks the inputs (`request_inputs.py`), hands the arrays to the
+model's batcher (or, on a quiet executor, computes a lone request at once), selects the
+outputs asked for, adds the parameters named in `switchyard.oip_params` (path, timings, load)
+when the request asks for them with `switchyard_stats` (the router and the trial do; otherwise
+the answer is bare, as Triton's, and costs no more), and counts the request for
+ModelStatistics and the metrics. A causal LM's request goes to its generation engine
+(`generation_calls.py`). Errors are `switchyard.errors`: raised to the gRPC edge on ModelInfer,
+written in-band as "STATUS: why" on streams and frames (`answer`), where one bad request must
+not end the others. No grpc here. It also answers what a client asks about the server and its
+models, as Triton does (`oip_metadata.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from typing import Any
+
+from services import inband_status
+from services.executor.batching import BatchResult
+from services.executor.executor_runtime import Draining, Executor, find_all
+from services.executor.generation import generation_oip as gen_oip
+from services.executor.generation_calls import GenerationCalls
+from services.executor.loaded_model import LoadedModel
+from services.executor.oip_metadata import (
+    SERVER_NAME,
+    SERVER_VERSION,
+    model_config,
+    model_metadata,
+    model_statistics,
+)
+from services.executor.request_inputs import Signatures, deadline_of, model_arrays, read_inputs, trace_carrier
+from services.streams import StreamReplies
+from switchyard import oip_params, telemetry
+from switchyard.errors import InvalidArgument, Unavailable
+from switchyard.gen.inference import grpc_service_pb2 as pb
+from switchyard.gen.inference import model_config_pb2 as mc
+
+_INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+_STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+# The inline fast path is for a quiet executor, and "quiet" is read from the event loop's own
+# thread: since the last request finished, it sat idle (waiting on the network, not running)
+# for at least this long. Requests waiting inside gRPC cannot be counted from here, but they
+# keep the loop busy: at 16 clients it accepts, decodes and answers calls back to back and
+# never idles, so every request goes through the batcher and the device thread, where
+# batches form while the loop takes in the next ones. A lone client's next request leaves the
+# loop idle for the client's whole turn (its decode, its next request, the loopback), well
+# over this. (A gap in wall time alone cannot tell the two apart: under load gRPC's own work
+# between two handlers takes as long as a lone client's round trip.)
+LOOP_IDLE_S = 100e-6
+INLINE_LOOK_TURNS = 3
+
+Metadata = Callable[[], Any]  # the caller's gRPC metadata, read only where tracing is on
+
+
+class _ModelPlan:
+    """What the data plane keeps of one loaded model, built on its first request: the
+    response's fixed parts, its outputs' names and wire datatypes, the checked signatures."""
+
+    __slots__ = ("model", "outputs", "signatures", "template")
+
+    def __init__(self, model: LoadedModel, executor_id: str) -> None:
+        self.model = model
+        self.outputs = [(s.name, model.wire_datatype(s)) for s in model.spec.outputs]
+        self.signatures: Signatures = {}
+        template = pb.ModelInferResponse(model_name=model.spec.name, model_version=model.spec.version)
+        params = template.parameters
+        params[oip_params.BACKEND].string_param = model.backend.name
+        params[oip_params.MODE].string_param = model.options.mode
+        params[oip_params.PRECISION].string_param = model.options.precision
+        params[oip_params.EXECUTOR].string_param = executor_id
+        self.template = template
+
+
+class DataPlane:
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self._plans: dict[int, _ModelPlan] = {}
+        self._tracing = telemetry.enabled()  # set up before the server starts, as the CLI does
+        self._last_done = 0.0  # time.perf_counter() when the last tensor request was handed back
+        self._last_done_cpu = 0.0  # time.thread_time() of the loop's thread then
+        self.generations = GenerationCalls(executor, self._template)
+
+    # ---- inference -----------------------------------------------------------------------
+    async def infer(
+        self, request: pb.ModelInferRequest, time_remaining: float | None, metadata: Metadata | None = None
+    ) -> pb.ModelInferResponse:
+        """One request, one response; errors raise. With tracing on, each sampled request is
+        its own span, parented on the caller's gRPC `metadata()` or, without it, on the
+        request's `traceparent` parameter (the router sends it on streams and frames)."""
+        if not self._tracing:
+            return await self._respond(request, time_remaining)
+        carrier = (
+            telemetry.metadata_carrier(metadata())
+            if metadata is not None
+            else trace_carrier(request.parameters)
+        )
+        with telemetry.leaf_span(_INFER_METHOD, carrier):
+            return await self._respond(request, time_remaining)
+
+    async def answer(
+        self, request: pb.ModelInferRequest, time_remaining: float | None
+    ) -> pb.ModelStreamInferResponse:
+        """One request of a stream or of a frame connection: an error goes into error_message
+        as "STATUS: why", and the stream or connection goes on."""
+        try:
+            response = await self.infer(request, time_remaining)
+        except Exception as exc:  # one bad request must not end the stream the others share
+            return inband_status.error_response(inband_status.encode_error(exc, _STREAM_METHOD))
+        return pb.ModelStreamInferResponse(infer_response=response)
+
+    async def stream(
+        self, requests: AsyncIterator[pb.ModelInferRequest], time_remaining: Callable[[], float | None]
+    ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+        """A stream's requests, each answered in order (`answer`). A generation (a causal LM's
+        request) is decoupled: it runs beside the stream's other requests, and its responses
+        are built as the stream's writer comes to them, each with the tokens that came since
+        the last (`generation_oip.StreamedResponses`)."""
+        stream: StreamReplies[pb.ModelStreamInferResponse | gen_oip.StreamedResponses] = StreamReplies()
+        generations = self.generations
+
+        async def read() -> None:
+            async for request in requests:
+                model = generations.decoupled(request)
+                if model is None:
+                    stream.put(await self.answer(request, time_remaining()))
+                    continue
+                # a caller that leaves cancels it: the generation's slot is freed
+                stream.start(generations.stream(model, request, stream.out, time_remaining()))
+
+        async with contextlib.aclosing(stream.replies(read)) as replies:  # closed as the caller leaves
+            async for reply in replies:
+                if not isinstance(reply, gen_oip.StreamedResponses):
+                    yield reply
+                elif (message := reply.take()) is not None:
+                    yield message
+
+    async def _respond(
+        self, request: pb.ModelInferRequest, time_remaining: float | None
+    ) -> pb.ModelInferResponse:
+        started = time.perf_counter_ns()
+        executor = self.executor
+        model = executor.find(request.model_name, request.model_version)
+        if model.engine is not None:  # a causal LM: the whole completion in one response
+            return await self.generations.unary(model, request, time_remaining)
+        inputs, waited = await read_inputs(request, executor.config.max_bytes_elements)
+        if waited:  # the model may have been reloaded meanwhile
+            model = executor.find(request.model_name, request.model_version)
+        deadline = deadline_of(request, time_remaining)
+        plan = self._plan(model)
+        wanted = [o.name for o in request.outputs]
+        if wanted:
+            declared = [name for name, _ in plan.outputs]
+            unknown = sorted(set(wanted) - set(declared))
+            if unknown:
+                raise InvalidArgument(f"unknown output(s) {unknown}; {request.model_name} has {declared}")
+        if executor.draining:
+            raise Draining("executor is draining; retry on another executor")
+        if model.state != "READY" or model.batcher is None:
+            raise Unavailable(f"model {model.spec.name!r} is {model.state}; retry when it is READY")
+        arrays, rows = model_arrays(model, plan.signatures, inputs)
+        result = await self._hand_off(model, arrays, rows, deadline)
+        response = self._response(plan, request, wanted, result)
+        counters = model.batcher.counters  # ModelStatistics and the metrics read these
+        counters.success += 1
+        counters.success_ns += time.perf_counter_ns() - started
+        return response
+
+    async def _hand_off(
+        self, model: LoadedModel, arrays: list[Any], rows: int, deadline: float | None
+    ) -> BatchResult:
+        """The arrays to the model's batcher; or, alone on a quiet executor and short,
+        computed right here (a queue and thread hand-offs would cost more)."""
+        executor = self.executor
+        batcher = model.batcher
+        assert batcher is not None  # READY, checked by the caller
+        # wall time since the last request finished, less what the loop's thread ran meanwhile
+        idle = (time.perf_counter() - self._last_done) - (time.thread_time() - self._last_done_cpu)
+        executor.in_flight += 1
+        try:
+            if (
+                idle > LOOP_IDLE_S
+                and executor.in_flight == 1
+                and batcher.idle
+                and executor.inline_ok(model.expected_compute_s(arrays, rows))
+            ):
+                # Requests that reached gRPC while the loop was busy show up within a few loop
+                # turns; counted in flight, this one makes them queue rather than go inline.
+                for _ in range(INLINE_LOOK_TURNS):
+                    await asyncio.sleep(0)
+                if executor.in_flight == 1 and batcher.idle and executor.device_idle:
+                    return batcher.run_now(arrays, rows, model.compute)
+            return await batcher.submit(arrays, rows, deadline)
+        finally:
+            executor.in_flight -= 1
+            self._last_done = time.perf_counter()
+            self._last_done_cpu = time.thread_time()
+
+    def _response(
+        self, plan: _ModelPlan, request: pb.ModelInferRequest, wanted: Sequence[str], result: BatchResult
+    ) -> pb.ModelInferResponse:
+        """The outputs asked for (all where none are named), with the statistics parameters
+        where the request asks for them."""
+        model = plan.model
+        stats = oip_params.STATS in request.parameters and request.parameters[oip_params.STATS].bool_param
+        if stats:
+            response = pb.ModelInferResponse()
+            response.CopyFrom(plan.template)  # name, version and the fixed parameters
+            response.id = request.id
+        else:
+            response = pb.ModelInferResponse(
+                model_name=model.spec.name, model_version=model.spec.version, id=request.id
+            )
+        for (name, datatype), array in zip(plan.outputs, result.outputs, strict=True):
+            if wanted and name not in wanted:
+                continue
+            response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+            response.raw_output_contents.append(array.tobytes())
+        if stats:
+            load = self.executor.load()
+            params = response.parameters
+            params[oip_params.QUEUE_US].int64_param = result.queue_us
+            params[oip_params.COMPUTE_US].int64_param = result.compute_us
+            params[oip_params.BATCH_SIZE].int64_param = result.batch_size
+            params[oip_params.PADDED_BATCH_SIZE].int64_param = result.padded_batch_size
+            params[oip_params.COMPILATIONS_AFTER_WARMUP].int64_param = model.compilations_after_warmup()
+            params[oip_params.IN_FLIGHT].int64_param = load.in_flight
+            params[oip_params.QUEUE_DEPTH].int64_param = load.queue_depth
+        return response
+
+    def _plan(self, model: LoadedModel) -> _ModelPlan:
+        plan = self._plans.get(id(model))
+        if plan is not None and plan.model is model:
+            return plan
+        plan = _ModelPlan(model, self.executor.executor_id)
+        self._plans = {k: v for k, v in self._plans.items() if v.model.state == "READY"}
+        self._plans[id(model)] = plan
+        return plan
+
+    def _template(self, model: LoadedModel) -> pb.ModelInferResponse:
+        """The parts of a response fixed for a loaded model, built once per load."""
+        return self._plan(model).template
+
+    # ---- what a client asks about the server and its models, as Triton answers -------------
+    def ready(self) -> bool:
+        return self.executor.ready()
+
+    def model_ready(self, name: str, version: str) -> bool:
+        model = self.executor.find(name, version)
+        return model.state == "READY" and not self.executor.draining
+
+    def server_metadata(self) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration", "statistics"]
+        )
+
+    def model_metadata(self, name: str, version: str) -> pb.ModelMetadataResponse:
+        return model_metadata(self.executor.find(name, version))
+
+    def model_config(self, name: str, version: str) -> mc.ModelConfig:
+        return model_config(self.executor.find(name, version))
+
+    def model_statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse:
+        """The named model's statistics, or every loaded model's where no name is given."""
+        response = pb.ModelStatisticsResponse()
+        for model in find_all(self.executor, name, version):
+            stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
+            if model.batcher is not None:
+                model_statistics(model.batcher.counters, stats)
+        return response
