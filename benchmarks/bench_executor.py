@@ -486,7 +486,7 @@ def _routers(
         server.start()
     metering.address = f"127.0.0.1:{port}"  # it announces READY, not its address
     key = asyncio.run(_bench_key(metering.address, tls.Security.from_dir(pki["operator"]), model))
-    serve = ["-m", "switchyard", "--log-level", "WARNING", "router", "serve", "--port", "0"]
+    serve = ["-m", "clients.cli", "--log-level", "WARNING", "router", "serve", "--port", "0"]
     for row, address, extra, env in (
         ("router_to_executor", executor_mtls.address,
          ["--metering", metering.address, "--spool-dir", str(tmp / "spool")],

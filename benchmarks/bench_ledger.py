@@ -139,7 +139,7 @@ def start_server(url: str) -> tuple[subprocess.Popen[str], str]:
         [
             sys.executable,
             "-m",
-            "switchyard",
+            "clients.cli",
             "--log-level",
             "WARNING",
             "metering",

@@ -313,7 +313,7 @@ def executor_server(
     # frames on (the default, --frames-port 0): a router on this host reaches it over them
     args = [
         "-m",
-        "switchyard",
+        "clients.cli",
         "--log-level",
         "WARNING",
         "executor",

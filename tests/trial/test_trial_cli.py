@@ -18,7 +18,7 @@ async def _cli(*args: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "switchyard",
+        "clients.cli",
         *args,
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
