@@ -8,7 +8,7 @@ one path's blocks can see. So the reference and the candidates on its host that 
 beside it form an `Interleaved` group: each member prepares and runs its correctness in turn
 (the reference first: its float64 golden run loads the model its own way), then the group is
 measured by one activity in alternating blocks (workflows/tensor/performance.py), then each trains
-in turn, and the reference cleans up last.
+in turn, and they clean up in reverse order, the reference last.
 
 An executor holds one load per model name and version (services/executor/executor_runtime.py
 keys its models so). Two paths can be loaded at once when they are on different executors,
@@ -174,8 +174,9 @@ class Interleaved:
         self.done[(name, "finished")].set()
 
     async def last_out(self, name: str) -> None:
-        """The first member (the reference, whose load the others may share and whose host
-        lock keeps other paths off the host) cleans up after every other member."""
-        if name == self.members[0]:
-            for m in self.members[1:]:
-                await self.done[(m, "finished")].wait()
+        """Members clean up in reverse order: a member may use an earlier member's load (two
+        paths with the same load share one loaded instance, the reference's or a candidate's),
+        so none unloads while a later member may still use it; the reference, whose host lock
+        keeps other paths off the host, is last."""
+        for m in self.members[self.members.index(name) + 1 :]:
+            await self.done[(m, "finished")].wait()
