@@ -112,8 +112,17 @@ def executor_blackhole(cluster: Cluster) -> Figures:
     return run_fault(
         cluster, "executor blackhole", host.blackhole, host.heal,
         r"ejected deployment b",
-        lambda healed, _: cluster.logged_at("router", r"re-admitted deployment b", healed),
+        lambda healed, _: _logged_within(cluster, "router", r"re-admitted deployment b", healed, 15.0),
     )  # fmt: skip
+
+
+def _logged_within(cluster: Cluster, role: str, pattern: str, after: float, timeout_s: float) -> float | None:
+    """When `role` logged `pattern` after `after`, waiting up to `timeout_s` for the line: the
+    router re-admits a healed host at its next passing probe, which may come after the load."""
+    deadline = time.monotonic() + timeout_s
+    while (at := cluster.logged_at(role, pattern, after)) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return at
 
 
 def metering_partition(cluster: Cluster, seconds: float = 8.0) -> Figures:
