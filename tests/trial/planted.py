@@ -104,12 +104,19 @@ def _read_defect(module: nn.Module, _incompatible: Any) -> None:
 
 def build() -> UserModel:
     """The factory of the repository entry (every version; the weights pick the defect)."""
+    return planted_user_model(Planted())
+
+
+def planted_user_model(module: nn.Module) -> UserModel:
+    """A planted MLP as a user model: FEATURES in, OUTPUTS out (every planted file's shape)."""
     inputs, outputs = (TensorSpec("x", "FP32", (FEATURES,)),), (TensorSpec("y", "FP32", (OUTPUTS,)),)
-    return UserModel(Planted(), inputs, outputs)
+    return UserModel(module, inputs, outputs)
 
 
-MODEL_TOML = f"""format = "factory"
-description = "planted-defect MLP: each version misbehaves on XLA devices only"
+def factory_toml(factory: str, description: str) -> str:
+    """model.toml of a planted factory entry (`factory` is its module's `build`)."""
+    return f"""format = "factory"
+description = "{description}"
 
 [[inputs]]
 name = "x"
@@ -122,19 +129,28 @@ datatype = "FP32"
 dims = [{OUTPUTS}]
 
 [factory]
-function = "{__name__}:build"
+function = "{factory}:build"
 """
 
 
-def write_version(folder: Path, defect: str) -> Path:
-    """A folder to add as one version: model.toml and the seeded weights (the same for every
-    defect) with the defect's code."""
+def save_version(folder: Path, module: Callable[[], nn.Module], model_toml: str) -> Path:
+    """A folder to add as one version: model.toml and the weights of `module()` built under one
+    seed (so every version has the same weights, and its buffers say what it plants)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     with torch.random.fork_rng():
         torch.manual_seed(20)
-        state = {k: v.detach().clone() for k, v in Planted(defect).state_dict().items()}
+        state = {k: v.detach().clone() for k, v in module().state_dict().items()}
     save_file(state, str(folder / "model.safetensors"))
-    (folder / "model.toml").write_text(MODEL_TOML)
+    (folder / "model.toml").write_text(model_toml)
     return folder
+
+
+MODEL_TOML = factory_toml(__name__, "planted-defect MLP: each version misbehaves on XLA devices only")
+
+
+def write_version(folder: Path, defect: str) -> Path:
+    """A folder to add as one version: model.toml and the seeded weights (the same for every
+    defect) with the defect's code."""
+    return save_version(folder, lambda: Planted(defect), MODEL_TOML)

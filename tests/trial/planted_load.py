@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from switchyard.models.registry import TensorSpec, UserModel
-from tests.trial.planted import FEATURES, HIDDEN, OUTPUTS
+from switchyard.models.registry import UserModel
+from tests.trial.planted import FEATURES, HIDDEN, OUTPUTS, factory_toml, planted_user_model, save_version
 
 BIAS = 1e-3
 EVERY = 37
@@ -55,36 +55,14 @@ def _read_defect(module: nn.Module, _incompatible: Any) -> None:
 
 def build() -> UserModel:
     """The factory of the repository entry (every version; the weights pick the defect)."""
-    inputs, outputs = (TensorSpec("x", "FP32", (FEATURES,)),), (TensorSpec("y", "FP32", (OUTPUTS,)),)
-    return UserModel(PlantedLoad(), inputs, outputs)
+    return planted_user_model(PlantedLoad())
 
 
-MODEL_TOML = f"""format = "factory"
-description = "planted MLP wrong only under load: on every {EVERY}th call, or at batch > 1"
-
-[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [{FEATURES}]
-
-[[outputs]]
-name = "y"
-datatype = "FP32"
-dims = [{OUTPUTS}]
-
-[factory]
-function = "{__name__}:build"
-"""
+MODEL_TOML = factory_toml(
+    __name__, f"planted MLP wrong only under load: on every {EVERY}th call, or at batch > 1"
+)
 
 
 def write_version(folder: Path, defect: str) -> Path:
     """A folder to add as one version: model.toml and the seeded weights with the defect's code."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    with torch.random.fork_rng():
-        torch.manual_seed(20)
-        state = {k: v.detach().clone() for k, v in PlantedLoad(defect).state_dict().items()}
-    save_file(state, str(folder / "model.safetensors"))
-    (folder / "model.toml").write_text(MODEL_TOML)
-    return folder
+    return save_version(folder, lambda: PlantedLoad(defect), MODEL_TOML)

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from switchyard.models.registry import TensorSpec, UserModel
-from tests.trial.planted import FEATURES, HIDDEN, OUTPUTS
+from switchyard.models.registry import UserModel
+from tests.trial.planted import FEATURES, HIDDEN, OUTPUTS, factory_toml, planted_user_model, save_version
 
 BASE_S = 0.1
 FACTORS = {"honest": 1.0, "slow2": 2.0, "slow105": 1.05}
@@ -48,36 +48,14 @@ def _read_factor(module: nn.Module, _incompatible: Any) -> None:
 
 def build() -> UserModel:
     """The factory of the repository entry (every version; the weights pick the factor)."""
-    inputs, outputs = (TensorSpec("x", "FP32", (FEATURES,)),), (TensorSpec("y", "FP32", (OUTPUTS,)),)
-    return UserModel(PlantedSpeed(), inputs, outputs)
+    return planted_user_model(PlantedSpeed())
 
 
-MODEL_TOML = f"""format = "factory"
-description = "planted MLP slower by its version's factor: each call waits {BASE_S} s times it"
-
-[[inputs]]
-name = "x"
-datatype = "FP32"
-dims = [{FEATURES}]
-
-[[outputs]]
-name = "y"
-datatype = "FP32"
-dims = [{OUTPUTS}]
-
-[factory]
-function = "{__name__}:build"
-"""
+MODEL_TOML = factory_toml(
+    __name__, f"planted MLP slower by its version's factor: each call waits {BASE_S} s times it"
+)
 
 
 def write_version(folder: Path, version: str) -> Path:
     """A folder to add as one version: model.toml and the seeded weights with the factor."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    with torch.random.fork_rng():
-        torch.manual_seed(20)
-        state = {k: v.detach().clone() for k, v in PlantedSpeed(FACTORS[version]).state_dict().items()}
-    save_file(state, str(folder / "model.safetensors"))
-    (folder / "model.toml").write_text(MODEL_TOML)
-    return folder
+    return save_version(folder, lambda: PlantedSpeed(FACTORS[version]), MODEL_TOML)
