@@ -13,7 +13,6 @@ import asyncio
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 from sqlalchemy import func, select
 
@@ -21,47 +20,16 @@ from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import start_executor
 from services.metering.schema import JOBS
 from services.router.router_server import start_router
-from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.grpcio import ServerOptions
 from tests.faults.link_proxy import LinkProxy
 from tests.router.conftest import prepared_ledger_key, routes_config, start_metering_at
-from tests.router.test_router_faults import _request
+from tests.router.counted_clients import CountedClients
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
 CLIENTS = 6
 BOUND_S = 2.0  # the route's default eject_unanswered_s
 MARGIN_S = 0.5  # a probe's scheduling on a loaded 2-core host
-
-
-class Counted:
-    """Clients that count every answer (by request id) and every error, with their times."""
-
-    def __init__(self, address: str, key: str) -> None:
-        self.address, self.metadata = address, [("authorization", f"Bearer {key}")]
-        self.answers: list[tuple[float, str]] = []
-        self.errors: list[tuple[float, str]] = []
-        self.stop = asyncio.Event()
-
-    async def run(self, max_requests: int, timeout_s: float) -> None:
-        sent = iter(range(max_requests))
-        request = _request()
-
-        async def one_client() -> None:
-            async with grpc.aio.insecure_channel(self.address) as channel:
-                stub = pbgrpc.GRPCInferenceServiceStub(channel)
-                for _ in sent:
-                    if self.stop.is_set():
-                        return
-                    try:
-                        reply = await stub.ModelInfer(request, metadata=self.metadata, timeout=10)
-                    except grpc.aio.AioRpcError as exc:
-                        self.errors.append((time.monotonic(), exc.code().name))
-                        await asyncio.sleep(0.02)
-                    else:
-                        self.answers.append((time.monotonic(), reply.parameters["request_id"].string_param))
-
-        await asyncio.wait_for(asyncio.gather(*(one_client() for _ in range(CLIENTS))), timeout_s)
 
 
 async def test_silent_executor_is_ejected_within_the_bound_and_traffic_fails_over(tmp_path: Path) -> None:
@@ -80,7 +48,7 @@ async def test_silent_executor_is_ejected_within_the_bound_and_traffic_fails_ove
         )
         router = await start_router(cfg, metering.address, ServerOptions(), tmp_path / "spool")
         state = router.router.pool.states["b"]
-        clients = Counted(router.address, key)
+        clients = CountedClients(router.address, key, CLIENTS, call_timeout_s=10)
         traffic = asyncio.create_task(clients.run(50_000, 90))
         deadline = time.monotonic() + 30
         while len(clients.answers) < 200 or router.router.pool.transport("b") != "frames":

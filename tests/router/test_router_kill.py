@@ -20,17 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 from sqlalchemy import func, select
 
 from services.executor.executor_server import RunningExecutor
 from services.metering.schema import JOBS
-from switchyard.gen.inference import grpc_service_pb2_grpc as pbgrpc
 from switchyard.net import free_port
 from tests.conftest import ROOT
 from tests.router.conftest import Metering
-from tests.router.test_router_faults import _request
+from tests.router.counted_clients import CountedClients
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -64,43 +62,6 @@ async def _spawn(raw: dict[str, Any], metering: str, port: int, spool: Path) -> 
     return proc
 
 
-class _Clients:
-    """Real gRPC clients that count every answer they receive, by request id."""
-
-    def __init__(self, address: str, key: str) -> None:
-        self.address = address
-        self.metadata = [("authorization", f"Bearer {key}")]
-        self.answered: list[str] = []
-        self.errors: list[grpc.StatusCode] = []
-        self.stop = asyncio.Event()
-
-    async def run(self, max_requests: int) -> None:
-        request = _request()
-        sent = iter(range(max_requests))  # bounded in count as well as by `stop`
-
-        async def client() -> None:
-            async with grpc.aio.insecure_channel(self.address) as channel:
-                stub = pbgrpc.GRPCInferenceServiceStub(channel)
-                for _ in sent:
-                    if self.stop.is_set():
-                        return
-                    try:
-                        reply = await stub.ModelInfer(request, metadata=self.metadata, timeout=5)
-                    except grpc.aio.AioRpcError as exc:
-                        self.errors.append(exc.code())
-                        await asyncio.sleep(0.02)  # the router is down: do not spin
-                    else:
-                        self.answered.append(reply.parameters["request_id"].string_param)
-
-        await asyncio.wait_for(asyncio.gather(*(client() for _ in range(CLIENTS))), 120)
-
-    async def until(self, answers: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.answered) < answers:
-            assert time.monotonic() < deadline, f"only {len(self.answered)} answers in {timeout_s}s"
-            await asyncio.sleep(0.01)
-
-
 def _completed(metering: Metering, team: str) -> dict[str, int]:
     with metering.running.ledger.engines.write.connect() as conn:
         rows = conn.execute(
@@ -124,8 +85,8 @@ async def test_router_sigkilled_under_load_loses_no_answered_usage(
     key, _ = await metering.key("svc-router-kill", "kill")
     port, spool = free_port(), tmp_path / "spool"
     router = await _spawn(cfg, metering.running.address, port, spool)
-    clients = _Clients(f"127.0.0.1:{port}", key)
-    traffic = asyncio.create_task(clients.run(20_000))
+    clients = CountedClients(f"127.0.0.1:{port}", key, CLIENTS, call_timeout_s=5)
+    traffic = asyncio.create_task(clients.run(20_000, 120))
     try:
         for round_ in range(2):  # killed twice, each time with usage in memory and in the journal
             await clients.until(300 * (round_ + 1), 60)
