@@ -52,7 +52,8 @@ def _infer_once(loaded: Any, tensors: list[Any]) -> None:
 def _measure_model(backend: Any, spec: Any, mode: str, iters: int, min_s: float) -> dict[str, Any]:
     import torch
 
-    from services.executor.loaded_model import LoadedModel, LoadOptions
+    from services.executor.load_phases import LoadOptions
+    from services.executor.loaded_model import LoadedModel
 
     loaded = LoadedModel(spec, backend, LoadOptions(mode, "fp32", BATCHES, 0, 64, False))
     loaded.load()

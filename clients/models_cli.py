@@ -212,7 +212,8 @@ def _validate(args: argparse.Namespace) -> int:
     from clients.model_admin import check_outputs
     from services.executor.backends.base import PRECISIONS
     from services.executor.device import select_backend
-    from services.executor.loaded_model import LoadedModel, LoadOptions
+    from services.executor.load_phases import LoadOptions
+    from services.executor.loaded_model import LoadedModel
     from switchyard.models.repository import Repository
 
     root, allowed = _settings(args)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from services.executor.backends.detect import device_info
 from services.executor.executor_runtime import Executor, find_all
-from services.executor.loaded_model import LoadedModel, LoadOptions
+from services.executor.load_phases import LoadOptions
+from services.executor.loaded_model import LoadedModel
 from switchyard.field_copy import copy_fields
 from switchyard.gen.switchyard.v1 import executor_pb2 as pb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as pb_grpc

@@ -27,7 +27,8 @@ from services.executor.executor_training import Trainer
 from services.executor.generation.engine_client import GenerationStream
 from services.executor.generation.settings import SamplingParams
 from services.executor.generation.tokenizer import load_tokenizer
-from services.executor.loaded_model import LoadedModel, LoadOptions
+from services.executor.load_phases import LoadOptions
+from services.executor.loaded_model import LoadedModel
 from switchyard.errors import InvalidArgument, NotFound, Unavailable
 from switchyard.models.repository import ModelNotFound, Repository
 

@@ -36,8 +36,6 @@ from services.executor.load_phases import (
 from switchyard import codec
 from switchyard.models.registry import ModelSpec, TensorSpec
 
-__all__ = ["Findings", "LoadOptions", "LoadedModel", "PhaseTimes"]  # the load's records, from load_phases
-
 log = logging.getLogger(__name__)
 
 

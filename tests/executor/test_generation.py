@@ -18,7 +18,8 @@ from services.executor.executor_runtime import Executor
 from services.executor.generation.engine_client import GenerationStream
 from services.executor.generation.scheduler import EngineFull, TokenEvent
 from services.executor.generation.settings import SamplingParams, parse_sampling
-from services.executor.loaded_model import LoadedModel, LoadOptions
+from services.executor.load_phases import LoadOptions
+from services.executor.loaded_model import LoadedModel
 from switchyard.errors import InvalidArgument
 from switchyard.models.generation import GenerationSettings
 from switchyard.models.registry import ModelRegistry

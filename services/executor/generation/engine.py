@@ -45,7 +45,6 @@ import torch
 
 from services.executor.generation.engine_client import (
     EngineClient,
-    GenerationStream,
     InlineOk,
     RunOnDevice,
 )
@@ -56,10 +55,6 @@ from services.executor.generation.settings import GenerationSettings, SamplingPa
 from services.executor.generation.tokenizer import Detokenizer, Tokenizer
 from services.executor.load_phases import Findings, PhaseTimes
 from switchyard.errors import Unavailable
-
-# GenerationStream and TokenEvent are engine_client's and scheduler's, named here too for the
-# servicers that import them from the engine
-__all__ = ["EngineCore", "GenerationStream", "InProcessEngine", "LocalEngine", "Rows", "TokenEvent"]
 
 STEP_EMA = 0.2  # weight of the newest step in the expected step length
 
