@@ -136,6 +136,7 @@ def validate_generation(
     compares the token ids with the model's own greedy decoding on the CPU (fp32)."""
     from services.executor.device import select_backend
     from services.executor.generation.engine import EngineCore
+    from services.executor.generation.engine_messages import Admitted
     from services.executor.generation.runtime import load_runtime
     from services.executor.generation.scheduler import admit, split
     from services.executor.generation.settings import SamplingParams
@@ -158,7 +159,8 @@ def validate_generation(
     tokens = min(tokens, settings.max_new_tokens)
     engine = EngineCore(runtime, tokenizer)
     params = SamplingParams(max_tokens=tokens, temperature=0.0)
-    request = engine.add(prompt, params, admit(settings, runtime.vocab_size, prompt, params, 0), True, None)
+    limit = admit(settings, runtime.vocab_size, prompt, params, 0)
+    request = engine.add(Admitted(prompt, params, limit, True, None))
     while engine.busy:
         engine.iterate()
     events, error = split(request.events.take())

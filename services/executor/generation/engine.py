@@ -48,10 +48,11 @@ from services.executor.generation.engine_client import (
     InlineOk,
     RunOnDevice,
 )
+from services.executor.generation.engine_messages import Admitted
 from services.executor.generation.runtime import GenerationRuntime
 from services.executor.generation.sampling import Choice, choose, new_generator
 from services.executor.generation.scheduler import EngineCounters, Request, Scheduler, TokenEvent
-from services.executor.generation.settings import GenerationSettings, SamplingParams
+from services.executor.generation.settings import GenerationSettings
 from services.executor.generation.tokenizer import Detokenizer, Tokenizer
 from services.executor.load_phases import Findings, PhaseTimes
 from switchyard.errors import Unavailable
@@ -79,15 +80,9 @@ class EngineCore:
     def busy(self) -> bool:
         return self.scheduler.busy
 
-    def add(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        max_tokens: int,
-        with_text: bool,
-        deadline: float | None,
-    ) -> Request:
+    def add(self, admitted: Admitted) -> Request:
         """Queues an admitted request (`scheduler.admit` checked it)."""
+        prompt, params, max_tokens, with_text, deadline = admitted
         eos = () if params.ignore_eos else tuple(self.runtime.eos_token_ids)
         request = Request(
             prompt=prompt,
@@ -215,15 +210,8 @@ class InProcessEngine(EngineClient):
     def _core_counters(self) -> EngineCounters:
         return self.core.counters
 
-    def _start(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        max_tokens: int,
-        with_text: bool,
-        deadline: float | None,
-    ) -> Request:
-        request = self.core.add(prompt, params, max_tokens, with_text, deadline)
+    def _start(self, admitted: Admitted) -> Request:
+        request = self.core.add(admitted)
         self._wakeup.set()
         return request
 

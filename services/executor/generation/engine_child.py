@@ -76,9 +76,7 @@ def _take_in(conn: Connection, core: EngineCore, requests: dict[int, Request]) -
     while conn.poll():
         message: ToEngine = conn.recv()
         if isinstance(message, Submit):
-            requests[message.rid] = core.add(
-                message.prompt, message.params, message.max_tokens, message.with_text, message.deadline
-            )
+            requests[message.rid] = core.add(message.request)
         elif isinstance(message, Cancel):
             request = requests.pop(message.rid, None)
             if request is not None:

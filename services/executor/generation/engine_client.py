@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
+from services.executor.generation.engine_messages import Admitted
 from services.executor.generation.scheduler import (
     EngineCounters,
     EngineFull,
@@ -59,7 +60,9 @@ class EngineClient(ABC):
         except EngineFull:
             self._rejected += 1
             raise
-        return GenerationStream(self, self._start(list(prompt), params, max_tokens, with_text, deadline))
+        return GenerationStream(
+            self, self._start(Admitted(list(prompt), params, max_tokens, with_text, deadline))
+        )
 
     @property
     def counters(self) -> EngineCounters:
@@ -88,14 +91,7 @@ class EngineClient(ABC):
     def _core_counters(self) -> EngineCounters: ...
 
     @abstractmethod
-    def _start(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        max_tokens: int,
-        with_text: bool,
-        deadline: float | None,
-    ) -> Request:
+    def _start(self, admitted: Admitted) -> Request:
         """Hands an admitted request to the core; the request its stream reads."""
 
     @abstractmethod

@@ -30,15 +30,20 @@ class Load(NamedTuple):
     cpu_threads: int
 
 
-class Submit(NamedTuple):
-    """A request the executor admitted (`scheduler.admit`: `max_tokens` is its checked limit)."""
+class Admitted(NamedTuple):
+    """A request the executor admitted (`scheduler.admit`: `max_tokens` is its checked limit),
+    as every engine takes it, in process or across the pipe."""
 
-    rid: int
     prompt: list[int]
     params: SamplingParams
     max_tokens: int
     with_text: bool
     deadline: float | None
+
+
+class Submit(NamedTuple):
+    rid: int
+    request: Admitted
 
 
 class Cancel(NamedTuple):

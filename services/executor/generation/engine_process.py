@@ -44,6 +44,7 @@ from multiprocessing.connection import Connection
 from services.executor.generation import engine_child
 from services.executor.generation.engine_client import EngineClient, InlineOk, RunOnDevice
 from services.executor.generation.engine_messages import (
+    Admitted,
     Cancel,
     Close,
     Failure,
@@ -56,7 +57,7 @@ from services.executor.generation.engine_messages import (
 )
 from services.executor.generation.sampling import Choice
 from services.executor.generation.scheduler import EngineCounters, Request, TokenEvent
-from services.executor.generation.settings import GenerationSettings, SamplingParams
+from services.executor.generation.settings import GenerationSettings
 from services.executor.generation.tokenizer import Tokenizer
 from services.executor.load_phases import LoadOptions
 from switchyard.errors import SwitchyardError, Unavailable
@@ -215,17 +216,11 @@ class RemoteEngine(EngineClient):
     def _core_counters(self) -> EngineCounters:
         return self._process.stats.counters
 
-    def _start(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        max_tokens: int,
-        with_text: bool,
-        deadline: float | None,
-    ) -> Request:
+    def _start(self, admitted: Admitted) -> Request:
         rid = next(self._ids)
+        prompt, params, max_tokens, _, deadline = admitted
         request = Request(prompt=prompt, params=params, max_tokens=max_tokens, deadline=deadline, rid=rid)
-        self._send(Submit(rid, prompt, params, max_tokens, with_text, deadline))
+        self._send(Submit(rid, admitted))
         self._requests[rid] = request
         return request
 
