@@ -1,6 +1,7 @@
-"""Workload capture of generations: a completed streamed OIP generation and an OpenAI
-completion of a capturing route are kept as their input tensors (the prompt and the sampling
-parameters, Triton's vLLM-backend names), nothing of the caller; a failed one is not kept."""
+"""Workload capture of generations: a completed streamed OIP generation and OpenAI
+completions (unary and `stream=true`) of a capturing route are kept as their input tensors
+(the prompt and the sampling parameters, Triton's vLLM-backend names), nothing of the caller;
+a failed one is not kept."""
 
 from __future__ import annotations
 
@@ -82,32 +83,45 @@ async def test_streamed_and_openai_generations_are_captured_as_their_prompts(
             model=MODEL, prompt="the quick", max_tokens=3, temperature=0.5, seed=9
         )
         assert done.usage is not None and done.usage.completion_tokens >= 1
+        chunks = await client.completions.create(
+            model=MODEL, prompt="a stream", max_tokens=4, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        got = [c async for c in chunks]
+        assert len([c for c in got if c.choices]) >= 2 and got[-1].usage is not None
+        assert got[-1].usage.completion_tokens == 4
         with pytest.raises(openai.BadRequestError):  # refused before it runs: not captured
             await client.completions.create(model=MODEL, prompt="x", max_tokens=500)
     finally:
         await client.close()
     capture = router.router.captures[MODEL]
-    assert capture.stats.sampled == 2
+    assert capture.stats.sampled == 3
     await capture.close()
 
     (entry,) = list_workloads(workloads)
     path, _ = find_workload(workloads, entry["id"])
     records = read_records(path, entry["sha256"], pb.ModelInferRequest.FromString)
-    assert entry["requests"] == 2 and len(records) == 2
-    first, second = (_inputs(r) for r in records)
+    assert entry["requests"] == 3 and len(records) == 3
+    first, second, third = (_inputs(r) for r in records)
     assert _text(first["text_input"]) == "hello world"
     assert json.loads(_text(first["sampling_parameters"])) == sampling
     assert _text(second["text_input"]) == "the quick"
     params = json.loads(_text(second["sampling_parameters"]))
     assert (params["max_tokens"], params["temperature"], params["seed"]) == (3, 0.5, 9)
+    assert _text(third["text_input"]) == "a stream"  # OpenAI stream=true, kept as the others
+    assert json.loads(_text(third["sampling_parameters"]))["max_tokens"] == 4
     assert all(not r.id for r in records)  # nothing of the caller; the router's own count only
     seen = [r.parameters[SEEN].int64_param for r in records]
-    assert seen == [sampling["max_tokens"], done.usage.completion_tokens]
+    assert seen == [sampling["max_tokens"], done.usage.completion_tokens, 4]
     assert all(set(r.parameters) == {SEEN} for r in records)
     # what a generation trial replays (inputs.workload of a generation scenario): each prompt
     # with the length its answer had
     replay = genload.captured_requests(records, 16)
-    assert [(r.text, r.max_tokens) for r in replay] == [("hello world", seen[0]), ("the quick", seen[1])]
+    assert [(r.text, r.max_tokens) for r in replay] == [
+        ("hello world", seen[0]),
+        ("the quick", seen[1]),
+        ("a stream", 4),
+    ]
     stopped = pb.ModelInferRequest()
     stopped.CopyFrom(records[0])
     stopped.parameters[SEEN].int64_param = 2  # an answer that ended at EOS after 2 of its 5

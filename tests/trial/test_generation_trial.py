@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import sys
 import uuid
 from pathlib import Path
@@ -230,25 +231,45 @@ async def test_xla_generation_trial_from_the_temporal_cli(stack: Stack, llama: s
     print("\n".join(f"{p}: {v['line']}" for p, v in report["verdicts"].items()))
 
 
+def _generation_inputs(prompt: list[int], n: int, stream: bool) -> list[Any]:
+    ids = triton.InferInput("input_ids", [len(prompt)], "INT64")
+    ids.set_data_from_numpy(np.asarray(prompt, dtype=np.int64))
+    flag = triton.InferInput("stream", [1], "BOOL")
+    flag.set_data_from_numpy(np.array([stream], dtype=bool))
+    params = triton.InferInput("sampling_parameters", [1], "BYTES")
+    sampling = {"temperature": 0, "max_tokens": n, "ignore_eos": True}
+    params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
+    return [ids, flag, params]
+
+
 def _send_generations(address: str, prompts: list[list[int]], max_tokens: list[int]) -> None:
+    """The first request unary (ModelInfer), the others streamed (ModelStreamInfer, a response
+    per token), each to its final response."""
     client = triton.InferenceServerClient(address)
+    got: queue.Queue[Any] = queue.Queue()
     try:
-        for prompt, n in zip(prompts, max_tokens, strict=True):
-            ids = triton.InferInput("input_ids", [len(prompt)], "INT64")
-            ids.set_data_from_numpy(np.asarray(prompt, dtype=np.int64))
-            params = triton.InferInput("sampling_parameters", [1], "BYTES")
-            sampling = {"temperature": 0, "max_tokens": n, "ignore_eos": True}
-            params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
-            client.infer("llama-tiny", [ids, params])
+        client.infer("llama-tiny", _generation_inputs(prompts[0], max_tokens[0], False))
+        client.start_stream(lambda result, error: got.put(error or result))
+        for prompt, n in zip(prompts[1:], max_tokens[1:], strict=True):
+            client.async_stream_infer("llama-tiny", _generation_inputs(prompt, n, True))
+            responses = 0
+            while True:
+                item = got.get(timeout=120)
+                assert not isinstance(item, Exception), item
+                responses += 1
+                if item.get_response().parameters["triton_final_response"].bool_param:
+                    break
+            assert responses >= 2  # streamed: more than the one answer a unary call gets
     finally:
+        client.stop_stream()
         client.close()
 
 
 async def test_lengths_from_a_captured_workload(
     stack: Stack, llama: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Generations captured at the router replayed as the generation scenario: each request's
-    prompt as captured and its captured max_tokens as the output length."""
+    """Generations captured at the router, one unary and two streamed, replayed as the
+    generation scenario: each request's prompt as captured and the output length it had."""
     prompts = [[5, 6, 7], [11, 12, 13, 14, 15, 16, 17, 18, 19], [40, 41, 42, 43, 44]]
     max_tokens = [3, 7, 5]
 
