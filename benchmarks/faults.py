@@ -8,8 +8,8 @@ to eject (or notice) and to recover, the ledger's jobs against the answers recei
 none doubled), the spool's peak and the dead letters. The JSON goes to `--out`.
 
 The router<->metering partition lasts `--partition-s` (30 s, the issue's figure; the test
-uses 8 s). Delay and loss are not tried here: this kernel has no sch_netem (see
-tests/faults/link_proxy.py for the userspace link that stands in for it).
+uses 8 s). Delay and loss go through a userspace relay on the router's link to exec-b, since
+this kernel has no sch_netem (tests/faults/link_proxy.py says what its loss models).
 """
 
 from __future__ import annotations

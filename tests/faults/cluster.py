@@ -3,9 +3,11 @@
 Hosts (tests/faults/netns.py, each its own address on one bridge): `metering` (its ledger a
 SQLite file: PostgreSQL on the machine's 127.0.0.1:5432 is not reachable from inside the
 namespaces without an address in the root namespace, which this harness does not add),
-`exec-a` and `exec-b` (CPU executors serving mlp), `router`, and `client` (the load). Each
-service holds its own certificate from one CA (`switchyard.tls.ensure_local_pki`), and every
-hop checks that the server it dials holds the identity it expects (its name, not its address).
+`exec-a` and `exec-b` (CPU executors serving mlp), `router`, and `client` (the load). The
+router reaches exec-b through a relay on its own host (`link`: delay and loss, see
+link_proxy.py; this kernel has no netem). Each service holds its own certificate from one
+CA (`switchyard.tls.ensure_local_pki`), and every hop checks that the server it dials
+holds the identity it expects (its name, not its address).
 Processes log with wall-clock stamps to `<dir>/<host>.log`, so a test times what the
 services did against when it injected a fault.
 
@@ -34,6 +36,8 @@ from tests.faults.netns import Host, Network
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 7001  # every service's gRPC port on its own host (each host has its own address)
+FRAMES_PORT = 7002  # the executors' frame port (the router learns it from Describe)
+RELAY = "127.0.0.2"  # on the router host: the relay that is its link to exec-b (`link`)
 TEAM = "faults"
 START_S = 120  # a service's start, at most (torch's import on a loaded 2-core host)
 
@@ -76,7 +80,8 @@ from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_server import start_executor
 
 async def main() -> None:
-    config = ExecutorConfig(host=sys.argv[1], port=int(sys.argv[2]), models=("mlp",), max_queue_size=256)
+    config = ExecutorConfig(host=sys.argv[1], port=int(sys.argv[2]), frames_port=int(sys.argv[3]),
+                            models=("mlp",), max_queue_size=256)
     running = await start_executor(config)
     print("READY", flush=True)
     await running.serve_until_signal()
@@ -169,6 +174,16 @@ class Load:
         took = sorted((b - a) * 1000 for a, b, _ in self.answers if start <= a < stop)
         return took[min(len(took) - 1, int(0.99 * len(took)))] if took else 0.0
 
+    def settled_at(self, after: float, limit_ms: float, window_s: float = 1.0) -> float | None:
+        """The send time of the first answer after `after` from which every answer to a request
+        sent in the next `window_s` took at most `limit_ms` (None: the latency never settled)."""
+        sent = sorted((a, (b - a) * 1000) for a, b, _ in self.answers if a >= after)
+        for i, (start, _) in enumerate(sent):
+            window = [ms for a, ms in sent[i:] if a < start + window_s]
+            if sent[-1][0] >= start + window_s and max(window) <= limit_ms:
+                return start
+        return None
+
 
 @dataclass
 class Cluster:
@@ -191,10 +206,11 @@ class Cluster:
         self._launch("metering", certs["metering"], METERING, self.ledger_url, met.address, str(PORT),
                      str(operator), TEAM)  # fmt: skip
         for role in ("exec-a", "exec-b"):  # started together: each imports torch for seconds
-            self._launch(role, certs[role], EXECUTOR, self.hosts[role].address, str(PORT))
+            self._launch(role, certs[role], EXECUTOR, self.hosts[role].address, str(PORT), str(FRAMES_PORT))
         self.key = self._ready("metering").split()[1]
         self._ready("exec-a")
         self._ready("exec-b")
+        self._start_link()
         self.start_router()
         return self
 
@@ -205,12 +221,27 @@ class Cluster:
     def address(self, role: str) -> str:
         return f"{self.hosts[role].address}:{PORT}"
 
+    def _start_link(self) -> None:
+        """The router's link to exec-b: a relay process on the router host (link_proxy.py), on
+        the gRPC and frame ports, that `link` makes slow or lossy (this kernel has no netem)."""
+        self.link_control = self.directory / "link-b.json"
+        self.link_control.write_text("{}")
+        ports = f"{PORT},{FRAMES_PORT}"
+        args = (RELAY, self.hosts["exec-b"].address, ports, str(self.link_control))
+        self._launch("link-b", Path(), "", *args, host="router", module="tests.faults.link_proxy")
+        self._ready("link-b")
+
+    def link(self, delay_ms: float = 0.0, loss: float = 0.0) -> None:
+        """Sets the router<->exec-b link's delay and loss (the relay reads it within 0.1 s)."""
+        self.link_control.write_text(json.dumps({"delay_ms": delay_ms, "loss": loss}))
+
     def start_router(self) -> None:
+        addresses = {"a": self.address("exec-a"), "b": f"{RELAY}:{PORT}"}  # b: through the link
         cfg = {
             "router": {"fleet": "faults", "usage_flush_s": 0.2, **self.router_settings},
             "deployments": {
-                name: {"address": self.address(role), "path": path, "price_micros_per_hour": 100}
-                for name, role, path in (("a", "exec-a", "cpu-a"), ("b", "exec-b", "cpu-b"))
+                name: {"address": addresses[name], "path": path, "price_micros_per_hour": 100}
+                for name, path in (("a", "cpu-a"), ("b", "cpu-b"))
             },
             "routes": {"mlp": {"policy": "least_loaded", "targets": ["a", "b"]}},
         }
@@ -220,12 +251,15 @@ class Cluster:
                      str(PORT), str(self.spool))  # fmt: skip
         self._ready("router")
 
-    def _launch(self, role: str, cert: Path, script: str, *args: str) -> None:
+    def _launch(
+        self, role: str, cert: Path, script: str, *args: str, host: str = "", module: str = ""
+    ) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), tls.TLS_DIR_ENV: str(cert)}
         env.pop(tls.INSECURE_ENV, None)
         log = self.logs.setdefault(role, (self.directory / f"{role}.log").open("ab"))
+        code = ("-m", module) if module else ("-c", script)
         self.procs[role] = subprocess.Popen(
-            self.hosts[role].command(sys.executable, "-c", script, *args),
+            self.hosts[host or role].command(sys.executable, *code, *args),
             stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT,
         )  # fmt: skip
 
@@ -315,7 +349,7 @@ class Cluster:
                 proc.wait(10)
 
     def close(self) -> None:
-        for role in ("router", "exec-a", "exec-b", "metering"):
+        for role in ("router", "link-b", "exec-a", "exec-b", "metering"):
             self.stop(role)
         for log in self.logs.values():
             log.close()

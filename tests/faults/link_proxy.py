@@ -11,7 +11,10 @@ connections stay open (no RST, no FIN), as a host whose packets are all dropped.
 
 A proxy listens on `listen_host` at the same ports it relays to on `target_host`, so a
 service that reports its own port (the executor's frame port, in Describe) is reached through
-the proxy too. Everything it starts, it stops in `close`.
+the proxy too. Everything it starts, it stops in `close`. Run as a module
+(`python -m tests.faults.link_proxy`), it is a relay process inside a host of the fault
+cluster, its faults set through a control file (tests/faults/cluster.py: the router's link to
+exec-b).
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import random
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 LOST_PENALTY_MS = 200.0
 CHUNK = 64 * 1024
@@ -125,3 +131,22 @@ class LinkProxy:
         for server in self._servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 2)
+
+
+async def _serve(listen_host: str, target_host: str, ports: Sequence[int], control: Path) -> None:
+    """Relays until killed; `control` (JSON: delay_ms, loss, blackhole) is read every 0.1 s, so
+    the test that started this process in a host sets the link's faults by writing the file."""
+    proxy = await LinkProxy(listen_host, target_host, ports).start()
+    print("READY", flush=True)
+    seen = ""
+    while True:
+        text = await asyncio.to_thread(control.read_text)
+        if text != seen:
+            seen = text
+            proxy.set(**json.loads(text or "{}"))
+        await asyncio.sleep(0.1)
+
+
+if __name__ == "__main__":  # python -m tests.faults.link_proxy LISTEN TARGET PORT,PORT CONTROL
+    listen, target, port_list, control_file = sys.argv[1:5]
+    asyncio.run(_serve(listen, target, [int(p) for p in port_list.split(",")], Path(control_file)))

@@ -57,13 +57,14 @@ def run_fault(
     inject: Callable[[], None],
     heal: Callable[[], None],
     noticed: str,
-    recovered: Callable[[float, list[tuple[float, int]]], float | None],
+    recovered: Callable[[float, list[tuple[float, int]]], float | None] | None,
     warm_s: float = 5.0,
     fault_s: float = 4.0,
     after_s: float = 3.0,
 ) -> Figures:
     """`noticed`: the router log line that says it saw the fault; `recovered`: when it had
-    recovered, from the heal's time and the spool's (time, segments) samples."""
+    recovered, from the heal's time and the spool's (time, segments) samples (None: when the
+    client's latency settled again, at most twice the p99 before the fault, or 50 ms more)."""
     earlier = set(cluster.completed_jobs(set(), timeout_s=0))  # a cluster shared by faults
     load = cluster.load(CLIENTS, seconds=warm_s + fault_s + after_s)
     stop, samples = threading.Event(), [(time.time(), 0)]
@@ -87,14 +88,19 @@ def run_fault(
     stop.set()
     watcher.join(5)
     seen = cluster.logged_at("router", noticed, cut)
-    back = recovered(healed, samples)
+    before = got.p99_ms(cut - warm_s + 1, cut)
+    back = (
+        got.settled_at(healed, max(2 * before, before + 50))
+        if recovered is None
+        else recovered(healed, samples)
+    )
     return Figures(
         fault=name,
         requests=len(got.answers) + len(got.errors),
         errors=len(got.errors),
         errors_in_fault=sum(1 for a, _, _ in got.errors if cut <= a < healed),
         p99_fault_ms=round(got.p99_ms(cut, healed), 1),
-        p99_before_ms=round(got.p99_ms(cut - warm_s + 1, cut), 1),
+        p99_before_ms=round(before, 1),
         eject_s=None if seen is None else round(seen - cut, 2),
         recover_s=None if back is None else round(back - healed, 2),
         answered=len(answered),
@@ -136,7 +142,20 @@ def metering_partition(cluster: Cluster, seconds: float = 8.0) -> Figures:
     )  # fmt: skip
 
 
+def slow_lossy_link(cluster: Cluster, delay_ms: float = 200.0, loss: float = 0.05) -> Figures:
+    """The router's link to exec-b given `delay_ms` each way and `loss` for 4 s, then healed.
+    The relay models loss as TCP sees it: a lost segment is retransmitted after the sender's
+    minimum RTO, so a `loss` share of the chunks (and those behind them) arrive 200 ms later;
+    nothing is corrupted or reset (link_proxy.py). Probes then take 400-800 ms, inside the
+    1 s health timeout: b stays admitted, and least-loaded routing sends it less."""
+    return run_fault(
+        cluster, f"link {delay_ms:.0f} ms, {loss:.0%} loss", lambda: cluster.link(delay_ms, loss),
+        cluster.link, r"deployment b: health check failed", None,
+    )  # fmt: skip
+
+
 FAULTS: dict[str, Callable[[Cluster], Figures]] = {
     "executor-blackhole": executor_blackhole,
     "metering-partition": metering_partition,
+    "slow-lossy-link": slow_lossy_link,
 }

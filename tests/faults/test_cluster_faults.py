@@ -10,7 +10,7 @@ import pytest
 
 from tests.faults.cluster import Cluster
 from tests.faults.netns import Network, unavailable
-from tests.faults.scenarios import CLIENTS, Figures, executor_blackhole, metering_partition
+from tests.faults.scenarios import CLIENTS, Figures, executor_blackhole, metering_partition, slow_lossy_link
 
 WHY = unavailable()
 pytestmark = [pytest.mark.skipif(bool(WHY), reason=WHY or "runs"), pytest.mark.slow]
@@ -48,4 +48,13 @@ def test_router_metering_partition_spools_then_delivers_exactly_once(cluster: Cl
     assert f.errors == 0, f  # keys from the auth cache, usage to the spool: clients see nothing
     assert f.eject_s is not None and f.spool_peak > 0, f  # it did spool
     assert f.recover_s is not None, f  # and drained after the heal
+    _ledger_exact(f)
+
+
+def test_slow_lossy_link_costs_latency_not_answers_and_the_ledger_stays_exact(cluster: Cluster) -> None:
+    f = slow_lossy_link(cluster)  # 200 ms each way, 5% of chunks a further 200 ms
+    assert f.errors == 0, f  # slow is not down: nothing fails, nothing is ejected
+    assert f.eject_s is None, f  # no probe of b timed out (they take 400-800 ms, the bound is 1 s)
+    assert f.p99_fault_ms >= 400, f  # requests that went to b paid a round trip of the delay
+    assert f.recover_s is not None and f.recover_s < 3, f  # latency back once the link healed
     _ledger_exact(f)
