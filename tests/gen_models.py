@@ -164,6 +164,18 @@ def text_inputs(
     return inputs
 
 
+def token_inputs(prompt: list[int], stream: bool, sampling: dict[str, Any]) -> list[Any]:
+    """tritonclient inputs of a generation request given as token ids: `input_ids`, the stream
+    flag and the sampling parameters (JSON)."""
+    ids = triton.InferInput("input_ids", [len(prompt)], "INT64")
+    ids.set_data_from_numpy(np.asarray(prompt, dtype=np.int64))
+    flag = triton.InferInput("stream", [1], "BOOL")
+    flag.set_data_from_numpy(np.array([stream], dtype=bool))
+    params = triton.InferInput("sampling_parameters", [1], "BYTES")
+    params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
+    return [ids, flag, params]
+
+
 def reference_greedy(directory: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
     """In-process `model.generate` (greedy, cpu eager fp32): the new token ids."""
     from transformers import LlamaForCausalLM

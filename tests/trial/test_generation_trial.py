@@ -14,13 +14,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
 from switchyard.models.manifest import file_sha256
 from tests.conftest import IN_CI
-from tests.gen_models import add_generative, build_llama
+from tests.gen_models import add_generative, build_llama, token_inputs
 from tests.trial.stack import ROOT, Stack
 from tests.trial.trial_helpers import captured_workload, connections, run_trial
 from workflows.report.render import render
@@ -231,15 +230,8 @@ async def test_xla_generation_trial_from_the_temporal_cli(stack: Stack, llama: s
     print("\n".join(f"{p}: {v['line']}" for p, v in report["verdicts"].items()))
 
 
-def _generation_inputs(prompt: list[int], n: int, stream: bool) -> list[Any]:
-    ids = triton.InferInput("input_ids", [len(prompt)], "INT64")
-    ids.set_data_from_numpy(np.asarray(prompt, dtype=np.int64))
-    flag = triton.InferInput("stream", [1], "BOOL")
-    flag.set_data_from_numpy(np.array([stream], dtype=bool))
-    params = triton.InferInput("sampling_parameters", [1], "BYTES")
-    sampling = {"temperature": 0, "max_tokens": n, "ignore_eos": True}
-    params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
-    return [ids, flag, params]
+def _greedy(max_tokens: int) -> dict[str, Any]:
+    return {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}
 
 
 def _send_generations(address: str, prompts: list[list[int]], max_tokens: list[int]) -> None:
@@ -248,10 +240,10 @@ def _send_generations(address: str, prompts: list[list[int]], max_tokens: list[i
     client = triton.InferenceServerClient(address)
     got: queue.Queue[Any] = queue.Queue()
     try:
-        client.infer("llama-tiny", _generation_inputs(prompts[0], max_tokens[0], False))
+        client.infer("llama-tiny", token_inputs(prompts[0], False, _greedy(max_tokens[0])))
         client.start_stream(lambda result, error: got.put(error or result))
         for prompt, n in zip(prompts[1:], max_tokens[1:], strict=True):
-            client.async_stream_infer("llama-tiny", _generation_inputs(prompt, n, True))
+            client.async_stream_infer("llama-tiny", token_inputs(prompt, True, _greedy(n)))
             responses = 0
             while True:
                 item = got.get(timeout=120)

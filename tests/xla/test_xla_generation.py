@@ -4,18 +4,16 @@ then compiles nothing; greedy tokens equal tiny-lm's full-forward decoding on cp
 
 from __future__ import annotations
 
-import json
 import queue
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from tests.gen_models import tiny_lm_reference
+from tests.gen_models import tiny_lm_reference, token_inputs
 from tests.processes import stop_child
 from tests.xla.conftest import ExecutorProcess, require_xla_env, spawn, wait_serving
 
@@ -32,15 +30,7 @@ def xla_generation(repository: Path) -> Iterator[ExecutorProcess]:
 
 
 def _request(prompt: list[int], max_tokens: int) -> list[Any]:
-    ids = triton.InferInput("input_ids", [len(prompt)], "INT64")
-    ids.set_data_from_numpy(np.asarray(prompt, dtype=np.int64))
-    stream = triton.InferInput("stream", [1], "BOOL")
-    stream.set_data_from_numpy(np.array([True]))
-    params = triton.InferInput("sampling_parameters", [1], "BYTES")
-    params.set_data_from_numpy(
-        np.array([json.dumps({"temperature": 0, "max_tokens": max_tokens}).encode()], dtype=np.object_)
-    )
-    return [ids, stream, params]
+    return token_inputs(prompt, True, {"temperature": 0, "max_tokens": max_tokens})
 
 
 def test_xla_serves_a_mixed_length_stream_with_zero_compilations(xla_generation: ExecutorProcess) -> None:
