@@ -17,6 +17,7 @@ fixture calls it even when a test fails.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -178,9 +179,12 @@ class Load:
         """The send time of the first answer after `after` from which every answer to a request
         sent in the next `window_s` took at most `limit_ms` (None: the latency never settled)."""
         sent = sorted((a, (b - a) * 1000) for a, b, _ in self.answers if a >= after)
-        for i, (start, _) in enumerate(sent):
-            window = [ms for a, ms in sent[i:] if a < start + window_s]
-            if sent[-1][0] >= start + window_s and max(window) <= limit_ms:
+        starts = [a for a, _ in sent]
+        for i, start in enumerate(starts):
+            end = bisect.bisect_left(starts, start + window_s)
+            if end == len(sent):  # no request a whole window later: none can settle
+                return None
+            if max(ms for _, ms in sent[i:end]) <= limit_ms:
                 return start
         return None
 
