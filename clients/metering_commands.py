@@ -47,6 +47,7 @@ REPORT_FIELDS = (
     "cost_per_completed_generation_job_micros",
     "cost_per_million_output_tokens_micros",
     "cost_per_million_prompt_tokens_micros",
+    "example_priced_lines",
 )
 # Shown in the table only when some row has tokens (a ledger without generation keeps its columns).
 GENERATION_SHOWN = (
@@ -200,6 +201,10 @@ def report(args: argparse.Namespace) -> int:
         )
     if any(r["unpriced_events"] for r in rows):
         print("note: unpriced usage exists (no price in force); it is not included in the totals above")
+    if example := sum(r["example_priced_lines"] for r in rows):
+        print(
+            f"note: {example} lines charged at the example price book (`switchyard prices set` replaces it)"
+        )
     return 0
 
 

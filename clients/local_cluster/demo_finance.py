@@ -50,6 +50,7 @@ class PathCost:
     currency: str
     output_tokens: int = 0  # generation jobs' tokens, and their cost per million of them
     cost_per_million_output_tokens_micros: int = 0
+    example_priced_lines: int = 0  # charged at the example price book
 
     @property
     def idle_share(self) -> float:
@@ -82,6 +83,7 @@ async def ensure_prices(metering: str, executors: Mapping[str, str], paths: Mapp
                         micros_per_hour=LOCAL_PRICES.get(backend, 120_000),
                         currency=CURRENCY,
                         effective_from_unix_us=now_us - 3_600_000_000,
+                        example=True,  # the example book: reports mark costs charged at it
                     ),
                     actor=ACTOR,
                 ),
@@ -145,6 +147,13 @@ async def report(metering: str, since_us: int) -> list[PathCost]:
 money = decimal  # micro-units printed exactly: integer division, never a float
 
 
+def _notes(r: PathCost) -> list[str]:
+    """Usage with no price in force is reported as such, never folded in as zero; a cost at
+    the example price book is marked as an example, not as finance's figure."""
+    notes = [f"{r.unpriced_events} unpriced events"] if r.unpriced_events else []
+    return notes + (["example prices"] if r.example_priced_lines else [])
+
+
 def format_table(rows: list[PathCost]) -> str:
     head = (
         "path",
@@ -177,7 +186,7 @@ def format_table(rows: list[PathCost]) -> str:
             # The ledger's exact integer: generation cost x 10^6 / output tokens.
             f"{money(r.cost_per_million_output_tokens_micros)} {r.currency}" if r.output_tokens else "-",
             # Usage with no price in force is reported as such, never folded in as zero.
-            f"{r.unpriced_events} unpriced events" if r.unpriced_events else "",
+            "; ".join(_notes(r)),
         )
         for r in rows
     ]

@@ -120,11 +120,20 @@ class Ledger(LedgerAccess):
         return self.write(run)
 
     def set_price(
-        self, actor: Actor, key: str, micros_per_hour: int, currency: str, effective_us: int
+        self,
+        actor: Actor,
+        key: str,
+        micros_per_hour: int,
+        currency: str,
+        effective_us: int,
+        example: bool = False,
     ) -> Any:
         def run(conn: Connection, now: int) -> Any:
-            row = reservations.set_price(conn, key, micros_per_hour, currency, effective_us or now, now)
+            when = effective_us or now
+            row = reservations.set_price(conn, key, micros_per_hour, currency, when, now, example)
             detail = {"micros_per_hour": micros_per_hour, "currency": currency, "version": row.version}
+            if example:
+                detail["example"] = True
             detail["unchanged"] = row.created_us != now
             audit.append(conn, actor, "price.set", f"price/{key}", "ok", now, detail)
             return row

@@ -92,6 +92,7 @@ class MeteringServicer(AccessRpcs, ReportRpcs, pb_grpc.MeteringServicer):
                 p.micros_per_hour,
                 p.currency,
                 p.effective_from_unix_us,
+                p.example,
             )
         )
         return price_msg(row)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, Select, case, func, literal, literal_column, select
+from sqlalchemy import Engine, Select, case, exists, func, literal, literal_column, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from services.metering.costmodel import round_div
@@ -54,6 +54,7 @@ class CostRow:
     generation_micros: int = 0
     generation_jobs_completed: int = 0
     generation_jobs_total: int = 0
+    example_priced_lines: int = 0  # charged at an example price (Price.example)
 
     @property
     def cost_per_completed_job_micros(self) -> int:
@@ -129,6 +130,7 @@ def cost_report(
                 prompt_tokens=int(r.prompt_tokens),
                 output_tokens=int(r.output_tokens),
                 generation_micros=int(r.generation),
+                example_priced_lines=int(r.example or 0),
             )
         for r in conn.execute(jobs):
             if r.total is None:  # aggregate over no rows without GROUP BY
@@ -141,6 +143,16 @@ def cost_report(
                 generation_jobs_total=int(r.generation_total),
             )
     return [CostRow(dict(zip(groups, k, strict=True)), **v) for k, v in sorted(rows.items())]
+
+
+def _example_priced(dialect: str) -> ColumnElement[Any]:
+    """1 for a line charged at an example price: its price version is one, or (an idle line
+    over several versions) one of its comma-separated versions is; else 0."""
+    find = func.instr if dialect == "sqlite" else func.strpos
+    listed = literal(",") + LINES.c.price_version + literal(",")
+    version = literal(",") + PRICES.c.version + literal(",")
+    named = exists().where(PRICES.c.example.is_(True), find(listed, version) > 0)
+    return case((named, 1), else_=0)
 
 
 def _cost_queries(
@@ -165,6 +177,7 @@ def _cost_queries(
         func.coalesce(func.sum(case((LINES.c.job_id.in_(generation_jobs()), amount), else_=0)), 0).label(
             "generation"
         ),
+        func.sum(_example_priced(dialect)).label("example"),
     )
     done = (JOBS.c.status == "completed") & (JOBS.c.met_quality == literal(True))
     generating = JOBS.c.job_id.in_(generation_jobs())

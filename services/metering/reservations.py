@@ -24,8 +24,16 @@ CURRENCY_LEN = 3
 
 
 def set_price(
-    conn: Connection, key: str, micros_per_hour: int, currency: str, effective_us: int, now_us: int
+    conn: Connection,
+    key: str,
+    micros_per_hour: int,
+    currency: str,
+    effective_us: int,
+    now_us: int,
+    example: bool = False,
 ) -> Any:
+    """A new price version from `effective_us` on, or the version already saying so (the same
+    rate and the same example mark: finance's price at the example's rate is a new version)."""
     check_key(key, "price_key")
     check_time(effective_us, "effective_from_unix_us")
     if micros_per_hour < 0:
@@ -37,9 +45,10 @@ def set_price(
     same_time = [r for r in rows if r.effective_from_us == effective_us]
     if same_time:
         old = same_time[0]
-        if (old.micros_per_hour, old.currency) == (micros_per_hour, currency):
+        if (old.micros_per_hour, old.currency, old.example) == (micros_per_hour, currency, example):
             return old
-        raise Conflict(f"price {key} from {effective_us} is already {old.micros_per_hour} {old.currency}")
+        said = f"{old.micros_per_hour} {old.currency}{' (example)' if old.example else ''}"
+        raise Conflict(f"price {key} from {effective_us} is already {said}")
     if rows and rows[0].currency != currency:
         raise BadInput(f"price key {key} is priced in {rows[0].currency}; a key keeps one currency")
     in_force = max(
@@ -48,7 +57,8 @@ def set_price(
         default=None,
     )
     later = [r for r in rows if r.effective_from_us > effective_us]
-    if in_force is not None and in_force.micros_per_hour == micros_per_hour and not later:
+    same = in_force is not None and (in_force.micros_per_hour, in_force.example) == (micros_per_hour, example)
+    if same and not later:
         return in_force  # already the price from then on: nothing changes, so no new version
     charged = conn.execute(
         select(func.max(LINES.c.at_us))
@@ -62,7 +72,7 @@ def set_price(
         )
     version = f"{key}@{effective_us}"
     values = dict(price_key=key, micros_per_hour=micros_per_hour, currency=currency)
-    values.update(effective_from_us=effective_us, version=version, created_us=now_us)
+    values.update(effective_from_us=effective_us, version=version, created_us=now_us, example=example)
     conn.execute(PRICES.insert().values(**values, mac=rowmac.price_mac(conn, values)))
     return conn.execute(select(PRICES).where(PRICES.c.version == version)).one()
 

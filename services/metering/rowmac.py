@@ -70,16 +70,19 @@ PRICE_FIELDS = ("price_key", "micros_per_hour", "currency", "effective_from_us",
 
 
 def price_mac(conn: Connection, fields: dict[str, Any]) -> str:
-    """Of a price's fields (PRICE_FIELDS): what it charges, from when, as which version."""
-    return _mac(conn, "price", *(fields[name] for name in PRICE_FIELDS))
+    """Of a price's fields (PRICE_FIELDS): what it charges, from when, as which version; and,
+    for an example price only, its mark (so a price signed before migration 0011 still holds,
+    and the mark can be neither added nor removed by SQL)."""
+    marked = ("example",) if fields.get("example") else ()
+    return _mac(conn, "price", *(fields[name] for name in PRICE_FIELDS), *marked)
 
 
 def price_ok(conn: Connection, row: Any) -> bool:
     """The row's MAC matches; or it has none (written before migration 0009) and the chain's
     `price.set` row for its version says the same rate and currency."""
     if row.mac is None:
-        return _chained_price(conn, row)
-    expected = price_mac(conn, {name: getattr(row, name) for name in PRICE_FIELDS})
+        return not row.example and _chained_price(conn, row)
+    expected = price_mac(conn, {name: getattr(row, name) for name in (*PRICE_FIELDS, "example")})
     return hmac.compare_digest(str(row.mac), expected)
 
 

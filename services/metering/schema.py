@@ -25,6 +25,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -59,6 +60,7 @@ class PriceRow(Base):
     version: Mapped[str] = mapped_column(String(240), unique=True)
     created_us: Mapped[int] = mapped_column(BigInteger)
     mac: Mapped[str | None] = mapped_column(String(64))  # services/metering/rowmac.py
+    example: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # Price.example
 
 
 class PathRow(Base):

@@ -79,7 +79,9 @@ def test_a_user_model_is_served_by_up_and_trialled_from_the_temporal_cli(tmp_pat
         for path in ("cpu", "cpu-bf16"):
             economics = report["paths"][path]["economics"]
             assert not economics["unpriced"] and economics["total_micros"] > 0, economics
-        assert report["verdicts"]["cpu-bf16"]["criteria"]["cost"]["figure"] != "unpriced"
+        cost = report["verdicts"]["cpu-bf16"]["criteria"]["cost"]
+        assert cost["figure"] != "unpriced" and "EXAMPLE price book" in cost["reason"], cost
+        assert report["paths"]["cpu"]["economics"]["example_priced_lines"] > 0  # marked as such
         assert "EXAMPLE price book in force (USD cpu 0.12/h)" in log.read_text()
         sha = report["paths"]["cpu"]["prepare"]["checkpoint_sha256"]
         assert sha and sha == report["paths"]["cpu-bf16"]["prepare"]["checkpoint_sha256"]

@@ -245,3 +245,53 @@ async def test_overlapping_batches_in_opposite_orders_from_two_servers(
     assert sum(r.accepted for r in results) == 900
     assert sum(r.accepted + r.duplicates for r in results) == 4 * 600
     assert count_lines(metering) == 900
+
+
+async def test_costs_at_an_example_price_are_marked_until_finance_prices_the_key(
+    stub: pb_grpc.MeteringAsyncStub,
+) -> None:
+    """`switchyard up`'s example book: a cost charged at it is marked in the cost report, line
+    for line (idle lines over several versions included); finance's price at the same rate is
+    a new version (not the example's no-op), and what it charges is not marked."""
+    example = pb.Price(
+        price_key="cpu-std",
+        micros_per_hour=3_600_000,
+        currency="USD",
+        effective_from_unix_us=T0,
+        example=True,
+    )
+    assert (await stub.SetPrice(pb.SetPriceRequest(price=example))).example
+    assert (
+        await stub.SetPrice(pb.SetPriceRequest(price=example))
+    ).version == f"cpu-std@{T0}"  # again: a no-op
+    example.example = False  # finance's price, at the same time: not the example's, so a conflict
+    await expect_status(
+        stub.SetPrice(pb.SetPriceRequest(price=example)), grpc.StatusCode.ALREADY_EXISTS, "(example)"
+    )
+    info = pb.PathInfo(path="cpu-eager@h1", backend="cpu", resource_class="cpu-16", price_key="cpu-std")
+    await stub.RegisterPath(pb.RegisterPathRequest(path_info=info))
+    finance = pb.Price(
+        price_key="cpu-std", micros_per_hour=3_600_000, currency="USD", effective_from_unix_us=T0 + HOUR
+    )
+    set_by_finance = await stub.SetPrice(pb.SetPriceRequest(price=finance))
+    assert (set_by_finance.version, set_by_finance.example) == (f"cpu-std@{T0 + HOUR}", False)
+    res = await stub.OpenReservation(
+        pb.OpenReservationRequest(idempotency_key="res-x", path="cpu-eager@h1", start_unix_us=T0)
+    )
+    events = [event("at-example", T0 + 5, 1_000_000), event("at-finance", T0 + HOUR + 5, 1_000_000)]
+    await stub.RecordUsage(pb.RecordUsageRequest(events=events))
+    await stub.CloseReservation(
+        pb.CloseReservationRequest(reservation_id=res.reservation_id, end_unix_us=T0 + 2 * HOUR)
+    )
+    lines = [
+        ln
+        for job in ("at-example", "at-finance")
+        for ln in (await stub.GetJobCost(pb.GetJobCostRequest(job_id=job))).lines
+    ]
+    marked = [ln for ln in lines if f"cpu-std@{T0}" in ln.price_version.split(",")]
+    # at-example's busy line, and both jobs' idle shares (the reservation spans both versions)
+    assert sorted(ln.basis for ln in marked) == ["busy", "idle_share", "idle_share"], lines
+    finance_busy = [ln for ln in lines if ln.basis == "busy" and ln not in marked]
+    assert [ln.price_version for ln in finance_busy] == [f"cpu-std@{T0 + HOUR}"]
+    row = (await stub.CostReport(pb.CostReportRequest(group_by=["path"]))).rows[0]
+    assert row.example_priced_lines == len(marked)

@@ -8,7 +8,7 @@ A key put back exactly as it was before its revocation (with that state's MAC) p
 MAC at use, but verify names it from the chain's `key.revoke` row. A price whose rate is
 changed, a price version inserted, or one deleted, and a path pointed at a cheaper price key
 or inserted, by SQL: usage on it is refused at use (not charged at the forged rate) and
-verify names the row.
+verify names the row; so does an example price's mark, cleared or added.
 """
 
 from __future__ import annotations
@@ -169,6 +169,37 @@ async def test_a_price_from_before_its_mac_holds_where_the_chain_vouches(
     assert (await stub.VerifyAudit(mpb.VerifyAuditRequest())).ok
     plain_sql(db_url, f"UPDATE prices SET micros_per_hour = 1 WHERE version = '{version}'")
     await assert_named(metering, stub, f"price/{version}")
+
+
+@pytest.mark.parametrize("how", ["cleared", "added"])
+async def test_an_example_mark_changed_by_sql_charges_nothing_and_is_named(
+    metering: Metering, db_url: str, how: str
+) -> None:
+    """An insider clears an example price's mark (so its costs pass for finance's), or marks
+    finance's price as an example: the MAC covers the mark, so usage on it is refused and
+    `audit verify` names the price."""
+    stub = await metering.start()
+    marked = how == "cleared"
+    price = mpb.Price(
+        price_key="cpu-std",
+        micros_per_hour=3_600_000,
+        currency="USD",
+        effective_from_unix_us=T0,
+        example=marked,
+    )
+    await stub.SetPrice(mpb.SetPriceRequest(price=price))
+    info = mpb.PathInfo(path="cpu-eager@h1", backend="cpu", resource_class="cpu-16", price_key="cpu-std")
+    await stub.RegisterPath(mpb.RegisterPathRequest(path_info=info))
+    await stub.RecordUsage(mpb.RecordUsageRequest(events=[event("before", T0 + 1, 1_000_000)]))
+    assert (await stub.VerifyAudit(mpb.VerifyAuditRequest())).ok
+    flag = "false" if marked else "true"
+    plain_sql(db_url, f"UPDATE prices SET example = {flag} WHERE version = 'cpu-std@{T0}'")
+    await expect_status(
+        stub.RecordUsage(mpb.RecordUsageRequest(events=[event("after", T0 + 2, 1_000_000)])),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "fails its MAC",
+    )
+    await assert_named(metering, stub, f"price/cpu-std@{T0}")
 
 
 # ---- money: paths --------------------------------------------------------------------------------

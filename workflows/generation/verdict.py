@@ -24,6 +24,7 @@ from typing import Any
 from workflows.generation.metrics import lengths_label, load_label
 from workflows.pipeline.compatibility import judge_compatibility
 from workflows.pipeline.path_state import PathState
+from workflows.pipeline.types import example_note
 from workflows.report.results import FAIL, PASS, SKIPPED, UNKNOWN
 from workflows.spec.trial_io import Criterion, Verdict
 from workflows.spec.trial_spec import Policy
@@ -154,7 +155,7 @@ def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: b
         PASS if saving >= need else FAIL,
         f"cost per million output tokens {float(mine):,.0f} vs reference {float(ref):,.0f} {econ.currency} "
         f"micro-units ({basis}; {tokens} output tokens): saving {saving:+.1%}, "
-        f"policy needs at least {need:+.0%}{busy_only}",
+        f"policy needs at least {need:+.0%}{busy_only}{example_note(econ, ref_econ)}",
         f"saving {saving:+.1%} per million output tokens (needs {need:+.0%})",
     )
 

@@ -392,6 +392,17 @@ class EconomicsResult:
     cost_per_completed_generation_job_micros: int = 0
     cost_per_million_output_tokens_micros: int = 0
     cost_per_million_prompt_tokens_micros: int = 0
+    example_priced_lines: int = 0  # charged at an example price (`switchyard up`'s book)
+
+
+EXAMPLE_PRICES = (
+    "at the EXAMPLE price book (switchyard up's, not finance's; `switchyard prices set` replaces it)"
+)
+
+
+def example_note(*economics: EconomicsResult | None) -> str:
+    """What a cost figure says when any of its lines were charged at an example price."""
+    return f"; {EXAMPLE_PRICES}" if any(e is not None and e.example_priced_lines for e in economics) else ""
 
 
 @dataclass

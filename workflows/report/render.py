@@ -16,6 +16,7 @@ from markdown_it import MarkdownIt
 from services.metering import money
 from workflows.kinds import kind_of_report
 from workflows.pipeline.kind import Rows, TrialKind
+from workflows.pipeline.types import EXAMPLE_PRICES
 from workflows.report import charts
 
 CRITERIA_ORDER = ("trial", "correctness", "compatibility", "latency", "training", "cost")
@@ -196,6 +197,8 @@ def _md_economics(e: dict[str, Any], p: dict[str, Any]) -> list[str]:
             else "n/a"
         )
     ]
+    if e.get("example_priced_lines"):
+        out.append(f"- prices: {e['example_priced_lines']} lines charged {EXAMPLE_PRICES}")
     done, failed = e["jobs_completed"], e["jobs_failed"]
     adaptations = (p.get("compatibility") or {}).get("adaptations") or [] if p else []
     out.append(

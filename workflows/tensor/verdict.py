@@ -23,7 +23,7 @@ from fractions import Fraction
 
 from workflows.pipeline.compatibility import fallback_summary, findings, judge_compatibility
 from workflows.pipeline.path_state import PathState
-from workflows.pipeline.types import EconomicsResult, OutputVerdict, ScenarioResult
+from workflows.pipeline.types import EconomicsResult, OutputVerdict, ScenarioResult, example_note
 from workflows.report.results import FAIL, PASS, SKIPPED, UNKNOWN
 from workflows.spec.trial_io import Criterion
 from workflows.spec.trial_spec import Policy
@@ -192,6 +192,7 @@ def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: b
     reason = (
         f"cost per completed job {float(mine):.4g} vs reference {float(ref):.4g} {econ.currency} "
         f"micro-units ({basis}): saving {saving:+.1%}, policy needs at least {policy.min_cost_saving:+.0%}"
+        f"{example_note(econ, ref_econ)}"
     )
     figure = f"saving {saving:+.1%} (needs {policy.min_cost_saving:+.0%})"
     spread = _time_per_job(_single(candidate), _single(reference), policy)

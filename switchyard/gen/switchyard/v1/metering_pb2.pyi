@@ -623,6 +623,7 @@ class CostRow(_message.Message):
     COST_PER_COMPLETED_GENERATION_JOB_MICROS_FIELD_NUMBER: _builtins.int
     COST_PER_MILLION_OUTPUT_TOKENS_MICROS_FIELD_NUMBER: _builtins.int
     COST_PER_MILLION_PROMPT_TOKENS_MICROS_FIELD_NUMBER: _builtins.int
+    EXAMPLE_PRICED_LINES_FIELD_NUMBER: _builtins.int
     total_micros: _builtins.int
     busy_micros: _builtins.int
     idle_micros: _builtins.int
@@ -652,6 +653,8 @@ class CostRow(_message.Message):
     cost_per_completed_generation_job_micros: _builtins.int
     cost_per_million_output_tokens_micros: _builtins.int
     cost_per_million_prompt_tokens_micros: _builtins.int
+    example_priced_lines: _builtins.int
+    """lines charged at an example price (Price.example)"""
     @_builtins.property
     def group(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -676,10 +679,11 @@ class CostRow(_message.Message):
         cost_per_completed_generation_job_micros: _builtins.int = ...,
         cost_per_million_output_tokens_micros: _builtins.int = ...,
         cost_per_million_prompt_tokens_micros: _builtins.int = ...,
+        example_priced_lines: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_micros", b"busy_micros", "cost_per_completed_generation_job_micros", b"cost_per_completed_generation_job_micros", "cost_per_completed_job_micros", b"cost_per_completed_job_micros", "cost_per_million_output_tokens_micros", b"cost_per_million_output_tokens_micros", "cost_per_million_prompt_tokens_micros", b"cost_per_million_prompt_tokens_micros", "currency", b"currency", "generation_jobs_completed", b"generation_jobs_completed", "generation_jobs_total", b"generation_jobs_total", "generation_micros", b"generation_micros", "group", b"group", "idle_micros", b"idle_micros", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "jobs_total", b"jobs_total", "output_tokens", b"output_tokens", "prepare_micros", b"prepare_micros", "prompt_tokens", b"prompt_tokens", "total_micros", b"total_micros", "unpriced_events", b"unpriced_events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_micros", b"busy_micros", "cost_per_completed_generation_job_micros", b"cost_per_completed_generation_job_micros", "cost_per_completed_job_micros", b"cost_per_completed_job_micros", "cost_per_million_output_tokens_micros", b"cost_per_million_output_tokens_micros", "cost_per_million_prompt_tokens_micros", b"cost_per_million_prompt_tokens_micros", "currency", b"currency", "example_priced_lines", b"example_priced_lines", "generation_jobs_completed", b"generation_jobs_completed", "generation_jobs_total", b"generation_jobs_total", "generation_micros", b"generation_micros", "group", b"group", "idle_micros", b"idle_micros", "jobs_completed", b"jobs_completed", "jobs_failed", b"jobs_failed", "jobs_total", b"jobs_total", "output_tokens", b"output_tokens", "prepare_micros", b"prepare_micros", "prompt_tokens", b"prompt_tokens", "total_micros", b"total_micros", "unpriced_events", b"unpriced_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -793,12 +797,17 @@ class Price(_message.Message):
     CURRENCY_FIELD_NUMBER: _builtins.int
     EFFECTIVE_FROM_UNIX_US_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    EXAMPLE_FIELD_NUMBER: _builtins.int
     price_key: _builtins.str
     micros_per_hour: _builtins.int
     currency: _builtins.str
     effective_from_unix_us: _builtins.int
     version: _builtins.str
     """set by metering"""
+    example: _builtins.bool
+    """An illustrative price (the example book `switchyard up` sets), not finance's: costs
+    charged at it are marked as such in reports. A price set by `switchyard prices set` is not.
+    """
     def __init__(
         self,
         *,
@@ -807,10 +816,11 @@ class Price(_message.Message):
         currency: _builtins.str = ...,
         effective_from_unix_us: _builtins.int = ...,
         version: _builtins.str = ...,
+        example: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "effective_from_unix_us", b"effective_from_unix_us", "micros_per_hour", b"micros_per_hour", "price_key", b"price_key", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "effective_from_unix_us", b"effective_from_unix_us", "example", b"example", "micros_per_hour", b"micros_per_hour", "price_key", b"price_key", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
