@@ -53,6 +53,10 @@ task_queue = "switchyard-trials"
 [metering]
 port = 8201
 
+[witness]
+port = 0                       # the audit witness that countersigns the ledger's head; only
+                               # metering dials it, so 0 = any free port; -1 = none
+
 [evaluator]
 port = 8301
 
@@ -173,6 +177,7 @@ class Config:
     model_repository: Path = Path("var/models")
     allowed_factories: tuple[str, ...] = ()
     security: SecurityConfig = SecurityConfig(insecure=False, pki_dir="")
+    witness_port: int = -1  # the audit witness (services/witness); -1 = none, 0 = any free port
 
     @property
     def pki_dir(self) -> Path:
@@ -346,7 +351,7 @@ def _build(tree: Mapping[str, Any]) -> Config:
             port=_port(router, "router"),
             routes_file=str(_get(router, "routes_file", str, "router")),
             shadow_share=share,
-            openai_port=_openai_port(router),
+            openai_port=_port_or_off(router, "openai_port", "router"),
         ),
         worker_enabled=bool(_get(tree["worker"], "enabled", bool, "worker")),
         telemetry=TelemetryConfig(
@@ -361,13 +366,14 @@ def _build(tree: Mapping[str, Any]) -> Config:
             insecure=bool(_get(tree["security"], "insecure", bool, "security")),
             pki_dir=str(_get(tree["security"], "pki_dir", str, "security")),
         ),
+        witness_port=_port_or_off(tree["witness"], "port", "witness"),
     )
 
 
-def _openai_port(router: Mapping[str, Any]) -> int:
-    port = int(_get(router, "openai_port", int, "router"))
+def _port_or_off(table: Mapping[str, Any], key: str, where: str) -> int:
+    port = int(_get(table, key, int, where))
     if not -1 <= port <= 65535:
-        raise ConfigError(f"'router.openai_port' must be -1 (off) or between 0 and 65535, got {port}")
+        raise ConfigError(f"'{where}.{key}' must be -1 (off) or between 0 and 65535, got {port}")
     return port
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -60,6 +61,19 @@ async def temporal_health(address: str, namespace: str = "default", timeout_s: f
     except Exception:  # a probe reports, it does not raise: any failure is 'unreachable'
         return UNREACHABLE
     return SERVING if ok else NOT_SERVING
+
+
+async def http_health(address: str, timeout_s: float = 2.0) -> str:
+    """SERVING once `GET /healthz` at `address` answers 200 (the audit witness)."""
+
+    def get() -> int:
+        with urllib.request.urlopen(f"http://{address}/healthz", timeout=timeout_s) as reply:
+            return int(reply.status)
+
+    try:
+        return SERVING if await asyncio.to_thread(get) == 200 else NOT_SERVING
+    except (OSError, ValueError):  # refused, timed out, or an HTTP error status
+        return UNREACHABLE
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clients.local_cluster.cluster_config import Config, ConfigError, ExecutorConfig
+from services.metering.witness_client import ENV_WITNESS, ENV_WITNESS_KEY
 from switchyard import net, tls
 
 # Search attributes operators filter trials by in the Temporal UI (docs/architecture.md#trials); the names the
@@ -36,7 +37,7 @@ class ServiceSpec:
     name: str
     argv: tuple[str, ...]
     address: str  # host:port it serves ("" for the worker, which serves nothing)
-    probe: str  # grpc | temporal | process
+    probe: str  # grpc | temporal | process | http (the witness's /healthz)
     env: Mapping[str, str] = field(default_factory=dict)
     models: tuple[str, ...] = ()
     startup_timeout_s: float = 120.0
@@ -56,6 +57,7 @@ class Ports:
     router: int
     executors: Mapping[str, int]
     openai: int = -1  # the router's OpenAI API; -1 = off
+    witness: int = -1  # the audit witness; -1 = none
 
 
 def resolve_ports(config: Config, executors: Iterable[ExecutorConfig]) -> Ports:
@@ -75,6 +77,7 @@ def resolve_ports(config: Config, executors: Iterable[ExecutorConfig]) -> Ports:
         router=pick(config.router.port),
         executors={ex.backend: pick(ex.port) for ex in executors},
         openai=-1 if config.router.openai_port < 0 else pick(config.router.openai_port),
+        witness=-1 if config.witness_port < 0 else pick(config.witness_port),
     )
 
 
@@ -212,13 +215,18 @@ def build_plan(
     c = _Cluster(config, ports, config.state_dir.resolve(), base_env)
     py = sys.executable
     specs = [_temporal(c, temporal_bin)] if config.temporal.local else []
+    metering_env = {**c.identity_env("metering"), "SWITCHYARD_DATABASE_URL": config.ledger_url}
+    if ports.witness >= 0:
+        specs.append(_witness(c))
+        metering_env[ENV_WITNESS] = f"http://{c.host}:{ports.witness}"
+        metering_env[ENV_WITNESS_KEY] = str(_witness_dir(c) / "witness.pub")  # its public key only
     specs.append(
         ServiceSpec(
             "metering",
             _switchyard(py, "metering", "serve", "--host", c.host, "--port", str(ports.metering)),
             c.metering,
             "grpc",
-            env={**c.identity_env("metering"), "SWITCHYARD_DATABASE_URL": config.ledger_url},
+            env=metering_env,
         )
     )
     specs.append(
@@ -249,6 +257,19 @@ def _temporal(c: _Cluster, temporal_bin: Path | None) -> ServiceSpec:
         argv += ["--dynamic-config-value", value]
     ui = f"UI http://{c.host}:{c.ports.temporal_ui}"
     return ServiceSpec("temporal", tuple(argv), c.temporal, "temporal", info=ui, startup_timeout_s=60)
+
+
+def _witness_dir(c: _Cluster) -> Path:
+    return c.state / "witness"
+
+
+def _witness(c: _Cluster) -> ServiceSpec:
+    """The audit witness (services/witness): its own process, key and folder of heads, started
+    before metering, which is given its address and public key only (docs/ledger-integrity.md)."""
+    address = f"{c.host}:{c.ports.witness}"
+    argv = [sys.executable, "-m", "services.witness", "--dir", str(_witness_dir(c))]
+    argv += ["--host", c.host, "--port", str(c.ports.witness)]
+    return ServiceSpec("witness", tuple(argv), address, "http", env=dict(c.base_env), startup_timeout_s=60)
 
 
 def _executor(c: _Cluster, ex: ExecutorConfig) -> ServiceSpec:

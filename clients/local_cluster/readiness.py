@@ -61,6 +61,8 @@ class Readiness:
         """The one-word health of a service as the status table shows it."""
         if spec.probe == "temporal":
             return await health.temporal_health(spec.address, self.namespace)
+        if spec.probe == "http":
+            return await health.http_health(spec.address)
         if spec.probe == "process":
             temporal = self._temporal_address()
             pollers = await health.temporal_pollers(temporal, self.namespace, self.task_queue)

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # Stopped first, in this order, before everything else stops together.
 FRONT_FIRST = ("router", "trial-worker")
+# Started, and healthy, before the back ends: metering countersigns its head there at start.
+GROUND = ("witness",)
 
 
 @dataclass(frozen=True)
@@ -126,13 +128,15 @@ class Supervisor:
         return await self.readiness.probe(spec)
 
     async def start(self, stop: asyncio.Event, between: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Starts every service, in two waves: back ends together, then router and worker;
-        `between` runs once the first wave is healthy (e.g. to write the router's routes)."""
+        """Starts every service in waves: the audit witness, then the back ends together, then
+        router and worker; `between` runs once the back ends are healthy (e.g. to write the
+        router's routes)."""
         waves = [
-            [s for s in self.specs if s.name not in FRONT_FIRST],
+            [s for s in self.specs if s.name in GROUND],
+            [s for s in self.specs if s.name not in (*GROUND, *FRONT_FIRST)],
             [s for s in self.specs if s.name in FRONT_FIRST],
         ]
-        for wave in waves:
+        for wave in filter(None, waves):
             children = [await self._spawn(spec) for spec in wave]
             waits = [asyncio.ensure_future(self.readiness.wait_ready(c, stop)) for c in children]
             try:
@@ -143,7 +147,7 @@ class Supervisor:
                 raise
             if stop.is_set():
                 return
-            if between is not None and wave is waves[0]:
+            if between is not None and wave is waves[1]:
                 await between()
 
     async def watch(self, stop: asyncio.Event) -> str | None:
@@ -260,7 +264,8 @@ class Supervisor:
         self.say(f"  stopped {child.spec.name} (exit {child.proc.returncode})")
 
     async def stop(self, grace_s: float = 20.0) -> None:
-        """Drains and stops every child: router and worker first, then the rest together."""
+        """Drains and stops every child: router and worker first, then the back ends together,
+        then the witness (metering countersigns its last head as it stops)."""
         self._stopping = True
         if self._healer is not None:
             self._healer.cancel()
@@ -268,10 +273,12 @@ class Supervisor:
                 await self._healer
         await self.standbys.stop()
         front = [self.children[n] for n in FRONT_FIRST if n in self.children]
-        rest = [c for n, c in self.children.items() if n not in FRONT_FIRST]
+        rest = [c for n, c in self.children.items() if n not in (*FRONT_FIRST, *GROUND)]
         for child in front:
             await self._stop_one(child, grace_s)
         await asyncio.gather(*(self._stop_one(c, grace_s) for c in rest))
+        for child in [self.children[n] for n in GROUND if n in self.children]:
+            await self._stop_one(child, grace_s)
 
     def pids(self) -> dict[str, int]:
         return {name: c.pid for name, c in self.children.items()}

@@ -3,7 +3,8 @@
 - POST /v1/cosign {"log", "seq", "digest"}: 200 with the countersigned head, 409 when it
   contradicts one already signed (lower seq, or another digest at a signed seq), 400 when
   malformed;
-- GET /v1/latest?log=NAME: 200 with the newest countersigned head, 404 when none.
+- GET /v1/latest?log=NAME: 200 with the newest countersigned head, 404 when none;
+- GET /healthz: 200 with its public key (what `switchyard up` probes).
 
 It runs as its own process with its own key and folder; metering holds only its public key
 (`witness.pub`). Bodies are capped at 4 KiB. The witness binds to 127.0.0.1 by default.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +43,9 @@ def make_handler(witness: Witness) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             url = urlparse(self.path)
+            if url.path == "/healthz":
+                self._answer(200, {"ok": True, "key": witness.public_hex})
+                return
             if url.path != "/v1/latest":
                 self._answer(404, {"error": f"no such path {url.path[:64]}"})
                 return
@@ -82,6 +87,10 @@ def serve(folder: Path, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTP
     return ThreadingHTTPServer((host, port), make_handler(Witness(folder)))
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.witness", description=__doc__)
     parser.add_argument("--dir", required=True, type=Path, help="the witness's own folder (key, heads)")
@@ -90,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     server = serve(args.dir, args.host, args.port)
+    signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop: close and exit 0
     public = (args.dir / "witness.pub").read_text().strip()
     print(f"witness serving on {args.host}:{server.server_address[1]} key {public}", flush=True)
     try:

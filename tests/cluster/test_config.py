@@ -183,3 +183,24 @@ def test_children_get_the_checkout_and_the_callers_whole_pythonpath(
             assert spec.env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/opt/plugins", "/srv/models"]
     assert child_pythonpath(ROOT, str(ROOT)) == str(ROOT)  # not twice
     assert child_pythonpath(None, "/a") == "/a"  # an installed package adds nothing
+
+
+def test_the_audit_witness_starts_before_metering_which_gets_only_its_address_and_public_key(
+    tmp_path: Path,
+) -> None:
+    """`up` runs the witness as its own process with its own folder (its private key never
+    leaves it); metering is told where it is and the public key's file; -1 turns it off."""
+    c = load_config(env={"SWITCHYARD_STATE_DIR": str(tmp_path), "SWITCHYARD_EXECUTORS_XLA_ENABLED": "false"})
+    specs, ports = build_plan(c, ROOT)
+    names = [s.name for s in specs]
+    assert names.index("witness") < names.index("metering")
+    witness, metering = specs[names.index("witness")], specs[names.index("metering")]
+    assert witness.probe == "http" and witness.address == f"127.0.0.1:{ports.witness}" and ports.witness > 0
+    assert witness.argv[witness.argv.index("--dir") + 1] == str(tmp_path.resolve() / "witness")
+    assert metering.env["SWITCHYARD_AUDIT_WITNESS"] == f"http://{witness.address}"
+    assert metering.env["SWITCHYARD_AUDIT_WITNESS_KEY"] == str(tmp_path.resolve() / "witness" / "witness.pub")
+    off, _ = build_plan(load_config(env={"SWITCHYARD_WITNESS_PORT": "-1"}), ROOT)
+    assert "witness" not in [s.name for s in off]
+    assert not any("SWITCHYARD_AUDIT_WITNESS" in s.env for s in off)
+    with pytest.raises(ConfigError, match=r"witness\.port"):
+        load_config(env={"SWITCHYARD_WITNESS_PORT": "-2"})

@@ -31,6 +31,7 @@ DEPLOY = ROOT / "deploy"
 DOCKERFILES = sorted((DEPLOY / "docker").glob("*.Dockerfile"))
 OVERLAYS = ["base", "overlays/production", "overlays/gpu", "overlays/tpu"]
 K8S_VERSION = kubernetes_validate.latest_version()
+WITNESS = "witness"  # the audit witness: HTTP with signed answers, not a gRPC service
 
 
 def _tool(name: str) -> str:
@@ -128,6 +129,8 @@ def test_every_service_has_a_workload_with_grpc_probes() -> None:
     names = {d["metadata"]["name"] for d in workloads(docs)}
     assert names >= {"router", "metering", "evaluator", "trial-worker", "executor-cpu", "executor-xla"}
     for doc in workloads(docs):
+        if doc["metadata"]["name"] == WITNESS:
+            continue  # HTTP, probed on /healthz (tests/cluster/test_deploy_network.py)
         for c in containers(doc):
             assert {"name": "switchyard-config"} in [e.get("configMapRef") for e in c.get("envFrom", [])]
             # probes go to the plaintext health-only port: the kubelet's gRPC probes show no
@@ -281,8 +284,10 @@ def test_every_service_mounts_its_certificate(overlay: str) -> None:
     tls_dir = config["data"]["SWITCHYARD_SECURITY_TLS_DIR"]
     assert "SWITCHYARD_SECURITY_INSECURE" not in config["data"]
     for doc in workloads(docs):
-        if doc["kind"] == "Job":
-            continue  # the migration talks to the database only
+        if doc["kind"] == "Job" or doc["metadata"]["name"] == WITNESS:
+            # the migration talks to the database only; the witness serves heads signed with
+            # its own key, which metering checks (no certificate of a service vouches for it)
+            continue
         spec = doc["spec"]["template"]["spec"]
         secrets = {v["name"]: v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
         for c in containers(doc):
@@ -318,6 +323,11 @@ def _admitted_names(selector: dict[str, Any]) -> set[str]:
     return set(exprs[0]["values"])
 
 
+def ingress_policies(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The NetworkPolicies that restrict ingress (the egress ones are test_deploy_network.py's)."""
+    return [d for d in docs if d["kind"] == "NetworkPolicy" and "Ingress" in d["spec"]["policyTypes"]]
+
+
 def _pod_labels(doc: dict[str, Any]) -> dict[str, str]:
     labels: dict[str, str] = doc["spec"]["template"]["metadata"].get("labels", {})
     return labels
@@ -329,7 +339,6 @@ def test_internal_services_accept_only_router_and_worker_pods(overlay: str) -> N
     admits, from other pods, only the router and the trial worker (metering also an admin
     toolbox), apart from the metrics port; and the router and worker pods do carry those labels."""
     docs = render(overlay)
-    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
     pods = {d["metadata"]["name"]: _pod_labels(d) for d in workloads(docs) if "template" in d["spec"]}
     protected = {
         n: lab for n, lab in pods.items() if n.startswith("executor-") or n in ("metering", "evaluator")
@@ -337,7 +346,7 @@ def test_internal_services_accept_only_router_and_worker_pods(overlay: str) -> N
     assert {"metering", "evaluator", "executor-cpu", "executor-xla"} <= set(protected)
     callers = {pods["router"]["app.kubernetes.io/name"], pods["trial-worker"]["app.kubernetes.io/name"]}
     for name, labels in protected.items():
-        selecting = [p for p in policies if _selects(p["spec"]["podSelector"], labels)]
+        selecting = [p for p in ingress_policies(docs) if _selects(p["spec"]["podSelector"], labels)]
         assert selecting, f"{overlay}: no NetworkPolicy selects {name}"
         for policy in selecting:
             assert "Ingress" in policy["spec"]["policyTypes"]
@@ -359,7 +368,7 @@ def test_internal_services_accept_only_router_and_worker_pods(overlay: str) -> N
     for name in ("executor-cpu", "metering"):
         rules = [
             r
-            for p in policies
+            for p in ingress_policies(docs)
             if _selects(p["spec"]["podSelector"], protected[name])
             for r in p["spec"]["ingress"]
         ]
@@ -371,11 +380,10 @@ def test_executors_audit_their_refusals_to_metering(overlay: str) -> None:
     """Every executor is started with --metering (its refusals go to the audit trail, not only
     its log), and metering's NetworkPolicy lets its pods through."""
     docs = render(overlay)
-    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
     metering = {d["metadata"]["name"]: _pod_labels(d) for d in workloads(docs)}["metering"]
     ingress = [
         peer
-        for p in policies
+        for p in ingress_policies(docs)
         if _selects(p["spec"]["podSelector"], metering)
         for rule in p["spec"]["ingress"]
         for peer in rule.get("from", [])

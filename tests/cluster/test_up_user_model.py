@@ -1,6 +1,7 @@
 """`switchyard up` with a user's model repository: a model built with transformers and
 `switchyard models add`-ed is served by the cluster's executor and trialled from the Temporal
-CLI (`temporal workflow execute`), as an operator would without any switchyard client."""
+CLI (`temporal workflow execute`), as an operator would without any switchyard client; and
+the cluster's audit witness countersigns the ledger's head."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +23,22 @@ from tests.hf_models import save_tiny_bert
 
 pytestmark = pytest.mark.slow
 STARTUP_S = 300
+ANCHOR_S = 10  # metering's anchor round (SWITCHYARD_AUDIT_ANCHOR_S default)
+
+
+def _witnessed_head(address: str, within_s: float) -> dict[str, Any]:
+    """The newest head the witness countersigned, once it has one (its first anchor round
+    with rows in the chain), at most `within_s` from now."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with urllib.request.urlopen(
+                f"http://{address}/v1/latest?log=switchyard-ledger", timeout=5
+            ) as reply:
+                return dict(json.loads(reply.read()))
+        except urllib.error.HTTPError as err:
+            assert err.code == 404 and time.monotonic() < deadline, err
+            time.sleep(0.5)
 
 
 def test_a_user_model_is_served_by_up_and_trialled_from_the_temporal_cli(tmp_path: Path) -> None:
@@ -83,6 +103,15 @@ def test_a_user_model_is_served_by_up_and_trialled_from_the_temporal_cli(tmp_pat
         assert cost["figure"] != "unpriced" and "EXAMPLE price book" in cost["reason"], cost
         assert report["paths"]["cpu"]["economics"]["example_priced_lines"] > 0  # marked as such
         assert "EXAMPLE price book in force (USD cpu 0.12/h)" in log.read_text()
+        # the audit witness, its own process: it holds the ledger's head, which metering signed
+        # at start and anchors since; its private key stays in its own 0700 folder
+        head = _witnessed_head(state["services"]["witness"]["address"], within_s=ANCHOR_S + 10)
+        assert head["seq"] > 0 and head["signature"], head
+        folder = tmp_path / "state" / "witness"
+        assert (folder.stat().st_mode & 0o777, (folder / "witness.key").stat().st_mode & 0o777) == (
+            0o700,
+            0o600,
+        )
         sha = report["paths"]["cpu"]["prepare"]["checkpoint_sha256"]
         assert sha and sha == report["paths"]["cpu-bf16"]["prepare"]["checkpoint_sha256"]
     finally:
