@@ -185,7 +185,7 @@ class TrialWorkflow:
         """The candidates measured with the reference in alternating blocks, on its host
         (workflows/pipeline/interleave.py); a candidate there that cannot be is told why."""
         spec = reference.ctx.spec
-        if spec.generative or reference.state.info is None:
+        if reference.state.info is None:
             return set()
         candidates = [
             (r.target, r.state.info)

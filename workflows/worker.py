@@ -24,6 +24,7 @@ from workflows.activities.connections import Connections, WorkerConfig
 from workflows.activities.path import PathActivities
 from workflows.activities.trial_ledger import LedgerActivities
 from workflows.generation.activities import GenerationActivities
+from workflows.generation.measure import GenerationMeasurement
 from workflows.spec.trial_io import TRIAL_CONVERTER, TrialPayloadConverter
 from workflows.tensor.comparison import ComparisonActivities
 from workflows.tensor.performance import PerformanceActivities
@@ -82,6 +83,7 @@ def activities(connections: Connections) -> Sequence[Any]:
     ledger = LedgerActivities(connections)
     authorization = AuthorizationActivities(connections)
     generation = GenerationActivities(connections)
+    generation_load = GenerationMeasurement(connections)
     return [
         authorization.authorize_trial,
         path.describe_path,
@@ -94,7 +96,8 @@ def activities(connections: Connections) -> Sequence[Any]:
         perf.measure_interleaved,
         generation.run_generation,
         generation.compare_generation,
-        generation.measure_generation,
+        generation_load.measure_generation,
+        generation_load.measure_generation_interleaved,
         ledger.register_path,
         ledger.open_reservation,
         ledger.record_path_usage,

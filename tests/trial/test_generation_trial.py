@@ -158,8 +158,21 @@ async def test_cpu_generation_trial_applies_the_rule_and_measures(stack: Stack, 
     same = report["verdicts"]["cpu-again"]
     assert same["criteria"]["correctness"]["result"] == "pass", same["line"]
     assert same["criteria"]["correctness"]["figure"].startswith("tokens identical"), same["line"]
-    assert same["criteria"]["latency"]["result"] == "pass" and "p99" in same["criteria"]["latency"]["figure"]
+    latency = same["criteria"]["latency"]
+    assert latency["result"] == "pass" and "p99" in latency["figure"], latency
+    # one host: the paths alternate blocks of each level; a level of 8 requests at concurrency 1
+    # is 8 blocks with an interval, at concurrency 4 (or Poisson 8/s) too few blocks of its load
+    levels = {
+        lv["load"].get("concurrency", "poisson"): lv
+        for lv in report["paths"]["cpu-again"]["performance"]["levels"]
+    }
+    assert levels[1]["interleaved"] and len(levels[1]["blocks"]) == 8, levels[1]
+    assert levels[4]["blocks"] == [] and levels["poisson"]["blocks"] == []
+    assert "measured in alternating blocks" in latency["reason"], latency
+    assert "p99 TTFT ratio" in latency["reason"] and "noise floor (reference A/A)" in latency["reason"]
+    assert "judged on the two figures" in latency["reason"]  # the levels without blocks say so
     assert "per million output tokens" in same["criteria"]["cost"]["figure"], same["line"]
+    assert "cost ratio" in same["criteria"]["cost"]["figure"], same["criteria"]["cost"]
     own = report["paths"]["cpu-eager"]["correctness"]
     assert own["golden"] and own["against_float64"]["passed"], own
     assert own["against_float64"]["metrics"]["logprob_positions"] > 0

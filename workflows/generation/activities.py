@@ -1,13 +1,11 @@
-"""Activities of a generation trial: greedy generations of the correctness prompts, their
-comparison under the divergence rule, and the generation scenario's measurement.
+"""Activities of a generation trial: greedy generations of the correctness prompts and their
+comparison under the divergence rule; and what the measurement (workflows/generation/measure.py)
+shares with them: the scenario's requests, its load levels and the stream of one request.
 
 Correctness sends each prompt alone (unary ModelInfer, greedy, EOS ignored, logprobs of the
 top-k), so continuous batching cannot change what is compared. Measurement streams every
 request over ModelStreamInfer under the plan's load levels (workflows/generation/load.py) and
-summarises them as vLLM's `bench serve` does (workflows/generation/metrics.py); each request is a job
-in the ledger with its prompt and output tokens, keyed by the workflow run so a retry never
-double counts. Finished load levels are kept in the heartbeat details, so a retried
-activity resumes at the first unfinished level.
+summarises them as vLLM's `bench serve` does (workflows/generation/metrics.py).
 """
 
 from __future__ import annotations
@@ -23,20 +21,15 @@ from temporalio.exceptions import ApplicationError
 from switchyard import oip_params
 from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
-from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.judge.divergence import Generated, compare_generations, generation_criteria
 from switchyard.judge.oip_generations import generated
 from workflows.activities import payloads
 from workflows.activities.connections import Connections, grpc_errors
 from workflows.activities.path import Clock, heartbeating, now_us, serving_compatibility
-from workflows.activities.trial_ledger import send_usage
 from workflows.generation import load as genload
-from workflows.generation.metrics import Slo, load_label, summarize
 from workflows.generation.types import (
     GenerationCompareRequest,
     GenerationCompareResult,
-    GenerationPerformanceRequest,
-    GenerationPerformanceResult,
     GenerationRunRequest,
     GenerationRunResult,
 )
@@ -89,7 +82,7 @@ def generation_requests(g: GenerationPlan, token_range: list[int]) -> list[genlo
     return genload.seeded_requests(g.requests, *lengths, (low, high), g.seed, MAX_LENGTH, MAX_LENGTH)
 
 
-def _streamer(stub: Any, t: Target, label: str) -> genload.Streamer:
+def stream_to(stub: Any, t: Target, label: str) -> genload.Streamer:
     """Opens one generation stream a request, each with its own request id."""
     turn = iter(range(1 << 62))
 
@@ -188,110 +181,3 @@ class GenerationActivities:
             v.reasons,
             v.justification,
         )
-
-    async def _compilations(self, target: Target) -> int:
-        with grpc_errors(f"ModelStatus of {target.model} on {target.path}"):
-            status = await self.connections.control(target.executor).ModelStatus(
-                xpb.ModelStatusRequest(model_name=target.model, version=target.version), timeout=30
-            )
-        if not status.models:
-            raise ApplicationError(f"{target.model} is not loaded on {target.path}", non_retryable=True)
-        c = status.models[0].compatibility
-        return int(c.compilations_after_warmup + c.recompiles)
-
-    @activity.defn(name="measure_generation")
-    async def measure_generation(self, request: GenerationPerformanceRequest) -> GenerationPerformanceResult:
-        t, plan = request.target, request.plan
-        info = activity.info()
-        resumed: dict[str, Any] = dict(info.heartbeat_details[0]) if info.heartbeat_details else {}
-        done: list[dict[str, Any]] = list(resumed.get("completed", []))
-        before = int(resumed["compilations_before"]) if "compilations_before" in resumed else None
-        g = request.plan.generation
-        if g is None:
-            raise ApplicationError("the performance plan has no generation scenario", non_retryable=True)
-        requests = generation_requests(g, request.token_range)
-        stub = self.connections.oip(t.executor)
-        if before is None:
-            for w in range(plan.warmup):  # not measured, not a job: the path's own warm-up
-                message = genload.infer_request(t.model, t.version, requests[w % len(requests)], False)
-                with grpc_errors(f"warm-up generation on {t.path}"):
-                    await stub.ModelInfer(message, timeout=120)
-            before = await self._compilations(t)
-        slo = Slo(**request.slo)
-        for level in load_levels(g):
-            label = load_label(level)
-            if any(d["load"] == level for d in done):
-                continue
-            state = {"phase": "performance", "path": t.path, "load": label, "completed": done,
-                     "compilations_before": before, "attempt": info.attempt}  # fmt: skip
-
-            async def beat(n: int, state: dict[str, Any] = state) -> None:
-                activity.heartbeat({**state, "done": n, "target": len(requests)})
-
-            stream = _streamer(stub, t, label)
-            start_us = now_us(self.clock)
-            records, duration = await genload.run_load(stream, requests, level, g.seed, progress=beat)
-            summary = summarize(records, duration, level, slo)
-            summary["started_unix_us"] = start_us
-            await self._record(request, label, info.attempt, records, start_us)
-            done.append(summary)
-            activity.heartbeat({**state, "completed": done})
-        after = await self._compilations(t)
-        problem = ""
-        if after != before:
-            problem = (
-                f"{after - before} compilation(s) or recompile(s) while measuring; "
-                "the timings are not steady state"
-            )
-        if not any(d["completed"] for d in done):
-            raise ApplicationError(
-                f"every generation request on {t.path} failed: {done[0]['errors']}", type="AllFailed"
-            )
-        return GenerationPerformanceResult(
-            levels=done,
-            compilations_before=before,
-            compilations_after=after,
-            busy_us=sum(int(d["compute_us"]) for d in done),
-            jobs=sum(int(d["requests"]) for d in done),
-            prompt_tokens=sum(int(d["input_tokens"]["total"]) for d in done),
-            output_tokens=sum(int(d["output_tokens"]["total"]) for d in done),
-            ok=not problem,
-            problem=problem,
-        )
-
-    async def _record(
-        self,
-        request: GenerationPerformanceRequest,
-        label: str,
-        attempt: int,
-        records: list[Any],
-        start_us: int,
-    ) -> None:
-        """Each generation is a job with its tokens; keys from the run id make a retry idempotent."""
-        t = request.target
-        if not request.ledger:
-            return
-        run = activity.info().workflow_run_id
-        ended = now_us(self.clock)
-        events = [
-            mpb.UsageEvent(
-                idempotency_key=f"{run}/{t.path}/generation/{label}/a{attempt}/{i}",
-                path=t.ledger_path,
-                model=t.model,
-                model_version=t.version,
-                team=t.team,
-                kind="trial",
-                status="completed" if r.ok else "failed",
-                met_quality=r.ok,
-                busy_us=r.compute_us,
-                started_unix_us=start_us + int(r.sent_s * 1e6),
-                ended_unix_us=min(ended, start_us + int((r.chunk_s[-1] if r.chunk_s else r.sent_s) * 1e6)),
-                trial_id=t.trial_id,
-                arm=t.path,
-                tags={"scenario": "generation", "load": label},
-                prompt_tokens=r.prompt_tokens,
-                output_tokens=r.output_tokens,
-            )
-            for i, r in enumerate(records)
-        ]
-        await send_usage(self.connections, t, events)

@@ -15,11 +15,14 @@ import dataclasses
 from typing import Any
 
 from workflows.generation.activities import GenerationActivities
+from workflows.generation.measure import GenerationMeasurement
 from workflows.generation.metrics import DEFINITIONS
 from workflows.generation.render import GENERATION_RENDER
 from workflows.generation.types import (
     GenerationCompareRequest,
+    GenerationInterleavedRequest,
     GenerationPerformanceRequest,
+    GenerationPerformanceResult,
     GenerationRunRequest,
 )
 from workflows.generation.verdict import judge_generation
@@ -30,6 +33,24 @@ from workflows.pipeline.path_state import PathState
 from workflows.pipeline.types import CorrectnessResult, Target
 from workflows.spec.trial_io import Verdict
 from workflows.spec.trial_spec import Policy
+
+
+class GenerationMeasurer:
+    """The generation kind's measurement (workflows/pipeline/interleave.py Measurer)."""
+
+    async def alone(
+        self, ctx: TrialContext, request: GenerationPerformanceRequest
+    ) -> GenerationPerformanceResult:
+        return await ctx.call(GenerationMeasurement.measure_generation, request)
+
+    async def together(
+        self, ctx: TrialContext, requests: list[GenerationPerformanceRequest]
+    ) -> list[GenerationPerformanceResult]:
+        together = GenerationInterleavedRequest(requests)
+        return (await ctx.call(GenerationMeasurement.measure_generation_interleaved, together)).results
+
+
+GENERATION_MEASURER = GenerationMeasurer()
 
 
 class GenerationSteps:
@@ -90,8 +111,8 @@ class GenerationSteps:
         return self.state.generation.passed
 
     async def performance(self, reference: GenerationSteps, measurement: Measurement) -> None:
-        """The generation scenario's load levels, each request a job with its tokens (measured
-        alone: generation paths are not interleaved yet, so `measurement` is not used)."""
+        """The generation scenario's load levels, each request a job with its tokens; alone, or
+        in alternating blocks with the paths on the reference's host (`measurement`)."""
         spec = self.ctx.spec
         prompts, policy = spec.inputs.prompts, spec.policy
         slo = {"ttft_ms": policy.slo_ttft_ms, "tpot_ms": policy.slo_tpot_ms, "e2el_ms": policy.slo_e2el_ms}
@@ -99,7 +120,7 @@ class GenerationSteps:
         request = GenerationPerformanceRequest(
             self.target, spec.performance, token_range, slo, ledger=self.state.reservation_open
         )
-        perf = await self.ctx.call(GenerationActivities.measure_generation, request)
+        perf = await measurement.measure(self.target.path, request, GENERATION_MEASURER)
         self.state.generation_performance = perf
         if not perf.ok:
             self.state.errors["performance"] = perf.problem

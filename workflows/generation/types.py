@@ -70,6 +70,13 @@ class GenerationPerformanceRequest:
 
 
 @dataclass
+class GenerationInterleavedRequest:
+    """Paths that share a host, measured together in alternating blocks; one plan for all."""
+
+    paths: list[GenerationPerformanceRequest]
+
+
+@dataclass
 class GenerationPerformanceResult:
     levels: list[dict[str, Any]]  # genmetrics.summarize per load level
     compilations_before: int
@@ -80,3 +87,10 @@ class GenerationPerformanceResult:
     output_tokens: int
     ok: bool
     problem: str = ""
+    interleaved_with: list[str] = field(default_factory=list)  # paths measured in alternation
+    not_interleaved: str = ""  # why a path on the reference's host was measured apart
+
+
+@dataclass
+class GenerationInterleavedResult:
+    results: list[GenerationPerformanceResult]  # in the order of the request's paths

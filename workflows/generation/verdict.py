@@ -21,13 +21,16 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from workflows.generation.metrics import lengths_label, load_label
+from workflows.generation.latency import judge_level, time_per_token
+from workflows.generation.metrics import load_label
 from workflows.pipeline.compatibility import judge_compatibility
+from workflows.pipeline.interleave import how_measured
 from workflows.pipeline.path_state import PathState
 from workflows.pipeline.types import example_note
 from workflows.report.results import FAIL, PASS, SKIPPED, UNKNOWN
 from workflows.spec.trial_io import Criterion, Verdict
 from workflows.spec.trial_spec import Policy
+from workflows.tensor.intervals import decide, rescaled
 
 
 def _correctness(candidate: PathState) -> Criterion:
@@ -77,27 +80,33 @@ def _latency(reference: PathState, candidate: PathState, policy: Policy, correct
     common = [label for label in mine if label in theirs]
     if not common:
         return Criterion(UNKNOWN, "no load level measured on both paths", "not comparable")
-    reasons, worst, ok = [], (float("-inf"), ""), True
-    for label in common:
+    judged = [
+        judged
+        for label in common
         for metric, allowed in (
             ("ttft_ms", policy.max_ttft_p99_regression),
             ("tpot_ms", policy.max_tpot_p99_regression),
-        ):
-            a, b = mine[label][metric]["p99"], theirs[label][metric]["p99"]
-            if a is None or b is None or not b:
-                continue  # e.g. TPOT with one output token per request
-            change = a / b - 1
-            ok = ok and change <= allowed
-            name = metric.split("_")[0].upper()
-            reasons.append(
-                f"{label} ({lengths_label(mine[label])}): p99 {name} {a:.2f} ms vs {b:.2f} ms, "
-                f"{change:+.1%} (allowed {allowed:+.0%})"
-            )
-            if change - allowed > worst[0]:
-                worst = (change - allowed, f"p99 {name} {change:+.1%} at {label} (allowed {allowed:+.0%})")
-    if not reasons:
+        )
+        if (judged := judge_level(label, metric, mine[label], theirs[label], allowed, policy.confidence))
+    ]
+    if not judged:
         return Criterion(UNKNOWN, "no TTFT or TPOT figure on both paths", "not comparable")
-    return Criterion(PASS if ok else FAIL, "; ".join(reasons), worst[1])
+    result = (
+        FAIL
+        if any(j.result == FAIL for j in judged)
+        else PASS
+        if all(j.result == PASS for j in judged)
+        else UNKNOWN
+    )
+    # the figure names the level that decided: the worst failure, else an undecided one, else the worst
+    deciding = [j for j in judged if j.result == result] or judged
+    figure = max(deciding, key=lambda j: j.excess).figure
+    return Criterion(
+        result,
+        "; ".join(j.reason for j in judged)
+        + f"; {how_measured(reference, candidate, candidate.generation_performance)}",
+        figure,
+    )
 
 
 def cost_per_million_output_tokens(state: PathState, policy: Policy) -> Fraction | None:
@@ -151,12 +160,20 @@ def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: b
         if econ.cost_per_million_output_tokens_micros and ref_econ.cost_per_million_output_tokens_micros
         else ""
     )
-    return Criterion(
-        PASS if saving >= need else FAIL,
+    reason = (
         f"cost per million output tokens {float(mine):,.0f} vs reference {float(ref):,.0f} {econ.currency} "
         f"micro-units ({basis}; {tokens} output tokens): saving {saving:+.1%}, "
-        f"policy needs at least {need:+.0%}{busy_only}{example_note(econ, ref_econ)}",
-        f"saving {saving:+.1%} per million output tokens (needs {need:+.0%})",
+        f"policy needs at least {need:+.0%}{busy_only}{example_note(econ, ref_econ)}"
+    )
+    figure = f"saving {saving:+.1%} per million output tokens (needs {need:+.0%})"
+    spread = time_per_token(_levels(candidate), _levels(reference), policy.confidence)
+    if spread is None:  # no blocks on both paths: the two exact figures decide
+        return Criterion(PASS if saving >= need else FAIL, reason, figure)
+    interval = rescaled(spread, float(mine / ref))
+    decision = decide(interval, -need, "cost ratio")
+    why = "its spread is that of the mean TPOT ratio over the same paired blocks: a token's cost is its time"
+    return Criterion(
+        decision.result, f"{reason}; {decision.reason} ({why})", f"{figure}; {interval.text('cost ratio')}"
     )
 
 

@@ -16,6 +16,12 @@ when they load different versions, or when their loads are the same (an A/A tria
 same loaded instance, measured in alternation with itself). Two paths of one version with
 different modes or precisions on one executor cannot: each load would replace the other. Such
 a candidate is measured after the group, alone (`Alone`), and its report says why.
+
+The groups only order the turns; what a measurement is comes from the trial kind, as a
+`Measurer` (its activity for one path alone and for several together): the tensor kind's
+scenarios (workflows/tensor/performance.py) or the generation kind's load levels
+(workflows/generation/measure.py). Either result carries `interleaved_with` and
+`not_interleaved`, which the groups fill in.
 """
 
 from __future__ import annotations
@@ -24,18 +30,25 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, TypeVar
 
 from temporalio import workflow
 
 from workflows.pipeline.context import TrialContext
-from workflows.pipeline.types import (
-    InterleavedRequest,
-    PathInfo,
-    PerformanceRequest,
-    PerformanceResult,
-    Target,
-)
-from workflows.tensor.performance import PerformanceActivities
+from workflows.pipeline.path_state import PathState
+from workflows.pipeline.types import PathInfo, Target
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+class Measurer(Protocol[R, T]):
+    """A kind's measurement: one path alone, or several that share a host together (their
+    results in the order of the requests)."""
+
+    async def alone(self, ctx: TrialContext, request: R) -> T: ...
+
+    async def together(self, ctx: TrialContext, requests: list[R]) -> list[T]: ...
 
 
 def same_load(a: Target, b: Target, a_info: PathInfo, b_info: PathInfo) -> bool:
@@ -84,6 +97,20 @@ def plan(reference: tuple[Target, PathInfo], candidates: list[tuple[Target, Path
     return result
 
 
+def how_measured(reference: PathState, candidate: PathState, perf: Any) -> str:
+    """How the two were measured, so a reader knows what the pairing of blocks means (`perf`:
+    the candidate's measurement, of either kind: its `interleaved_with` and `not_interleaved`)."""
+    if perf is not None and reference.path in perf.interleaved_with:
+        return (
+            f"measured in alternating blocks on host {candidate.host} (AB, BA, ...), "
+            "block i of each paired by time"
+        )
+    if reference.host and reference.host == candidate.host:
+        why = f" ({perf.not_interleaved})" if perf is not None and perf.not_interleaved else ""
+        return f"measured one after the other on host {candidate.host}, blocks paired in order{why}"
+    return "measured concurrently on separate hosts"
+
+
 class Alone:
     """A path measured by itself: no turns to wait for."""
 
@@ -95,9 +122,9 @@ class Alone:
     async def turn(self, name: str, step: str) -> AsyncIterator[None]:
         yield
 
-    async def measure(self, name: str, request: PerformanceRequest) -> PerformanceResult:
-        measured = await self.ctx.call(PerformanceActivities.measure_performance, request)
-        return replace(measured, not_interleaved=self.why_apart)
+    async def measure(self, name: str, request: Any, how: Measurer[Any, T]) -> T:
+        measured: Any = await how.alone(self.ctx, request)
+        return replace(measured, not_interleaved=self.why_apart)  # type: ignore[no-any-return]
 
     def withdraw(self, name: str) -> None:
         pass
@@ -122,9 +149,9 @@ class Interleaved:
         self.done: dict[tuple[str, str], asyncio.Event] = {
             (m, step): asyncio.Event() for m in members for step in ("setup", "training", "finished")
         }
-        self.requests: dict[str, PerformanceRequest] = {}
+        self.requests: dict[str, Any] = {}
         self.withdrawn: set[str] = set()
-        self.results: asyncio.Task[dict[str, PerformanceResult]] | None = None
+        self.results: asyncio.Task[dict[str, Any]] | None = None
 
     @asynccontextmanager
     async def turn(self, name: str, step: str) -> AsyncIterator[None]:
@@ -137,26 +164,24 @@ class Interleaved:
         finally:
             self.done[(name, step)].set()
 
-    async def measure(self, name: str, request: PerformanceRequest) -> PerformanceResult:
+    async def measure(self, name: str, request: Any, how: Measurer[Any, T]) -> T:
         """Wait for every member's request (or its withdrawal), then measure them together."""
         self.requests[name] = request
         await workflow.wait_condition(
             lambda: all(m in self.requests or m in self.withdrawn for m in self.members)
         )
         if self.results is None:
-            self.results = asyncio.ensure_future(self._together())
-        return (await self.results)[name]
+            self.results = asyncio.ensure_future(self._together(how))
+        return (await self.results)[name]  # type: ignore[no-any-return]
 
-    async def _together(self) -> dict[str, PerformanceResult]:
+    async def _together(self, how: Measurer[Any, Any]) -> dict[str, Any]:
         names = [m for m in self.members if m in self.requests]
         if len(names) == 1:
-            alone = await self.ctx.call(PerformanceActivities.measure_performance, self.requests[names[0]])
-            return {names[0]: alone}
-        together = InterleavedRequest([self.requests[n] for n in names])
-        measured = await self.ctx.call(PerformanceActivities.measure_interleaved, together)
+            return {names[0]: await how.alone(self.ctx, self.requests[names[0]])}
+        measured = await how.together(self.ctx, [self.requests[n] for n in names])
         return {
             n: replace(r, interleaved_with=[o for o in names if o != n])
-            for n, r in zip(names, measured.results, strict=True)
+            for n, r in zip(names, measured, strict=True)
         }
 
     def withdraw(self, name: str) -> None:

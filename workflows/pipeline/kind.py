@@ -15,24 +15,26 @@ The steps run in the workflow sandbox: they only schedule activities and await e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 if TYPE_CHECKING:
     from workflows.pipeline.context import TrialContext
+    from workflows.pipeline.interleave import Measurer
     from workflows.pipeline.path_ledger import PathLedger
     from workflows.pipeline.path_state import PathState
-    from workflows.pipeline.types import PerformanceRequest, PerformanceResult, Target
+    from workflows.pipeline.types import Target
     from workflows.spec.trial_io import Verdict
     from workflows.spec.trial_spec import Policy
 
+T = TypeVar("T")
 Rows = list[tuple[str, dict[str, Any]]]  # (path, its entry of the report), the reference first
 
 
 class Measurement(Protocol):
-    """How a path's tensor measurement runs: alone, or in alternating blocks with the paths that
-    share its host (workflows/pipeline/interleave.py)."""
+    """How a path's measurement runs: alone, or in alternating blocks with the paths that share
+    its host (workflows/pipeline/interleave.py); `how` is the kind's activities for either."""
 
-    async def measure(self, name: str, request: PerformanceRequest) -> PerformanceResult: ...
+    async def measure(self, name: str, request: Any, how: Measurer[Any, T]) -> T: ...
 
 
 class PathSteps(Protocol):

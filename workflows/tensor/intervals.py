@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from workflows.report.results import FAIL, PASS, UNKNOWN, Result
 
@@ -128,6 +128,14 @@ def ratio_interval(
     low, high = percentile(ratios, tail), percentile(ratios, 100 - tail)
     samples = sum(len(b) for b in cand)
     return RatioInterval(ratio, min(low, ratio), max(high, ratio), level, n, samples)
+
+
+def rescaled(spread: RatioInterval, ratio: float) -> RatioInterval:
+    """Another ratio with `spread`'s relative interval (a cost ratio with the spread of the
+    time ratio it follows)."""
+    return replace(
+        spread, ratio=ratio, low=ratio * spread.low / spread.ratio, high=ratio * spread.high / spread.ratio
+    )
 
 
 def noise_floor(reference: Blocks, q: float = 95.0, level: float = 0.95, seed: int = 0) -> RatioInterval:

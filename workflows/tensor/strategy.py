@@ -22,7 +22,9 @@ from workflows.pipeline.path_state import PathState
 from workflows.pipeline.types import (
     CompareRequest,
     CorrectnessResult,
+    InterleavedRequest,
     PerformanceRequest,
+    PerformanceResult,
     RunRequest,
     RunResult,
     Target,
@@ -34,6 +36,22 @@ from workflows.tensor import verdict
 from workflows.tensor.comparison import ComparisonActivities
 from workflows.tensor.performance import PerformanceActivities
 from workflows.tensor.render import TENSOR_RENDER
+
+
+class TensorMeasurer:
+    """The tensor kind's measurement (workflows/pipeline/interleave.py Measurer)."""
+
+    async def alone(self, ctx: TrialContext, request: PerformanceRequest) -> PerformanceResult:
+        return await ctx.call(PerformanceActivities.measure_performance, request)
+
+    async def together(
+        self, ctx: TrialContext, requests: list[PerformanceRequest]
+    ) -> list[PerformanceResult]:
+        measured = await ctx.call(PerformanceActivities.measure_interleaved, InterleavedRequest(requests))
+        return measured.results
+
+
+TENSOR_MEASURER = TensorMeasurer()
 
 
 class TensorSteps:
@@ -113,7 +131,7 @@ class TensorSteps:
                 request.under_load_skip = "not checked under load: workload replay"
             elif not reference.answers:
                 request.under_load_skip = "not checked under load: the reference kept no answers"
-        perf = await measurement.measure(self.target.path, request)
+        perf = await measurement.measure(self.target.path, request, TENSOR_MEASURER)
         self.state.performance = dataclasses.replace(perf, answers={})
         if not perf.ok:
             self.state.errors["performance"] = perf.problem

@@ -22,13 +22,22 @@ import dataclasses
 from fractions import Fraction
 
 from workflows.pipeline.compatibility import fallback_summary, findings, judge_compatibility
+from workflows.pipeline.interleave import how_measured
 from workflows.pipeline.path_state import PathState
 from workflows.pipeline.types import EconomicsResult, OutputVerdict, ScenarioResult, example_note
 from workflows.report.results import FAIL, PASS, SKIPPED, UNKNOWN
 from workflows.spec.trial_io import Criterion
 from workflows.spec.trial_spec import Policy
 from workflows.tensor import under_load
-from workflows.tensor.intervals import RatioInterval, decide, drift, mean, noise_floor, ratio_interval
+from workflows.tensor.intervals import (
+    RatioInterval,
+    decide,
+    drift,
+    mean,
+    noise_floor,
+    ratio_interval,
+    rescaled,
+)
 
 Criteria = dict[str, Criterion]
 
@@ -38,20 +47,6 @@ def _single(state: PathState) -> ScenarioResult | None:
     single = [s for s in scenarios if s.scenario == "single-stream"]
     chosen = single or sorted(scenarios, key=lambda s: s.batch_size)
     return chosen[0] if chosen else None
-
-
-def _how_measured(reference: PathState, candidate: PathState) -> str:
-    """How the two were measured, so a reader knows what the pairing of blocks means."""
-    perf = candidate.performance
-    if perf is not None and reference.path in perf.interleaved_with:
-        return (
-            f"measured in alternating blocks on host {candidate.host} (AB, BA, ...), "
-            "block i of each paired by time"
-        )
-    if reference.host and reference.host == candidate.host:
-        why = f" ({perf.not_interleaved})" if perf is not None and perf.not_interleaved else ""
-        return f"measured one after the other on host {candidate.host}, blocks paired in order{why}"
-    return "measured concurrently on separate hosts"
 
 
 def cost_per_job(econ: EconomicsResult | None, policy: Policy) -> Fraction:
@@ -120,7 +115,9 @@ def _latency(reference: PathState, candidate: PathState, policy: Policy, correct
     if not mine.blocks_ms or not theirs.blocks_ms:  # a result from before blocks were kept
         figure = f"p95 {change:+.1%} (allowed {allowed:+.0%})" + slower
         return Criterion(PASS if mine.p95_ms <= theirs.p95_ms * (1 + allowed) else FAIL, reason, figure)
-    return _latency_interval(mine, theirs, policy, reason, slower, _how_measured(reference, candidate))
+    return _latency_interval(
+        mine, theirs, policy, reason, slower, how_measured(reference, candidate, candidate.performance)
+    )
 
 
 def _latency_interval(
@@ -199,9 +196,7 @@ def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: b
     if spread is None:  # no blocks (a report from before they were kept): the point estimates
         return Criterion(PASS if saving >= policy.min_cost_saving else FAIL, reason, figure)
     ratio = float(mine / ref)
-    interval = dataclasses.replace(
-        spread, ratio=ratio, low=ratio * spread.low / spread.ratio, high=ratio * spread.high / spread.ratio
-    )
+    interval = rescaled(spread, ratio)
     decision = decide(interval, -policy.min_cost_saving, "cost ratio")
     why = "its spread is that of the mean latency ratio over the same paired blocks: a job's cost is its time"
     return Criterion(
