@@ -103,7 +103,15 @@ class AccessRpcs(LedgerCalls):
         actor = actor_of(pb.Actor(source="trial worker"), context)
         done = await self._w(
             lambda: self.authorizer.verify(
-                r.grant, r.subject, list(r.roles), r.scope, action, r.resource, actor, _pairs(r.more)
+                r.grant,
+                r.subject,
+                list(r.roles),
+                r.scope,
+                action,
+                r.resource,
+                actor,
+                _pairs(r.more),
+                r.run_id,
             )
         )
         return authorized_msg(done)

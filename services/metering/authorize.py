@@ -5,7 +5,9 @@ which acts as a cluster admin) holds every role asked for on a scope, audits the
 under the action named (trial.authorize, workloads.read ...), and, given a subject, returns a
 signed grant of it (services/metering/grants.py). `VerifyGrant` is the trial worker's: the
 grant must be one metering signed, unexpired, for this subject, roles and scope, and its
-principal must hold the roles still; each answer is audited once. Domain code: no gRPC here.
+principal must hold the roles still; and it is spent by the Temporal run that first verifies
+it (services/metering/grant_spends.py), so another run is refused. Each answer is audited
+once, a spend in the transaction that records it. Domain code: no gRPC here.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.metering import access, grants
+from sqlalchemy import Connection
+
+from services.metering import access, audit, grant_spends, grants
 from services.metering.ledger import Ledger
 from services.metering.metering_errors import BadInput, UnknownEntity
 from services.metering.records import Actor
@@ -137,8 +141,15 @@ class Authorizer:
         resource: str,
         actor: Actor,
         more: Sequence[tuple[str, str]] = (),
+        run_id: str = "",
     ) -> Authorized:
+        """Runs on a ledger thread: checks the grant, then spends it on `run_id` (its retries pass)."""
         resource = authz.cap(resource or subject)
+        if not run_id or len(run_id) > grant_spends.MAX_RUN_ID:
+            raise BadInput(
+                f"run_id is {'empty' if not run_id else f'{len(run_id)} characters'}; name the Temporal "
+                f"workflow run the grant is spent by (at most {grant_spends.MAX_RUN_ID} characters)"
+            )
         try:
             needed, scope = check_request(roles, scope)
             also = check_more(more)
@@ -168,8 +179,46 @@ class Authorizer:
             self.ledger.append_audit(actor, action, resource, "denied", detail)
             raise grants.GrantRefused(str(exc)) from None
         on_behalf = dataclasses.replace(actor, on_behalf_of=principal.principal_id)
-        self.ledger.append_audit(on_behalf, action, resource, "ok", {"roles": list(needed), "scope": scope})
+        checked: dict[str, object] = {"roles": list(needed), "scope": scope}
+        self._spend(token, grant, run_id, actor, on_behalf, (action, resource), checked)
         return Authorized(principal, "", grant.expires_us)
+
+    def _spend(
+        self,
+        token: str,
+        grant: grants.Grant,
+        run_id: str,
+        actor: Actor,
+        on_behalf: Actor,
+        what: tuple[str, str],
+        checked: dict[str, object],
+    ) -> None:
+        """Spend the grant on `run_id` and audit that in one transaction; GrantRefused (audited
+        too) when another run spent it first."""
+        action, resource = what
+        gid = grants.grant_id(token)
+
+        def run(conn: Connection, now: int) -> str:
+            spent = grant_spends.spend(conn, gid, run_id, grant.subject, grant.principal_id, now)
+            detail = {**checked, "grant": gid[:16], "run_id": run_id}
+            if not spent.allows(run_id):
+                reason = (
+                    f"the trial grant was spent by run {spent.spent_by} of this trial; a grant "
+                    f"authorises one run, not run {run_id} too: start the trial again with "
+                    "`switchyard trial start`"
+                )
+                refused = {**detail, "status": "PERMISSION_DENIED", "reason": reason}
+                refused["spent_by"] = spent.spent_by
+                refused["grant_principal"] = grant.principal_id
+                audit.append(conn, actor, action, resource, "denied", now, refused)
+                return reason
+            detail["spent"] = "now" if spent.first else "earlier, by this run (a retry)"
+            audit.append(conn, on_behalf, action, resource, "ok", now, detail)
+            return ""
+
+        reason = self.ledger.write(run)
+        if reason:
+            raise grants.GrantRefused(reason)
 
 
 def _said(roles: Sequence[str], scope: str, more: Pairs) -> str:

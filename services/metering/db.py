@@ -45,6 +45,7 @@ RUNTIME_GRANTS = {
     "trials": "SELECT, INSERT, UPDATE",
     "route_changes": "SELECT, INSERT",
     "limit_changes": "SELECT, INSERT",
+    "grant_spends": "SELECT, INSERT",
     "alembic_version": "SELECT",
     "v_cost_per_completed_job": "SELECT",
     "v_idle_by_path": "SELECT",

@@ -3,12 +3,15 @@
 `switchyard trial start` asks metering's Authorize, with the operator's key, for the roles the
 trial needs: `trials:run` on the model's scope, `workloads:read` on the route of each captured
 workload it replays (inputs or generation), `admin` on * for an executor named by address; it answers
-with a grant of the subject "<workflow id>|<model>|<inputs' workload>|<generation's workload>",
+with a grant of the subject
+"<workflow id>|<model>|<inputs' workload>|<generation's workload>|spec:<sha256 of the spec>",
 the roles and their scopes, signed with HMAC-SHA256 under a key derived from the audit key (which
 the database does not hold, and which every metering replica shares). The workflow's first
-activity hands it to VerifyGrant: signature, expiry and subject must match, and the principal
-must still hold the roles. A grant authorises that one trial; it opens no other RPC, and it
-names the principal by id, never by a secret.
+activity hands it to VerifyGrant: signature, expiry and subject must match (so a spec swapped
+under the same workflow id is refused), and the principal must still hold the roles. The first
+verification spends the grant on its Temporal run (services/metering/grant_spends.py): a grant
+authorises that one run of that one trial; it opens no other RPC, and it names the principal
+by id, never by a secret.
 """
 
 from __future__ import annotations
@@ -59,6 +62,11 @@ def sign(key: bytes, grant: Grant) -> str:
     return f"{payload}.{tag}"
 
 
+def grant_id(token: str) -> str:
+    """The grant's name in the ledger (grant_spends): the sha256 of the whole signed token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 class GrantRefused(PermissionDenied, MeteringError):
     """The grant is not one metering signed, or no longer holds (the message says which)."""
 
@@ -81,7 +89,20 @@ def verify(key: bytes, token: str, subject: str, now_us: int) -> Grant:
     except (ValueError, KeyError, TypeError):
         raise GrantRefused("the trial grant's body is malformed") from None
     if grant.subject != subject:
-        raise GrantRefused(f"the trial grant is for {grant.subject!r}, not {subject!r}")
+        raise GrantRefused(_mismatch(grant.subject, subject))
     if grant.expires_us <= now_us:
         raise GrantRefused("the trial grant has expired; start the trial again")
     return grant
+
+
+def _mismatch(granted: str, asked: str) -> str:
+    """Why a grant's subject is not this trial's; a spec swapped under its workflow id is named."""
+    head, _, spec = granted.rpartition("|spec:")
+    asked_head, _, asked_spec = asked.rpartition("|spec:")
+    if spec and asked_spec and head == asked_head:
+        return (
+            f"the trial grant is for another spec (sha256 {spec[:16]}...), not this one (sha256 "
+            f"{asked_spec[:16]}...): a grant holds only for the spec it was issued for; start the "
+            "trial with `switchyard trial start`"
+        )
+    return f"the trial grant is for {granted!r}, not {asked!r}"

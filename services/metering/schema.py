@@ -283,6 +283,19 @@ class LimitChangeRow(Base):
     request_id: Mapped[str] = mapped_column(String(200))
 
 
+class GrantSpendRow(Base):
+    """A trial grant spent: the Temporal run that first verified it (services/metering/grant_spends.py).
+    Only ever inserted; another run verifying the same grant is refused, the same run passes."""
+
+    __tablename__ = "grant_spends"
+
+    grant_id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the grant
+    run_id: Mapped[str] = mapped_column(String(200))
+    subject: Mapped[str] = mapped_column(String(400))
+    principal_id: Mapped[str] = mapped_column(String(200))
+    spent_us: Mapped[int] = mapped_column(BigInteger)
+
+
 # Core handles on the tables (the hot paths use Core statements, not ORM sessions).
 PRICES = cast(Table, PriceRow.__table__)
 PATHS = cast(Table, PathRow.__table__)
@@ -297,3 +310,4 @@ HEAD = cast(Table, AuditHeadRow.__table__)
 TRIALS = cast(Table, TrialRow.__table__)
 ROUTE_CHANGES = cast(Table, RouteChangeRow.__table__)
 LIMIT_CHANGES = cast(Table, LimitChangeRow.__table__)
+GRANT_SPENDS = cast(Table, GrantSpendRow.__table__)

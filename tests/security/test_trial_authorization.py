@@ -34,6 +34,7 @@ from switchyard.grpcio import ServerOptions
 from tests.trial.conftest import temporal_env
 from workflows.activities import authorization
 from workflows.activities.connections import Connections, WorkerConfig
+from workflows.spec.canonical import spec_sha256
 from workflows.spec.trial_io import TrialInput
 from workflows.spec.trial_spec import parse_spec
 from workflows.trial import TrialWorkflow
@@ -158,7 +159,8 @@ async def test_the_generation_workload_needs_workloads_read_on_its_route(cluster
 async def test_the_grant_names_both_workloads_and_holds_only_for_them(cluster: Cluster) -> None:
     spec = _generation(OTHER)
     grant = await _grant(cluster, "both", spec, "t-named")
-    assert _subject(grant) == f"t-named|mlp||{OTHER}"
+    sha = spec_sha256(parse_spec(spec))
+    assert _subject(grant) == f"t-named|mlp||{OTHER}|spec:{sha}"
     need = authorization.needs(parse_spec(spec), "t-named")
     async with tls.aio_channel(
         cluster.metering.address, security=cluster.ids["worker"], expect=tls.METERING
@@ -168,14 +170,14 @@ async def test_the_grant_names_both_workloads_and_holds_only_for_them(cluster: C
         def verify(subject: str, more: list[list[str]]) -> Any:
             bindings = [mpb.RoleBinding(role=r, scope=s) for r, s in more]
             request = mpb.VerifyGrantRequest(
-                grant=grant, subject=subject, roles=need.roles, scope=need.scope, more=bindings
+                grant=grant, subject=subject, roles=need.roles, scope=need.scope, more=bindings, run_id="r1"
             )
             return stub.VerifyGrant(request, timeout=10)
 
         assert (await verify(need.subject, need.more)).principal.name == "both"
         for subject, more in (
-            ("t-named|mlp||", []),  # the workload swapped out of the spec
-            ("t-named|mlp||mlp.0001", [["workloads:read", "model:mlp"]]),  # swapped for another
+            (f"t-named|mlp|||spec:{sha}", []),  # the workload swapped out of the spec
+            (f"t-named|mlp||mlp.0001|spec:{sha}", [["workloads:read", "model:mlp"]]),  # swapped for another
             (need.subject, []),  # the workload's role dropped from the check
         ):
             with pytest.raises(grpc.aio.AioRpcError) as refused:

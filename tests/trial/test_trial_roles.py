@@ -28,7 +28,7 @@ from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
-from workflows.activities.authorization import GRANT_MEMO, request_grant
+from workflows.activities.authorization import GRANT_MEMO, needs, request_grant
 from workflows.activities.connections import Connections, WorkerConfig
 from workflows.spec.trial_io import TrialInput
 from workflows.spec.trial_spec import parse_spec
@@ -127,12 +127,14 @@ async def test_authorize_names_the_missing_role_and_audits_each_answer(setup: Se
 async def test_only_the_worker_verifies_grants_and_a_tampered_one_fails(setup: Setup) -> None:
     spec = _spec()
     grant = await _grant(setup, "runner", spec, "t-verify")
+    subject = needs(parse_spec(spec), "t-verify").subject  # ends with the spec's sha256
     request = mpb.VerifyGrantRequest(
         grant=grant,
-        subject="t-verify|mlp||",
+        subject=subject,
         roles=["trials:run"],
         scope="model:mlp",
         action="trial.authorize",
+        run_id="run-1",
     )
     async with tls.aio_channel(
         setup.metering.address, security=setup.ids["router"], expect=tls.METERING
@@ -157,7 +159,10 @@ async def test_only_the_worker_verifies_grants_and_a_tampered_one_fails(setup: S
             ),
             (
                 mpb.VerifyGrantRequest(
-                    grant=grant, subject="t-other|mlp||", roles=["trials:run"], scope="model:mlp"
+                    grant=grant,
+                    subject=needs(parse_spec(spec), "t-other").subject,
+                    roles=["trials:run"],
+                    scope="model:mlp",
                 ),
                 "is for",
             ),
@@ -174,6 +179,7 @@ async def test_only_the_worker_verifies_grants_and_a_tampered_one_fails(setup: S
                 "missing",
             ),
         ):
+            bad.run_id = request.run_id  # the run that holds the grant: only the tampering differs
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.VerifyGrant(bad)
             assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, why

@@ -6,11 +6,15 @@ would dial it with its own certificate).
 
 The starter (`switchyard trial start`, the demo) asks metering's Authorize with its API key
 (SWITCHYARD_API_KEY; else the operator's certificate, which acts as a cluster admin) and gets a
-signed grant of the subject "<workflow id>|<model>|<inputs' workload>|<generation's workload>"
-(services/metering/grants.py).
+signed grant of the subject
+"<workflow id>|<model>|<inputs' workload>|<generation's workload>|spec:<sha256>", the last the
+sha256 of the parsed spec's canonical JSON (workflows/spec/canonical.py, which the workflow
+hashes too, so a spec swapped under the same workflow id is not the grant's).
 It travels in the workflow's memo, so the history holds the grant, never the key; the
-workflow's first activity hands it to metering's VerifyGrant, which also checks that the
-principal still holds the roles.
+workflow's first activity hands it to metering's VerifyGrant with the workflow's run id. The
+first verification spends the grant on that run: a later one for another run (the same
+workflow id started again with the memo copied) is refused, while a retry of the activity
+(same run) passes. VerifyGrant also checks that the principal still holds the roles.
 
 A trial without a grant (started from the Temporal UI or `temporal workflow start`) runs as the
 worker's UI principal when the operator gave the worker one (`switchyard worker --ui-key-file`):
@@ -32,6 +36,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.judge.capture_format import workload_route
 from workflows.activities.connections import Connections, grpc_errors
+from workflows.spec.canonical import spec_sha256
 from workflows.spec.trial_spec import TrialSpec
 
 GRANT_MEMO = "switchyard-grant"
@@ -61,7 +66,7 @@ def needs(spec: TrialSpec, workflow_id: str) -> TrialAuthorization:
     more = [["workloads:read", f"model:{workload_route(w)}"] for w in dict.fromkeys(workloads) if w]
     if any(":" in path.executor for path in spec.paths):  # an address, not a configured name
         more.append(["admin", "*"])
-    subject = "|".join((workflow_id, spec.model.name, *workloads))
+    subject = "|".join((workflow_id, spec.model.name, *workloads, f"spec:{spec_sha256(spec)}"))
     return TrialAuthorization("", subject, ["trials:run"], f"model:{spec.model.name}", more)
 
 
@@ -132,6 +137,7 @@ class AuthorizationActivities:
                     action=ACTION,
                     resource=f"trial/{workflow_id}",
                     more=_bindings(request),
+                    run_id=activity.info().workflow_run_id or "",  # the run that spends the grant
                 ),
                 timeout=30,
             )

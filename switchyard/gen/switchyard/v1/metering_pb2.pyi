@@ -1591,13 +1591,15 @@ class AuthorizeRequest(_message.Message):
     resource: _builtins.str
     """audited, e.g. "trial/<workflow id>" """
     grant_subject: _builtins.str
-    """set: a signed grant of this subject comes back"""
+    """set: a signed grant of this subject comes back; a trial's is"""
     @_builtins.property
     def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """every one needed, e.g. "trials:run", "workloads:read" """
 
     @_builtins.property
-    def actor(self) -> Global___Actor: ...
+    def actor(self) -> Global___Actor:
+        """"<workflow id>|<model>|<workload>|<workload>|spec:<sha256>" """
+
     @_builtins.property
     def more(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoleBinding]:
         """also needed, each on its own scope (a trial's workloads:read on each workload's route,
@@ -1661,6 +1663,7 @@ class VerifyGrantRequest(_message.Message):
     ACTION_FIELD_NUMBER: _builtins.int
     RESOURCE_FIELD_NUMBER: _builtins.int
     MORE_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
     grant: _builtins.str
     subject: _builtins.str
     """must be the grant's subject"""
@@ -1669,6 +1672,10 @@ class VerifyGrantRequest(_message.Message):
     """audited"""
     resource: _builtins.str
     """audited"""
+    run_id: _builtins.str
+    """required: the Temporal workflow run id the grant is spent by. The first verification
+    records it; another run id later is refused, the same one (a retry) passes
+    """
     @_builtins.property
     def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """must be the grant's roles, still held by its principal"""
@@ -1687,10 +1694,11 @@ class VerifyGrantRequest(_message.Message):
         action: _builtins.str = ...,
         resource: _builtins.str = ...,
         more: _abc.Iterable[Global___RoleBinding] | None = ...,
+        run_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "grant", b"grant", "more", b"more", "resource", b"resource", "roles", b"roles", "scope", b"scope", "subject", b"subject"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "grant", b"grant", "more", b"more", "resource", b"resource", "roles", b"roles", "run_id", b"run_id", "scope", b"scope", "subject", b"subject"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

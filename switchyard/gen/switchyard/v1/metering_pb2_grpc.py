@@ -333,8 +333,11 @@ class MeteringServicer:
         """Work done elsewhere on a principal's behalf (a trial, a read of captured workloads): the
         caller's key (or the operator's certificate) must hold every role asked for on the scope.
         With grant_subject set, the answer carries a grant of that subject signed by metering:
-        what a trial's Temporal history holds instead of a key. The trial worker checks it with
-        VerifyGrant, which also checks that the principal still holds the roles.
+        what a trial's Temporal history holds instead of a key (a trial's subject ends with the
+        sha256 of its canonical spec: workflows/spec/canonical.py). The trial worker checks it with
+        VerifyGrant, which also checks that the principal still holds the roles, and spends it:
+        the first verification records (grant, run_id) in the ledger, and a later one naming
+        another run is refused (PERMISSION_DENIED), while the same run (an activity's retry) passes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -76,8 +76,11 @@ class MeteringStub:
     """Work done elsewhere on a principal's behalf (a trial, a read of captured workloads): the
     caller's key (or the operator's certificate) must hold every role asked for on the scope.
     With grant_subject set, the answer carries a grant of that subject signed by metering:
-    what a trial's Temporal history holds instead of a key. The trial worker checks it with
-    VerifyGrant, which also checks that the principal still holds the roles.
+    what a trial's Temporal history holds instead of a key (a trial's subject ends with the
+    sha256 of its canonical spec: workflows/spec/canonical.py). The trial worker checks it with
+    VerifyGrant, which also checks that the principal still holds the roles, and spends it:
+    the first verification records (grant, run_id) in the ledger, and a later one naming
+    another run is refused (PERMISSION_DENIED), while the same run (an activity's retry) passes.
     """
     VerifyGrant: _grpc.UnaryUnaryMultiCallable[_metering_pb2.VerifyGrantRequest, _metering_pb2.AuthorizeResponse]
     AppendAudit: _grpc.UnaryUnaryMultiCallable[_metering_pb2.AppendAuditRequest, _metering_pb2.AuditRecord]
@@ -130,8 +133,11 @@ class MeteringAsyncStub(MeteringStub):
     """Work done elsewhere on a principal's behalf (a trial, a read of captured workloads): the
     caller's key (or the operator's certificate) must hold every role asked for on the scope.
     With grant_subject set, the answer carries a grant of that subject signed by metering:
-    what a trial's Temporal history holds instead of a key. The trial worker checks it with
-    VerifyGrant, which also checks that the principal still holds the roles.
+    what a trial's Temporal history holds instead of a key (a trial's subject ends with the
+    sha256 of its canonical spec: workflows/spec/canonical.py). The trial worker checks it with
+    VerifyGrant, which also checks that the principal still holds the roles, and spends it:
+    the first verification records (grant, run_id) in the ledger, and a later one naming
+    another run is refused (PERMISSION_DENIED), while the same run (an activity's retry) passes.
     """
     VerifyGrant: _aio.UnaryUnaryMultiCallable[_metering_pb2.VerifyGrantRequest, _metering_pb2.AuthorizeResponse]  # type: ignore[assignment]
     AppendAudit: _aio.UnaryUnaryMultiCallable[_metering_pb2.AppendAuditRequest, _metering_pb2.AuditRecord]  # type: ignore[assignment]
@@ -325,8 +331,11 @@ class MeteringServicer(metaclass=_abc_1.ABCMeta):
         """Work done elsewhere on a principal's behalf (a trial, a read of captured workloads): the
         caller's key (or the operator's certificate) must hold every role asked for on the scope.
         With grant_subject set, the answer carries a grant of that subject signed by metering:
-        what a trial's Temporal history holds instead of a key. The trial worker checks it with
-        VerifyGrant, which also checks that the principal still holds the roles.
+        what a trial's Temporal history holds instead of a key (a trial's subject ends with the
+        sha256 of its canonical spec: workflows/spec/canonical.py). The trial worker checks it with
+        VerifyGrant, which also checks that the principal still holds the roles, and spends it:
+        the first verification records (grant, run_id) in the ledger, and a later one naming
+        another run is refused (PERMISSION_DENIED), while the same run (an activity's retry) passes.
         """
 
     @_abc_1.abstractmethod
