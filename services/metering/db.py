@@ -13,15 +13,19 @@ a ledger line or an audit row, and only the owner could drop the append-only tri
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.pool import NullPool
 
+from services.metering.metering_errors import LedgerUnavailable
 from switchyard import layout
 
 ROOT = layout.data_root()  # the checkout, or the working directory of an installed wheel
@@ -121,6 +125,37 @@ def make_engines(url: str | None = None) -> Engines:
         return Engines(resolved, _sqlite_engine(resolved, True), _sqlite_engine(resolved, False))
     engine = create_engine(resolved, pool_size=8, max_overflow=8, pool_pre_ping=True)
     return Engines(resolved, engine, engine)
+
+
+# SQLSTATEs of a server that is gone or going: connection exceptions (class 08), the
+# administrator's or a crash's shutdown and a server still starting (57P01-57P03), no slot left.
+_GONE_STATES = ("57P01", "57P02", "57P03", "53300")
+
+
+def connection_lost(exc: DBAPIError) -> bool:
+    """Whether `exc` says the database could not be reached, rather than that it refused the
+    statement: a connection dropped under a call, refused, or a server shutting down."""
+    if exc.connection_invalidated or isinstance(exc, InterfaceError):
+        return True
+    state = getattr(exc.orig, "sqlstate", None)
+    if state is not None:
+        return str(state).startswith("08") or state in _GONE_STATES
+    # psycopg's failure to connect has no SQLSTATE; SQLite's OperationalError is about the file
+    return isinstance(exc, OperationalError) and type(exc.orig).__module__.startswith("psycopg")
+
+
+@contextlib.contextmanager
+def reachable() -> Iterator[None]:
+    """Turns a lost database connection into LedgerUnavailable (UNAVAILABLE, DESIGN §7), which
+    callers retry, instead of an unexpected error (INTERNAL) that a router's spool would take
+    for a refusal and dead-letter. The pool re-connects on the next call (`pool_pre_ping`)."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if not connection_lost(exc):
+            raise
+        reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
+        raise LedgerUnavailable(f"the ledger's database cannot be reached: {reason}") from exc
 
 
 def alembic_config(url: str) -> Any:

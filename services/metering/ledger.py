@@ -31,7 +31,7 @@ from services.metering import (
     usage,
     witness_client,
 )
-from services.metering.db import Engines, make_engines, migrate
+from services.metering.db import Engines, make_engines, migrate, reachable
 from services.metering.ledger_access import LedgerAccess
 from services.metering.records import Actor, JobCostInfo, JobInfo, ReservationInfo, UsageEvent, UsageResult
 
@@ -89,7 +89,7 @@ class Ledger(LedgerAccess):
         self.watch.check_writable()
         for attempt in range(RETRIES):
             try:
-                with self.engines.write.begin() as conn:
+                with reachable(), self.engines.write.begin() as conn:
                     audit.bind_key(conn, self.audit_key)
                     return fn(conn, self.clock())
             except (IntegrityError, OperationalError) as exc:
@@ -99,7 +99,7 @@ class Ledger(LedgerAccess):
         raise AssertionError("unreachable")
 
     def read(self, fn: Callable[[Connection], T]) -> T:
-        with self.engines.read.connect() as conn:
+        with reachable(), self.engines.read.connect() as conn:
             audit.bind_key(conn, self.audit_key)  # row MACs are checked on reads (rowmac.py)
             return fn(conn)
 
