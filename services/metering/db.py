@@ -14,7 +14,10 @@ a ledger line or an audit row, and only the owner could drop the append-only tri
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,7 @@ from sqlalchemy.pool import NullPool
 from services.metering.metering_errors import LedgerUnavailable
 from switchyard import layout
 
+log = logging.getLogger(__name__)
 ROOT = layout.data_root()  # the checkout, or the working directory of an installed wheel
 DEFAULT_SQLITE = ROOT / "var" / "metering.db"
 ENV_URL = "SWITCHYARD_DATABASE_URL"
@@ -144,18 +148,37 @@ def connection_lost(exc: DBAPIError) -> bool:
     return isinstance(exc, OperationalError) and type(exc.orig).__module__.startswith("psycopg")
 
 
-@contextlib.contextmanager
-def reachable() -> Iterator[None]:
+class Reach:
     """Turns a lost database connection into LedgerUnavailable (UNAVAILABLE, DESIGN §7), which
     callers retry, instead of an unexpected error (INTERNAL) that a router's spool would take
-    for a refusal and dead-letter. The pool re-connects on the next call (`pool_pre_ping`)."""
-    try:
-        yield
-    except DBAPIError as exc:
-        if not connection_lost(exc):
-            raise
-        reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
-        raise LedgerUnavailable(f"the ledger's database cannot be reached: {reason}") from exc
+    for a refusal and dead-letter; the pool re-connects on the next call (`pool_pre_ping`).
+    Logs once when the database stops answering and once when it answers again, not per call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.lost_at: float | None = None  # monotonic; None while the database answers
+        self.refused = 0  # calls answered UNAVAILABLE for a lost connection
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        try:
+            yield
+        except DBAPIError as exc:
+            if not connection_lost(exc):
+                raise
+            text = str(exc.orig).strip()
+            reason = text.splitlines()[0] if text else type(exc.orig).__name__
+            with self._lock:
+                self.refused += 1
+                if self.lost_at is None:
+                    self.lost_at = time.monotonic()
+                    log.warning("the ledger's database cannot be reached (%s): answering UNAVAILABLE", reason)
+            raise LedgerUnavailable(f"the ledger's database cannot be reached: {reason}") from exc
+        if self.lost_at is not None:
+            with self._lock:
+                if self.lost_at is not None:
+                    down_s, self.lost_at = time.monotonic() - self.lost_at, None
+                    log.warning("the ledger's database answers again, after %.1f s", down_s)
 
 
 def alembic_config(url: str) -> Any:

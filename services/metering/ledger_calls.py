@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from services.metering.authorize import Authorizer
-from services.metering.db import reachable
 from services.metering.ledger import Ledger
 from services.metering.metering_metrics import MeteringStats
 
@@ -41,18 +40,17 @@ class LedgerCalls:
         self._readers.shutdown(wait=True)
 
     # The call's context (its trace span) goes along into the worker thread; a lost database
-    # connection becomes UNAVAILABLE there (db.reachable), for the reports that read directly.
+    # connection becomes UNAVAILABLE there (db.Reach), for the reports that read directly too.
     async def _w(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(
-            self._writer, contextvars.copy_context().run, _reaching, fn
+            self._writer, contextvars.copy_context().run, self._reaching, fn
         )
 
     async def _r(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(
-            self._readers, contextvars.copy_context().run, _reaching, fn
+            self._readers, contextvars.copy_context().run, self._reaching, fn
         )
 
-
-def _reaching(fn: Callable[[], T]) -> T:
-    with reachable():
-        return fn()
+    def _reaching(self, fn: Callable[[], T]) -> T:
+        with self.ledger.reach.guard():
+            return fn()

@@ -81,7 +81,7 @@ def _batch(tag: str, n: int = 5) -> pb.RecordUsageRequest:
 
 
 async def test_lost_database_is_unavailable_then_the_retried_write_is_stored_once(
-    relayed: tuple[Relay, str],
+    relayed: tuple[Relay, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     relay, url = relayed
     running = await start_metering(url, ServerOptions(port=0))
@@ -96,8 +96,11 @@ async def test_lost_database_is_unavailable_then_the_retried_write_is_stored_onc
                 details = await expect_status(call, grpc.StatusCode.UNAVAILABLE, "cannot be reached")
                 assert "internal error" not in details
             await relay.restore()
-            again = await stub.RecordUsage(_batch("during"))  # the spool's retry, after the restart
+            with caplog.at_level("WARNING", logger="services.metering.db"):
+                again = await stub.RecordUsage(_batch("during"))  # the spool's retry, after the restart
             assert (again.accepted, again.duplicates) == (5, 0)
+            assert running.ledger.reach.refused == 2 and running.ledger.reach.lost_at is None
+            assert "answers again, after" in caplog.text
             replay = await stub.RecordUsage(_batch("during"))
             assert (replay.accepted, replay.duplicates) == (0, 5)
     finally:
