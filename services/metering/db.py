@@ -123,11 +123,29 @@ def _sqlite_engine(url: str, immediate: bool) -> Engine:
     return engine
 
 
+# libpq's settings for a server that stops answering rather than refusing (a link that drops
+# every packet): without them a connect waits for TCP's own timeout and a pooled connection
+# whose sent bytes went unacknowledged stays stuck on retransmissions backing off for
+# minutes, so the single ledger writer hung through a 30 s blackhole and for 29 s after it.
+# With them a connect gives up after 5 s and such a connection fails within 15 s (UNAVAILABLE,
+# `Reach`), and the pool opens a fresh one once the server answers.
+SERVER_CONNECT = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 3,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,  # ms
+}
+
+
 def make_engines(url: str | None = None) -> Engines:
     resolved = resolve_url(url)
     if is_sqlite(resolved):
         return Engines(resolved, _sqlite_engine(resolved, True), _sqlite_engine(resolved, False))
-    engine = create_engine(resolved, pool_size=8, max_overflow=8, pool_pre_ping=True)
+    given = make_url(resolved).query  # the URL's own settings win over these defaults
+    connect = {k: v for k, v in SERVER_CONNECT.items() if k not in given}
+    engine = create_engine(resolved, pool_size=8, max_overflow=8, pool_pre_ping=True, connect_args=connect)
     return Engines(resolved, engine, engine)
 
 

@@ -18,6 +18,7 @@ import grpc
 import psycopg
 import pytest
 
+from services.metering.db import SERVER_CONNECT, make_engines
 from services.metering.metering_server import start_metering
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
@@ -108,3 +109,24 @@ async def test_lost_database_is_unavailable_then_the_retried_write_is_stored_onc
     with psycopg.connect(url.replace("+psycopg", "").replace(f":{relay.port}", f":{PG_PORT}")) as conn:
         stored = conn.execute("SELECT count(*) FROM ledger_lines WHERE basis = 'busy'").fetchone()
     assert stored is not None and stored[0] == 10
+
+
+def test_connections_give_up_on_a_silent_server_and_the_url_can_say_otherwise(
+    pg_unavailable: str | None,
+) -> None:
+    """libpq's timeouts (db.SERVER_CONNECT) are on every pooled connection, and a setting the
+    URL names itself is kept: what the blackholed-metering fault in tests/faults/ relies on."""
+    name = make_pg_database(pg_unavailable)
+    engines = make_engines(f"postgresql+psycopg://postgres@127.0.0.1:{PG_PORT}/{name}?connect_timeout=2")
+    try:
+        raw = engines.write.raw_connection()
+        try:
+            params = raw.driver_connection.info.get_parameters()  # type: ignore[union-attr]
+        finally:
+            raw.close()
+    finally:
+        engines.dispose()
+        drop_pg_database(name)
+    assert params["connect_timeout"] == "2"
+    assert params["tcp_user_timeout"] == str(SERVER_CONNECT["tcp_user_timeout"])
+    assert params["keepalives"] == "1" and params["keepalives_idle"] == str(SERVER_CONNECT["keepalives_idle"])
