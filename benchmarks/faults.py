@@ -1,11 +1,12 @@
 """Faults a network makes, each under load on a cluster laid across hosts: one table.
 
 `python -m benchmarks.faults` (as root: it makes network namespaces) starts the cluster of
-tests/faults/cluster.py (metering, two executors, a router and a load client, each on a host
-of its own, mTLS between them), runs each fault of tests/faults/scenarios.py in turn on it and
-prints, per fault: the client's requests and errors, p99 before and during the fault, the time
-to eject (or notice) and to recover, the ledger's jobs against the answers received (equal,
-none doubled), the spool's peak and the dead letters. The JSON goes to `--out`.
+tests/faults/cluster.py (PostgreSQL, two metering replicas, two executors, two routers and a
+load client, each on a host of its own, mTLS between them), runs each fault of
+tests/faults/scenarios.py in turn on it and prints, per fault: the client's requests and
+errors, p99 before and during the fault, the time to eject (or notice) and to recover, the
+ledger's jobs against the answers received (equal, none doubled), the spool's peak and the
+dead letters. The JSON goes to `--out`.
 
 The router<->metering partition lasts `--partition-s` (30 s, the issue's figure; the test
 uses 8 s). Delay and loss go through a userspace relay on the router's link to exec-b, since
@@ -21,12 +22,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.faults import postgres
 from tests.faults.cluster import Cluster
 from tests.faults.netns import Network, unavailable
 from tests.faults.scenarios import FAULTS, Figures, metering_partition
 
 COLUMNS = (
-    ("fault", "fault", 30),
+    ("fault", "fault", 32),
     ("requests", "requests", 9),
     ("errors", "errors", 7),
     ("p99_before_ms", "p99 before ms", 14),
@@ -55,7 +57,7 @@ def main() -> None:
     parser.add_argument("--partition-s", type=float, default=30.0)
     parser.add_argument("--out", type=Path, default=Path("out/bench/faults.json"))
     args = parser.parse_args()
-    why = unavailable()
+    why = unavailable() or postgres.unavailable()
     if why:
         raise SystemExit(f"cannot make hosts here: {why}")
     runs: dict[str, Callable[[Cluster], Figures]] = {
@@ -64,7 +66,7 @@ def main() -> None:
     }
     rows: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="switchyard-faults-") as scratch:
-        cluster = Cluster(Network(), Path(scratch))
+        cluster = Cluster(Network(), Path(scratch), replicas=True)
         try:
             cluster.start()
             for name in args.faults:

@@ -13,17 +13,25 @@ a ledger line or an audit row, and only the owner could drop the append-only tri
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.pool import NullPool
 
+from services.metering.metering_errors import LedgerUnavailable
 from switchyard import layout
 
+log = logging.getLogger(__name__)
 ROOT = layout.data_root()  # the checkout, or the working directory of an installed wheel
 DEFAULT_SQLITE = ROOT / "var" / "metering.db"
 ENV_URL = "SWITCHYARD_DATABASE_URL"
@@ -116,12 +124,80 @@ def _sqlite_engine(url: str, immediate: bool) -> Engine:
     return engine
 
 
+# libpq's settings for a server that stops answering rather than refusing (a link that drops
+# every packet): without them a connect waits for TCP's own timeout and a pooled connection
+# whose sent bytes went unacknowledged stays stuck on retransmissions backing off for
+# minutes, so the single ledger writer hung through a 30 s blackhole and for 29 s after it.
+# With them a connect gives up after 5 s and such a connection fails within 15 s (UNAVAILABLE,
+# `Reach`), and the pool opens a fresh one once the server answers.
+SERVER_CONNECT = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 3,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,  # ms
+}
+
+
 def make_engines(url: str | None = None) -> Engines:
     resolved = resolve_url(url)
     if is_sqlite(resolved):
         return Engines(resolved, _sqlite_engine(resolved, True), _sqlite_engine(resolved, False))
-    engine = create_engine(resolved, pool_size=8, max_overflow=8, pool_pre_ping=True)
+    given = make_url(resolved).query  # the URL's own settings win over these defaults
+    connect = {k: v for k, v in SERVER_CONNECT.items() if k not in given}
+    engine = create_engine(resolved, pool_size=8, max_overflow=8, pool_pre_ping=True, connect_args=connect)
     return Engines(resolved, engine, engine)
+
+
+# SQLSTATEs of a server that is gone or going: connection exceptions (class 08), the
+# administrator's or a crash's shutdown and a server still starting (57P01-57P03), no slot left.
+_GONE_STATES = ("57P01", "57P02", "57P03", "53300")
+
+
+def connection_lost(exc: DBAPIError) -> bool:
+    """Whether `exc` says the database could not be reached, rather than that it refused the
+    statement: a connection dropped under a call, refused, or a server shutting down."""
+    if exc.connection_invalidated or isinstance(exc, InterfaceError):
+        return True
+    state = getattr(exc.orig, "sqlstate", None)
+    if state is not None:
+        return str(state).startswith("08") or state in _GONE_STATES
+    # psycopg's failure to connect has no SQLSTATE; SQLite's OperationalError is about the file
+    return isinstance(exc, OperationalError) and type(exc.orig).__module__.startswith("psycopg")
+
+
+class Reach:
+    """Turns a lost database connection into LedgerUnavailable (UNAVAILABLE, DESIGN §7), which
+    callers retry, instead of an unexpected error (INTERNAL) that a router's spool would take
+    for a refusal and dead-letter; the pool re-connects on the next call (`pool_pre_ping`).
+    Logs once when the database stops answering and once when it answers again, not per call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.lost_at: float | None = None  # monotonic; None while the database answers
+        self.refused = 0  # calls answered UNAVAILABLE for a lost connection
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        try:
+            yield
+        except DBAPIError as exc:
+            if not connection_lost(exc):
+                raise
+            text = str(exc.orig).strip()
+            reason = text.splitlines()[0] if text else type(exc.orig).__name__
+            with self._lock:
+                self.refused += 1
+                if self.lost_at is None:
+                    self.lost_at = time.monotonic()
+                    log.warning("the ledger's database cannot be reached (%s): answering UNAVAILABLE", reason)
+            raise LedgerUnavailable(f"the ledger's database cannot be reached: {reason}") from exc
+        if self.lost_at is not None:
+            with self._lock:
+                if self.lost_at is not None:
+                    down_s, self.lost_at = time.monotonic() - self.lost_at, None
+                    log.warning("the ledger's database answers again, after %.1f s", down_s)
 
 
 def alembic_config(url: str) -> Any:

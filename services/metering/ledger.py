@@ -31,7 +31,7 @@ from services.metering import (
     usage,
     witness_client,
 )
-from services.metering.db import Engines, make_engines, migrate
+from services.metering.db import Engines, Reach, make_engines, migrate
 from services.metering.ledger_access import LedgerAccess
 from services.metering.records import Actor, JobCostInfo, JobInfo, ReservationInfo, UsageEvent, UsageResult
 
@@ -66,6 +66,7 @@ class Ledger(LedgerAccess):
         default = anchor_path == DEFAULT_ANCHOR
         self.anchor_path = auditkey.default_anchor(engines.url) if default else anchor_path
         self.watch = integrity.Watch()
+        self.reach = Reach()  # a lost database connection: UNAVAILABLE, logged once per outage
         self.witness = witness_client.WitnessClient.from_env()
 
     @classmethod
@@ -89,7 +90,7 @@ class Ledger(LedgerAccess):
         self.watch.check_writable()
         for attempt in range(RETRIES):
             try:
-                with self.engines.write.begin() as conn:
+                with self.reach.guard(), self.engines.write.begin() as conn:
                     audit.bind_key(conn, self.audit_key)
                     return fn(conn, self.clock())
             except (IntegrityError, OperationalError) as exc:
@@ -99,7 +100,7 @@ class Ledger(LedgerAccess):
         raise AssertionError("unreachable")
 
     def read(self, fn: Callable[[Connection], T]) -> T:
-        with self.engines.read.connect() as conn:
+        with self.reach.guard(), self.engines.read.connect() as conn:
             audit.bind_key(conn, self.audit_key)  # row MACs are checked on reads (rowmac.py)
             return fn(conn)
 

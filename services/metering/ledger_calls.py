@@ -39,13 +39,18 @@ class LedgerCalls:
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
 
-    # The call's context (its trace span) goes along into the worker thread.
+    # The call's context (its trace span) goes along into the worker thread; a lost database
+    # connection becomes UNAVAILABLE there (db.Reach), for the reports that read directly too.
     async def _w(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(
-            self._writer, contextvars.copy_context().run, fn
+            self._writer, contextvars.copy_context().run, self._reaching, fn
         )
 
     async def _r(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(
-            self._readers, contextvars.copy_context().run, fn
+            self._readers, contextvars.copy_context().run, self._reaching, fn
         )
+
+    def _reaching(self, fn: Callable[[], T]) -> T:
+        with self.ledger.reach.guard():
+            return fn()

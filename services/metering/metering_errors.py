@@ -32,3 +32,8 @@ class WrongState(errors.FailedPrecondition, MeteringError):
 
 class AuthFailed(errors.Unauthenticated, MeteringError):
     """A key that is malformed, unknown, wrong, revoked or expired (one message for all)."""
+
+
+class LedgerUnavailable(errors.Unavailable, MeteringError):
+    """The ledger's database cannot be reached (a connection lost or refused, a server
+    restarting): nothing was written, and the caller may send the same call again."""

@@ -1,18 +1,20 @@
 """A switchyard cluster laid across network namespaces: one host per service, mTLS between them.
 
-Hosts (tests/faults/netns.py, each its own address on one bridge): `metering` (its ledger a
-SQLite file: PostgreSQL on the machine's 127.0.0.1:5432 is not reachable from inside the
-namespaces without an address in the root namespace, which this harness does not add),
-`exec-a` and `exec-b` (CPU executors serving mlp), `router`, and `client` (the load). The
-router reaches exec-b through a relay on its own host (`link`: delay and loss, see
-link_proxy.py; this kernel has no netem). Each service holds its own certificate from one
-CA (`switchyard.tls.ensure_local_pki`), and every hop checks that the server it dials
-holds the identity it expects (its name, not its address).
+Hosts (tests/faults/netns.py, each its own address on one bridge): `pg` (a PostgreSQL server
+of the harness's own, tests/faults/postgres.py, which a fault can restart: the ledger is
+reached across a link), `metering`, `exec-a` and `exec-b` (CPU executors serving mlp),
+`router`, and `client` (the load). With `replicas`, a second metering (`metering-b`, on the
+same ledger) and a second router (`router-b`, its own spool, metering-b first and metering
+second in its channel's address list) too. The router reaches exec-b through a relay on its
+own host (`link`: delay and loss, see link_proxy.py; this kernel has no netem). Each service
+holds its own certificate from one CA (`switchyard.tls.ensure_local_pki`; replicas share
+their service's), and every hop checks that the server it dials holds the identity it
+expects (its name, not its address). The metering replicas share one audit key.
 Processes log with wall-clock stamps to `<dir>/<host>.log`, so a test times what the
 services did against when it injected a fault.
 
-Every wait is bounded; `close` kills what it started and removes the namespaces, and the
-fixture calls it even when a test fails.
+Every wait is bounded; `close` kills what it started, stops PostgreSQL and removes the
+namespaces, and the fixture calls it even when a test fails.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import bisect
 import json
 import os
 import re
+import secrets
 import select
 import subprocess
 import sys
@@ -34,12 +37,14 @@ import sqlalchemy as sa
 from services.metering.schema import JOBS
 from switchyard import tls
 from tests.faults.netns import Host, Network
+from tests.faults.postgres import PgServer
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 7001  # every service's gRPC port on its own host (each host has its own address)
 FRAMES_PORT = 7002  # the executors' frame port (the router learns it from Describe)
 RELAY = "127.0.0.2"  # on the router host: the relay that is its link to exec-b (`link`)
 TEAM = "faults"
+AUDIT_KEY_ENV = "SWITCHYARD_AUDIT_KEY"  # services/metering/auditkey.py
 START_S = 120  # a service's start, at most (torch's import on a loaded 2-core host)
 
 _LOGGING = (
@@ -58,8 +63,12 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as mpb, metering_pb2_grpc 
 from tests.router.conftest import prepare_ledger
 
 async def main() -> None:
-    url, host, port, operator, team = sys.argv[1:6]
+    url, host, port, operator, team, prepare = sys.argv[1:7]
     running = await start_metering(url, ServerOptions(host=host, port=int(port)))
+    if prepare != "prepare":  # a replica: the first one made the prices, paths and the key
+        print("READY -", flush=True)
+        await running.serve_until_signal()
+        return
     security = tls.Security.from_dir(operator)
     async with tls.aio_channel(f"{host}:{port}", (), security, expect=tls.METERING) as channel:
         stub = mgrpc.MeteringStub(channel)
@@ -126,9 +135,10 @@ def _request() -> pb.ModelInferRequest:
 
 async def main() -> None:
     address, key, clients, seconds, limit, out = sys.argv[1:7]
+    routers = address.split(",")  # caller i starts on router i mod n, and moves on when one fails
     answers, errors, sent = [], [], iter(range(int(limit)))
     metadata = [("authorization", f"Bearer {key}")]
-    async with grpc.aio.insecure_channel(address) as channel:  # the first answer (counted): GO
+    async with grpc.aio.insecure_channel(routers[0]) as channel:  # the first answer (counted): GO
         first = pbgrpc.GRPCInferenceServiceStub(channel)
         for _ in range(300):
             t0 = time.time()
@@ -143,22 +153,27 @@ async def main() -> None:
     print("GO", flush=True)
     end = time.time() + float(seconds)
 
-    async def one() -> None:
-        async with grpc.aio.insecure_channel(address) as channel:
-            stub = pbgrpc.GRPCInferenceServiceStub(channel)
+    async def one(i: int) -> None:
+        channels = [grpc.aio.insecure_channel(a) for a in routers]
+        stubs = [pbgrpc.GRPCInferenceServiceStub(c) for c in channels]
+        try:
             for _ in sent:
                 if time.time() >= end:
                     return
                 t0 = time.time()
                 try:
-                    reply = await stub.ModelInfer(_request(), metadata=metadata, timeout=10)
+                    reply = await stubs[i % len(stubs)].ModelInfer(_request(), metadata=metadata, timeout=10)
                 except grpc.aio.AioRpcError as exc:
                     errors.append([t0, time.time(), exc.code().name])
+                    i += exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                     await asyncio.sleep(0.02)
                 else:
                     answers.append([t0, time.time(), reply.parameters["request_id"].string_param])
+        finally:
+            for c in channels:
+                await c.close()
 
-    await asyncio.wait_for(asyncio.gather(*(one() for _ in range(int(clients)))), float(seconds) + 30)
+    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(int(clients)))), float(seconds) + 30)
     Path = __import__("pathlib").Path
     Path(out).write_text(json.dumps({"answers": answers, "errors": errors}))
 
@@ -194,29 +209,47 @@ class Cluster:
     network: Network
     directory: Path
     router_settings: dict[str, Any] = field(default_factory=dict)
+    replicas: bool = False  # metering-b and router-b too (module docstring)
     hosts: dict[str, Host] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     logs: dict[str, IO[bytes]] = field(default_factory=dict)
     key: str = ""
+    audit_key: str = field(default_factory=lambda: secrets.token_hex(32))  # the replicas' one
 
     def start(self) -> Cluster:
-        for role in ("metering", "exec-a", "exec-b", "router", "client"):
+        extra = ("metering-b", "router-b") if self.replicas else ()
+        for role in ("pg", "metering", "exec-a", "exec-b", "router", "client", *extra):
             self.hosts[role] = self.network.add(role)
         pki = self.directory / "tls"
-        certs = {role: self._cert(pki, role) for role in ("metering", "exec-a", "exec-b", "router")}
-        met = self.hosts["metering"]  # the operator that makes the load's key works there
-        operator = tls.ensure_local_pki(pki, ["operator"])["operator"]
-        self.ledger_url = f"sqlite:///{self.directory / 'ledger.db'}"
-        self._launch("metering", certs["metering"], METERING, self.ledger_url, met.address, str(PORT),
-                     str(operator), TEAM)  # fmt: skip
-        for role in ("exec-a", "exec-b"):  # started together: each imports torch for seconds
-            self._launch(role, certs[role], EXECUTOR, self.hosts[role].address, str(PORT), str(FRAMES_PORT))
-        self.key = self._ready("metering").split()[1]
+        for role in ("exec-a", "exec-b"):  # started first: each imports torch for seconds
+            cert = self._cert(pki, role)
+            self._launch(role, cert, EXECUTOR, self.hosts[role].address, str(PORT), str(FRAMES_PORT))
+        self.pg = PgServer(self.hosts["pg"])
+        self.pg.start()
+        self.pg.create_database()
+        self.ledger_url = self.pg.url
+        self._cert(pki, "metering")
+        self._cert(pki, "router")
+        self.start_metering("metering", prepare=True)
+        if self.replicas:  # after the first: it migrated the schema
+            self.start_metering("metering-b")
         self._ready("exec-a")
         self._ready("exec-b")
         self._start_link()
         self.start_router()
+        if self.replicas:
+            self.start_router("router-b")
         return self
+
+    def start_metering(self, role: str, prepare: bool = False) -> None:
+        """`role`'s metering on the ledger (and, with `prepare`, the prices, paths and the
+        load's key, which the operator's certificate makes there)."""
+        pki = self.directory / "tls"
+        operator = tls.ensure_local_pki(pki, ["operator"])["operator"]
+        self._launch(role, pki / "metering", METERING, self.ledger_url, self.hosts[role].address, str(PORT),
+                     str(operator), TEAM, "prepare" if prepare else "replica")  # fmt: skip
+        key = self._ready(role).split()[1]
+        self.key = key if prepare else self.key
 
     def _cert(self, pki: Path, role: str) -> Path:
         name = {"exec-a": "executor-a", "exec-b": "executor-b"}.get(role, role)
@@ -239,7 +272,9 @@ class Cluster:
         """Sets the router<->exec-b link's delay and loss (the relay reads it within 0.1 s)."""
         self.link_control.write_text(json.dumps({"delay_ms": delay_ms, "loss": loss}))
 
-    def start_router(self) -> None:
+    def start_router(self, role: str = "router") -> None:
+        """`router` dials metering; `router-b` metering-b, then metering (gRPC's pick_first:
+        the next address once the first fails). Each its own spool directory."""
         addresses = {"a": self.address("exec-a"), "b": f"{RELAY}:{PORT}"}  # b: through the link
         cfg = {
             "router": {"fleet": "faults", "usage_flush_s": 0.2, **self.router_settings},
@@ -249,16 +284,18 @@ class Cluster:
             },
             "routes": {"mlp": {"policy": "least_loaded", "targets": ["a", "b"]}},
         }
-        router = self.hosts["router"]
+        meterings = ["metering"] if role == "router" else ["metering-b", "metering"]
+        metering = "ipv4:" + ",".join(self.address(m) for m in meterings)
         cert = self.directory / "tls" / "router"
-        self._launch("router", cert, ROUTER, json.dumps(cfg), self.address("metering"), router.address,
-                     str(PORT), str(self.spool))  # fmt: skip
-        self._ready("router")
+        self._launch(role, cert, ROUTER, json.dumps(cfg), metering, self.hosts[role].address,
+                     str(PORT), str(self.spool_of(role)))  # fmt: skip
+        self._ready(role)
 
     def _launch(
         self, role: str, cert: Path, script: str, *args: str, host: str = "", module: str = ""
     ) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), tls.TLS_DIR_ENV: str(cert)}
+        env[AUDIT_KEY_ENV] = self.audit_key
         env.pop(tls.INSECURE_ENV, None)
         log = self.logs.setdefault(role, (self.directory / f"{role}.log").open("ab"))
         code = ("-m", module) if module else ("-c", script)
@@ -277,12 +314,15 @@ class Cluster:
             raise RuntimeError(f"{role} did not start: {self.log_text(role)[-3000:]}")
         return line
 
-    def load(self, clients: int, seconds: float, limit: int = 100_000) -> subprocess.Popen[bytes]:
-        """Starts the client host's load and returns once it has had an answer (its `seconds`
-        run from then); `result` reads it once it ends."""
+    def load(
+        self, clients: int, seconds: float, limit: int = 100_000, routers: tuple[str, ...] = ("router",)
+    ) -> subprocess.Popen[bytes]:
+        """Starts the client host's load on `routers` (spread, failing over) and returns once it
+        has had an answer (its `seconds` run from then); `result` reads it once it ends."""
         out = self.directory / f"load-{time.time():.0f}.json"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        args = (self.address("router"), self.key, str(clients), str(seconds), str(limit), str(out))
+        to = ",".join(self.address(r) for r in routers)
+        args = (to, self.key, str(clients), str(seconds), str(limit), str(out))
         command = self.hosts["client"].command(sys.executable, "-c", CLIENT, *args)
         proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE)
         proc.out = out  # type: ignore[attr-defined]
@@ -299,13 +339,19 @@ class Cluster:
 
     @property
     def spool(self) -> Path:
-        return self.directory / "spool"
+        return self.spool_of("router")
+
+    def spool_of(self, role: str) -> Path:
+        return self.directory / ("spool" if role == "router" else f"spool-{role}")
 
     def spool_counts(self) -> tuple[int, int]:
-        """(usage/audit segments waiting on disk, dead-lettered events)."""
-        segments = len(list(self.spool.glob("*.pb")))
-        dead = self.spool / "dead-letter.jsonl"
-        return segments, (len(dead.read_text().splitlines()) if dead.exists() else 0)
+        """(usage/audit segments waiting on disk, dead-lettered events), every router's."""
+        segments = dead = 0
+        for role in ("router", "router-b") if self.replicas else ("router",):
+            segments += len(list(self.spool_of(role).glob("*.pb")))
+            letters = self.spool_of(role) / "dead-letter.jsonl"
+            dead += len(letters.read_text().splitlines()) if letters.exists() else 0
+        return segments, dead
 
     def log_text(self, role: str) -> str:
         self.logs[role].flush()
@@ -325,7 +371,7 @@ class Cluster:
 
     def completed_jobs(self, answered: set[str], timeout_s: float = 20) -> dict[str, int]:
         """The ledger's completed primary jobs per request id, once every answered one is in (bounded)."""
-        engine = sa.create_engine(self.ledger_url)
+        engine = sa.create_engine(self.pg.local_url)
         deadline = time.monotonic() + timeout_s
         try:
             while True:
@@ -352,9 +398,22 @@ class Cluster:
                 proc.kill()
                 proc.wait(10)
 
+    def kill(self, role: str) -> None:
+        """SIGKILL: no drain, no flush (a lost host, the OOM killer)."""
+        proc = self.procs.pop(role)
+        proc.kill()
+        proc.wait(10)
+
     def close(self) -> None:
-        for role in ("router", "link-b", "exec-a", "exec-b", "metering"):
-            self.stop(role)
-        for log in self.logs.values():
-            log.close()
-        self.network.close()
+        try:
+            for proc in self.procs.values():  # all asked at once: each drains in parallel
+                if proc.poll() is None:
+                    proc.terminate()
+            for role in ("router", "router-b", "link-b", "exec-a", "exec-b", "metering", "metering-b"):
+                self.stop(role)
+            for log in self.logs.values():
+                log.close()
+            if hasattr(self, "pg"):
+                self.pg.close()
+        finally:
+            self.network.close()

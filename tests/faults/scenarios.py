@@ -61,12 +61,14 @@ def run_fault(
     warm_s: float = 5.0,
     fault_s: float = 4.0,
     after_s: float = 3.0,
+    routers: tuple[str, ...] = ("router",),
 ) -> Figures:
-    """`noticed`: the router log line that says it saw the fault; `recovered`: when it had
+    """`noticed`: the log line (of the first of `routers`, where the load goes) that says it
+    saw the fault; `recovered`: when it had
     recovered, from the heal's time and the spool's (time, segments) samples (None: when the
     client's latency settled again, at most twice the p99 before the fault, or 50 ms more)."""
     earlier = set(cluster.completed_jobs(set(), timeout_s=0))  # a cluster shared by faults
-    load = cluster.load(CLIENTS, seconds=warm_s + fault_s + after_s)
+    load = cluster.load(CLIENTS, seconds=warm_s + fault_s + after_s, routers=routers)
     stop, samples = threading.Event(), [(time.time(), 0)]
     watcher = threading.Thread(target=_spool_watch, args=(cluster, stop, samples), daemon=True)
     watcher.start()
@@ -87,7 +89,7 @@ def run_fault(
     time.sleep(0.2)  # one more sample of the watcher
     stop.set()
     watcher.join(5)
-    seen = cluster.logged_at("router", noticed, cut)
+    seen = cluster.logged_at(routers[0], noticed, cut)
     before = got.p99_ms(cut - warm_s + 1, cut)
     back = (
         got.settled_at(healed, max(2 * before, before + 50))
@@ -154,8 +156,43 @@ def slow_lossy_link(cluster: Cluster, delay_ms: float = 200.0, loss: float = 0.0
     )  # fmt: skip
 
 
+def postgres_restart(cluster: Cluster, down_s: float = 3.0) -> Figures:
+    """The ledger's PostgreSQL stopped (`pg_ctl stop -m fast`: every session ended, as a
+    restart or a failover does) and started again `down_s` later. Metering answers UNAVAILABLE
+    while it cannot write; the router spools, and delivers once metering writes again."""
+    return run_fault(
+        cluster, f"postgres restart ({down_s:.0f} s down)", cluster.pg.stop, cluster.pg.start,
+        r"metering unreachable", spool_drained, fault_s=down_s,
+    )  # fmt: skip
+
+
+def router_and_metering_killed(cluster: Cluster) -> Figures:
+    """Two routers and two metering replicas on one ledger (`Cluster(replicas=True)`), the
+    load spread over both routers: `router` and `metering-b` SIGKILLed at once, crosswise (the
+    surviving router-b loses its first metering), then both restarted after 4 s, the router on
+    its own spool directory (its journal replayed). The client moves to the other router when
+    one fails; router-b's channel moves to metering. `eject_s`: when router-b first spooled
+    after the kill (None: its channel moved to metering before a flush failed)."""
+
+    def kill() -> None:
+        cluster.kill("router")
+        cluster.kill("metering-b")
+
+    def restart() -> None:
+        cluster.start_metering("metering-b")
+        cluster.start_router()
+
+    return run_fault(
+        cluster, "router + metering-b SIGKILLed", kill, restart,
+        r"metering unreachable|recovered \d+ usage events", spool_drained,
+        routers=("router-b", "router"),
+    )  # fmt: skip
+
+
 FAULTS: dict[str, Callable[[Cluster], Figures]] = {
     "executor-blackhole": executor_blackhole,
     "metering-partition": metering_partition,
     "slow-lossy-link": slow_lossy_link,
+    "postgres-restart": postgres_restart,
+    "router-metering-kill": router_and_metering_killed,
 }

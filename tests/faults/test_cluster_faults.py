@@ -8,11 +8,20 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.faults import postgres
 from tests.faults.cluster import Cluster
 from tests.faults.netns import Network, unavailable
-from tests.faults.scenarios import CLIENTS, Figures, executor_blackhole, metering_partition, slow_lossy_link
+from tests.faults.scenarios import (
+    CLIENTS,
+    Figures,
+    executor_blackhole,
+    metering_partition,
+    postgres_restart,
+    router_and_metering_killed,
+    slow_lossy_link,
+)
 
-WHY = unavailable()
+WHY = unavailable() or postgres.unavailable()
 pytestmark = [pytest.mark.skipif(bool(WHY), reason=WHY or "runs"), pytest.mark.slow]
 
 BOUND_S = 2.0  # eject_unanswered_s, the router's default
@@ -22,8 +31,9 @@ MARGIN_S = 0.7  # probe scheduling and log stamping on a loaded 2-core host
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One cluster for the module's faults (each heals its own; start-up is about a minute on
-    a loaded 2-core host); the ledger figures count only each fault's own jobs."""
-    running = Cluster(Network(), tmp_path_factory.mktemp("cluster"))
+    a loaded 2-core host), with a second router and metering replica for the last; the
+    ledger figures count only each fault's own jobs."""
+    running = Cluster(Network(), tmp_path_factory.mktemp("cluster"), replicas=True)
     try:
         yield running.start()
     finally:
@@ -58,3 +68,22 @@ def test_slow_lossy_link_costs_latency_not_answers_and_the_ledger_stays_exact(cl
     assert f.p99_fault_ms >= 400, f  # requests that went to b paid a round trip of the delay
     assert f.recover_s is not None and f.recover_s < 3, f  # latency back once the link healed
     _ledger_exact(f)
+
+
+def test_postgres_restart_under_metering_spools_then_delivers_exactly_once(cluster: Cluster) -> None:
+    f = postgres_restart(cluster, down_s=3)
+    assert f.errors == 0, f  # metering answers UNAVAILABLE, the router spools: clients see nothing
+    assert f.eject_s is not None and f.spool_peak > 0, f  # it did spool while the ledger was down
+    assert f.recover_s is not None, f  # and drained after the restart
+    _ledger_exact(f)  # dead letters 0: an INTERNAL from metering would have dead-lettered usage
+
+
+def test_router_and_metering_replica_killed_lose_and_double_nothing(cluster: Cluster) -> None:
+    """Last in the module: it SIGKILLs `router` and `metering-b` (then restarts them)."""
+    f = router_and_metering_killed(cluster)
+    assert f.errors <= 3 * CLIENTS, f  # the calls in flight on the killed router, and a retry each
+    lost = f.answered - (f.ledger_jobs - f.unanswered_jobs)
+    assert lost == 0 and f.doubled == 0, f  # every answer is in the ledger, once
+    # Usage journaled before the kill, whose answer died with the router: charged, not seen.
+    assert f.unanswered_jobs <= CLIENTS, f
+    assert f.dead_letters == 0, f
