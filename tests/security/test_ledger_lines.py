@@ -129,7 +129,7 @@ async def test_lines_from_before_their_macs_hold_and_a_change_to_one_is_named(
     try:
         ledger.set_price(Actor("test"), "cpu-std", 3_600_000, "USD", T0)
         ledger.register_path(Actor("test"), "cpu-eager@h1", "cpu", "cpu-16", "cpu-std", "h1")
-        ledger.record_usage([UsageEvent(**EVENT)])
+        ledger.record_usage([OLD])
     finally:
         ledger.close()
     drop_line_guards(db_url)
@@ -151,7 +151,7 @@ async def test_lines_from_before_their_macs_hold_and_a_change_to_one_is_named(
     )
 
 
-EVENT = dict(
+OLD = UsageEvent(
     idempotency_key="old", path="cpu-eager@h1", model="mlp", team="search", status="completed",
     met_quality=True, busy_us=1_000_000, started_us=T0 + 1, ended_us=T0 + 1_000_001,
 )  # fmt: skip
