@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
-from services.metering import audit, costmodel
+from services.metering import audit, costmodel, rowmac
 from services.metering.metering_errors import BadInput, Conflict, UnknownEntity, WrongState
 from services.metering.records import (
     JOB_STATUSES,
@@ -92,9 +92,10 @@ def _charge_prepare(conn: Connection, job: Any, prepare_us: int, now_us: int) ->
     key = f"job:{job.job_id}:prepare"
     at = job.started_us
     content = hashlib.sha256(f"{job.job_id}|{job.path}|{prepare_us}|{at}".encode()).hexdigest()
-    stored = conn.execute(select(LINES.c.content_hash).where(LINES.c.idempotency_key == key)).scalar()
+    stored = conn.execute(select(LINES).where(LINES.c.idempotency_key == key)).first()
     if stored is not None:
-        if stored != content:
+        rowmac.check_lines(conn, [stored], f"the preparation charge of job {job.job_id}")
+        if stored.content_hash != content:
             raise Conflict(f"job {job.job_id} already has a different preparation charge")
         return
     price_key = load_paths(conn, [job.path])[job.path]
@@ -108,29 +109,28 @@ def _charge_prepare(conn: Connection, job: Any, prepare_us: int, now_us: int) ->
     ).first()
     if res is not None and res.state != "open":
         raise WrongState(f"reservation {res.reservation_id} covering job {job.job_id} is closed")
-    conn.execute(
-        LINES.insert().values(
-            idempotency_key=key,
-            content_hash=content,
-            basis="prepare",
-            at_us=at,
-            end_us=at + prepare_us,
-            quantity_us=prepare_us,
-            amount_micros=costmodel.charge(prepare_us, price, "preparation charge") if price else None,
-            currency=price.currency if price else None,
-            price_version=price.version if price else None,
-            method=None if price else "unpriced: no price in force",
-            path=job.path,
-            reservation_id=res.reservation_id if res else None,
-            job_id=job.job_id,
-            model=job.model,
-            team=job.team,
-            trial_id=job.trial_id,
-            arm=job.arm,
-            tags_json="{}",
-            recorded_us=now_us,
-        )
+    line = dict(
+        idempotency_key=key,
+        content_hash=content,
+        basis="prepare",
+        at_us=at,
+        end_us=at + prepare_us,
+        quantity_us=prepare_us,
+        amount_micros=costmodel.charge(prepare_us, price, "preparation charge") if price else None,
+        currency=price.currency if price else None,
+        price_version=price.version if price else None,
+        method=None if price else "unpriced: no price in force",
+        path=job.path,
+        reservation_id=res.reservation_id if res else None,
+        job_id=job.job_id,
+        model=job.model,
+        team=job.team,
+        trial_id=job.trial_id,
+        arm=job.arm,
+        tags_json="{}",
+        recorded_us=now_us,
     )
+    conn.execute(LINES.insert(), rowmac.signed_lines(conn, [line]))
 
 
 def job_cost(conn: Connection, job_id: str) -> JobCostInfo:
@@ -138,6 +138,7 @@ def job_cost(conn: Connection, job_id: str) -> JobCostInfo:
     if job is None:
         raise UnknownEntity(f"unknown job {job_id!r}")
     rows = conn.execute(select(LINES).where(LINES.c.job_id == job_id).order_by(LINES.c.id)).all()
+    rowmac.check_lines(conn, rows, f"the cost of job {job_id}")
     lines = [
         CostLineInfo(
             r.basis if r.amount_micros is not None else "unpriced",

@@ -10,6 +10,7 @@ Methods are synchronous; the gRPC servicer runs them in worker threads.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from services.metering import (
     reports,
     reservations,
     route_changes,
+    rowmac,
     statefiles,
     usage,
     witness_client,
@@ -37,6 +39,7 @@ from services.metering.records import Actor, JobCostInfo, JobInfo, ReservationIn
 
 T = TypeVar("T")
 RETRIES = 5
+log = logging.getLogger(__name__)
 
 
 def now_us() -> int:
@@ -80,7 +83,13 @@ class Ledger(LedgerAccess):
         engines = make_engines(url)
         if run_migrations:
             migrate(engines.url)
-        return cls(engines, audit_key=audit_key, anchor_path=anchor_path)
+        ledger = cls(engines, audit_key=audit_key, anchor_path=anchor_path)
+        legacy = ledger.write(rowmac.adopt_legacy_lines)  # once per ledger (rowmac.py)
+        if legacy:
+            log.warning(
+                "%d ledger lines from before their MACs (migration 0013) recorded in the chain", legacy
+            )
+        return ledger
 
     def close(self) -> None:
         self.engines.dispose()
@@ -181,10 +190,10 @@ class Ledger(LedgerAccess):
     def cost_report(
         self, group_by: Sequence[str], since_us: int, until_us: int, trial_id: str = ""
     ) -> list[reports.CostRow]:
-        return reports.cost_report(self.engines.read, group_by, since_us, until_us, trial_id)
+        return reports.cost_report(self.engines.read, group_by, since_us, until_us, trial_id, self.audit_key)
 
     def export(self, fmt: str, since_us: int, until_us: int) -> Iterator[bytes]:
-        return reports.export(self.engines.read, fmt, since_us, until_us)
+        return reports.export(self.engines.read, fmt, since_us, until_us, audit_key=self.audit_key)
 
     # -- trials -------------------------------------------------------------------------
     def record_trial(self, actor: Actor, trial: jobs.TrialUpdate) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 from sqlalchemy import Engine, Select, case, exists, func, literal, literal_column, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from services.metering import audit, rowmac
 from services.metering.costmodel import round_div
 from services.metering.metering_errors import BadInput
 from services.metering.money import decimal
@@ -112,14 +113,39 @@ def _cols(table: Any, groups: list[str], dialect: str, time_col: Any) -> list[Co
     return [(day_of(dialect, time_col) if g == "day" else table.c[g]).label(g) for g in groups]
 
 
+def _window(stmt: Select[Any], since_us: int, until_us: int, trial_id: str = "") -> Select[Any]:
+    """`stmt` over the lines in [since, until) of a trial ("" = every one)."""
+    if since_us:
+        stmt = stmt.where(LINES.c.at_us >= since_us)
+    if until_us:
+        stmt = stmt.where(LINES.c.at_us < until_us)
+    return stmt.where(LINES.c.trial_id == trial_id) if trial_id else stmt
+
+
+def check_lines(conn: Any, audit_key: bytes | None, since_us: int, until_us: int, trial_id: str = "") -> None:
+    """With the audit key (the ledger's reports): refuse a report over a line written behind
+    metering's back (rowmac.py); every line of the window is read once to check it."""
+    if audit_key is None:
+        return
+    audit.bind_key(conn, audit_key)
+    stmt = _window(select(LINES), since_us, until_us, trial_id)
+    rowmac.check_lines(conn, conn.execute(stmt).yield_per(1000), "the report")
+
+
 def cost_report(
-    engine: Engine, group_by: Sequence[str], since_us: int, until_us: int, trial_id: str = ""
+    engine: Engine,
+    group_by: Sequence[str],
+    since_us: int,
+    until_us: int,
+    trial_id: str = "",
+    audit_key: bytes | None = None,
 ) -> list[CostRow]:
     groups = check_groups(group_by)
     check_window(since_us, until_us)
     lines, jobs = _cost_queries(groups, engine.dialect.name, since_us, until_us, trial_id)
     rows: dict[tuple[str, ...], dict[str, Any]] = {}
     with engine.connect() as conn:
+        check_lines(conn, audit_key, since_us, until_us, trial_id)
         for r in conn.execute(lines):
             key = tuple(str(getattr(r, g) or "") for g in groups)
             rows[key] = dict(currency=r.currency, total_micros=int(r.total), busy_micros=int(r.busy))
@@ -164,7 +190,7 @@ def _cost_queries(
     def by(basis: tuple[str, ...]) -> ColumnElement[Any]:
         return func.coalesce(func.sum(case((LINES.c.basis.in_(basis), amount), else_=0)), 0)
 
-    lines = select(
+    lines: Select[Any] = select(
         *_cols(LINES, groups, dialect, LINES.c.at_us),
         func.coalesce(func.max(LINES.c.currency), "").label("currency"),
         func.coalesce(func.sum(amount), 0).label("total"),
@@ -189,12 +215,13 @@ def _cost_queries(
         func.sum(case((done & generating, 1), else_=0)).label("generation_completed"),
         func.sum(case(((JOBS.c.status != "running") & generating, 1), else_=0)).label("generation_total"),
     )
+    lines = _window(lines, since_us, until_us, trial_id)
     if since_us:
-        lines, jobs = lines.where(LINES.c.at_us >= since_us), jobs.where(JOBS.c.ended_us >= since_us)
+        jobs = jobs.where(JOBS.c.ended_us >= since_us)
     if until_us:
-        lines, jobs = lines.where(LINES.c.at_us < until_us), jobs.where(JOBS.c.ended_us < until_us)
+        jobs = jobs.where(JOBS.c.ended_us < until_us)
     if trial_id:
-        lines, jobs = lines.where(LINES.c.trial_id == trial_id), jobs.where(JOBS.c.trial_id == trial_id)
+        jobs = jobs.where(JOBS.c.trial_id == trial_id)
     if groups:
         # By output label: PostgreSQL and SQLite both accept it, and the day expression is not repeated.
         lines = lines.group_by(*[literal_column(g) for g in groups])
@@ -452,22 +479,24 @@ def _path_currencies(conn: Any) -> dict[str, str]:
 
 
 def export(
-    engine: Engine, fmt: str, since_us: int, until_us: int, chunk_bytes: int = 64 * 1024
+    engine: Engine,
+    fmt: str,
+    since_us: int,
+    until_us: int,
+    chunk_bytes: int = 64 * 1024,
+    audit_key: bytes | None = None,
 ) -> Iterator[bytes]:
     """Yield the export in chunks of about `chunk_bytes`; a header first, rows in journal order."""
     if fmt not in ("csv", "focus"):
         raise BadInput(f"export format {fmt!r} is not csv or focus")
     check_window(since_us, until_us)
-    stmt = select(LINES).order_by(LINES.c.id)
-    if since_us:
-        stmt = stmt.where(LINES.c.at_us >= since_us)
-    if until_us:
-        stmt = stmt.where(LINES.c.at_us < until_us)
+    stmt = _window(select(LINES).order_by(LINES.c.id), since_us, until_us)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(CSV_COLUMNS if fmt == "csv" else FOCUS_COLUMNS)
     party = FocusParty.from_env()
     with engine.connect() as conn:
+        check_lines(conn, audit_key, since_us, until_us)  # before the first row goes out
         currencies = _path_currencies(conn) if fmt == "focus" else {}
 
         def convert(r: Any) -> list[str]:

@@ -196,11 +196,8 @@ def close_reservation(conn: Connection, rid: str, end_us: int, now_us: int) -> R
         & (LINES.c.at_us >= res.start_us)
         & (LINES.c.at_us < end_us)
     )
-    lines = conn.execute(
-        select(LINES.c.basis, LINES.c.job_id, LINES.c.quantity_us, LINES.c.amount_micros).where(
-            (LINES.c.reservation_id == rid) | unreserved
-        )
-    ).all()
+    lines = conn.execute(select(LINES).where((LINES.c.reservation_id == rid) | unreserved)).all()
+    rowmac.check_lines(conn, lines, f"closing reservation {rid}")
     charged = sum(r.amount_micros or 0 for r in lines)
     idle_us = (end_us - res.start_us) - sum(r.quantity_us for r in lines)
     weights: dict[str, int] = {}
@@ -265,4 +262,4 @@ def _write_idle_lines(
     for row in rows:
         row["idempotency_key"] = f"{res.reservation_id}:idle:{row['job_id'] or '-'}"
         row["content_hash"] = hashlib.sha256(repr(sorted(row.items())).encode()).hexdigest()
-    conn.execute(LINES.insert(), rows)
+    conn.execute(LINES.insert(), rowmac.signed_lines(conn, rows))

@@ -1,5 +1,5 @@
 """Keyed MACs on the rows that grant power or set money: role bindings, API keys (with their
-revocation), paths (the price key each is charged at) and prices.
+revocation), paths (the price key each is charged at), prices and ledger lines.
 
 Each such row carries `mac`, an HMAC-SHA256 under a key derived from the audit key (which the
 database does not hold) of the row's meaningful fields. Metering writes it with the row and
@@ -16,6 +16,17 @@ chain vouches for it (its `price.set` row names the same version, rate and curre
 `path.register` row the same price key and resource class), since paths and prices are never
 changed and so are never signed again.
 
+A ledger line's MAC covers every field it has (what it charges, for which job, model, team
+and trial, at which price version, when): a line inserted or changed by SQL is refused where
+it is used (the idempotency check of a new event with its key, a job's cost, a reversal, a
+reservation's close, a cost report over it, the exports), FAILED_PRECONDITION naming the
+line, and `audit verify` names it (`line/<key>`). Lines from before migration 0013 have no
+MAC: at metering's first start after it the chain records them (`ledger.lines_signed`: the
+highest id among them, their count and the digest of their fields), so such a line holds at
+use, and `audit verify` recomputes the digest (a legacy line changed or added by SQL is
+named `line/legacy`); any other line without a MAC is forged. A line deleted by SQL leaves no row to check,
+and its MAC cannot name it.
+
 What a MAC cannot tell apart: a row put back exactly as it was earlier (a key's state before
 its revocation, with that state's MAC); `audit verify` cross-checks every `key.revoke` row
 of the chain against the key's row, so that replay is named too.
@@ -26,12 +37,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, func, select
 
 from services.metering import audit
-from services.metering.schema import AUDIT, BINDINGS, KEYS, PATHS, PRICES
+from services.metering.metering_errors import WrongState
+from services.metering.records import Actor
+from services.metering.schema import AUDIT, BINDINGS, KEYS, LINES, PATHS, PRICES
 
 ROW_INFO = b"switchyard row mac v1"
 
@@ -117,6 +131,94 @@ def _chained_price(conn: Connection, row: Any) -> bool:
     return any((d.get("version"), d.get("micros_per_hour"), d.get("currency")) == wanted for d in said)
 
 
+# Every column of a ledger line but its id and its MAC, in the order the hot path inserts them
+# (usage.LINE_COLUMNS): what a line charges, for what, when, and how it was priced.
+LINE_FIELDS = (
+    "idempotency_key", "content_hash", "basis", "at_us", "end_us", "quantity_us", "amount_micros", "currency",
+    "price_version", "method", "path", "reservation_id", "job_id", "model", "team", "trial_id", "arm",
+    "tags_json", "recorded_us", "prompt_tokens", "output_tokens",
+)  # fmt: skip
+_LINE_DEFAULTS = {"prompt_tokens": 0, "output_tokens": 0}  # the columns' own defaults
+LINES_SIGNED = "ledger.lines_signed"  # the chain's row after which every line carries a MAC
+SIGNER = Actor("metering", "line-signing")
+
+
+def line_signer(conn: Connection) -> Callable[[Sequence[Any]], str]:
+    """The MAC of a line's values in LINE_FIELDS order (the key derived once, for a batch)."""
+    key = _key(conn)
+
+    def sign(values: Sequence[Any]) -> str:
+        body = json.dumps(["ledger_line", *values], separators=(",", ":")).encode()
+        return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+    return sign
+
+
+def line_mac(conn: Connection, fields: Mapping[Any, Any]) -> str:
+    """Of every field of a ledger line (LINE_FIELDS)."""
+    return line_signer(conn)([fields.get(n, _LINE_DEFAULTS.get(n)) for n in LINE_FIELDS])
+
+
+def signed_lines(conn: Connection, rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows to insert into ledger_lines, each with its MAC (the writers that build dicts;
+    the hot path signs its tuples with line_signer)."""
+    return [{**r, "mac": line_mac(conn, r)} for r in rows]
+
+
+def _legacy(conn: Connection) -> dict[str, Any] | None:
+    """The chain's `ledger.lines_signed` row (None: this ledger was never opened by a metering
+    that signs lines)."""
+    row = conn.execute(select(AUDIT.c.detail_json).where(AUDIT.c.action == LINES_SIGNED).limit(1)).first()
+    return None if row is None else dict(json.loads(row[0]))
+
+
+def line_ok(conn: Connection, row: Any, legacy_through: int = 0) -> bool:
+    """The line's MAC matches; or it has none and is a line from before migration 0013 (its id
+    at most `legacy_through`, which the chain recorded with their digest: `adopt_legacy_lines`)."""
+    if row.mac is None:
+        return bool(row.id <= legacy_through)
+    return hmac.compare_digest(str(row.mac), line_mac(conn, row._mapping))
+
+
+def check_lines(conn: Connection, rows: Iterable[Any], using: str) -> None:
+    """Refuse to use lines written behind metering's back (WrongState: FAILED_PRECONDITION)."""
+    legacy = _legacy(conn)
+    through = int(legacy["through_id"]) if legacy else 0
+    bad = [str(r.idempotency_key) for r in rows if not line_ok(conn, r, through)]
+    if bad:
+        raise WrongState(
+            f"{using}: ledger line {bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''} "
+            "fails its MAC (written behind metering's back), so it is not used; see `switchyard audit verify`"
+        )
+
+
+def _legacy_digest(conn: Connection, through_id: int) -> tuple[int, str]:
+    """How many lines up to `through_id` have no MAC, and the digest of all their fields."""
+    rows = conn.execute(
+        select(LINES).where(LINES.c.mac.is_(None), LINES.c.id <= through_id).order_by(LINES.c.id)
+    ).all()
+    digest = hashlib.sha256()
+    for r in rows:
+        digest.update(
+            json.dumps([r.id, *(r._mapping[n] for n in LINE_FIELDS)], separators=(",", ":")).encode()
+        )
+    return len(rows), digest.hexdigest()
+
+
+def adopt_legacy_lines(conn: Connection, now_us: int) -> int | None:
+    """Once per ledger, at metering's first start after migration 0013: record in the chain
+    the lines written before it (without a MAC: the highest id among them, their count and
+    the digest of their fields), which `audit verify` recomputes; None when already done.
+    Metering's runtime role may not UPDATE lines, so they are vouched for, not signed."""
+    if _legacy(conn) is not None:
+        return None
+    through = conn.execute(select(func.max(LINES.c.id)).where(LINES.c.mac.is_(None))).scalar() or 0
+    count, digest = _legacy_digest(conn, int(through))
+    detail = {"through_id": int(through), "count": count, "digest": digest}
+    audit.append(conn, SIGNER, LINES_SIGNED, "ledger/lines", "ok", now_us, detail)
+    return count
+
+
 def binding_ok(conn: Connection, row: Any) -> bool:
     expected = binding_mac(conn, row.principal_id, row.role, row.scope, row.created_us)
     return row.mac is not None and hmac.compare_digest(str(row.mac), expected)
@@ -145,6 +247,14 @@ def forged_rows(conn: Connection) -> list[str]:
         version = str(json.loads(detail).get("version", ""))
         if version and version not in versions and f"price/{version}" not in bad:
             bad.append(f"price/{version}")
+    legacy = _legacy(conn)
+    if legacy is not None:
+        through = int(legacy["through_id"])
+        bad += [
+            f"line/{r.idempotency_key}" for r in conn.execute(select(LINES)) if not line_ok(conn, r, through)
+        ]
+        if _legacy_digest(conn, through) != (legacy["count"], legacy["digest"]):
+            bad.append(f"line/legacy (the {legacy['count']} lines from before their MACs changed)")
     revoked = conn.execute(select(AUDIT.c.resource).where(AUDIT.c.action == "key.revoke"))
     for (resource,) in revoked:
         key_id = str(resource).removeprefix("key/")

@@ -159,6 +159,7 @@ class LedgerLine(Base):
     # Tokens of a generation request (migration 0005); the default keeps older writers valid.
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     output_tokens: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    mac: Mapped[str | None] = mapped_column(String(64))  # services/metering/rowmac.py (migration 0013)
 
 
 class PrincipalRow(Base):

@@ -28,11 +28,7 @@ from services.metering.schema import JOBS, LINES, PATHS, PRICES, RESERVATIONS
 CHUNK = 900  # bound parameters per IN (...) list, under SQLite's historical limit of 999
 
 
-LINE_COLUMNS = (
-    "idempotency_key", "content_hash", "basis", "at_us", "end_us", "quantity_us", "amount_micros", "currency",
-    "price_version", "method", "path", "reservation_id", "job_id", "model", "team", "trial_id", "arm",
-    "tags_json", "recorded_us", "prompt_tokens", "output_tokens",
-)  # fmt: skip
+LINE_COLUMNS = (*rowmac.LINE_FIELDS, "mac")  # what the hot path inserts: every field, then the MAC
 # The key order of the job dicts that _job_rows builds.
 JOB_COLUMNS = (
     "job_id", "kind", "path", "model", "model_version", "team", "principal", "trial_id", "arm", "status",
@@ -173,10 +169,13 @@ def _match(ev: UsageEvent, windows: list[_Window]) -> str | None:
 
 
 def _existing(conn: Connection, keys: list[str]) -> dict[str, str]:
+    """The content hash of each key already stored; a stored line that fails its MAC (one
+    inserted by SQL to make a real event look like a duplicate) refuses the batch."""
     out: dict[str, str] = {}
     for part in chunks(keys):
-        stmt = select(LINES.c.idempotency_key, LINES.c.content_hash).where(LINES.c.idempotency_key.in_(part))
-        out.update(conn.execute(stmt).all())
+        rows = conn.execute(select(LINES).where(LINES.c.idempotency_key.in_(part))).all()
+        rowmac.check_lines(conn, rows, "recording usage")
+        out.update((r.idempotency_key, r.content_hash) for r in rows)
     return out
 
 
@@ -341,6 +340,7 @@ def _lines(
     windows = _reservations(conn, fresh)
     rows: list[tuple[Any, ...]] = []
     unpriced = 0
+    sign = rowmac.line_signer(conn)
     per_path: dict[str, tuple[str, list[_Window]]] = {}
     charges: dict[tuple[int, int], int] = {}  # (busy_us, micros/hour) -> amount
     for ev in fresh:
@@ -362,14 +362,14 @@ def _lines(
                 charges[busy, price.micros_per_hour] = amount
             currency, version, method = price.currency, price.version, None
         key = ev.idempotency_key
-        line = (  # in LINE_COLUMNS order
+        line = (  # in LINE_FIELDS order
             key, seen[key], "prepare" if ev.kind == "prepare" else "busy",
             ev.started_us, ev.ended_us or ev.started_us + busy, busy, amount, currency, version,
             method, path, rid, ev.effective_job_id, ev.model, ev.team, ev.trial_id, ev.arm,
             json.dumps(dict(ev.tags), sort_keys=True) if ev.tags else "{}", now_us,
             ev.prompt_tokens, ev.output_tokens,
         )  # fmt: skip
-        rows.append(line)
+        rows.append((*line, sign(line)))
     # Key order: concurrent writers then take unique-index locks in the same order (PostgreSQL
     # would otherwise abort one of two batches that overlap in opposite orders as a deadlock).
     rows.sort(key=itemgetter(0))
@@ -388,12 +388,14 @@ def reverse_usage(conn: Connection, key: str, reverses: str, reason: str, now_us
     digest = hashlib.sha256(repr(("reversal", key, reverses, reason)).encode()).hexdigest()
     stored = conn.execute(select(LINES).where(LINES.c.idempotency_key == key)).first()
     if stored is not None:
+        rowmac.check_lines(conn, [stored], f"reversal {key}")
         if stored.content_hash != digest:
             raise Conflict(f"idempotency key {key} is already stored with different content; use a new key")
         return stored, True
     orig = conn.execute(select(LINES).where(LINES.c.idempotency_key == reverses)).first()
     if orig is None:
         raise UnknownEntity(f"no usage line with idempotency key {reverses!r}")
+    rowmac.check_lines(conn, [orig], f"reversing {reverses}")
     # Exclusive on the path: no reservation closes over this line while it is being reversed.
     # (Two reversals of one line are stopped by the unique index on the reversal target.)
     load_paths(conn, [orig.path], lock="update")
@@ -422,11 +424,11 @@ def reverse_usage(conn: Connection, key: str, reverses: str, reason: str, now_us
         raise WrongState(
             f"line {reverses} is in closed reservation {closed.reservation_id}; its cost is final"
         )
-    row = {c.name: getattr(orig, c.name) for c in LINES.columns if c.name != "id"}
+    row = {name: getattr(orig, name) for name in rowmac.LINE_FIELDS}
     row.update(idempotency_key=key, content_hash=digest, basis="reversal", recorded_us=now_us)
     row.update(quantity_us=-orig.quantity_us, method=f"reverses {reverses}")
     row.update(amount_micros=None if orig.amount_micros is None else -orig.amount_micros)
     row.update(prompt_tokens=-orig.prompt_tokens, output_tokens=-orig.output_tokens)
     row["tags_json"] = json.dumps({"reason": reason}, sort_keys=True)
-    insert_dicts(conn, LINES, [row])
+    insert_dicts(conn, LINES, rowmac.signed_lines(conn, [row]))
     return conn.execute(select(LINES).where(LINES.c.idempotency_key == key)).one(), False
