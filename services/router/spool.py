@@ -72,7 +72,6 @@ class Spool:
         self._disk = SegmentStore(directory, max_bytes, alarm_fraction, self.stats, reserve_bytes)
         self._delivery = MeteringDelivery(sink, self._disk, self.stats)
         self.set_ready = set_ready
-        self._pressure = False
         self._flush_s = flush_s
         self._batch = max(1, batch)
         self._usage: list[mpb.UsageEvent] = []
@@ -128,7 +127,7 @@ class Spool:
     @property
     def under_pressure(self) -> bool:
         """Near its bound or refused by the disk: the router should not take new traffic."""
-        return self._pressure
+        return self._disk.pressure
 
     # ---- flusher ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -171,6 +170,8 @@ class Spool:
                 return
 
     async def _flush_once(self) -> None:
+        if self.refusal and not self._closing and time.monotonic() < self._next_replay:
+            return  # metering was unreachable a moment ago and the disk has no room: in memory
         self._disk.write_dead_pending()
         rotated = await self._journal.rotate()  # the retired files hold every event taken below
         retired = len(self._journal.retired) if rotated else 0
@@ -220,11 +221,11 @@ class Spool:
             await self._deliver(request)
             self.stats.sent_events += len(request.events)
         except DOWN as exc:
+            self._backoff = max(self._backoff, 0.1)  # with no room on disk, the next try in 2 s
+            self._next_replay = time.monotonic() + (MAX_BACKOFF_S if self.refusal else self._backoff)
             log.warning("metering unreachable (%s): spooling %d usage events", exc, len(request.events))
             await self._disk.write("usage", request.SerializeToString())
             self.stats.spooled_events += len(request.events)
-            self._backoff = max(self._backoff, 0.1)
-            self._next_replay = time.monotonic() + self._backoff
 
     async def _deliver(self, request: mpb.RecordUsageRequest) -> None:
         """Sends a batch (`spool_delivery`); what metering cannot take yet is spooled again."""
@@ -265,14 +266,8 @@ class Spool:
             self._wake.set()
 
     async def _check_pressure(self) -> None:
-        if not self._closing:  # a stop ends once the disk refused: the journal keeps the rest
-            self._disk.restore()
-        high = self._disk.high
-        if high == self._pressure:
-            return
-        self._pressure = high
-        self._disk.log_pressure(high)
-        if self.set_ready is not None:
+        high = self._disk.pressure_changed(self._closing)
+        if high is not None and self.set_ready is not None:
             await self.set_ready(not high)
 
 

@@ -74,6 +74,7 @@ class SegmentStore:
         self.max_bytes = max_bytes
         self.alarm_bytes = int(max_bytes * alarm_fraction)
         self.write_error = ""  # why the last write failed; "" once one succeeds again
+        self.pressure = False  # as last reported (`pressure_changed`)
         self._stats = stats
         self._dead_pending: list[str] = []  # dead-letter lines the disk refused, written later
         self._seq = 0
@@ -88,7 +89,19 @@ class SegmentStore:
         if self.bytes < self.alarm_bytes and self.reserve.restore():
             self.write_error = ""
 
-    def log_pressure(self, high: bool) -> None:
+    def pressure_changed(self, closing: bool) -> bool | None:
+        """The pressure, when it changed since the last call (None: unchanged); a spool that
+        refuses requests first checks whether the disk has room again (not while stopping:
+        a stop ends once the disk refused, and the journal keeps the rest)."""
+        if not closing:
+            self.restore()
+        if self.high == self.pressure:
+            return None
+        self.pressure = self.high
+        self._log_pressure(self.pressure)
+        return self.pressure
+
+    def _log_pressure(self, high: bool) -> None:
         if high:
             log.error(
                 "ALARM: usage spool under pressure (%d of %d bytes on disk%s); readiness NOT_SERVING",

@@ -198,6 +198,7 @@ class Cluster:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     logs: dict[str, IO[bytes]] = field(default_factory=dict)
     key: str = ""
+    spool_dir: Path | None = None  # the router's spool elsewhere (a small disk of its own)
 
     def start(self) -> Cluster:
         for role in ("metering", "exec-a", "exec-b", "router", "client"):
@@ -299,7 +300,7 @@ class Cluster:
 
     @property
     def spool(self) -> Path:
-        return self.directory / "spool"
+        return self.spool_dir or self.directory / "spool"
 
     def spool_counts(self) -> tuple[int, int]:
         """(usage/audit segments waiting on disk, dead-lettered events)."""

@@ -10,11 +10,20 @@ import pytest
 
 from tests.faults.cluster import Cluster
 from tests.faults.netns import Network, unavailable
-from tests.faults.scenarios import CLIENTS, Figures, executor_blackhole, metering_partition, slow_lossy_link
+from tests.faults.scenarios import (
+    CLIENTS,
+    Figures,
+    executor_blackhole,
+    metering_partition,
+    slow_lossy_link,
+    spool_disk_full,
+)
+from tests.router import small_disk
 
 WHY = unavailable()
 pytestmark = [pytest.mark.skipif(bool(WHY), reason=WHY or "runs"), pytest.mark.slow]
 
+NO_DISK = WHY or small_disk.unavailable()  # the spool's own small filesystem: a tmpfs mount
 BOUND_S = 2.0  # eject_unanswered_s, the router's default
 MARGIN_S = 0.7  # probe scheduling and log stamping on a loaded 2-core host
 
@@ -57,4 +66,16 @@ def test_slow_lossy_link_costs_latency_not_answers_and_the_ledger_stays_exact(cl
     assert f.eject_s is None, f  # no probe of b timed out (they take 400-800 ms, the bound is 1 s)
     assert f.p99_fault_ms >= 400, f  # requests that went to b paid a round trip of the delay
     assert f.recover_s is not None and f.recover_s < 3, f  # latency back once the link healed
+    _ledger_exact(f)
+
+
+@pytest.mark.skipif(bool(NO_DISK), reason=NO_DISK or "runs")
+def test_full_spool_disk_refuses_new_requests_then_serves_and_the_ledger_stays_exact(
+    cluster: Cluster,
+) -> None:
+    f = spool_disk_full(cluster)  # metering cut off, the spool's 768 KiB disk filled under it
+    assert f.eject_s is not None and f.errors_in_fault > 0, f  # it refused, and said so in its log
+    assert set(f.error_codes) == {"RESOURCE_EXHAUSTED"}, f  # refused, never failed after the work
+    assert f.recover_s is not None and f.recover_s < 10, f  # serving again once the disk had room
+    assert f.answered > 0 and f.spool_peak > 0, f  # it served, and spooled while metering was away
     _ledger_exact(f)
