@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import func, select
 
 from services.executor.executor_server import RunningExecutor
@@ -38,8 +40,6 @@ ROUTES = {"mlp": {"policy": "pinned", "targets": ["a"]}}
 
 
 def _completed(url: str, team: str) -> dict[str, int]:
-    import sqlalchemy as sa
-
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
@@ -58,9 +58,9 @@ async def _router(address: str, metering: str, spool: Path) -> RunningRouter:
     return await start_router(cfg, metering, ServerOptions(), spool)
 
 
-async def _until(what: str, check: object, timeout_s: float) -> float:
+async def _until(what: str, check: Callable[[], object], timeout_s: float) -> float:
     deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
+    while not check():
         assert time.monotonic() < deadline, what
         await asyncio.sleep(0.02)
     return time.monotonic()
