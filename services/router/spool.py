@@ -165,8 +165,8 @@ class Spool:
                 log.exception("usage flusher error; retrying")
                 await asyncio.sleep(0.2)
             if self._closing and (not (self._usage or self._audit) or self._disk.write_error):
-                _log_left(len(self._usage), len(self._audit), self._disk)
                 await self._journal.close()
+                _log_left(len(self._usage), len(self._audit), self._journal.unwritten, self._disk)
                 return
 
     async def _flush_once(self) -> None:
@@ -281,16 +281,20 @@ async def _commit(journal: UsageJournal, reserve: DiskReserve) -> None:
         await journal.commit()
 
 
-def _log_left(usage: int, audits: int, disk: SegmentStore) -> None:
-    """A stop that could neither deliver nor spool: the usage is in the journal (every event in
-    memory was journaled before its answer, or recovered from it); audit rows are not."""
+def _log_left(usage: int, audits: int, unwritten: int, disk: SegmentStore) -> None:
+    """A stop that could neither deliver nor spool: the usage is in the journal (every answered
+    request's event was written there before its answer, or recovered from it) but for what
+    the disk refused even to the journal; audit rows are not journaled."""
     if not usage and not audits:
         return
     log.error(
-        "stopping with %d usage events neither metering nor the disk took (%s): they stay in the "
-        "usage journal for the next start on %s; %d audit events are lost",
+        "stopping with %d usage events neither metering nor the disk took (%s): %d stay in the "
+        "usage journal for the next start on %s, %d were not written to it (lost, unless metering "
+        "had them); %d audit events are lost",
         usage,
         disk.write_error,
+        max(0, usage - unwritten),
         disk.directory,
+        min(usage, unwritten),
         audits,
     )

@@ -126,6 +126,11 @@ class UsageJournal:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
+    @property
+    def unwritten(self) -> int:
+        """Events appended and not yet written (a write the disk refused keeps them buffered)."""
+        return self._appended - self._durable
+
     async def close(self) -> None:
         """The buffer written (the stop's last chance: a record not written is lost), then closed."""
         async with self._lock:

@@ -117,7 +117,7 @@ async def test_full_spool_disk_refuses_new_requests_bills_every_answer_and_recov
 
 
 async def test_a_stop_with_the_disk_full_and_metering_down_keeps_what_was_answered(
-    executors: list[RunningExecutor], tmp_path: Path
+    executors: list[RunningExecutor], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     url, port = f"sqlite:///{tmp_path / 'ledger.db'}", free_port()
     metering = await start_metering_at(url, port)
@@ -155,6 +155,8 @@ async def test_a_stop_with_the_disk_full_and_metering_down_keeps_what_was_answer
                 await again.stop(0)
         finally:
             await metering.stop(0)
+    left = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping with")]
+    assert all(", 0 were not written" in m for m in left), left  # what it had is in the journal
     answers = set(clients.answered)
     jobs = _completed(url, "disk-stop")
     assert {code for _, code in clients.errors} <= {"RESOURCE_EXHAUSTED"}, clients.errors[:5]
