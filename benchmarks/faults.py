@@ -11,6 +11,8 @@ dead letters. The JSON goes to `--out`.
 The router<->metering partition lasts `--partition-s` (30 s, the issue's figure; the test
 uses 8 s). Delay and loss go through a userspace relay on the router's link to exec-b, since
 this kernel has no sch_netem (tests/faults/link_proxy.py says what its loss models).
+The spool disk fault mounts a 768 KiB tmpfs for the router's spool (restarting the router
+onto it and back); its refusals are RESOURCE_EXHAUSTED, counted in `errors`.
 """
 
 from __future__ import annotations

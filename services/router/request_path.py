@@ -71,6 +71,7 @@ class RequestPath:
 
     async def _admit(self, raw: bytes, metadata: Metadata, peer: str) -> Charge:
         started_us = now_us()
+        self._check_spool()
         request_id = ids.time_ordered_hex()
         header = wire.read_header(raw)
         route, identity = await self._route_of(header.model_name, metadata, request_id, peer)
@@ -88,6 +89,14 @@ class RequestPath:
             raise NotFound(f"unknown model {model!r}; this key may use {visible}")
         self.admission.authorize(identity, route.model, request_id, peer)
         return route, identity
+
+    def _check_spool(self) -> None:
+        """A spool whose disk has no room refuses new metered requests before anything is done
+        for them: what the router cannot make durable it must neither answer nor bill."""
+        spool = self.meter.spool
+        if spool is not None and spool.refusal:
+            spool.stats.refused_requests += 1
+            raise ResourceExhausted(spool.refusal)
 
     @contextlib.contextmanager
     def _route_slot(self, charge: Charge) -> Iterator[None]:

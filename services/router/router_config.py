@@ -119,6 +119,10 @@ class Settings:
     # reports NOT_SERVING until the spool has drained (services/router/spool.py).
     spool_max_mb: int = 1024
     spool_alarm_fraction: float = 0.8
+    # Room kept on the spool's disk (a file, `reserve.bin`): when the disk refuses a write, it is
+    # freed for the journal of the requests in flight and new metered requests are refused with
+    # RESOURCE_EXHAUSTED until the disk has twice this free again (services/router/spool_reserve.py).
+    spool_reserve_kb: int = 1024
     evaluator: str = ""  # address of the evaluator service; "" = compare locally
     shadow_atol: float = 1e-5
     shadow_rtol: float = 1e-4
@@ -251,6 +255,16 @@ def route_from_table(model: str, raw: Any, deployments: tuple[Deployment, ...]) 
     return validate_route(route, deployments)
 
 
+def _check_spool(settings: Settings) -> None:
+    if settings.spool_max_mb < 1 or not 0 < settings.spool_alarm_fraction <= 1:
+        raise InvalidArgument(
+            "[router] spool_max_mb must be >= 1 and spool_alarm_fraction in (0, 1], got "
+            f"{settings.spool_max_mb} and {settings.spool_alarm_fraction}"
+        )
+    if settings.spool_reserve_kb < 0:
+        raise InvalidArgument(f"[router] spool_reserve_kb must be >= 0, got {settings.spool_reserve_kb}")
+
+
 def parse(raw: Mapping[str, Any]) -> RouterConfig:
     _check_keys(raw, {"router", "deployments", "routes"}, "config")
     settings_raw = dict(raw.get("router", {}))
@@ -273,11 +287,7 @@ def parse(raw: Mapping[str, Any]) -> RouterConfig:
         )
     if not settings.fleet or len(settings.fleet) > 200:
         raise InvalidArgument(f"[router] fleet must be a name of 1..200 characters, got {settings.fleet!r}")
-    if settings.spool_max_mb < 1 or not 0 < settings.spool_alarm_fraction <= 1:
-        raise InvalidArgument(
-            "[router] spool_max_mb must be >= 1 and spool_alarm_fraction in (0, 1], got "
-            f"{settings.spool_max_mb} and {settings.spool_alarm_fraction}"
-        )
+    _check_spool(settings)
     if settings.health_timeouts_to_eject < 1:
         raise InvalidArgument(
             "[router] health_timeouts_to_eject must be >= 1 (1: the first timed-out probe ejects), "

@@ -104,5 +104,15 @@ def families(path: Observed) -> Iterable[Any]:
             ("dead", s.dead_events),
         ):
             events.add((outcome,), n)
-        found += [depth, events]
+        refusing = gauge(
+            "switchyard_router_spool_refusing", "1 while the spool's disk has no room and new metered "
+            "requests are refused", (),
+        )  # fmt: skip
+        refusing.add_metric([], 1.0 if spool.refusal else 0.0)
+        refused = counter(
+            "switchyard_router_spool_refused_requests_total",
+            "Metered requests refused (RESOURCE_EXHAUSTED) while the spool's disk had no room", (),
+        )  # fmt: skip
+        refused.add((), s.refused_requests)
+        found += [depth, events, refusing, refused]
     return found

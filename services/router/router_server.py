@@ -132,6 +132,7 @@ def _start_spool(metering: MeteringClient | None, settings: Settings, directory:
         max_bytes=settings.spool_max_mb << 20,
         alarm_fraction=settings.spool_alarm_fraction,
         journal_sync=settings.usage_journal_sync,
+        reserve_bytes=settings.spool_reserve_kb << 10,
     )
     spool.start()
     if spool.backlog:

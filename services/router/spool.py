@@ -17,12 +17,17 @@ later flush; nothing taken out of memory is dropped. Flushes are chunked (at mos
 events per RecordUsage, one segment per chunk). The spool is bounded (`max_bytes` on disk):
 from `alarm_fraction` of it, or after a failed write, it raises an alarm in the log and
 calls `set_ready(False)` (the router reports NOT_SERVING, so traffic moves to other
-routers); when it has drained below that again, `set_ready(True)`.
+routers); when it has drained below that again, `set_ready(True)`. A write the disk refuses
+also frees the disk's reserve and turns the spool to `refusing` (`spool_reserve`): the router
+refuses new metered requests, the requests in flight journal their usage into the freed room,
+and what metering cannot take stays in memory (bounded: nothing new is accepted) until the
+disk has room again.
 
 Nothing answered is at risk on a crash: every usage event is also appended to the usage
 journal (`spool_journal`), and the router awaits `durable()` (the journal's group commit)
 before it answers. A flush rotates the journal; the retired files are deleted once a flush left
-nothing in memory, and a restarted router replays what an earlier run's journal holds.
+nothing in memory, and a restarted router replays what an earlier run's journal holds. So a
+stop that can neither deliver nor spool an event leaves it in the journal for the next start.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from google.protobuf.message import DecodeError
 
 from services.router.spool_delivery import DOWN, MeteringDelivery, MeteringSink
 from services.router.spool_journal import UsageJournal
+from services.router.spool_reserve import DEFAULT_SIZE, DiskReserve
 from services.router.spool_segments import SegmentStore, SpoolStats, SpoolWriteFailed
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 
@@ -59,13 +65,13 @@ class Spool:
         alarm_fraction: float = DEFAULT_ALARM_FRACTION,
         set_ready: Callable[[bool], Awaitable[None]] | None = None,
         journal_sync: bool = False,
+        reserve_bytes: int = DEFAULT_SIZE,
     ) -> None:
         self._sink = sink
         self.stats = SpoolStats()
-        self._disk = SegmentStore(directory, max_bytes, alarm_fraction, self.stats)
+        self._disk = SegmentStore(directory, max_bytes, alarm_fraction, self.stats, reserve_bytes)
         self._delivery = MeteringDelivery(sink, self._disk, self.stats)
         self.set_ready = set_ready
-        self._pressure = False
         self._flush_s = flush_s
         self._batch = max(1, batch)
         self._usage: list[mpb.UsageEvent] = []
@@ -90,7 +96,11 @@ class Spool:
 
     async def durable(self) -> None:
         """Returns once every usage event given so far is on disk (the journal's group commit)."""
-        await self._journal.commit()
+        await _commit(self._journal, self._disk.reserve)
+
+    @property
+    def refusal(self) -> str:  # why new metered requests are refused ("" while they are taken)
+        return self._disk.reserve.refusal
 
     @property
     def journal_commits(self) -> int:
@@ -117,7 +127,7 @@ class Spool:
     @property
     def under_pressure(self) -> bool:
         """Near its bound or refused by the disk: the router should not take new traffic."""
-        return self._pressure
+        return self._disk.pressure
 
     # ---- flusher ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -126,6 +136,7 @@ class Spool:
     async def close(self) -> None:
         """Final flush: send what is in memory, or spool it; segments stay for the next start."""
         self._closing = True
+        self._disk.reserve.close()  # its room is the final flush's
         self._wake.set()
         if self._task is not None:
             await self._task
@@ -154,17 +165,13 @@ class Spool:
                 log.exception("usage flusher error; retrying")
                 await asyncio.sleep(0.2)
             if self._closing and (not (self._usage or self._audit) or self._disk.write_error):
-                if self._usage or self._audit:
-                    log.error(
-                        "stopping with %d usage and %d audit events the disk refused (%s); they are lost",
-                        len(self._usage),
-                        len(self._audit),
-                        self._disk.write_error,
-                    )
-                self._journal.close()
+                await self._journal.close()
+                _log_left(len(self._usage), len(self._audit), self._journal.unwritten, self._disk)
                 return
 
     async def _flush_once(self) -> None:
+        if self.refusal and not self._closing and time.monotonic() < self._next_replay:
+            return  # metering was unreachable a moment ago and the disk has no room: in memory
         self._disk.write_dead_pending()
         rotated = await self._journal.rotate()  # the retired files hold every event taken below
         retired = len(self._journal.retired) if rotated else 0
@@ -186,7 +193,7 @@ class Spool:
         try:
             while done < len(usage):
                 chunk = mpb.RecordUsageRequest(events=usage[done : done + self._batch])
-                if self._disk.segments:  # metering is down: keep order, do not wait on a timeout
+                if self._disk.segments and not self._closing:  # metering down: keep order, no timeout
                     await self._disk.write("usage", chunk.SerializeToString())
                     self.stats.spooled_events += len(chunk.events)
                 else:
@@ -214,11 +221,11 @@ class Spool:
             await self._deliver(request)
             self.stats.sent_events += len(request.events)
         except DOWN as exc:
+            self._backoff = max(self._backoff, 0.1)  # with no room on disk, the next try in 2 s
+            self._next_replay = time.monotonic() + (MAX_BACKOFF_S if self.refusal else self._backoff)
             log.warning("metering unreachable (%s): spooling %d usage events", exc, len(request.events))
             await self._disk.write("usage", request.SerializeToString())
             self.stats.spooled_events += len(request.events)
-            self._backoff = max(self._backoff, 0.1)
-            self._next_replay = time.monotonic() + self._backoff
 
     async def _deliver(self, request: mpb.RecordUsageRequest) -> None:
         """Sends a batch (`spool_delivery`); what metering cannot take yet is spooled again."""
@@ -259,10 +266,35 @@ class Spool:
             self._wake.set()
 
     async def _check_pressure(self) -> None:
-        high = self._disk.high
-        if high == self._pressure:
-            return
-        self._pressure = high
-        self._disk.log_pressure(high)
-        if self.set_ready is not None:
+        high = self._disk.pressure_changed(self._closing)
+        if high is not None and self.set_ready is not None:
             await self.set_ready(not high)
+
+
+async def _commit(journal: UsageJournal, reserve: DiskReserve) -> None:
+    """A refused write frees the disk's reserve and is tried once more, in its room."""
+    try:
+        await journal.commit()
+    except OSError as exc:
+        if not reserve.release(f"cannot write the usage journal: {exc.strerror or exc}"):
+            raise
+        await journal.commit()
+
+
+def _log_left(usage: int, audits: int, unwritten: int, disk: SegmentStore) -> None:
+    """A stop that could neither deliver nor spool: the usage is in the journal (every answered
+    request's event was written there before its answer, or recovered from it) but for what
+    the disk refused even to the journal; audit rows are not journaled."""
+    if not usage and not audits:
+        return
+    log.error(
+        "stopping with %d usage events neither metering nor the disk took (%s): %d stay in the "
+        "usage journal for the next start on %s, %d were not written to it (lost, unless metering "
+        "had them); %d audit events are lost",
+        usage,
+        disk.write_error,
+        max(0, usage - unwritten),
+        disk.directory,
+        min(usage, unwritten),
+        audits,
+    )

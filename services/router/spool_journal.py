@@ -126,7 +126,18 @@ class UsageJournal:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
-    def close(self) -> None:
+    @property
+    def unwritten(self) -> int:
+        """Events appended and not yet written (a write the disk refused keeps them buffered)."""
+        return self._appended - self._durable
+
+    async def close(self) -> None:
+        """The buffer written (the stop's last chance: a record not written is lost), then closed."""
+        async with self._lock:
+            try:
+                await self._write_buffer()
+            except OSError as exc:
+                log.error("stopping: %d usage journal bytes not written (%s); lost", len(self._buffer), exc)
         self._file.close()
         if self._records == 0:
             with contextlib.suppress(FileNotFoundError):

@@ -7,7 +7,10 @@ memory (this router owns its directory: no listing per flush), in name order, wh
 order they were written. It refuses a segment that would pass `max_bytes`, or one the disk
 refuses, with SpoolWriteFailed and nothing left on disk. An event metering refuses for good
 is appended to `dead-letter.jsonl` with the reason, for an operator; lines the disk refuses
-are kept in memory and written later. `spool.Spool` decides what goes where and when.
+are kept in memory and written later. The store holds the disk's reserve (`spool_reserve`):
+a write the disk refuses frees it and turns the spool to refusing new requests, and while
+refusing no segment is written, so the freed room goes to the journal of the requests in
+flight. `spool.Spool` decides what goes where and when.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
+from services.router.spool_reserve import DiskReserve
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 
 log = logging.getLogger(__name__)
@@ -37,6 +41,7 @@ class DiskStats:
 
     dead_events: int = 0
     write_failures: int = 0
+    refused_requests: int = 0  # new metered requests refused while the disk had no room
 
 
 @dataclass
@@ -55,9 +60,12 @@ class SpoolWriteFailed(Exception):
 
 
 class SegmentStore:
-    def __init__(self, directory: Path, max_bytes: int, alarm_fraction: float, stats: DiskStats) -> None:
+    def __init__(
+        self, directory: Path, max_bytes: int, alarm_fraction: float, stats: DiskStats, reserve_bytes: int
+    ) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        self.reserve = DiskReserve(directory, reserve_bytes)
         for stale in directory.glob("*.tmp"):  # a write cut short by a crash: never acknowledged
             stale.unlink()
         self.segments: list[Path] = sorted(directory.glob("*.pb"))
@@ -66,6 +74,7 @@ class SegmentStore:
         self.max_bytes = max_bytes
         self.alarm_bytes = int(max_bytes * alarm_fraction)
         self.write_error = ""  # why the last write failed; "" once one succeeds again
+        self.pressure = False  # as last reported (`pressure_changed`)
         self._stats = stats
         self._dead_pending: list[str] = []  # dead-letter lines the disk refused, written later
         self._seq = 0
@@ -73,9 +82,26 @@ class SegmentStore:
     @property
     def high(self) -> bool:
         """Near its bound or refused by the disk."""
-        return bool(self.write_error) or self.bytes >= self.alarm_bytes
+        return bool(self.write_error or self.reserve.refusing) or self.bytes >= self.alarm_bytes
 
-    def log_pressure(self, high: bool) -> None:
+    def restore(self) -> None:
+        """Refusing: take requests again once the disk has room and the spool is under its alarm."""
+        if self.bytes < self.alarm_bytes and self.reserve.restore():
+            self.write_error = ""
+
+    def pressure_changed(self, closing: bool) -> bool | None:
+        """The pressure, when it changed since the last call (None: unchanged); a spool that
+        refuses requests first checks whether the disk has room again (not while stopping:
+        a stop ends once the disk refused, and the journal keeps the rest)."""
+        if not closing:
+            self.restore()
+        if self.high == self.pressure:
+            return None
+        self.pressure = self.high
+        self._log_pressure(self.pressure)
+        return self.pressure
+
+    def _log_pressure(self, high: bool) -> None:
         if high:
             log.error(
                 "ALARM: usage spool under pressure (%d of %d bytes on disk%s); readiness NOT_SERVING",
@@ -88,6 +114,8 @@ class SegmentStore:
 
     async def write(self, kind: str, data: bytes) -> None:
         """Write one segment durably, or raise SpoolWriteFailed with nothing left on disk."""
+        if self.reserve.refusing:  # the disk's room is the journal's now
+            self._failed(self.reserve.refusing)
         if self.bytes + len(data) > self.max_bytes:
             self._failed(f"the spool is full ({self.bytes} of {self.max_bytes} bytes)")
         self._seq += 1
@@ -109,6 +137,7 @@ class SegmentStore:
         if why != self.write_error:
             log.error("ALARM: usage spool write refused (%s); keeping the batch in memory", why)
         self.write_error = why
+        self.reserve.release(why)
         raise SpoolWriteFailed(why)
 
     def forget(self, path: Path) -> None:

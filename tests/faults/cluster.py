@@ -215,6 +215,7 @@ class Cluster:
     logs: dict[str, IO[bytes]] = field(default_factory=dict)
     key: str = ""
     audit_key: str = field(default_factory=lambda: secrets.token_hex(32))  # the replicas' one
+    spool_dir: Path | None = None  # the router's spool elsewhere (a small disk of its own)
 
     def start(self) -> Cluster:
         extra = ("metering-b", "router-b") if self.replicas else ()
@@ -342,6 +343,8 @@ class Cluster:
         return self.spool_of("router")
 
     def spool_of(self, role: str) -> Path:
+        if role == "router" and self.spool_dir is not None:
+            return self.spool_dir
         return self.directory / ("spool" if role == "router" else f"spool-{role}")
 
     def spool_counts(self) -> tuple[int, int]:

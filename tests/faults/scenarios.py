@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tests.faults.cluster import Cluster
+from tests.router.small_disk import fill, small_disk
 
 CLIENTS = 6
 
@@ -36,6 +38,7 @@ class Figures:
     unanswered_jobs: int  # jobs in the ledger with no answer at the client
     spool_peak: int  # segments waiting on the router's disk, at most, during the fault
     dead_letters: int
+    error_codes: dict[str, int] = field(default_factory=dict)  # the client's errors by status
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +114,7 @@ def run_fault(
         unanswered_jobs=len(set(jobs) - answered),
         spool_peak=max(n for _, n in samples),
         dead_letters=cluster.spool_counts()[1],
+        error_codes=dict(Counter(code for _, _, code in got.errors)),
     )
 
 
@@ -189,10 +193,54 @@ def router_and_metering_killed(cluster: Cluster) -> Figures:
     )  # fmt: skip
 
 
+def spool_disk_full(cluster: Cluster, disk_kb: int = 768, room_kb: int = 48) -> Figures:
+    """The router restarted with its spool on a tmpfs of `disk_kb` of its own (a 64 KiB
+    reserve), then under load: metering cut off (so the spool must hold usage) and the disk
+    filled by another writer but for `room_kb`, which the spool's journal and segments take. The
+    router must refuse new requests (RESOURCE_EXHAUSTED), answer only what it journaled, and
+    serve again once healed (the filler removed, the link up). Then back on its own spool."""
+    small, saved = cluster.directory / "spool-small", dict(cluster.router_settings)
+    host, filler, healing = cluster.hosts["metering"], small / "filler", list[float]()
+
+    def inject() -> None:
+        host.blackhole()
+        fill(small, "filler")
+        with filler.open("r+b") as f:  # `room_kb` back: the spool fills it itself
+            f.truncate(max(0, f.seek(0, 2) - room_kb * 1024))
+
+    def heal() -> None:
+        healing.append(time.time())
+        host.heal()
+        filler.unlink(missing_ok=True)
+
+    def served_again(healed: float, _: list[tuple[float, int]]) -> float | None:
+        """When the router took requests again: it may be before `healed` is stamped (the
+        disk has room the moment the filler goes), never before the heal began."""
+        at = _logged_within(cluster, "router", r"serving metered requests again", healing[0], 15.0)
+        return None if at is None else max(at, healed)
+
+    cluster.stop("router")
+    try:
+        with small_disk(small, disk_kb):
+            cluster.spool_dir, cluster.router_settings = small, {**saved, "spool_reserve_kb": 64}
+            cluster.start_router()
+            try:
+                return run_fault(
+                    cluster, "spool disk full", inject, heal, r"refusing new metered requests",
+                    served_again, fault_s=8.0,
+                )  # fmt: skip
+            finally:
+                cluster.stop("router")  # before the unmount: it holds files there
+    finally:
+        cluster.spool_dir, cluster.router_settings = None, saved
+        cluster.start_router()
+
+
 FAULTS: dict[str, Callable[[Cluster], Figures]] = {
     "executor-blackhole": executor_blackhole,
     "metering-partition": metering_partition,
     "slow-lossy-link": slow_lossy_link,
     "postgres-restart": postgres_restart,
-    "router-metering-kill": router_and_metering_killed,
+    "spool-disk-full": spool_disk_full,
+    "router-metering-kill": router_and_metering_killed,  # last: it kills and restarts two services
 }

@@ -19,11 +19,14 @@ from tests.faults.scenarios import (
     postgres_restart,
     router_and_metering_killed,
     slow_lossy_link,
+    spool_disk_full,
 )
+from tests.router import small_disk
 
 WHY = unavailable() or postgres.unavailable()
 pytestmark = [pytest.mark.skipif(bool(WHY), reason=WHY or "runs"), pytest.mark.slow]
 
+NO_DISK = WHY or small_disk.unavailable()  # the spool's own small filesystem: a tmpfs mount
 BOUND_S = 2.0  # eject_unanswered_s, the router's default
 MARGIN_S = 0.7  # probe scheduling and log stamping on a loaded 2-core host
 
@@ -76,6 +79,18 @@ def test_postgres_restart_under_metering_spools_then_delivers_exactly_once(clust
     assert f.eject_s is not None and f.spool_peak > 0, f  # it did spool while the ledger was down
     assert f.recover_s is not None, f  # and drained after the restart
     _ledger_exact(f)  # dead letters 0: an INTERNAL from metering would have dead-lettered usage
+
+
+@pytest.mark.skipif(bool(NO_DISK), reason=NO_DISK or "runs")
+def test_full_spool_disk_refuses_new_requests_then_serves_and_the_ledger_stays_exact(
+    cluster: Cluster,
+) -> None:
+    f = spool_disk_full(cluster)  # metering cut off, the spool's 768 KiB disk filled under it
+    assert f.eject_s is not None and f.errors_in_fault > 0, f  # it refused, and said so in its log
+    assert set(f.error_codes) == {"RESOURCE_EXHAUSTED"}, f  # refused, never failed after the work
+    assert f.recover_s is not None and f.recover_s < 10, f  # serving again once the disk had room
+    assert f.answered > 0 and f.spool_peak > 0, f  # it served, and spooled while metering was away
+    _ledger_exact(f)
 
 
 def test_router_and_metering_replica_killed_lose_and_double_nothing(cluster: Cluster) -> None:

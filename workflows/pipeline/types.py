@@ -264,6 +264,10 @@ class ScenarioResult:
     histogram_ms: list[float]  # bucket edges, then counts follow in `histogram_counts`
     histogram_counts: list[int]
     failed: int = 0
+    # requests that stalled (answered after at least STALL_MIN_S and STALL_FACTOR x the median:
+    # an executor that stopped answering for a while), and the longest of them, in ms
+    stalled: int = 0
+    longest_stall_ms: float = 0.0
     # the completed requests' latencies in ms, in blocks of consecutive requests, in the order
     # measured: the verdict bootstraps its intervals over them (workflows/tensor/intervals.py)
     blocks_ms: list[list[float]] = field(default_factory=list)

@@ -12,6 +12,12 @@ Each request is one job in the ledger (kind "trial"), recorded at the end of its
 with an idempotency key from the workflow run, so a retried activity never double counts.
 Finished scenarios are kept in the heartbeat details: if the worker dies mid-measurement,
 the retry resumes at the first unfinished scenario instead of measuring everything again.
+
+A fault during the measurement (an executor that stops answering for seconds, requests that
+fail) is named: a request that failed, or one that took at least STALL_MIN_S and STALL_FACTOR
+times the scenario's median, makes the path's timings not steady (`_fault`), and the verdict
+leaves its speed inconclusive with the fault's effect as the reason, never a speed measured
+through it (issue 33).
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from workflows.tensor.intervals import split_blocks, thin
 
 BLOCK_SAMPLES = 200  # values kept per block: 10 blocks of single-stream are about 16 KB of JSON
 BEAT_S = 0.5  # heartbeat (and memory sample) interval while measuring
+STALL_MIN_S = 1.0  # a stalled request took at least this long ...
+STALL_FACTOR = 10.0  # ... and this many times its scenario's median
 
 
 @dataclasses.dataclass
@@ -133,6 +141,7 @@ def _summary(
     edges = np.geomspace(max(lat.min(), 1e-3), max(lat.max(), lat.min() * 1.01, 1e-3), 21)
     counts, _ = np.histogram(lat, bins=edges)
     pct = {q: float(np.percentile(lat, q)) for q in (50, 90, 95, 99)}
+    stalls = lat[lat >= max(STALL_MIN_S * 1e3, STALL_FACTOR * pct[50])]
     if interleaved:  # the time slots as measured: block i of every path shares slot i
         kept = [[round(s.latency_s * 1e3, 4) for s in b if s.ok] for b in stream.blocks]
     else:
@@ -155,7 +164,24 @@ def _summary(
         histogram_ms=[float(e) for e in edges],
         histogram_counts=[int(c) for c in counts],
         failed=len(samples) - len(good),
+        stalled=len(stalls),
+        longest_stall_ms=float(stalls.max()) if len(stalls) else 0.0,
         blocks_ms=_blocks(name, kept),
+    )
+
+
+def _fault(path: str, scenarios: list[ScenarioResult]) -> str:
+    """What a fault during the measurement did to the path ("" when nothing failed or stalled)."""
+    failed, stalled = sum(s.failed for s in scenarios), sum(s.stalled for s in scenarios)
+    if not failed and not stalled:
+        return ""
+    longest = max(s.longest_stall_ms for s in scenarios) / 1e3
+    effects = ([f"{failed} requests failed"] if failed else []) + (
+        [f"{stalled} stalled for up to {longest:.1f} s"] if stalled else []
+    )
+    where = ", ".join(f"{s.scenario} batch {s.batch_size}" for s in scenarios if s.failed or s.stalled)
+    return (
+        f"path {path}: {' and '.join(effects)} during measurement ({where}); the timings are not steady state"
     )
 
 
@@ -373,12 +399,12 @@ class PerformanceActivities:
         after = await self._compilations(request)
         total, low = await self._memory(request)
         lowest = min(low, p.memory_min_available or low)
-        problem = ""
+        problem = _fault(request.target.path, p.done)
         if after != p.before:
             problem = (
                 f"{after - p.before} compilation(s) or recompile(s) while measuring; "
                 "the timings are not steady state"
-            )
+            ) + (f"; {problem}" if problem else "")
         return PerformanceResult(
             p.done,
             p.before,

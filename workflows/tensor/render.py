@@ -28,7 +28,7 @@ class TensorRender:
                 f"p50 {s['p50_ms']:.3f} ms, p90 {s['p90_ms']:.3f}, p95 {s['p95_ms']:.3f}, "
                 f"p99 {s['p99_ms']:.3f} ms; "
                 f"{s['throughput']:.1f} {s['throughput_unit']} ({s['iterations']} requests in "
-                f"{s['seconds']:.2f} s; inputs {sizes}; {s['failed']} failed)"
+                f"{s['seconds']:.2f} s; inputs {sizes}; {s['failed']} failed{_stalls(s)})"
             )
         if perf.get("memory_total_bytes"):
             used = perf["memory_total_bytes"] - perf["memory_min_available_bytes"]
@@ -52,6 +52,11 @@ class TensorRender:
 
 
 TENSOR_RENDER = TensorRender()
+
+
+def _stalls(s: dict[str, Any]) -> str:
+    n = s.get("stalled", 0)
+    return f", {n} stalled for up to {s.get('longest_stall_ms', 0.0) / 1e3:.1f} s" if n else ""
 
 
 def _correctness_lines(corr: dict[str, Any]) -> list[str]:

@@ -7,13 +7,14 @@ verdict), compatibility (host-fallback ops, graph breaks, recompiles, unsupporte
 adaptations, judged by the policy's maximums: see workflows/pipeline/compatibility.py), latency
 (the single-stream p95 ratio to the reference's, decided on its paired block-bootstrap interval
 at the policy's confidence: fail only when the whole interval lies beyond the allowed
-regression, pass only when it lies within, else inconclusive with the requests that would
-settle it; the reference's A/A noise floor beside it, see workflows/tensor/intervals.py;
-compilation while measuring makes it inconclusive; a regression that coincides with a host
-fallback names the op), and cost (cost per completed job from the ledger, at least the
-policy's saving). The training kind adds its criterion before cost
-(workflows/training/verdict.py); `Verdict.of` (workflows/spec/trial_io.py) turns the criteria
-into the verdict.
+regression, pass only when it lies within, else inconclusive with the requests that would settle
+it; the reference's A/A noise floor beside it, see workflows/tensor/intervals.py; compilation
+while measuring makes it inconclusive, and so does a fault during the measurement, named:
+requests that failed or stalled; a regression that coincides with a host fallback names the op),
+and cost (cost per completed job from the ledger, at least the policy's saving; inconclusive too
+after a fault during the measurement, whose time it holds). The training kind adds its criterion
+before cost (workflows/training/verdict.py); `Verdict.of` (workflows/spec/trial_io.py) turns the
+criteria into the verdict.
 """
 
 from __future__ import annotations
@@ -169,6 +170,9 @@ def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: b
         return Criterion(SKIPPED, "no completed job within quality")
     if candidate.errors.get("training"):  # the ledger holds the failure's cost (timeouts, teardown)
         return Criterion(UNKNOWN, "not comparable: the training phase failed", "not comparable")
+    fault = _fault(candidate)
+    if fault:  # its jobs' time, and the ledger's, hold the fault: no steady cost per job
+        return Criterion(UNKNOWN, f"not comparable: {fault}", "not comparable (a fault during measurement)")
     unpriced = candidate.economics_unpriced or reference.economics_unpriced
     if unpriced or econ is None or econ.unpriced or (ref_econ is not None and ref_econ.unpriced):
         problems = [s.ledger_problem for s in (candidate, reference) if s.economics_unpriced]
@@ -202,6 +206,14 @@ def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: b
     return Criterion(
         decision.result, f"{reason}; {decision.reason} ({why})", f"{figure}; {interval.text('cost ratio')}"
     )
+
+
+def _fault(state: PathState) -> str:
+    """The performance problem of a path some of whose measured requests failed or stalled."""
+    scenarios = state.performance.scenarios if state.performance else []
+    if not any(s.failed or s.stalled for s in scenarios):
+        return ""
+    return state.errors.get("performance", "")
 
 
 def _time_per_job(

@@ -1,0 +1,125 @@
+"""A trial running through a fault (issue 33 point 4): the candidate path's executor stops
+answering for 3 s in the middle of its measurement (SIGSTOP, then SIGCONT, of its process).
+
+The trial must still reach a verdict, name what the fault did to that path (requests failed,
+or stalled and for how long), and never report the speed measured through it: the latency
+criterion is inconclusive with the fault as its reason. Real Temporal dev server, evaluator,
+metering and ledger (the shared stack), the reference on the stack's in-process CPU executor,
+the candidate on a CPU executor process of its own, so stopping it touches nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import re
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import WorkflowHandle
+
+from switchyard.net import free_port
+from tests.trial.stack import ROOT, Stack, set_prices, wait_serving
+from tests.trial.trial_helpers import tiny_spec, trial_worker
+from workflows.activities.connections import WorkerConfig
+from workflows.report.results import UNKNOWN
+from workflows.spec.trial_io import TrialInput
+from workflows.trial import TrialWorkflow
+
+STOP_S = 3.0
+
+
+def _spec() -> dict[str, Any]:
+    paths = [
+        {"name": "reference", "executor": "cpu", "mode": "eager"},
+        {"name": "candidate", "executor": "stoppable", "mode": "eager"},
+    ]
+    spec = tiny_spec(paths)
+    # one path after the other, single-stream only, long enough to hold the 3 s fault
+    spec["performance"] = {
+        "warmup": 2,
+        "min_iterations": 40,
+        "min_seconds": 8.0,
+        "scenarios": ["single-stream"],
+        "interleave": False,
+    }
+    return spec
+
+
+async def _candidate_measuring(stack: Stack, handle: WorkflowHandle[Any, Any], timeout_s: float) -> None:
+    """Returns once the candidate's measurement has sent its first heartbeat (it is measuring)."""
+    converter = stack.env.client.data_converter
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        described = await handle.describe()
+        for pending in described.raw_description.pending_activities:
+            if pending.activity_type.name != "measure_performance" or not pending.heartbeat_details.payloads:
+                continue
+            (details,) = await converter.decode(pending.heartbeat_details.payloads)
+            if "candidate" in details.get("paths", {}):
+                return
+        await asyncio.sleep(0.2)
+    raise AssertionError("the candidate's measurement never started")
+
+
+async def test_a_trial_through_a_stopped_executor_names_the_fault_and_no_speed(
+    stack: Stack, tmp_path: Path
+) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "clients.cli", "executor", "serve", "--backend", "cpu"]
+    command += ["--port", str(port), "--models", "", "--model-repository", str(stack.repository)]
+    command += ["--allow-factory", "tests"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with (tmp_path / "executor.log").open("wb") as log:
+        executor = await asyncio.create_subprocess_exec(*command, cwd=ROOT, env=env, stdout=log, stderr=log)
+    try:
+        address = f"127.0.0.1:{port}"
+        await wait_serving(address)
+        await set_prices(dataclasses.replace(stack, cpu=address, xla=""))
+        config = WorkerConfig(
+            evaluator=stack.evaluator,
+            metering=stack.metering,
+            executors={"cpu": stack.cpu, "stoppable": address},
+        )
+        async with trial_worker(stack, config) as queue:
+            handle = await stack.env.client.start_workflow(
+                TrialWorkflow.run,
+                TrialInput.from_json(_spec()),
+                id=f"through-fault-{uuid.uuid4().hex[:8]}",
+                task_queue=queue,
+            )
+            await _candidate_measuring(stack, handle, 300)
+            await asyncio.sleep(1.0)
+            executor.send_signal(signal.SIGSTOP)
+            try:
+                await asyncio.sleep(STOP_S)
+            finally:
+                executor.send_signal(signal.SIGCONT)
+            report = (await asyncio.wait_for(handle.result(), 300)).to_json()
+    finally:
+        executor.send_signal(signal.SIGCONT)
+        executor.terminate()
+        await asyncio.wait_for(executor.wait(), 30)
+    assert report["status"] == "completed", report.get("status")
+    verdict = report["verdicts"]["candidate"]
+    latency = verdict["criteria"]["latency"]
+    assert verdict["verdict"] == "INCONCLUSIVE", (verdict["line"], latency)
+    assert latency["result"] == UNKNOWN, latency  # no speed reported through the fault
+    assert latency["reason"].startswith("performance: path candidate: "), latency
+    assert latency["figure"].endswith("during measurement (single-stream batch 1)"), latency
+    failed = re.search(r"(\d+) requests failed", latency["figure"])
+    stalled = re.search(r"(\d+) stalled for up to ([\d.]+) s", latency["figure"])
+    assert failed or stalled, latency
+    if stalled:  # the stop held a request for up to its 3 s, and no longer
+        assert 1.0 <= float(stalled.group(2)) <= STOP_S + 2.0, latency
+    cost = verdict["criteria"]["cost"]  # its cost per job holds the fault's time too
+    assert cost["result"] == UNKNOWN and "during measurement" in cost["reason"], cost
+    (single,) = report["paths"]["candidate"]["performance"]["scenarios"]
+    assert single["failed"] + single["stalled"] >= 1, single
+    reference = report["paths"]["reference"]["performance"]["scenarios"][0]
+    assert reference["failed"] == 0 and reference["stalled"] == 0, reference  # untouched
