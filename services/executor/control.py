@@ -8,6 +8,7 @@ package is in the executor's allow-list).
 
 from __future__ import annotations
 
+from services.executor import process_memory
 from services.executor.backends.detect import device_info
 from services.executor.executor_runtime import Executor, find_all
 from services.executor.load_phases import LoadOptions
@@ -75,6 +76,7 @@ class ControlServicer(pb_grpc.ExecutorControlServicer):
             executor_id=self.executor.executor_id,
             registered_models=[f"{n}:{v}" for n, v in self.executor.registry.entries()],
             frames_port=self.executor.frames_port,
+            memory=copy_fields(pb.ProcessMemory, process_memory.sample()),
         )
 
     async def LoadModel(self, request: pb.LoadModelRequest, context: ServicerContext) -> pb.LoadModelResponse:

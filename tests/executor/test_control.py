@@ -35,6 +35,18 @@ async def test_describe_reports_device_versions_and_pricing(
     assert list(d.modes) == ["eager", "compile"]
     assert {"mlp:1", "tiny-lm:1", "minilm-l6:1", "mlp:perturbed"} <= set(d.registered_models)
     assert {(m.name, m.state) for m in d.models} >= {("mlp", "READY"), ("tiny-lm", "READY")}
+    assert d.memory.rss_bytes > 0 and not d.memory.device_reported
+
+
+async def test_describe_reports_the_process_memory_as_it_grows(
+    control: ctl_grpc.ExecutorControlAsyncStub,
+) -> None:
+    # the executor runs in this process: 64 MiB kept alive here is the executor's growth
+    before = (await control.Describe(ctl.DescribeRequest())).memory.rss_bytes
+    kept = b"\x01" * (64 << 20)
+    after = (await control.Describe(ctl.DescribeRequest())).memory.rss_bytes
+    assert after - before >= 60 << 20, (before, after)
+    del kept
 
 
 async def test_load_model_times_each_phase_and_verifies_the_hash(

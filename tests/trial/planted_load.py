@@ -5,7 +5,9 @@ device (the reference runs the `honest` version, so only the candidate's version
 - `honest`: no defect, the control;
 - `flaky`: BIAS added to every EVERY-th call's output (counted per loaded model), so the fixed
   inputs of the correctness phase, a handful of calls, meet the reference;
-- `rows`: BIAS added when the batch holds more than one row, so batch 1 is always right.
+- `rows`: BIAS added when the batch holds more than one row, so batch 1 is always right;
+- `leaky`: right on every call, but each call keeps a LEAK_BYTES tensor alive in a module-level
+  list (a cache that is never emptied), so the executor process grows by 16 KiB per request.
 
 One factory-format repository entry, `planted-load`, with a version per defect.
 """
@@ -23,7 +25,9 @@ from tests.trial.planted import FEATURES, HIDDEN, OUTPUTS, factory_toml, planted
 
 BIAS = 1e-3
 EVERY = 37
-DEFECTS = ("honest", "flaky", "rows")
+LEAK_BYTES = 16 << 10
+DEFECTS = ("honest", "flaky", "rows", "leaky")
+KEPT: list[torch.Tensor] = []  # what `leaky` keeps alive, for the life of the executor process
 
 
 class PlantedLoad(nn.Module):
@@ -45,6 +49,8 @@ class PlantedLoad(nn.Module):
             y = y + BIAS
         if self.defect == "rows" and x.shape[0] > 1:
             y = y + BIAS
+        if self.defect == "leaky":  # filled, so its pages are resident
+            KEPT.append(torch.full((LEAK_BYTES // 4,), float(self.calls), dtype=torch.float32))
         return y
 
 

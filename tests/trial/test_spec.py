@@ -72,6 +72,8 @@ _DELETE = object()
         ("policy.confidence", 0.3, "policy.confidence", "at least 0.5 and below 1, got 0.3"),
         ("policy.confidence", "95%", "policy.confidence", "finite number"),
         ("policy.max_latency_drift", -0.1, "policy.max_latency_drift", ">= 0, got -0.1"),
+        ("policy.max_memory_growth_mib", -1, "policy.max_memory_growth_mib", ">= 0, got -1"),
+        ("policy.max_memory_growth_mib", "1 MiB", "policy.max_memory_growth_mib", "finite number"),
         ("performance.blocks", 3, "performance.blocks", ">= 4, got 3"),
     ],
 )
@@ -208,3 +210,5 @@ def test_an_old_spec_gets_the_interval_defaults_and_new_fields_parse() -> None:
     new = parse_spec(_with("policy.confidence", 0.9))
     assert new.policy.confidence == 0.9
     assert parse_spec(_with("performance.blocks", 20)).performance.blocks == 20
+    assert old.policy.max_memory_growth_mib == 1.0
+    assert parse_spec(_with("policy.max_memory_growth_mib", 4)).policy.max_memory_growth_mib == 4.0

@@ -1,7 +1,9 @@
 """Correctness under load, end to end: a candidate wrong on one call in 37, and one wrong only
 at batch sizes above 1, both pass the correctness phase's fixed inputs and must each fail
 correctness on their answers under load, named with the count, the first request and batch;
-the honest control (the reference's model again) is never rejected on correctness.
+the honest control (the reference's model again) is never rejected on correctness. In the same
+trial, a candidate that keeps 16 KiB alive per call fails the memory criterion, named with its
+growth per 1,000 requests, and the honest control does not.
 
 One trial on the shared stack (real Temporal dev server, CPU executor, evaluator, ledger),
 every path on cpu-eager, the candidates as versions of tests/trial/planted_load.py.
@@ -13,6 +15,7 @@ import re
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from clients.model_admin import add_model
 from tests.trial import planted, planted_load
@@ -32,7 +35,7 @@ def _spec() -> dict[str, Any]:
         + [{"name": d, "executor": "cpu", "mode": "eager", "version": d} for d in planted_load.DEFECTS],
         "reference": "reference",
         "performance": {
-            "warmup": 1,
+            "warmup": 48,  # the leaky path fills the heap's free holes before it is measured
             "min_iterations": ITERATIONS,
             "min_seconds": 0.0,
             "scenarios": ["single-stream", "offline"],
@@ -50,14 +53,17 @@ def _correctness(report: dict[str, Any], path: str) -> dict[str, str]:
     return criterion
 
 
-async def test_wrong_answers_under_load_fail_correctness_named(
-    stack: Stack, tmp_path_factory: pytest.TempPathFactory
-) -> None:
+@pytest_asyncio.fixture(scope="module")
+async def report(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The one trial both tests read: every planted_load version a candidate of the honest one."""
     work = tmp_path_factory.mktemp("planted-load")
     for defect in planted_load.DEFECTS:
         source = planted_load.write_version(work / defect, defect)
         add_model(stack.repository, MODEL, source, version=defect, allowed_factories=("tests",))
-    report = await run_trial(stack, _spec(), "under-load")
+    return await run_trial(stack, _spec(), "under-load")
+
+
+async def test_wrong_answers_under_load_fail_correctness_named(report: dict[str, Any]) -> None:
     assert report["status"] == "completed"
     lines = "\n".join(f"{p}: {v['line']}" for p, v in report["verdicts"].items())
 
@@ -90,3 +96,29 @@ async def test_wrong_answers_under_load_fail_correctness_named(
     # every batch-4 answer checked is wrong, no batch-1 answer is
     assert state["beyond"] == state["checked"] - 64, state
     assert rows["figure"].endswith("batch 4; batch 1 was clean"), rows
+
+
+async def test_memory_kept_per_call_fails_the_memory_criterion_named(report: dict[str, Any]) -> None:
+    assert report["status"] == "completed"
+    lines = "\n".join(f"{p}: {v['line']}" for p, v in report["verdicts"].items())
+    lines += "\n" + "\n".join(f"{p}: {s['performance']['memory_steps']}" for p, s in report["paths"].items())
+    leaky = report["verdicts"]["leaky"]
+    memory = leaky["criteria"]["memory"]
+    assert leaky["verdict"] == "REJECT" and memory["result"] == "fail", lines
+    assert leaky["criteria"]["correctness"]["result"] == "pass", lines  # right answers, growing
+    found = re.match(
+        r"memory grows \+([\d.]+) MiB per 1,000 requests \[\+([\d.]+), \+([\d.]+)\], "
+        r"\+([\d.]+) \[\+([\d.]+), \+[\d.]+\] beyond the reference's ([-+][\d.]+) \[",
+        memory["figure"],
+    )
+    assert found, memory["figure"]
+    mib, low, high, beyond, beyond_low, floor = (float(g) for g in found.groups())
+    kept = planted_load.LEAK_BYTES * 1000 / (1 << 20)  # 15.6 MiB per 1,000 requests
+    assert 1.0 < low <= mib <= high and 0.5 * kept <= mib <= 2 * kept, memory
+    assert beyond_low > 1.0 and beyond == pytest.approx(mib - floor, abs=0.11), memory
+    assert memory["figure"].endswith(" (allowed 1.0)"), memory
+    assert "the whole interval is beyond the allowed growth" in memory["reason"], memory
+    # each path is charged only what grew in its own blocks: the control is not named
+    honest = report["verdicts"]["honest"]["criteria"]["memory"]
+    assert honest["result"] in ("pass", "inconclusive"), lines
+    assert "the whole interval is beyond" not in honest["reason"], lines

@@ -89,10 +89,11 @@ def test_a_failed_training_phase_leaves_the_cost_unjudged_not_rejected() -> None
 def test_adopt_when_every_criterion_passes() -> None:
     v = judge(_state(10.0, 100), _state(9.0, 80), Policy(), training=False)
     assert v["verdict"] == "ADOPT"
-    assert list(v["criteria"]) == ["correctness", "compatibility", "latency", "cost"]
+    assert list(v["criteria"]) == ["correctness", "compatibility", "latency", "memory", "cost"]
     assert v["line"] == (
         "ADOPT: correctness pass (rmse 2e-06 <= allowed 1e-05); compatibility pass (0 host-fallback ops, "
-        "0 graph breaks); latency pass (p95 -10.0% (allowed +10%)); cost pass (saving +20.0% (needs +0%))"
+        "0 graph breaks); latency pass (p95 -10.0% (allowed +10%)); memory skipped (not sampled); "
+        "cost pass (saving +20.0% (needs +0%))"
     )
 
 

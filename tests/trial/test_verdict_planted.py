@@ -142,7 +142,7 @@ async def test_planted_defects_get_their_verdicts_and_named_reasons(
     lines = "\n".join(f"{p}: {v['line']}" for p, v in verdicts.items())
     for path, v in verdicts.items():
         # Temporal's JSON converter sorts keys: the line keeps the criteria in order
-        assert set(v["criteria"]) == {"correctness", "compatibility", "latency", "cost"}, path
+        assert set(v["criteria"]) == {"correctness", "compatibility", "latency", "memory", "cost"}, path
         assert v["line"].startswith(f"{v['verdict']}: correctness "), v["line"]
 
     # the honest control: never REJECTED on correctness or compatibility

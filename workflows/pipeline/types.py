@@ -290,6 +290,12 @@ class PerformanceResult:
     # why a path that shares the reference's host was not ("" = it was, or no shared host)
     interleaved_with: list[str] = field(default_factory=list)
     not_interleaved: str = ""
+    # the path's executor's process memory sampled through the measurement: one row per
+    # sampling interval of its own blocks, [requests served, rss bytes grown, device bytes
+    # grown] (workflows/tensor/growth.py fits their slope); the device column counts only
+    # where the executor reports its device allocation
+    memory_steps: list[list[int]] = field(default_factory=list)
+    memory_device_reported: bool = False
 
 
 @dataclass

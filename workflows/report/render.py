@@ -19,7 +19,7 @@ from workflows.pipeline.kind import Rows, TrialKind
 from workflows.pipeline.types import EXAMPLE_PRICES
 from workflows.report import charts
 
-CRITERIA_ORDER = ("trial", "correctness", "compatibility", "latency", "training", "cost")
+CRITERIA_ORDER = ("trial", "correctness", "compatibility", "latency", "memory", "training", "cost")
 
 
 def criteria_in_order(verdict: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:

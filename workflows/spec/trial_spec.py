@@ -170,6 +170,7 @@ class Policy:
     slo_e2el_ms: float = 0.0
     confidence: float = 0.95  # the level of every ratio's interval; decided on the whole interval
     max_latency_drift: float = 0.25  # last third vs first third of a measurement (0 = unchecked)
+    max_memory_growth_mib: float = 1.0  # process memory growth, MiB per 1,000 requests (0 = unchecked)
 
 
 @dataclass(frozen=True)
@@ -481,6 +482,7 @@ def _policy(f: Fields) -> Policy:
         slo_e2el_ms=f.number("slo_e2el_ms", 0.0, minimum=0.0),
         confidence=f.number("confidence", 0.95),
         max_latency_drift=f.number("max_latency_drift", 0.25, minimum=0.0),
+        max_memory_growth_mib=f.number("max_memory_growth_mib", 1.0, minimum=0.0),
     )
     if not 0.5 <= policy.confidence < 1.0:
         raise SpecError(

@@ -54,6 +54,7 @@ from workflows.spec.trial_spec import PerformancePlan
 from workflows.tensor import under_load
 from workflows.tensor.comparison import ComparisonActivities
 from workflows.tensor.intervals import split_blocks, thin
+from workflows.tensor.memory_meter import Meter, describer
 
 BLOCK_SAMPLES = 200  # values kept per block: 10 blocks of single-stream are about 16 KB of JSON
 BEAT_S = 0.5  # heartbeat (and memory sample) interval while measuring
@@ -101,6 +102,8 @@ class _Progress:
     answers: dict[str, list[TensorData]] = dataclasses.field(default_factory=dict)
     check: UnderLoad | None = None
     problem: str = ""  # why this path stopped measuring (every request of a scenario failed)
+    memory_steps: list[list[int]] = dataclasses.field(default_factory=list)  # memory_meter.py
+    device_reported: bool = False
 
     def finished(self, name: str, batch: int) -> bool:
         return bool(self.problem) or any(s.scenario == name and s.batch_size == batch for s in self.done)
@@ -113,6 +116,8 @@ class _Progress:
             "jobs": self.jobs,
             "memory_min_available": self.memory_min_available,
             "problem": self.problem,
+            "memory_steps": self.memory_steps,
+            "device_reported": self.device_reported,
         }
 
 
@@ -240,10 +245,8 @@ class PerformanceActivities:
 
     async def _memory(self, request: PerformanceRequest) -> tuple[int, int]:
         """Device memory total and available now (Describe); sampled during measurement."""
-        t = request.target
-        try:
-            d = await self.connections.control(t.executor).Describe(xpb.DescribeRequest(), timeout=10)
-        except Exception:  # memory is a side figure: a failed sample is skipped, not fatal
+        d = await describer(self.connections, request.target)()
+        if d is None:  # memory is a side figure: a failed sample is skipped, not fatal
             return 0, 0
         return int(d.device.memory_total_bytes), int(d.device.memory_available_bytes)
 
@@ -312,6 +315,8 @@ class PerformanceActivities:
             int(saved.get("jobs") or 0),
             int(saved.get("memory_min_available") or 0),
             problem=str(saved.get("problem") or ""),
+            memory_steps=[[int(v) for v in row] for row in saved.get("memory_steps") or []],
+            device_reported=bool(saved.get("device_reported")),
         )
         if request.criteria is not None:
             progress.check = UnderLoad(skipped=request.under_load_skip)
@@ -335,21 +340,27 @@ class PerformanceActivities:
                 await stream.call(-1)
         if not interleaved:
             stream, progress = paths[0]
-            await self._block(stream, progress, concurrency, plan.min_iterations, plan.min_seconds, beat)
+            await self._block(stream, progress, concurrency, (plan.min_iterations, plan.min_seconds), beat)
             return
         count, seconds = math.ceil(plan.min_iterations / plan.blocks), plan.min_seconds / plan.blocks
         for slot in range(plan.blocks):
             for stream, progress in paths if slot % 2 == 0 else paths[::-1]:
                 if slot:
                     await stream.call(-1)
-                await self._block(stream, progress, concurrency, count, seconds, beat)
+                await self._block(stream, progress, concurrency, (count, seconds), beat)
 
     async def _block(
-        self, stream: _Stream, progress: _Progress, concurrency: int, count: int, seconds: float, beat: _Beat
+        self, stream: _Stream, progress: _Progress, concurrency: int, size: tuple[int, float], beat: _Beat
     ) -> None:
-        """Measure one block of a path: at least `count` requests and `seconds` long."""
+        """Measure one block of a path: at least `count` requests and `seconds` long, its
+        process memory sampled at its edges and every share of the plan within it."""
+        count, seconds = size
+        plan = progress.request.plan
+        share = (math.ceil(plan.min_iterations / plan.blocks), plan.min_seconds / plan.blocks)
+        meter = Meter(describer(self.connections, progress.request.target), progress.memory_steps, *share)
         samples: list[_Sample] = []
         stream.blocks.append(samples)
+        await meter.sample(0)
         begin = time.perf_counter()
 
         def satisfied() -> bool:
@@ -358,12 +369,19 @@ class PerformanceActivities:
         async def worker() -> None:
             while not satisfied():
                 samples.append(await stream.call(next(stream.measured)))
+                if not satisfied() and meter.due(len(samples)):
+                    await meter.sample(len(samples))
                 if beat.due():
                     await self._sample_memory(progress)
                     beat.send(progress.request.target.path, sum(len(b) for b in stream.blocks))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         stream.seconds += time.perf_counter() - begin
+        await meter.sample(len(samples))
+        progress.device_reported = progress.device_reported or meter.device_reported
+        if meter.lowest_available:
+            low = progress.memory_min_available or meter.lowest_available
+            progress.memory_min_available = min(low, meter.lowest_available)
 
     async def _finish(
         self,
@@ -394,8 +412,9 @@ class PerformanceActivities:
         p, request = progress, progress.request
         if p.problem:
             return PerformanceResult(
-                p.done, p.before, p.before, p.busy_us, p.jobs, False, p.problem, 0, 0, p.answers, p.check
-            )
+                p.done, p.before, p.before, p.busy_us, p.jobs, False, p.problem, 0, 0, p.answers, p.check,
+                memory_steps=p.memory_steps, memory_device_reported=p.device_reported,
+            )  # fmt: skip
         after = await self._compilations(request)
         total, low = await self._memory(request)
         lowest = min(low, p.memory_min_available or low)
@@ -417,6 +436,8 @@ class PerformanceActivities:
             lowest,
             p.answers,
             p.check,
+            memory_steps=p.memory_steps,
+            memory_device_reported=p.device_reported,
         )
 
 

@@ -11,10 +11,12 @@ regression, pass only when it lies within, else inconclusive with the requests t
 it; the reference's A/A noise floor beside it, see workflows/tensor/intervals.py; compilation
 while measuring makes it inconclusive, and so does a fault during the measurement, named:
 requests that failed or stalled; a regression that coincides with a host fallback names the op),
-and cost (cost per completed job from the ledger, at least the policy's saving; inconclusive too
-after a fault during the measurement, whose time it holds). The training kind adds its criterion
-before cost (workflows/training/verdict.py); `Verdict.of` (workflows/spec/trial_io.py) turns the
-criteria into the verdict.
+memory (the candidate's process memory growth per 1,000 requests, failed only when both its own
+slope's interval and its slope beyond the reference's lie above the policy's bound:
+workflows/tensor/growth.py), and cost (cost per completed job from the ledger, at least the
+policy's saving; inconclusive too after a fault during the measurement, whose time it holds).
+The training kind adds its criterion before cost (workflows/training/verdict.py); `Verdict.of`
+(workflows/spec/trial_io.py) turns the criteria into the verdict.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from workflows.pipeline.types import EconomicsResult, OutputVerdict, ScenarioRes
 from workflows.report.results import FAIL, PASS, SKIPPED, UNKNOWN
 from workflows.spec.trial_io import Criterion
 from workflows.spec.trial_spec import Policy
-from workflows.tensor import under_load
+from workflows.tensor import growth, under_load
 from workflows.tensor.intervals import (
+    Decision,
     RatioInterval,
     decide,
     drift,
@@ -68,6 +71,7 @@ def criteria(reference: PathState, candidate: PathState, policy: Policy) -> Crit
     criteria["compatibility"] = judge_compatibility(candidate, policy)
     correct = criteria["correctness"].result == PASS
     criteria["latency"] = _latency(reference, candidate, policy, correct)
+    criteria["memory"] = _memory(reference, candidate, policy)
     criteria["cost"] = _cost(reference, candidate, policy, correct)
     return criteria
 
@@ -162,6 +166,37 @@ def _drifted(scenarios: dict[str, ScenarioResult], policy: Policy) -> str:
         if found.beyond:
             named.append(f"{role} {found.text()}")
     return "; ".join(named)
+
+
+def _memory(reference: PathState, candidate: PathState, policy: Policy) -> Criterion:
+    """The candidate's process memory growth per 1,000 requests beyond the reference's, on its
+    interval (workflows/tensor/growth.py), and its device memory's where the executor reports it."""
+    allowed = policy.max_memory_growth_mib
+    mine, theirs = candidate.performance, reference.performance
+    if not allowed:
+        return Criterion(SKIPPED, "not checked: policy.max_memory_growth_mib is 0")
+    if mine is None or not mine.memory_steps:
+        why = "the path was not measured" if mine is None else "its executor reports no process memory"
+        return Criterion(SKIPPED, f"not sampled: {why}", "not sampled")
+    columns = [("memory", 1)] + ([("device memory", 2)] if mine.memory_device_reported else [])
+    decisions: list[Decision] = []
+    figures: list[str] = []
+    for what, column in columns:
+        sampled = theirs is not None and (column == 1 or theirs.memory_device_reported)
+        floor = growth.steps_of(theirs.memory_steps, column) if theirs is not None and sampled else None
+        try:
+            judged = growth.judge(
+                growth.steps_of(mine.memory_steps, column), floor, allowed, what, policy.confidence
+            )
+        except ValueError as err:
+            decisions.append(Decision(UNKNOWN, f"{what}: no interval: {err}"))
+            figures.append(f"{what}: too few samples")
+            continue
+        decisions.append(judged.decision)
+        figures.append(judged.figure)
+    results = [d.result for d in decisions]
+    result = FAIL if FAIL in results else UNKNOWN if UNKNOWN in results else PASS
+    return Criterion(result, "; ".join(d.reason for d in decisions), "; ".join(figures))
 
 
 def _cost(reference: PathState, candidate: PathState, policy: Policy, correct: bool) -> Criterion:

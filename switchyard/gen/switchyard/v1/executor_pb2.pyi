@@ -114,6 +114,7 @@ class DescribeResponse(_message.Message):
     EXECUTOR_ID_FIELD_NUMBER: _builtins.int
     REGISTERED_MODELS_FIELD_NUMBER: _builtins.int
     FRAMES_PORT_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
     torch_version: _builtins.str
     resource_class: _builtins.str
     """pricing class, e.g. "cpu-2core", "gpu-h200" """
@@ -141,6 +142,10 @@ class DescribeResponse(_message.Message):
     def registered_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """"name:version" this executor can load"""
 
+    @_builtins.property
+    def memory(self) -> Global___ProcessMemory:
+        """this executor process's memory now (sampled by trials)"""
+
     def __init__(
         self,
         *,
@@ -155,14 +160,47 @@ class DescribeResponse(_message.Message):
         executor_id: _builtins.str = ...,
         registered_models: _abc.Iterable[_builtins.str] | None = ...,
         frames_port: _builtins.int = ...,
+        memory: Global___ProcessMemory | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["device", b"device"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "memory", b"memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "executor_id", b"executor_id", "frames_port", b"frames_port", "host", b"host", "models", b"models", "modes", b"modes", "price_key", b"price_key", "registered_models", b"registered_models", "resource_class", b"resource_class", "torch_version", b"torch_version", "versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "executor_id", b"executor_id", "frames_port", b"frames_port", "host", b"host", "memory", b"memory", "models", b"models", "modes", b"modes", "price_key", b"price_key", "registered_models", b"registered_models", "resource_class", b"resource_class", "torch_version", b"torch_version", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeResponse: _TypeAlias = DescribeResponse  # noqa: Y015
+
+@_typing.final
+class ProcessMemory(_message.Message):
+    """The executor process's own memory, read at each Describe: a trial samples it through its
+    measurement and fits its growth per request (workflows/tensor/growth.py).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RSS_BYTES_FIELD_NUMBER: _builtins.int
+    DEVICE_ALLOCATED_BYTES_FIELD_NUMBER: _builtins.int
+    DEVICE_REPORTED_FIELD_NUMBER: _builtins.int
+    rss_bytes: _builtins.int
+    """resident set size (/proc/self/statm); 0 = not readable"""
+    device_allocated_bytes: _builtins.int
+    """torch.cuda.memory_allocated, summed over the visible devices"""
+    device_reported: _builtins.bool
+    """false where the device reports no allocation (cpu, xla)"""
+    def __init__(
+        self,
+        *,
+        rss_bytes: _builtins.int = ...,
+        device_allocated_bytes: _builtins.int = ...,
+        device_reported: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_allocated_bytes", b"device_allocated_bytes", "device_reported", b"device_reported", "rss_bytes", b"rss_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessMemory: _TypeAlias = ProcessMemory  # noqa: Y015
 
 @_typing.final
 class LoadModelRequest(_message.Message):
