@@ -24,6 +24,7 @@ from workflows.activities.authorization import GRANT_MEMO, request_grant
 from workflows.report.render import criteria_in_order, line_of, render
 from workflows.spec.trial_io import TrialInput, TrialReport
 from workflows.spec.trial_spec import SpecError, parse_spec
+from workflows.temporal_link import TemporalLink, TemporalLinkError, TemporalTLS
 from workflows.trial import TrialWorkflow
 from workflows.worker import connect
 
@@ -34,6 +35,21 @@ def _bar(progress: dict[str, Any]) -> str:
     filled = int(BAR * progress.get("percent", 0) / 100)
     paths = ", ".join(f"{n}: {p['phase']}/{p['status']}" for n, p in progress.get("paths", {}).items())
     return f"[{'#' * filled}{'.' * (BAR - filled)}] {progress.get('percent', 0):5.1f}% {paths}"
+
+
+def link_of(args: argparse.Namespace) -> TemporalLink:
+    """How this command reaches Temporal (workflows/temporal_link.py), from its flags."""
+    try:
+        tls = TemporalTLS.of(
+            args.temporal_tls_ca,
+            args.temporal_tls_cert,
+            args.temporal_tls_key,
+            args.temporal_tls_server_name,
+            on=args.temporal_tls,
+        )
+    except TemporalLinkError as err:
+        raise SystemExit(str(err)) from None
+    return TemporalLink(args.temporal, args.namespace, tls, args.codec_key_file)
 
 
 async def _activity_details(client: Client, handle: WorkflowHandle[Any, Any]) -> str:
@@ -117,7 +133,7 @@ async def _start(args: argparse.Namespace) -> int:
     except grpc.aio.AioRpcError as err:
         print(f"trial not started: {err.code().name}: {err.details()}", file=sys.stderr)
         return 2 if err.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED) else 1
-    client = await connect(args.temporal, args.namespace)
+    client = await connect(link_of(args))
     handle = await client.start_workflow(
         TrialWorkflow.run,
         TrialInput.from_json(spec_json),
@@ -134,7 +150,7 @@ async def _start(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    client = await connect(args.temporal, args.namespace)
+    client = await connect(link_of(args))
     handle = client.get_workflow_handle(args.trial_id)
     desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.RUNNING:
@@ -183,7 +199,7 @@ async def _report(args: argparse.Namespace) -> int:
             return 1
         report = json.loads(stored.report_json)
     else:
-        client = await connect(args.temporal, args.namespace)
+        client = await connect(link_of(args))
         report = await client.get_workflow_handle(args.trial_id).result()
     text = render(report, fmt)
     if args.output == "-":
@@ -195,7 +211,7 @@ async def _report(args: argparse.Namespace) -> int:
 
 
 async def _cancel(args: argparse.Namespace) -> int:
-    client = await connect(args.temporal, args.namespace)
+    client = await connect(link_of(args))
     handle = client.get_workflow_handle(args.trial_id)
     status = await handle.execute_update(TrialWorkflow.cancel, args.reason)
     print(f"trial {args.trial_id}: {status}")
