@@ -21,13 +21,21 @@ from types import TracebackType
 
 from clients.local_cluster import health
 from clients.local_cluster.cluster_config import Config
-from clients.local_cluster.plan import Ports, ServiceSpec, build_plan, identities
+from clients.local_cluster.plan import (
+    Ports,
+    ServiceSpec,
+    build_plan,
+    codec_key_file,
+    identities,
+    temporal_link,
+)
 from clients.local_cluster.provision import Provisioning
 from clients.local_cluster.readiness import StartupFailed
 from clients.local_cluster.supervisor import Supervisor
 from switchyard import layout, tls
 from switchyard.errors import FailedPrecondition
 from switchyard.models.repository import builtin_sources, seed_builtins
+from workflows.temporal_codec import ensure_key_file
 
 ROOT = layout.checkout_root()  # None when installed: children import the installed package
 
@@ -120,6 +128,8 @@ class LocalCluster:
             if added:
                 self._say(f"model repository {repository}: added the built-ins {', '.join(added)}")
         self._prepare_identities()
+        keys = ensure_key_file(codec_key_file(self.config))  # 0600 in a 0700 folder, kept
+        self._say(f"Temporal payloads encrypted: codec keys in {keys} (CLI: --codec-key-file {keys})")
 
     def _prepare_identities(self) -> None:
         """A local CA and a certificate per service on first start (kept for the next; files
@@ -178,6 +188,10 @@ class LocalCluster:
             "ledger_url": self.config.ledger_url if not self.config.database_url else "(configured)",
             "state_dir": str(self.state_dir),
             "temporal_address": self.config.temporal.address or self.address("temporal"),
+            # TLS and the codec's key file, by path (workflows/temporal_link.py): no key material
+            "temporal_env": temporal_link(
+                self.config, self.config.temporal.address or self.address("temporal")
+            ).env(),
             "tls_dir": ""
             if self.config.security.insecure
             else str(self.config.pki_dir.resolve() / "operator"),
