@@ -19,6 +19,7 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSe
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from switchyard.errors import FailedPrecondition
 from workflows.activities.authorization import AuthorizationActivities
 from workflows.activities.connections import Connections, WorkerConfig
 from workflows.activities.path import PathActivities
@@ -26,7 +27,7 @@ from workflows.activities.trial_ledger import LedgerActivities
 from workflows.generation.activities import GenerationActivities
 from workflows.generation.measure import GenerationMeasurement
 from workflows.spec.trial_io import TrialPayloadConverter
-from workflows.temporal_codec import trial_converter
+from workflows.temporal_codec import KEY_FILE_ENV, trial_converter
 from workflows.temporal_link import TemporalLink
 from workflows.tensor.comparison import ComparisonActivities
 from workflows.tensor.performance import PerformanceActivities
@@ -122,9 +123,15 @@ def build_worker(client: Client, connections: Connections, task_queue: str | Non
 
 
 async def run_worker(config: WorkerConfig) -> None:
+    connections = Connections(config)
+    if not config.codec_key_file and not connections.security.insecure:
+        # grants and specs would sit in Temporal's history in clear (docs/security.md)
+        raise FailedPrecondition(
+            "the trial worker needs the payload codec's keys: set --codec-key-file or "
+            f"{KEY_FILE_ENV} (docs/runbook.md makes one), or run insecure by name"
+        )
     client = await connect(config.link())
     await ensure_search_attributes(client, config.namespace)
-    connections = Connections(config)
     worker = build_worker(client, connections)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -8,6 +8,7 @@ the codec give both back."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError
@@ -93,3 +94,39 @@ async def test_a_trial_started_in_clear_is_read_and_answered_sealed(
     cause = err.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "InvalidTrialSpec"
     assert cause.message.startswith("invalid trial spec: polcy:")
+
+
+def test_a_secure_worker_or_trial_start_without_the_codec_keys_refuses(tmp_path: Path) -> None:
+    """With service identities on (not insecure), neither the worker nor `trial start` puts a
+    grant or a spec into Temporal unsealed: both refuse and name the setting."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from switchyard import tls
+    from tests.conftest import ROOT
+
+    folders = tls.ensure_local_pki(tmp_path / "tls", ["worker", "operator"])
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SWITCHYARD_SECURITY", "SWITCHYARD_TEMPORAL"))
+    }
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec()))
+    for who, args in (
+        ("worker", ["worker", "--temporal", "127.0.0.1:1"]),
+        ("operator", ["trial", "start", str(spec), "--temporal", "127.0.0.1:1", "--metering", "127.0.0.1:1"]),
+    ):
+        child_env = {**env, "PYTHONPATH": str(ROOT), tls.TLS_DIR_ENV: str(folders[who])}
+        done = subprocess.run(
+            [sys.executable, "-m", "clients.cli", *args],
+            cwd=ROOT,
+            env=child_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "SWITCHYARD_TEMPORAL_CODEC_KEY_FILE" in done.stderr and "Traceback" not in done.stderr
