@@ -99,11 +99,13 @@ def new_key_line(key_id: str) -> str:
 
 
 def ensure_key_file(path: Path) -> Path:
-    """The key file at `path`, made with one fresh key (id `k1`) if absent: 0600 in a 0700 folder."""
+    """The key file at `path`, made with one fresh key (id `k1`) if absent: 0600, in a folder
+    made 0700 if this makes it (an existing folder keeps its mode)."""
     if path.exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True)
+        os.chmod(path.parent, 0o700)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
