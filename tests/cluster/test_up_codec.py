@@ -5,6 +5,8 @@ host, CORS for the UI's origin only, and the worker, given the same keys, polls.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import os
 import signal
@@ -12,16 +14,25 @@ import stat
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.client import Client
 
+from clients.local_cluster import demo_trial as trials
+from clients.local_cluster.demo import Endpoints
+from clients.local_cluster.traffic import create_team_key
+from switchyard import tls
 from tests.cluster.up_helpers import start_up
 from tests.conftest import ROOT
+from workflows.activities.authorization import GRANT_MEMO
 from workflows.temporal_codec import Keyring, encrypt
+from workflows.worker import connect
 
 pytestmark = pytest.mark.slow
 STARTUP_S = 300
@@ -33,6 +44,46 @@ def _wait_for(predicate: Callable[[], bool], proc: subprocess.Popen[bytes], log:
         assert proc.poll() is None, log.read_text()[-4000:]
         assert time.monotonic() < deadline, log.read_text()[-4000:]
         time.sleep(0.5)
+
+
+def _trial_through_the_demo_path(state: dict[str, Any], tmp_path: Path) -> None:
+    """A trial started as `switchyard demo` starts it (its grant from metering in the memo,
+    over Endpoints.link()) completes, and a plain client finds neither grant nor spec."""
+    tls.set_default(tls.Security.from_dir(state["tls_dir"]))
+    try:
+        ep = Endpoints.from_state(state)
+        team = asyncio.run(create_team_key(ep.metering, "team-sealed", trials=("tiny-lm",)))
+        spec = trials.demo_spec(team.team)
+        spec["paths"] = [
+            {"name": "ref", "executor": "cpu", "mode": "eager"},
+            {"name": "cand", "executor": "cpu", "mode": "eager"},
+        ]
+        spec["reference"] = "ref"
+        spec["performance"] = {"warmup": 1, "min_iterations": 5, "min_seconds": 0.2, "batch_sizes": [1]}
+        trial_id = f"sealed-{uuid.uuid4().hex[:6]}"
+        outcome = asyncio.run(
+            trials.run_trial(
+                ep.link(), ep.task_queue, tmp_path / "reports", trial_id, spec, lambda _: None,
+                metering=ep.metering, api_key=team.key,
+            )
+        )  # fmt: skip
+        assert outcome.status == "completed" and set(outcome.verdicts) == {"cand"}
+
+        async def raw_and_opened() -> tuple[str, bytes, str]:
+            plain = await Client.connect(ep.temporal)  # no codec: what Temporal holds
+            raw = plain.get_workflow_handle(trial_id)
+            memo = (await raw.describe()).raw_description.workflow_execution_info.memo
+            opened = await connect(ep.link())  # the demo's and CLI's way: the codec
+            grant = (await (await opened.get_workflow_handle(trial_id).describe()).memo())[GRANT_MEMO]
+            return (await raw.fetch_history()).to_json(), memo.SerializeToString(), str(grant)
+
+        history, memo, grant = asyncio.run(raw_and_opened())
+        assert len(grant) > 40 and grant not in history and grant.encode() not in memo
+        at = history.find(team.team)
+        assert at < 0, history[max(0, at - 1500) : at + 200]  # the spec's team
+        assert base64.b64encode(b"binary/encrypted").decode() in history  # proto JSON: bytes in base64
+    finally:
+        tls.set_default(None)
 
 
 def test_up_seals_payloads_and_serves_the_ui_its_codec_endpoint(tmp_path: Path) -> None:
@@ -78,6 +129,7 @@ def test_up_seals_payloads_and_serves_the_ui_its_codec_endpoint(tmp_path: Path) 
                 assert (reply.headers.get("Access-Control-Allow-Origin") == origin) is allowed
             assert opened.data == b'"grant"'
         assert "Temporal payloads encrypted" in log.read_text()
+        _trial_through_the_demo_path(state, tmp_path)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
