@@ -43,6 +43,7 @@ from switchyard.grpcio import ServerOptions
 from tests.trial.trial_helpers import connections, tiny_spec
 from workflows.trial import SEARCH_ATTRIBUTES, TrialWorkflow
 from workflows.spec.trial_io import TrialInput
+from workflows.temporal_link import TemporalLink
 from workflows.worker import build_worker, connect
 
 TEMPORAL = sys.argv[1]
@@ -64,7 +65,7 @@ async def main() -> None:
     stack.executors = lambda: {"cpu": executor.address}
 
     exporter.clear()
-    client = await connect(str(env.client.service_client.config.target_host), "default")
+    client = await connect(TemporalLink(str(env.client.service_client.config.target_host)))
     tracer = trace.get_tracer("test")
     queue = f"q-{uuid.uuid4().hex[:8]}"
     conns = connections(stack)
