@@ -51,6 +51,7 @@ ui_port = 8233
 task_queue = "switchyard-trials"
 codec_key_file = ""            # "" = <state_dir>/keys/temporal-codec.key, made on first start
 codec_port = 0                 # the Temporal UI's codec endpoint (/encode, /decode); 0 = any free
+tls = false                    # true = TLS to a remote Temporal, its CA one the system trusts
 tls_ca = ""                    # a remote Temporal's CA: every connection to it uses TLS
 tls_cert = ""                  # client certificate and key, where it asks for mTLS
 tls_key = ""
@@ -133,6 +134,7 @@ class TemporalConfig:
     task_queue: str
     codec_key_file: str = ""  # "" = <state_dir>/keys/temporal-codec.key
     codec_port: int = 0
+    tls: bool = False
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
@@ -361,6 +363,7 @@ def _build(tree: Mapping[str, Any]) -> Config:
             task_queue=str(_get(temporal, "task_queue", str, "temporal")),
             codec_key_file=str(_get(temporal, "codec_key_file", str, "temporal")),
             codec_port=_port(temporal, "temporal", "codec_port"),
+            tls=bool(_get(temporal, "tls", bool, "temporal")),
             **{k: str(_get(temporal, k, str, "temporal")) for k in TEMPORAL_TLS_KEYS},
         ),
         metering_port=_port(tree["metering"], "metering"),

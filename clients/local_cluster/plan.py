@@ -177,7 +177,7 @@ def temporal_link(config: Config, address: str) -> TemporalLink:
     `[temporal] tls_*` says so (a remote cluster; the dev server has none), the codec's keys."""
     t = config.temporal
     try:
-        security = TemporalTLS.of(t.tls_ca, t.tls_cert, t.tls_key, t.tls_server_name)
+        security = TemporalTLS.of(t.tls_ca, t.tls_cert, t.tls_key, t.tls_server_name, on=t.tls)
     except ValueError as exc:
         raise ConfigError(f"[temporal] tls_*: {exc}") from None
     return TemporalLink(address, t.namespace, security, str(codec_key_file(config)))

@@ -238,5 +238,9 @@ def test_a_remote_temporal_with_tls_is_dialled_with_it(tmp_path: Path) -> None:
     assert worker.env["SWITCHYARD_TEMPORAL_TLS"] == "true"
     assert worker.env["SWITCHYARD_TEMPORAL_TLS_CA"] == str(ca.resolve())
     assert worker.env["SWITCHYARD_TEMPORAL_TLS_SERVER_NAME"] == "frontend.temporal"
+    system_ca = {k: v for k, v in env.items() if "TLS_" not in k} | {"SWITCHYARD_TEMPORAL_TLS": "true"}
+    specs, _ = build_plan(load_config(env=system_ca), ROOT)
+    worker = next(s for s in specs if s.name == "trial-worker")
+    assert worker.env["SWITCHYARD_TEMPORAL_TLS"] == "true" and "SWITCHYARD_TEMPORAL_TLS_CA" not in worker.env
     with pytest.raises(ConfigError, match="certificate needs its key"):
         build_plan(load_config(env={**env, "SWITCHYARD_TEMPORAL_TLS_CERT": str(ca)}), ROOT)
