@@ -29,6 +29,7 @@ from temporalio import workflow
 
 from workflows.pipeline.context import TrialContext
 from workflows.pipeline.types import (
+    ExtensionRule,
     InterleavedRequest,
     PathInfo,
     PerformanceRequest,
@@ -152,12 +153,23 @@ class Interleaved:
         if len(names) == 1:
             alone = await self.ctx.call(PerformanceActivities.measure_performance, self.requests[names[0]])
             return {names[0]: alone}
-        together = InterleavedRequest([self.requests[n] for n in names])
+        together = InterleavedRequest([self.requests[n] for n in names], self._extension())
         measured = await self.ctx.call(PerformanceActivities.measure_interleaved, together)
         return {
             n: replace(r, interleaved_with=[o for o in names if o != n])
             for n, r in zip(names, measured.results, strict=True)
         }
+
+    def _extension(self) -> ExtensionRule | None:
+        """How far the measurement may extend itself (workflows/tensor/extension.py): from the
+        spec alone, so a replayed workflow schedules the same activity."""
+        spec = self.ctx.spec
+        if not spec.performance.max_extra_requests:
+            return None
+        policy = spec.policy
+        return ExtensionRule(
+            spec.reference, spec.performance.max_extra_requests, policy.max_p95_regression, policy.confidence
+        )
 
     def withdraw(self, name: str) -> None:
         """The member will not be measured (it failed, or failed correctness)."""

@@ -8,7 +8,8 @@ adaptations, judged by the policy's maximums: see workflows/pipeline/compatibili
 (the single-stream p95 ratio to the reference's, decided on its paired block-bootstrap interval
 at the policy's confidence: fail only when the whole interval lies beyond the allowed
 regression, pass only when it lies within, else inconclusive with the requests that would
-settle it; the reference's A/A noise floor beside it, see workflows/tensor/intervals.py;
+settle it, after the measurement extended itself while it could (workflows/tensor/extension.py);
+the reference's A/A noise floor beside it, see workflows/tensor/intervals.py;
 compilation while measuring makes it inconclusive; a regression that coincides with a host
 fallback names the op), and cost (cost per completed job from the ledger, at least the
 policy's saving). The training kind adds its criterion before cost
@@ -140,7 +141,8 @@ def _latency_interval(
         aa = floor.bracket()
     except ValueError:
         aa = "not measured (fewer than 8 reference blocks)"
-    reason = f"{reason}; {decision.reason}; noise floor (reference A/A) {aa}; {how}"
+    extended = f"; {mine.extension.text}" if mine.extension is not None and mine.extension.text else ""
+    reason = f"{reason}; {decision.reason}{extended}; noise floor (reference A/A) {aa}; {how}"
     moved = _drifted({"candidate": mine, "reference": theirs}, policy)
     if moved:
         why = f"warm-up too short: {moved}, beyond the allowed drift {policy.max_latency_drift:+.0%}"
