@@ -29,7 +29,15 @@ from workflows.report.results import FAIL, PASS, SKIPPED, UNKNOWN
 from workflows.spec.trial_io import Criterion
 from workflows.spec.trial_spec import Policy
 from workflows.tensor import under_load
-from workflows.tensor.intervals import RatioInterval, decide, drift, mean, noise_floor, ratio_interval
+from workflows.tensor.intervals import (
+    RatioInterval,
+    decide,
+    drift,
+    level_text,
+    mean,
+    noise_floor,
+    ratio_interval,
+)
 
 Criteria = dict[str, Criterion]
 
@@ -148,7 +156,8 @@ def _latency_interval(
         why = f"warm-up too short: {moved}, beyond the allowed drift {policy.max_latency_drift:+.0%}"
         return Criterion(UNKNOWN, f"{why}; {reason}", f"warm-up too short ({moved})")
     figure = (
-        f"{interval.text()} at {level:.0%}, allowed {1 + policy.max_p95_regression:.3g}; A/A {aa}" + slower
+        f"{interval.text()} at {level_text(level)}, allowed {1 + policy.max_p95_regression:.3g}; A/A {aa}"
+        + slower
     )
     return Criterion(decision.result, reason, figure)
 
