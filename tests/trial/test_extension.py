@@ -89,7 +89,8 @@ async def test_a_straddling_interval_is_extended_until_it_is_decided() -> None:
     assert 0 < record.extra_requests < 1000 and 1 <= record.rounds <= MAX_ROUNDS
     assert record.extra_blocks == sum(r.slots for r in sim.rounds) == len(sim.blocks["cand"]) - 10
     assert _requests(sim.blocks["cand"]) == 50 + record.extra_requests == _requests(sim.blocks["ref"])
-    final = extension.look(ExtensionRule("ref", 1000, 0.1, 0.95), sim.blocks, 200)
+    assert record.level == extension.extended_level(0.95) == 0.9875  # looks after the plan: stricter
+    final = extension.look(ExtensionRule("ref", 1000, 0.1, 0.95), sim.blocks, 200, record.level)
     assert final.decisions["cand"].result == FAIL and final.intervals["cand"].low > 1.1
     assert record.text.startswith(f"measurement extended: interval decided after +{record.extra_requests} ")
 
@@ -134,15 +135,23 @@ async def test_the_rule_judges_thinned_blocks_as_the_verdict_does() -> None:
     at what the verdict will see, and counts the requests that were measured."""
     sim = Simulated(factor=1.0, sigma=0.2, blocks=8, size=1000)
     rule = ExtensionRule("ref", 100, 0.1, 0.95)
-    seen = extension.look(rule, sim.blocks, 200).intervals["cand"]
+    seen = extension.look(rule, sim.blocks, 200, 0.95).intervals["cand"]
     thinned = {k: [thin(b, 200) for b in v] for k, v in sim.blocks.items()}
-    again = extension.look(rule, thinned, 200).intervals["cand"]
+    again = extension.look(rule, thinned, 200, 0.95).intervals["cand"]
     assert (seen.ratio, seen.low, seen.high) == (again.ratio, again.low, again.high)
     assert seen.samples == 8000 and again.samples == 1600
 
 
+def test_the_verdict_judges_an_extended_measurement_at_the_stricter_level() -> None:
+    extended = Extension(budget=100, extra_requests=40, rounds=1, level=0.9875, stopped="decided")
+    assert extension.verdict_level(extended, 0.95) == 0.9875
+    assert extension.verdict_level(dataclasses.replace(extended, rounds=0, extra_requests=0), 0.95) == 0.95
+    assert extension.verdict_level(None, 0.9) == 0.9
+    assert extension.extended_level(0.999) == 1 - 0.001 / (2 * MAX_ROUNDS)
+
+
 def test_a_scenario_with_its_extension_survives_a_retried_attempt() -> None:
-    record = Extension(100, 40, 8, 2, "decided", {"cand": "1.02 [0.9, 1.2]"}, "measurement extended")
+    record = Extension(100, 40, 8, 2, 0.9875, "decided", {"cand": "1.02 [0.9, 1.2] at 95%"}, "extended")
     scenario = ScenarioResult("single-stream", 1, 1, 90, 1.0, 1, 2, 3, 4, 2, 1, 90.0, "samples/s", {}, [], [])
     scenario.extension = record
     back = extension.restored(dataclasses.asdict(scenario))

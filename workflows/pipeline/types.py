@@ -257,6 +257,7 @@ class Extension:
     extra_requests: int = 0  # measured per path after the planned blocks
     extra_blocks: int = 0  # paired blocks added (each path's)
     rounds: int = 0
+    level: float = 0.0  # the confidence of the last look: the verdict's (stricter once extended)
     stopped: str = ""  # "decided", "budget", "on the bound", "no interval"
     before: dict[str, str] = field(default_factory=dict)  # path -> its interval at the plan's end
     text: str = ""  # the sentence the verdict quotes

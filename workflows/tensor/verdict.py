@@ -28,7 +28,7 @@ from workflows.pipeline.types import EconomicsResult, OutputVerdict, ScenarioRes
 from workflows.report.results import FAIL, PASS, SKIPPED, UNKNOWN
 from workflows.spec.trial_io import Criterion
 from workflows.spec.trial_spec import Policy
-from workflows.tensor import under_load
+from workflows.tensor import extension, under_load
 from workflows.tensor.intervals import (
     RatioInterval,
     decide,
@@ -135,8 +135,9 @@ def _latency(reference: PathState, candidate: PathState, policy: Policy, correct
 def _latency_interval(
     mine: ScenarioResult, theirs: ScenarioResult, policy: Policy, reason: str, slower: str, how: str
 ) -> Criterion:
-    """Decide on the paired block-bootstrap interval of the p95 ratio, beside the noise floor."""
-    level = policy.confidence
+    """Decide on the paired block-bootstrap interval of the p95 ratio, beside the noise floor;
+    an extended measurement at its stricter level (workflows/tensor/extension.py)."""
+    level = extension.verdict_level(mine.extension, policy.confidence)
     try:
         interval = ratio_interval(mine.blocks_ms, theirs.blocks_ms, level=level)
         # blocks may be thinned (workflows/tensor/performance.py): count the requests that were measured
