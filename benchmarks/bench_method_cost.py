@@ -17,7 +17,12 @@ workflows/tensor/intervals.py), the A/A spread (each method's odd runs against i
 the same interval, with 8 runs or more; and its run-to-run ratios), and per run the verdict,
 the latency interval and what the extension measured.
 
+With `--methods full,old,alternating`, a third method alternates too: blocks alternate but
+the measurement does not extend (`max_extra_requests: 0`), so the extension's own share of
+the cost is told apart from the alternation's.
+
 Usage: python benchmarks/bench_method_cost.py [--runs 8] [--models mlp] [--name method-cost]
+       [--methods full,old]
 Writes out/bench/NAME.json.
 """
 
@@ -47,6 +52,7 @@ from workflows.worker import build_worker
 METHODS = {
     "full": {},  # interleaved, extension at its default budget
     "old": {"interleave": False, "max_extra_requests": 0},
+    "alternating": {"max_extra_requests": 0},  # --methods: the share of the extension alone
 }
 
 
@@ -100,16 +106,17 @@ def _interval(mine: list[float], theirs: list[float]) -> dict[str, Any] | None:
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per model: each method's wall times and verdicts, the full / old wall ratio with its
+    """Per model: each method's wall times and verdicts, its wall ratio to old with the
     interval, and each method's A/A spread (odd runs against even ones)."""
     out: dict[str, Any] = {}
+    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
     for model in sorted({r["model"] for r in rows}):
-        walls = {m: [r["wall_s"] for r in rows if r["model"] == model and r["method"] == m] for m in METHODS}
+        walls = {m: [r["wall_s"] for r in rows if r["model"] == model and r["method"] == m] for m in methods}
         n = min(len(w) for w in walls.values())
-        entry: dict[str, Any] = {
-            "pairs": n,
-            "wall_ratio_full_to_old": _interval(walls["full"][:n], walls["old"][:n]),
-        }
+        entry: dict[str, Any] = {"pairs": n}
+        for one, other in (("full", "old"), ("alternating", "old"), ("full", "alternating")):
+            if one in walls and other in walls:
+                entry[f"wall_ratio_{one}_to_{other}"] = _interval(walls[one][:n], walls[other][:n])
         for method, wall in walls.items():
             mine = [r for r in rows if r["model"] == model and r["method"] == method]
             steps = [b / a for a, b in itertools.pairwise(wall)]
@@ -135,17 +142,16 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _plan(models: list[str], runs: int) -> list[tuple[str, int, str]]:
-    """ABBA: pair i runs full first when i is even, old first when it is odd."""
+def _plan(models: list[str], runs: int, methods: list[str]) -> list[tuple[str, int, str]]:
+    """ABBA: round i runs the methods in order when i is even, reversed when it is odd."""
     order = []
     for model in models:
         for i in range(runs):
-            first, second = ("full", "old") if i % 2 == 0 else ("old", "full")
-            order += [(model, i, first), (model, i, second)]
+            order += [(model, i, m) for m in (methods if i % 2 == 0 else methods[::-1])]
     return order
 
 
-async def main(runs: int, models: list[str], name: str) -> dict[str, Any]:
+async def main(runs: int, models: list[str], name: str, methods: list[str]) -> dict[str, Any]:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(ROOT / ".venv" / "bin" / "temporal"),
         search_attributes=SEARCH_ATTRIBUTES,
@@ -159,7 +165,7 @@ async def main(runs: int, models: list[str], name: str) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     configuration = {
         "paths": "cpu-eager vs cpu-eager, one executor, one loaded instance (A/A)",
-        "methods": {"full": "spec defaults (interleave, max_extra_requests 100)", "old": METHODS["old"]},
+        "methods": {m: METHODS[m] or "spec defaults (interleave, max_extra_requests 100)" for m in methods},
         "spec": "defaults: warmup 5, min_iterations 50, min_seconds 2.0, single-stream + offline [1, 8]",
         "inputs": {m: INPUTS[m] for m in models},
         "order": "ABBA by pair, one seed per pair",
@@ -168,7 +174,7 @@ async def main(runs: int, models: list[str], name: str) -> dict[str, Any]:
     }
     try:
         async with build_worker(env.client, connections, task_queue="cost"):
-            for model, i, method in _plan(models, runs):
+            for model, i, method in _plan(models, runs, methods):
                 rows.append(await _trial(env, model, i, method))
                 partial = {"benchmark": name, "partial": True, "summary": summary(rows), "runs": rows}
                 write_report(name, partial)
@@ -184,10 +190,12 @@ async def main(runs: int, models: list[str], name: str) -> dict[str, Any]:
 
 def _print(result: dict[str, Any]) -> None:
     for model, s in result["summary"].items():
-        ratio = s["wall_ratio_full_to_old"]
-        shown = f"{ratio['ratio']} [{ratio['low']}, {ratio['high']}]" if ratio else "too few pairs"
-        print(f"{model}: wall time full / old {shown} over {s['pairs']} pairs")
-        for method in METHODS:
+        for key in (k for k in s if k.startswith("wall_ratio_")):
+            ratio = s[key]
+            shown = f"{ratio['ratio']} [{ratio['low']}, {ratio['high']}]" if ratio else "too few pairs"
+            what = key.removeprefix("wall_ratio_").replace("_to_", " / ")
+            print(f"{model}: wall time {what} {shown} over {s['pairs']} pairs")
+        for method in (m for m in METHODS if m in s):
             m = s[method]
             aa = m["aa_spread_odd_to_even"]
             spread = f"{aa['ratio']} [{aa['low']}, {aa['high']}]" if aa else "fewer than 8 runs"
@@ -203,7 +211,8 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=8, help="pairs per model")
     parser.add_argument("--models", default="mlp")
     parser.add_argument("--name", default="method-cost")
+    parser.add_argument("--methods", default="full,old", help=f"a comma list of {', '.join(METHODS)}")
     args = parser.parse_args()
-    result = asyncio.run(main(args.runs, args.models.split(","), args.name))
+    result = asyncio.run(main(args.runs, args.models.split(","), args.name, args.methods.split(",")))
     _print(result)
     write_report(args.name, result)
