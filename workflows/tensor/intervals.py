@@ -157,10 +157,15 @@ def more_requests(interval: RatioInterval, bound: float) -> int:
     return max(1, math.ceil(interval.samples * (factor - 1.0)))
 
 
+def level_text(level: float) -> str:
+    """A confidence level as a percentage that keeps its digits: 95%, 99.9%."""
+    return f"{level * 100:.4g}%"
+
+
 def decide(interval: RatioInterval, allowed: float, what: str = "p95 ratio") -> Decision:
     """FAIL only if the whole interval lies above 1 + allowed, PASS only if it lies at or below."""
     bound = 1.0 + allowed
-    stated = f"{interval.text(what)} at {interval.level:.0%} over {interval.blocks} paired blocks"
+    stated = f"{interval.text(what)} at {level_text(interval.level)} over {interval.blocks} paired blocks"
     if interval.low > bound:
         return Decision(FAIL, f"{stated}: the whole interval is beyond the allowed {bound:.3g}")
     if interval.high <= bound:
