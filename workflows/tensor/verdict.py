@@ -41,6 +41,7 @@ from workflows.tensor.intervals import (
     level_text,
     mean,
     noise_floor,
+    paired_drift,
     ratio_interval,
     rescaled,
 )
@@ -147,7 +148,7 @@ def _latency_interval(
         aa = "not measured (fewer than 8 reference blocks)"
     extended = f"; {mine.extension.text}" if mine.extension is not None and mine.extension.text else ""
     reason = f"{reason}; {decision.reason}{extended}; noise floor (reference A/A) {aa}; {how}"
-    moved = _drifted({"candidate": mine, "reference": theirs}, policy)
+    moved = _drifted(mine, theirs, policy)
     if moved:
         why = f"warm-up too short: {moved}, beyond the allowed drift {policy.max_latency_drift:+.0%}"
         return Criterion(UNKNOWN, f"{why}; {reason}", f"warm-up too short ({moved})")
@@ -158,19 +159,24 @@ def _latency_interval(
     return Criterion(decision.result, reason, figure)
 
 
-def _drifted(scenarios: dict[str, ScenarioResult], policy: Policy) -> str:
-    """The paths whose latency moved during their own measurement, with the drift interval."""
-    if not policy.max_latency_drift:
+def _drifted(mine: ScenarioResult, theirs: ScenarioResult, policy: Policy) -> str:
+    """How the candidate/reference ratio moved during the measurement, when it moved beyond the
+    bound (the host's own drift cancels in the ratio), with each path's own drift beside it to
+    say whose warm-up was too short; "" when it held or there are too few samples to tell."""
+    bound, level = policy.max_latency_drift, policy.confidence
+    if not bound:
         return ""
-    named = []
-    for role, scenario in scenarios.items():
-        try:
-            found = drift(scenario.blocks_ms, policy.max_latency_drift, level=policy.confidence)
-        except ValueError:  # too few samples to tell: the criterion's own interval says so
-            continue
-        if found.beyond:
-            named.append(f"{role} {found.text()}")
-    return "; ".join(named)
+    try:
+        moved = paired_drift(mine.blocks_ms, theirs.blocks_ms, bound, level=level)
+    except ValueError:  # too few samples to tell: the criterion's own interval says so
+        return ""
+    if not moved.beyond:
+        return ""
+    own = [
+        f"{role} {drift(s.blocks_ms, bound, level=level).text()}"
+        for role, s in (("candidate", mine), ("reference", theirs))
+    ]
+    return f"{moved.text()} ({'; '.join(own)})"
 
 
 def _memory(reference: PathState, candidate: PathState, policy: Policy) -> Criterion:
