@@ -162,6 +162,15 @@ LINE_FIELDS = (
 )  # fmt: skip
 _LINE_DEFAULTS = {"prompt_tokens": 0, "output_tokens": 0}  # the columns' own defaults
 LINES_SIGNED = "ledger.lines_signed"  # the chain's row after which every line carries a MAC
+# The chain's rows that vouch for a table row (a price or path from before its MAC, a limit or
+# route change from before its MAC, the lines from before theirs, a key's revocation) and the
+# anchor's marks: only metering records them, in the transaction that writes what they vouch
+# for. AppendAudit refuses them (PERMISSION_DENIED), so no caller can vouch for a row it wrote
+# by SQL; a chain that took one before this check keeps it.
+METERING_ONLY_ACTIONS = frozenset(
+    {"price.set", "path.register", "limit.set", "route.set", "route.delete", "key.revoke", LINES_SIGNED}
+    | {"audit.anchor", "audit.integrity", "audit.reanchor"}
+)
 SIGNER = Actor("metering", "line-signing")
 
 
@@ -194,7 +203,8 @@ def signed_lines(conn: Connection, rows: Iterable[dict[str, Any]]) -> list[dict[
 def _legacy(conn: Connection) -> dict[str, Any] | None:
     """The chain's `ledger.lines_signed` row (None: this ledger was never opened by a metering
     that signs lines)."""
-    row = conn.execute(select(AUDIT.c.detail_json).where(AUDIT.c.action == LINES_SIGNED).limit(1)).first()
+    first = select(AUDIT.c.detail_json).where(AUDIT.c.action == LINES_SIGNED).order_by(AUDIT.c.seq).limit(1)
+    row = conn.execute(first).first()
     return None if row is None else dict(json.loads(row[0]))
 
 

@@ -8,15 +8,17 @@ fleet polls), which serves the newest genuine change instead and logs the row; `
 names it (`limit_change/<id>`). The same for a route change pointed at another deployment
 (`route_change/<id>`), and for a change deleted by SQL. A change from before migration 0014
 (no MAC) holds where the chain's audit row for its revision says the same, and is refused
-once changed.
+once changed; no caller can append such a vouching row through AppendAudit.
 """
 
 from __future__ import annotations
 
 import json
 
+import grpc
 import pytest
 
+from services.metering import rowmac
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from tests.metering.test_integrity import plain_sql
@@ -97,6 +99,31 @@ async def test_a_limit_from_before_its_mac_holds_until_changed(metering: Meterin
     plain_sql(db_url, f"UPDATE limit_changes SET burst = 1000 WHERE id = {second}")
     assert (await served_limits(stub))["alice"][2] != second
     await assert_named(metering, stub, f"limit_change/{second}")
+
+
+async def test_no_caller_can_vouch_for_a_row_it_wrote_by_sql(metering: Metering, db_url: str) -> None:
+    stub = await metering.start()
+    _, second = await limited(stub)
+    forged = second + 5
+    plain_sql(
+        db_url,
+        "INSERT INTO limit_changes (id, fleet, principal_id, rate_per_s, burst, max_in_flight, reset, "
+        f"changed_us, principal, request_id, mac) VALUES ({forged}, '{FLEET}', 'alice', 1000, 1000, 0, "
+        "false, 1, 'ops-admin', 'x', NULL)",
+    )
+    said = {"fleet": FLEET, "revision": forged, "rate_per_s": 1000.0, "burst": 1000, "max_in_flight": 0}
+    for action in sorted(rowmac.METERING_ONLY_ACTIONS):
+        voucher = mpb.AppendAuditRequest(
+            action=action,
+            resource="principal/alice",
+            outcome="ok",
+            detail_json=json.dumps(said | {"reset": False}),
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.AppendAudit(voucher)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, action
+    assert await served_limits(stub) == {"alice": (0.5, 1, second)}
+    await assert_named(metering, stub, f"limit_change/{forged}")
 
 
 def _route(deployment: str) -> str:
