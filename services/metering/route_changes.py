@@ -91,8 +91,14 @@ def in_force(conn: Connection, table: Table, key: Column[Any], fleet: str) -> li
     """The change in force for each value of `key`: its newest row whose MAC holds (a forged
     row is left out, logged, and the genuine one below it served instead)."""
     out = []
+    vouchers: dict[int, Any] | None = None  # read once, when a row without a MAC needs them
     for row in newest_per(conn, table, key, fleet):
-        while row is not None and not rowmac.change_ok(conn, table, row):
+        while row is not None:
+            if row.mac is None and vouchers is None:
+                vouchers = rowmac.change_vouchers(conn, table)
+            if rowmac.change_ok(conn, table, row, vouchers or {}):
+                out.append(row)
+                break
             log.warning(
                 "%s row %d (fleet %r, %s %r) fails its MAC (written behind metering's back): "
                 "not served, the newest genuine change holds; see `switchyard audit verify`",
@@ -100,8 +106,6 @@ def in_force(conn: Connection, table: Table, key: Column[Any], fleet: str) -> li
             )  # fmt: skip
             below = (table.c.fleet == fleet, key == row._mapping[key.name], table.c.id < row.id)
             row = conn.execute(select(table).where(*below).order_by(table.c.id.desc()).limit(1)).first()
-        if row is not None:
-            out.append(row)
     return out
 
 

@@ -36,8 +36,9 @@ inserted above the newest with its own MAC, fails it. Where the routers read the
 warning and the newest genuine change below it is served; `audit verify` names it
 (`limit_change/<id>`, `route_change/<id>`), and an audited revision gone from the table too.
 A change from before migration 0014 has no MAC; it holds where the chain vouches for it, as
-for prices: its `limit.set` (`route.set`, `route.delete`) row, written in the same
-transaction, names the same fleet and revision and says the same limits (route). Every
+for prices: the first `limit.set` (`route.set`, `route.delete`) row naming its revision,
+written in the same transaction, is on the same resource, names the same fleet and says the
+same limits (route); only metering writes those actions (METERING_ONLY_ACTIONS). Every
 change is audited that way, so no row needs recording at start-up as lines do.
 
 What a MAC cannot tell apart: a row put back exactly as it was earlier (a key's state before
@@ -287,38 +288,58 @@ def _change_said(table: Table, row: Any) -> tuple[str, str, dict[str, Any]]:
     return action, f"route/{row.fleet}/{row.model}", {"new": new}
 
 
-def change_ok(conn: Connection, table: Table, row: Any) -> bool:
+_CHANGE_ACTIONS = {"limit_changes": ("limit.set",), "route_changes": ("route.set", "route.delete")}
+
+
+def change_vouchers(conn: Connection, table: Table) -> dict[int, tuple[str, str, dict[str, Any]]]:
+    """The chain's audit row for each revision of a change table: action, resource and detail
+    of the first (lowest seq) row naming it, the one written with the change."""
+    rows = conn.execute(
+        select(AUDIT.c.action, AUDIT.c.resource, AUDIT.c.detail_json)
+        .where(AUDIT.c.action.in_(_CHANGE_ACTIONS[table.name]))
+        .order_by(AUDIT.c.seq)
+    )
+    out: dict[int, tuple[str, str, dict[str, Any]]] = {}
+    for action, resource, detail_json in rows:
+        detail = json.loads(detail_json)
+        revision = detail.get("revision")
+        if isinstance(revision, int) and revision not in out:
+            out[revision] = (str(action), str(resource), detail)
+    return out
+
+
+def change_ok(
+    conn: Connection, table: Table, row: Any, vouchers: Mapping[int, tuple[str, str, dict[str, Any]]]
+) -> bool:
     """The change row's MAC matches; or it has none (written before migration 0014) and the
     chain's audit row for its revision (`limit.set`, `route.set` or `route.delete`, written in
-    the same transaction) names the same fleet and says the same limits or route."""
+    the same transaction: `change_vouchers`) names the same fleet and says the same limits or
+    route."""
     if row.mac is not None:
         return hmac.compare_digest(str(row.mac), change_mac(conn, table, row._mapping))
     try:
         action, resource, said = _change_said(table, row)
     except ValueError:  # a route_json that is not JSON was never written by metering
         return False
+    voucher = vouchers.get(row.id)
+    if voucher is None or voucher[:2] != (action, resource):
+        return False
     wanted = {"fleet": row.fleet, "revision": row.id, **said}
-    return any({n: d.get(n) for n in wanted} == wanted for d in _chained(conn, action, resource))
+    return {n: voucher[2].get(n) for n in wanted} == wanted
 
 
 def _forged_changes(conn: Connection) -> list[str]:
     """Every limit or route change row whose MAC does not match (`limit_change/<id>`,
     `route_change/<id>`), and every revision the chain audited that the table lost."""
     bad: list[str] = []
-    for table, name, actions in (
-        (LIMIT_CHANGES, "limit_change", ("limit.set",)),
-        (ROUTE_CHANGES, "route_change", ("route.set", "route.delete")),
-    ):
+    for table, name in ((LIMIT_CHANGES, "limit_change"), (ROUTE_CHANGES, "route_change")):
+        vouchers = change_vouchers(conn, table)
         ids = set()
         for row in conn.execute(select(table)):
             ids.add(row.id)
-            if not change_ok(conn, table, row):
+            if not change_ok(conn, table, row, vouchers):
                 bad.append(f"{name}/{row.id}")
-        chained = conn.execute(select(AUDIT.c.detail_json).where(AUDIT.c.action.in_(actions)))
-        for (detail,) in chained:  # an audited change, gone from the table
-            revision = json.loads(detail).get("revision")
-            if isinstance(revision, int) and revision not in ids:
-                bad.append(f"{name}/{revision}")
+        bad += [f"{name}/{revision}" for revision in vouchers if revision not in ids]  # audited, gone
     return bad
 
 
