@@ -1,7 +1,8 @@
 """A/A trials: the reference's own path as the candidate, judged with the spec's defaults.
 
 Starts a real Temporal dev server, the evaluator, metering (SQLite in a temp dir, a price in
-force), a CPU executor and an in-process trial worker, then runs RUNS trials per model (mlp,
+force), a CPU executor in a process of its own (as `switchyard up` runs it) and an
+in-process trial worker, then runs RUNS trials per model (mlp,
 tiny-lm) of cpu-eager against cpu-eager with the default performance plan and policy: the two
 paths share the executor's one loaded instance and are measured in alternating blocks. An
 identical path must never be rejected, and its p95 ratio interval should cover 1.0 in at
@@ -18,8 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -31,10 +34,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from benchmarks.common import write_report
 from services.evaluator.evaluator_server import start_evaluator
-from services.executor.executor_config import ExecutorConfig
-from services.executor.executor_server import start_executor
 from services.metering.metering_server import start_metering
-from switchyard import tls
+from switchyard import net, tls
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as xgrpc
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
@@ -87,14 +88,53 @@ def _row(model: str, i: int, wall: float, report: dict[str, Any], method: str) -
         "high": high,
         "covers_1": low is not None and high is not None and low <= 1.0 <= high,
         "reason": latency["reason"],
+        "memory": verdict["criteria"].get("memory", {}).get("figure", ""),
     }
+
+
+class ExecutorProcess:
+    """The CPU executor as `switchyard up` runs it: a process of its own (`executor serve`), so
+    what it reports of its memory (Describe, the memory criterion) is the executor's alone, not
+    this process's trial worker and its kept answers (an in-process executor shares them)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, address: str) -> None:
+        self.proc, self.address = proc, address
+
+    @classmethod
+    async def start(cls, timeout_s: float = 120.0) -> ExecutorProcess:
+        address = f"127.0.0.1:{net.free_port()}"
+        argv = [sys.executable, "-m", "clients.cli", "executor", "serve", "--backend", "cpu"]
+        argv += ["--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1], "--models", "mlp,tiny-lm"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), tls.INSECURE_ENV: "true"}
+        proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=ROOT)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                async with grpc.aio.insecure_channel(address) as ch:
+                    stub = xgrpc.ExecutorControlStub(ch)
+                    status = await stub.ModelStatus(xpb.ModelStatusRequest(), timeout=2)
+                if status.models and all(m.state == "READY" for m in status.models):
+                    return cls(proc, address)
+            except grpc.aio.AioRpcError:
+                pass
+            if proc.returncode is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"the executor at {address} did not get ready")
+            await asyncio.sleep(0.5)
+
+    async def stop(self, grace_s: float = 0) -> None:
+        self.proc.terminate()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 30)
+        except TimeoutError:
+            self.proc.kill()
 
 
 async def _servers(tmp: str) -> tuple[Any, Any, Any]:
     tls.set_default(tls.Security.plaintext())  # by name: this measures verdicts, not TLS
     evaluator = await start_evaluator(ServerOptions(port=0))
     metering = await start_metering(f"sqlite:///{tmp}/ledger.db", ServerOptions(port=0))
-    executor = await start_executor(ExecutorConfig(backend="cpu", port=0))
+    executor = await ExecutorProcess.start()
     async with grpc.aio.insecure_channel(executor.address) as ch:
         d = await xgrpc.ExecutorControlStub(ch).Describe(xpb.DescribeRequest())
     async with grpc.aio.insecure_channel(metering.address) as ch:
@@ -170,7 +210,7 @@ async def main(runs: int, models: list[str], serial: int = 0) -> dict[str, Any]:
     return {
         "benchmark": "aa",
         "configuration": {
-            "paths": "cpu-eager vs cpu-eager, one executor, one loaded instance",
+            "paths": "cpu-eager vs cpu-eager, one executor (its own process), one loaded instance",
             "methods": "interleaved: alternating blocks (the default); serial: performance.interleave false",
             "spec": "defaults",
         },

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from services.metering import rowmac
 from services.metering.guard import bearer
 from services.metering.ledger_calls import LedgerCalls
 from services.metering.metering_errors import BadInput
@@ -126,9 +127,14 @@ class AccessRpcs(LedgerCalls):
             raise BadInput(f"detail_json is {len(r.detail_json)} characters; at most {MAX_DETAIL_JSON}")
         caller = authz.CALLER.get()
         refusal = (r.action, r.outcome) == ("rpc.denied", "denied")
+        reason = ""
         if caller is not None and caller.service in ("executor", "evaluator") and not refusal:
             reason = f"{caller.identity} may append only its refusals (rpc.denied, denied)"
-            actor = Actor(authz.cap(caller.identity), authz.cap(f"metering {caller.peer}"))
+        elif r.action in rowmac.METERING_ONLY_ACTIONS:  # they vouch for rows (rowmac.py)
+            reason = f"{r.action} is recorded by metering itself, never through AppendAudit"
+        if reason:
+            who = caller.identity if caller is not None else r.actor.principal
+            actor = Actor(authz.cap(who), authz.cap(f"metering {caller.peer if caller else ''}".strip()))
             detail_of = {"status": "PERMISSION_DENIED", "reason": reason}
             await self._w(
                 lambda: self.ledger.append_audit(

@@ -3,6 +3,8 @@
 Each RouterAdmin.SetPrincipalLimit is one appended row, audited in the same transaction
 (`limit.set`, with the limits and the fleet); the latest row per fleet and principal is in
 force, and every router of the fleet polls for it (services/router/fleet_limits.py).
+Each row carries a keyed MAC; a row written behind metering's back is not served
+(route_changes.in_force, services/metering/rowmac.py).
 """
 
 from __future__ import annotations
@@ -61,4 +63,4 @@ def latest(conn: Connection, fleet: str) -> list[Any]:
     """The fleet's change in force for each principal (its highest id), ordered by principal."""
     if not fleet or len(fleet) > MAX_KEY:
         raise BadInput(f"fleet name has {len(fleet)} characters; give 1..{MAX_KEY}")
-    return route_changes.newest_per(conn, LIMIT_CHANGES, LIMIT_CHANGES.c.principal_id, fleet)
+    return route_changes.in_force(conn, LIMIT_CHANGES, LIMIT_CHANGES.c.principal_id, fleet)

@@ -261,6 +261,7 @@ class RouteChangeRow(Base):
     changed_us: Mapped[int] = mapped_column(BigInteger)
     principal: Mapped[str] = mapped_column(String(200))
     request_id: Mapped[str] = mapped_column(String(200))
+    mac: Mapped[str | None] = mapped_column(String(64))  # services/metering/rowmac.py (migration 0014)
 
 
 class LimitChangeRow(Base):
@@ -282,6 +283,7 @@ class LimitChangeRow(Base):
     changed_us: Mapped[int] = mapped_column(BigInteger)
     principal: Mapped[str] = mapped_column(String(200))
     request_id: Mapped[str] = mapped_column(String(200))
+    mac: Mapped[str | None] = mapped_column(String(64))  # services/metering/rowmac.py (migration 0014)
 
 
 class GrantSpendRow(Base):

@@ -118,59 +118,69 @@ async def main() -> None:
 asyncio.run(main())
 """
 )
-# The client host's load: `clients` concurrent callers for `seconds`, at most `limit` requests;
-# every answer's request id and every error, with wall-clock times, written as JSON.
+# The client host's load, through Triton's own client (tritonclient.grpc.aio, as a team's code
+# calls a Triton server): `clients` concurrent callers for `seconds`, at most `limit` requests;
+# every answer's request id and every error (its gRPC status), with wall-clock times, as JSON.
 CLIENT = """
 import asyncio, json, sys, time
-import grpc
 import numpy as np
-from switchyard.gen.inference import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbgrpc
+import tritonclient.grpc.aio as triton
+from tritonclient.utils import InferenceServerException
 
-def _request() -> pb.ModelInferRequest:
-    x = np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)
-    req = pb.ModelInferRequest(model_name="mlp")
-    req.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
-    req.raw_input_contents.append(x.tobytes())
-    return req
+X = np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)
+RETRY_ELSEWHERE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+def _inputs() -> list:
+    x = triton.InferInput("x", list(X.shape), "FP32")
+    x.set_data_from_numpy(X)
+    return [x]
+
+def _code(exc: InferenceServerException) -> str:
+    return str(exc.status() or "UNKNOWN").removeprefix("StatusCode.")
+
+async def _infer(client, headers) -> str:
+    result = await client.infer("mlp", _inputs(), headers=headers, client_timeout=10)
+    return result.get_response().parameters["request_id"].string_param
 
 async def main() -> None:
     address, key, clients, seconds, limit, out = sys.argv[1:7]
     routers = address.split(",")  # caller i starts on router i mod n, and moves on when one fails
     answers, errors, sent = [], [], iter(range(int(limit)))
-    metadata = [("authorization", f"Bearer {key}")]
-    async with grpc.aio.insecure_channel(routers[0]) as channel:  # the first answer (counted): GO
-        first = pbgrpc.GRPCInferenceServiceStub(channel)
+    headers = {"authorization": f"Bearer {key}"}
+    first = triton.InferenceServerClient(routers[0])  # the first answer (counted): GO
+    try:
         for _ in range(300):
             t0 = time.time()
             try:
-                reply = await first.ModelInfer(_request(), metadata=metadata, timeout=10)
-            except grpc.aio.AioRpcError as exc:
-                errors.append([t0, time.time(), exc.code().name])
+                rid = await _infer(first, headers)
+            except InferenceServerException as exc:
+                errors.append([t0, time.time(), _code(exc)])
                 await asyncio.sleep(0.1)
             else:
-                answers.append([t0, time.time(), reply.parameters["request_id"].string_param])
+                answers.append([t0, time.time(), rid])
                 break
+    finally:
+        await first.close()
     print("GO", flush=True)
     end = time.time() + float(seconds)
 
     async def one(i: int) -> None:
-        channels = [grpc.aio.insecure_channel(a) for a in routers]
-        stubs = [pbgrpc.GRPCInferenceServiceStub(c) for c in channels]
+        stubs = [triton.InferenceServerClient(a) for a in routers]
         try:
             for _ in sent:
                 if time.time() >= end:
                     return
                 t0 = time.time()
                 try:
-                    reply = await stubs[i % len(stubs)].ModelInfer(_request(), metadata=metadata, timeout=10)
-                except grpc.aio.AioRpcError as exc:
-                    errors.append([t0, time.time(), exc.code().name])
-                    i += exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                    rid = await _infer(stubs[i % len(stubs)], headers)
+                except InferenceServerException as exc:
+                    errors.append([t0, time.time(), _code(exc)])
+                    i += _code(exc) in RETRY_ELSEWHERE
                     await asyncio.sleep(0.02)
                 else:
-                    answers.append([t0, time.time(), reply.parameters["request_id"].string_param])
+                    answers.append([t0, time.time(), rid])
         finally:
-            for c in channels:
+            for c in stubs:
                 await c.close()
 
     await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(int(clients)))), float(seconds) + 30)

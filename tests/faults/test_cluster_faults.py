@@ -89,7 +89,9 @@ def test_full_spool_disk_refuses_new_requests_then_serves_and_the_ledger_stays_e
     assert f.eject_s is not None and f.errors_in_fault > 0, f  # it refused, and said so in its log
     assert set(f.error_codes) == {"RESOURCE_EXHAUSTED"}, f  # refused, never failed after the work
     assert f.recover_s is not None and f.recover_s < 10, f  # serving again once the disk had room
-    assert f.answered > 0 and f.spool_peak > 0, f  # it served, and spooled while metering was away
+    # it served; what it answered while metering was away waited in its journal (on the small
+    # disk), in segments too when one was cut before the disk filled: the ledger has it all
+    assert f.answered > 0, f
     _ledger_exact(f)
 
 

@@ -18,6 +18,7 @@ from services.metering import audit
 from services.metering.auditkey import AnchorError
 from services.metering.db import make_engines, resolve_url
 from services.metering.ledger import Ledger
+from services.metering.limit_changes import PrincipalLimit
 from services.metering.records import Actor, UsageEvent
 from services.metering.schema import AUDIT
 from tests.metering.metering_helpers import HOUR, T0
@@ -181,6 +182,9 @@ def test_the_runtime_role_can_run_the_ledger_but_not_rewrite_it(
         runtime.revoke_role(ACTOR, "alice", "infer", "*")
         key = runtime.create_key(ACTOR, "alice", 0)
         runtime.revoke_key(ACTOR, key.key_id)
+        limit = runtime.save_limit_change(ACTOR, "prod", PrincipalLimit("alice", 1.0, 2, 0, False))
+        runtime.save_route_change(ACTOR, "prod", "mlp", '{"targets": ["a"]}', "")
+        assert [r.id for r in runtime.limit_changes("prod")] == [limit.id]  # its MAC holds
         assert runtime.write_anchor() and runtime.verify_audit().ok
     finally:
         runtime.close()
@@ -195,6 +199,9 @@ def test_the_runtime_role_can_run_the_ledger_but_not_rewrite_it(
         "DROP TRIGGER audit_log_append_only ON audit_log",
         "ALTER TABLE audit_log DISABLE TRIGGER ALL",
         "DELETE FROM audit_head",
+        "UPDATE limit_changes SET rate_per_s = 0",  # the change tables too: only a MAC'd INSERT
+        "DELETE FROM limit_changes",
+        "UPDATE route_changes SET route_json = NULL",
     ):
         with pytest.raises(Exception, match=r"permission denied|must be owner"):
             plain_sql(pg_roles_db["runtime"], stmt)

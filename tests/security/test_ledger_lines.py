@@ -12,11 +12,15 @@ one of them is named (`line/legacy`).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 
 import grpc
 import pytest
+from sqlalchemy import create_engine
 
+from services.metering import audit, rowmac
 from services.metering.db import make_engines
 from services.metering.ledger import Ledger
 from services.metering.records import Actor, UsageEvent
@@ -24,7 +28,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from tests.metering.metering_helpers import HOUR, T0, event, expect_status, price_paths
 from tests.metering.test_integrity import plain_sql
-from tests.security.ledger_attack import Metering
+from tests.security.ledger_attack import KEY, Metering
 from tests.security.test_ledger_rows import assert_named, scalar
 
 COLUMNS = (
@@ -155,3 +159,20 @@ OLD = UsageEvent(
     idempotency_key="old", path="cpu-eager@h1", model="mlp", team="search", status="completed",
     met_quality=True, busy_us=1_000_000, started_us=T0 + 1, ended_us=T0 + 1_000_001,
 )  # fmt: skip
+
+
+def test_a_line_mac_is_hmac_sha256_of_its_json_fields() -> None:
+    """Lines signed by an earlier metering must still pass: the signer's shortcuts (copied keyed
+    state, one encoder per batch) give the plain HMAC-SHA256 of the fields' compact JSON."""
+    engine = create_engine("sqlite://")
+    try:
+        with engine.connect() as conn:
+            audit.bind_key(conn, KEY.encode())
+            sign = rowmac.line_signer(conn)
+            key = hmac.new(KEY.encode(), rowmac.ROW_INFO, hashlib.sha256).digest()
+            for values in (("k-1", None, 3, "USD", "{}", 0), ("ü-2", 1.5, -7, None, '{"a": 1}', 1 << 40)):
+                body = json.dumps(["ledger_line", *values], separators=(",", ":")).encode()
+                assert sign(values) == hmac.new(key, body, hashlib.sha256).hexdigest()
+                assert sign(values) == sign(values)  # the keyed state is copied, never updated
+    finally:
+        engine.dispose()

@@ -7,13 +7,17 @@ device (the reference runs the `honest` version, so only the candidate's version
   inputs of the correctness phase, a handful of calls, meet the reference;
 - `rows`: BIAS added when the batch holds more than one row, so batch 1 is always right;
 - `leaky`: right on every call, but each call keeps a LEAK_BYTES tensor alive in a module-level
-  list (a cache that is never emptied), so the executor process grows by 16 KiB per request.
+  list (a cache that is never emptied), so the executor process grows by 16 KiB per request;
+- `cold`: right on every call, but its first COLD_CALLS calls after loading take COLD_S more
+  (a cache filled lazily, a JIT that settles late), past a warm-up of 48 and into the first
+  third of the measurement, so its latency drifts down while it is measured.
 
 One factory-format repository entry, `planted-load`, with a version per defect.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,9 @@ from tests.trial.planted import FEATURES, HIDDEN, OUTPUTS, factory_toml, planted
 BIAS = 1e-3
 EVERY = 37
 LEAK_BYTES = 16 << 10
-DEFECTS = ("honest", "flaky", "rows", "leaky")
+COLD_CALLS = 100  # warm-up 48, the correctness inputs, then about the first half of those measured
+COLD_S = 0.02  # 10 to 100 times this MLP's own time per call, however loaded the host
+DEFECTS = ("honest", "flaky", "rows", "leaky", "cold")
 KEPT: list[torch.Tensor] = []  # what `leaky` keeps alive, for the life of the executor process
 
 
@@ -51,6 +57,8 @@ class PlantedLoad(nn.Module):
             y = y + BIAS
         if self.defect == "leaky":  # filled, so its pages are resident
             KEPT.append(torch.full((LEAK_BYTES // 4,), float(self.calls), dtype=torch.float32))
+        if self.defect == "cold" and self.calls <= COLD_CALLS:
+            time.sleep(COLD_S)
         return y
 
 

@@ -141,6 +141,25 @@ def test_slow_first_calls_are_named_as_drift_and_steady_ones_are_not() -> None:
         drift(blocks(9, n=11, count=5), 0.25)
 
 
+def test_a_host_that_slows_both_paths_is_not_a_warm_up_too_short() -> None:
+    """Measured in alternating blocks, a host that gets twice as slow during the measurement
+    drifts both paths alike: each path's own drift is beyond the bound, the ratio's is not.
+    A candidate whose own first calls are slow moves the ratio, and is named."""
+    from workflows.tensor.intervals import drift, paired_drift
+
+    for seed in range(10):
+        cand, ref = blocks(100 + seed, n=300, drift=2.0), blocks(seed, n=300, drift=2.0)
+        assert drift(cand, 0.25).interval.ratio > 1.25 and drift(ref, 0.25).interval.ratio > 1.25
+        host = paired_drift(cand, ref, 0.25, seed=seed)
+        assert not host.beyond, host.text()  # within [0.8, 1.25]: the host moved both alike
+    warming = latencies(7, 300)
+    warming[:100] = [v * 3 for v in warming[:100]]
+    cold = paired_drift(split_blocks(warming, 10), blocks(8, n=300), 0.25)
+    assert cold.beyond and cold.interval.high < 0.8 and "ratio to the reference" in cold.text(), cold.text()
+    with pytest.raises(ValueError, match="at least 12"):
+        paired_drift(blocks(9, n=11, count=5), blocks(9, n=300), 0.25)
+
+
 def test_a_thinned_block_keeps_its_percentiles() -> None:
     from workflows.tensor.intervals import thin
 

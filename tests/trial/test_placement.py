@@ -76,9 +76,11 @@ async def test_hosts_run_in_parallel_and_a_shared_host_alternates_blocks(
         assert training["comparison"]["max_relative_deviation"] < 1e-6  # same eager kernels, same data
         assert report["verdicts"][name]["criteria"]["training"]["result"] == "pass"
         # latency is decided on the p95 ratio's interval over the blocks each path kept
+        # (at the stricter level of a measurement that extended itself: workflows/tensor/extension.py)
         latency = report["verdicts"][name]["criteria"]["latency"]
-        assert " at 95% over " in latency["reason"] and "noise floor (reference A/A) " in latency["reason"]
         single = [s for s in paths[name]["performance"]["scenarios"] if s["scenario"] == "single-stream"]
+        at = "98.75%" if (single[0]["extension"] or {}).get("rounds") else "95%"
+        assert f" at {at} over " in latency["reason"] and "noise floor (reference A/A) " in latency["reason"]
         assert sum(len(b) for b in single[0]["blocks_ms"]) == single[0]["iterations"]
     assert (
         "measured in alternating blocks on host host-a (AB, BA, ...), block i of each paired by time"

@@ -3,7 +3,8 @@ at batch sizes above 1, both pass the correctness phase's fixed inputs and must 
 correctness on their answers under load, named with the count, the first request and batch;
 the honest control (the reference's model again) is never rejected on correctness. In the same
 trial, a candidate that keeps 16 KiB alive per call fails the memory criterion, named with its
-growth per 1,000 requests, and the honest control does not.
+growth per 1,000 requests, and one whose first calls are slow is named as measured after too
+short a warm-up (latency inconclusive); the honest control is named for neither.
 
 One trial on the shared stack (real Temporal dev server, CPU executor, evaluator, ledger),
 every path on cpu-eager, the candidates as versions of tests/trial/planted_load.py.
@@ -41,6 +42,7 @@ def _spec() -> dict[str, Any]:
             "scenarios": ["single-stream", "offline"],
             "batch_sizes": [4],
             "offline_concurrency": 1,
+            "max_extra_requests": 0,  # the answers' counts below are the plan's (no extension)
         },
         "policy": {"max_p95_regression": 10.0},
         "timeouts": {"heartbeat_s": 10, "activity_s": 300, "max_attempts": 2},
@@ -122,3 +124,25 @@ async def test_memory_kept_per_call_fails_the_memory_criterion_named(report: dic
     honest = report["verdicts"]["honest"]["criteria"]["memory"]
     assert honest["result"] in ("pass", "inconclusive"), lines
     assert "the whole interval is beyond" not in honest["reason"], lines
+
+
+async def test_slow_first_calls_are_named_as_a_warm_up_too_short(report: dict[str, Any]) -> None:
+    """`cold`'s first calls after its warm-up take 20 ms more: its latency drifts down during the
+    measurement, so its p95 is not what the path does once warm; inconclusive, named."""
+    assert report["status"] == "completed"
+    lines = "\n".join(f"{p}: {v['line']}" for p, v in report["verdicts"].items())
+    cold = report["verdicts"]["cold"]["criteria"]
+    assert cold["correctness"]["result"] == "pass", lines  # right answers, slow at first
+    latency = cold["latency"]
+    assert latency["result"] == "inconclusive", lines
+    assert latency["reason"].startswith(
+        "warm-up too short: p95 ratio to the reference, last third / first third "
+    )
+    found = re.search(
+        r"to the reference, last third / first third ([\d.]+) \[([\d.]+), ([\d.]+)\]", latency["figure"]
+    )
+    assert found and float(found.group(3)) < 1 / 1.25, latency  # all of it beyond the allowed 25% drift
+    for name in ("honest", "flaky", "leaky"):  # the same model, warm once measured
+        assert not report["verdicts"][name]["criteria"]["latency"]["reason"].startswith(
+            "warm-up too short"
+        ), lines

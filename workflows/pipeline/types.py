@@ -239,10 +239,36 @@ class PerformanceRequest:
 
 
 @dataclass
+class ExtensionRule:
+    """How far an interleaved measurement may extend its single-stream scenario while a
+    latency interval straddles its bound (workflows/tensor/extension.py)."""
+
+    reference: str  # the path whose blocks every other path's pair with
+    max_extra_requests: int  # per path
+    max_p95_regression: float
+    confidence: float
+
+
+@dataclass
+class Extension:
+    """What the extension of a single-stream scenario measured, and why it stopped."""
+
+    budget: int = 0  # extra requests per path the plan allowed
+    extra_requests: int = 0  # measured per path after the planned blocks
+    extra_blocks: int = 0  # paired blocks added (each path's)
+    rounds: int = 0
+    level: float = 0.0  # the confidence of the last look: the verdict's (stricter once extended)
+    stopped: str = ""  # "decided", "budget", "on the bound", "no interval"
+    before: dict[str, str] = field(default_factory=dict)  # path -> its interval at the plan's end
+    text: str = ""  # the sentence the verdict quotes
+
+
+@dataclass
 class InterleavedRequest:
     """Paths that share a host, measured together in alternating blocks; one plan for all."""
 
     paths: list[PerformanceRequest]
+    extension: ExtensionRule | None = None  # None: the planned blocks only
 
 
 @dataclass
@@ -271,6 +297,7 @@ class ScenarioResult:
     # the completed requests' latencies in ms, in blocks of consecutive requests, in the order
     # measured: the verdict bootstraps its intervals over them (workflows/tensor/intervals.py)
     blocks_ms: list[list[float]] = field(default_factory=list)
+    extension: Extension | None = None  # single-stream measured in alternation: its extension
 
 
 @dataclass

@@ -130,6 +130,9 @@ class PerformancePlan:
     generation: GenerationPlan | None = None
     blocks: int = 10  # each scenario's samples in blocks of consecutive requests (intervals)
     interleave: bool = True  # paths sharing the reference's host alternate blocks with it
+    # single-stream requests per path an interleaved measurement may add, in more paired
+    # blocks, while a latency interval straddles its bound (workflows/tensor/extension.py)
+    max_extra_requests: int = 100
 
 
 @dataclass(frozen=True)
@@ -410,6 +413,7 @@ def _performance(f: Fields, seed: int = 0) -> PerformancePlan:
         generation=generation,
         blocks=f.integer("blocks", d.blocks, minimum=MIN_BLOCKS),
         interleave=f.flag("interleave", d.interleave),
+        max_extra_requests=f.integer("max_extra_requests", d.max_extra_requests, minimum=0),
     )
     if generation is not None and "generation" not in plan.scenarios:
         plan = dataclasses.replace(plan, scenarios=("generation",))
@@ -426,6 +430,8 @@ def _performance(f: Fields, seed: int = 0) -> PerformancePlan:
         raise SpecError(f.at("batch_sizes"), "needs at least one batch size, e.g. [1, 8]")
     if plan.min_seconds > 3600:
         raise SpecError(f.at("min_seconds"), "must be at most 3600 per scenario")
+    if plan.max_extra_requests > 100_000:
+        raise SpecError(f.at("max_extra_requests"), "must be at most 100000 per path")
     f.done()
     return plan
 

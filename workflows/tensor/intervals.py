@@ -157,10 +157,15 @@ def more_requests(interval: RatioInterval, bound: float) -> int:
     return max(1, math.ceil(interval.samples * (factor - 1.0)))
 
 
+def level_text(level: float) -> str:
+    """A confidence level as a percentage that keeps its digits: 95%, 99.9%."""
+    return f"{level * 100:.4g}%"
+
+
 def decide(interval: RatioInterval, allowed: float, what: str = "p95 ratio") -> Decision:
     """FAIL only if the whole interval lies above 1 + allowed, PASS only if it lies at or below."""
     bound = 1.0 + allowed
-    stated = f"{interval.text(what)} at {interval.level:.0%} over {interval.blocks} paired blocks"
+    stated = f"{interval.text(what)} at {level_text(interval.level)} over {interval.blocks} paired blocks"
     if interval.low > bound:
         return Decision(FAIL, f"{stated}: the whole interval is beyond the allowed {bound:.3g}")
     if interval.high <= bound:
@@ -176,13 +181,15 @@ def decide(interval: RatioInterval, allowed: float, what: str = "p95 ratio") -> 
 
 @dataclass(frozen=True)
 class Drift:
-    """A path's own latency, its last third against its first third of the measurement."""
+    """A path's own latency, its last third against its first third of the measurement (or,
+    `paired_drift`, the candidate/reference ratio's)."""
 
     interval: RatioInterval
     beyond: bool  # the whole interval lies outside [1 / (1 + bound), 1 + bound]
+    what: str = "p95 last third / first third"
 
     def text(self) -> str:
-        return self.interval.text("p95 last third / first third")
+        return self.interval.text(self.what)
 
 
 def drift(blocks: Blocks, bound: float, q: float = 95.0, level: float = 0.95, seed: int = 0) -> Drift:
@@ -198,6 +205,57 @@ def drift(blocks: Blocks, bound: float, q: float = 95.0, level: float = 0.95, se
     last = split_blocks(samples[-third:], MIN_BLOCKS)
     iv = ratio_interval(last, first, q, level, seed)
     return Drift(iv, iv.low > 1.0 + bound or iv.high < 1.0 / (1.0 + bound))
+
+
+def _thirds(blocks: Blocks) -> tuple[list[list[float]], list[list[float]]]:
+    """A path's samples in measured order cut in thirds: the first and the last, each in
+    MIN_BLOCKS blocks."""
+    samples = [v for b in blocks for v in b]
+    third = len(samples) // 3
+    if third < MIN_BLOCKS:
+        raise ValueError(f"{len(samples)} samples: a drift interval needs at least {3 * MIN_BLOCKS}")
+    return split_blocks(samples[:third], MIN_BLOCKS), split_blocks(samples[-third:], MIN_BLOCKS)
+
+
+def paired_drift(
+    candidate: Blocks,
+    reference: Blocks,
+    bound: float,
+    q: float = 95.0,
+    level: float = 0.95,
+    seed: int = 0,
+    resamples: int = RESAMPLES,
+) -> Drift:
+    """Whether the candidate/reference ratio moved during the measurement: (candidate last
+    third / reference last third) / (candidate first third / reference first third), with a
+    bootstrap that draws the same blocks of each third for both paths. A host whose load
+    changes while the two are measured in alternating blocks slows both alike, and cancels
+    here (the Diffy subtraction); one path's own warm-up, too short, does not."""
+    cand_first, cand_last = _thirds(candidate)
+    ref_first, ref_last = _thirds(reference)
+
+    def ratio(picks_first: Sequence[int], picks_last: Sequence[int]) -> float:
+        def p(blocks: list[list[float]], picks: Sequence[int]) -> float:
+            return max(percentile(_pooled(blocks, picks), q), 1e-12)
+
+        late = p(cand_last, picks_last) / p(ref_last, picks_last)
+        return late / (p(cand_first, picks_first) / p(ref_first, picks_first))
+
+    everything = list(range(MIN_BLOCKS))
+    point = ratio(everything, everything)
+    rng = random.Random(seed)
+    draws = [
+        ratio(
+            [rng.randrange(MIN_BLOCKS) for _ in everything], [rng.randrange(MIN_BLOCKS) for _ in everything]
+        )
+        for _ in range(resamples)
+    ]
+    tail = (1.0 - level) / 2 * 100
+    low, high = percentile(draws, tail), percentile(draws, 100 - tail)
+    samples = sum(len(b) for b in cand_last)
+    iv = RatioInterval(point, min(low, point), max(high, point), level, MIN_BLOCKS, samples)
+    beyond = iv.low > 1.0 + bound or iv.high < 1.0 / (1.0 + bound)
+    return Drift(iv, beyond, "p95 ratio to the reference, last third / first third")
 
 
 def thin(block: Sequence[float], keep: int) -> list[float]:

@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,8 @@ from workflows.activities.path import Clock
 from workflows.activities.trial_ledger import send_usage, usage_event
 from workflows.pipeline.types import (
     CompareRequest,
+    Extension,
+    ExtensionRule,
     InterleavedRequest,
     InterleavedResult,
     PerformanceRequest,
@@ -51,7 +53,7 @@ from workflows.pipeline.types import (
     UnderLoad,
 )
 from workflows.spec.trial_spec import PerformancePlan
-from workflows.tensor import under_load
+from workflows.tensor import extension, under_load
 from workflows.tensor.comparison import ComparisonActivities
 from workflows.tensor.intervals import split_blocks, thin
 from workflows.tensor.memory_meter import Meter, describer
@@ -238,6 +240,10 @@ class _Beat:
         )
 
 
+# One block of a path: at least `size` (requests, seconds) at `concurrency` (PerformanceActivities._block).
+Block = Callable[["_Stream", "_Progress", int, tuple[int, float], "_Beat"], Awaitable[None]]
+
+
 class PerformanceActivities:
     def __init__(self, connections: Connections, clock: Clock = time.time) -> None:
         self.connections = connections
@@ -277,10 +283,10 @@ class PerformanceActivities:
     @activity.defn(name="measure_interleaved")
     async def measure_interleaved(self, request: InterleavedRequest) -> InterleavedResult:
         """Paths that share a host, in alternating blocks of every scenario (module doc)."""
-        return InterleavedResult(await self._measure(request.paths, interleaved=True))
+        return InterleavedResult(await self._measure(request.paths, True, request.extension))
 
     async def _measure(
-        self, requests: list[PerformanceRequest], interleaved: bool
+        self, requests: list[PerformanceRequest], interleaved: bool, rule: ExtensionRule | None = None
     ) -> list[PerformanceResult]:
         info = activity.info()
         resumed: dict[str, Any] = dict(info.heartbeat_details[0]) if info.heartbeat_details else {}
@@ -293,9 +299,12 @@ class PerformanceActivities:
                 continue
             beat = _Beat(progress, name, batch, info.attempt)
             streams = [_stream(self.connections, self.clock, p.request, batch) for p in todo]
-            await self._run(list(zip(streams, todo, strict=True)), concurrency, plan, interleaved, beat)
-            for stream, p in zip(streams, todo, strict=True):
+            paths = list(zip(streams, todo, strict=True))
+            await self._run(paths, concurrency, plan, interleaved, beat)
+            record = await _extend(rule, paths, plan, self._block, beat) if name == "single-stream" else None
+            for stream, p in paths:
                 await self._finish(p, stream, name, batch, concurrency, interleaved, info.attempt)
+                extension.attach(p.done, record)
             if all(p.problem for p in progress):  # nothing left to measure: retry the activity
                 raise ApplicationError("; ".join(p.problem for p in progress), type="AllFailed")
             beat.send()
@@ -310,7 +319,7 @@ class PerformanceActivities:
         progress = _Progress(
             request,
             before,
-            [ScenarioResult(**s) for s in saved.get("completed") or []],
+            [extension.restored(s) for s in saved.get("completed") or []],
             int(saved.get("busy_us") or 0),
             int(saved.get("jobs") or 0),
             int(saved.get("memory_min_available") or 0),
@@ -343,11 +352,7 @@ class PerformanceActivities:
             await self._block(stream, progress, concurrency, (plan.min_iterations, plan.min_seconds), beat)
             return
         count, seconds = math.ceil(plan.min_iterations / plan.blocks), plan.min_seconds / plan.blocks
-        for slot in range(plan.blocks):
-            for stream, progress in paths if slot % 2 == 0 else paths[::-1]:
-                if slot:
-                    await stream.call(-1)
-                await self._block(stream, progress, concurrency, (count, seconds), beat)
+        await _alternate(paths, range(plan.blocks), concurrency, (count, seconds), self._block, beat)
 
     async def _block(
         self, stream: _Stream, progress: _Progress, concurrency: int, size: tuple[int, float], beat: _Beat
@@ -439,6 +444,47 @@ class PerformanceActivities:
             memory_steps=p.memory_steps,
             memory_device_reported=p.device_reported,
         )
+
+
+async def _alternate(
+    paths: list[tuple[_Stream, _Progress]],
+    slots: Iterable[int],
+    concurrency: int,
+    size: tuple[int, float],
+    block: Block,
+    beat: _Beat,
+) -> None:
+    """In each slot one block of every path in turn, the order reversed every other slot (AB,
+    BA, ...); a block after the first led by one unmeasured request (the switch's cold caches)."""
+    for slot in slots:
+        for stream, progress in paths if slot % 2 == 0 else paths[::-1]:
+            if slot:
+                await stream.call(-1)
+            await block(stream, progress, concurrency, size, beat)
+
+
+async def _extend(
+    rule: ExtensionRule | None,
+    paths: list[tuple[_Stream, _Progress]],
+    plan: PerformancePlan,
+    block: Block,
+    beat: _Beat,
+) -> Extension | None:
+    """More paired single-stream blocks while a latency interval straddles its bound
+    (workflows/tensor/extension.py), the alternation continued where the plan left it."""
+    names = [p.request.target.path for _, p in paths]
+    if rule is None or not rule.max_extra_requests or rule.reference not in names or len(names) < 2:
+        return None
+    slots = itertools.count(plan.blocks)
+
+    def blocks() -> dict[str, list[list[float]]]:
+        return {n: [[round(s.latency_s * 1e3, 4) for s in b if s.ok] for b in stream.blocks]
+                for n, (stream, _) in zip(names, paths, strict=True)}  # fmt: skip
+
+    async def measure(step: extension.Round) -> None:
+        await _alternate(paths, itertools.islice(slots, step.slots), 1, (step.size, 0.0), block, beat)
+
+    return await extension.extend(rule, blocks, measure, BLOCK_SAMPLES)
 
 
 async def _answers(

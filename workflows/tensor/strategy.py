@@ -22,6 +22,7 @@ from workflows.pipeline.path_state import PathState
 from workflows.pipeline.types import (
     CompareRequest,
     CorrectnessResult,
+    ExtensionRule,
     InterleavedRequest,
     PerformanceRequest,
     PerformanceResult,
@@ -47,8 +48,21 @@ class TensorMeasurer:
     async def together(
         self, ctx: TrialContext, requests: list[PerformanceRequest]
     ) -> list[PerformanceResult]:
-        measured = await ctx.call(PerformanceActivities.measure_interleaved, InterleavedRequest(requests))
+        together = InterleavedRequest(requests, extension_rule(ctx))
+        measured = await ctx.call(PerformanceActivities.measure_interleaved, together)
         return measured.results
+
+
+def extension_rule(ctx: TrialContext) -> ExtensionRule | None:
+    """How far an interleaved measurement may extend itself (workflows/tensor/extension.py):
+    from the spec alone, so a replayed workflow schedules the same activity."""
+    spec = ctx.spec
+    if not spec.performance.max_extra_requests:
+        return None
+    policy = spec.policy
+    return ExtensionRule(
+        spec.reference, spec.performance.max_extra_requests, policy.max_p95_regression, policy.confidence
+    )
 
 
 TENSOR_MEASURER = TensorMeasurer()

@@ -8,10 +8,11 @@ adaptations, judged by the policy's maximums: see workflows/pipeline/compatibili
 (the single-stream p95 ratio to the reference's, decided on its paired block-bootstrap interval
 at the policy's confidence: fail only when the whole interval lies beyond the allowed
 regression, pass only when it lies within, else inconclusive with the requests that would settle
-it; the reference's A/A noise floor beside it, see workflows/tensor/intervals.py; compilation
-while measuring makes it inconclusive, and so does a fault during the measurement, named:
-requests that failed or stalled; a regression that coincides with a host fallback names the op),
-memory (the candidate's process memory growth per 1,000 requests, failed only when both its own
+it, after the measurement extended itself while it could (workflows/tensor/extension.py); the
+reference's A/A noise floor beside it, see workflows/tensor/intervals.py; compilation while
+measuring makes it inconclusive, and so does a fault during the measurement, named: requests
+that failed or stalled; a regression that coincides with a host fallback names the op), memory
+(the candidate's process memory growth per 1,000 requests, failed only when both its own
 slope's interval and its slope beyond the reference's lie above the policy's bound:
 workflows/tensor/growth.py), and cost (cost per completed job from the ledger, at least the
 policy's saving; inconclusive too after a fault during the measurement, whose time it holds).
@@ -31,14 +32,16 @@ from workflows.pipeline.types import EconomicsResult, OutputVerdict, ScenarioRes
 from workflows.report.results import FAIL, PASS, SKIPPED, UNKNOWN
 from workflows.spec.trial_io import Criterion
 from workflows.spec.trial_spec import Policy
-from workflows.tensor import growth, under_load
+from workflows.tensor import extension, growth, under_load
 from workflows.tensor.intervals import (
     Decision,
     RatioInterval,
     decide,
     drift,
+    level_text,
     mean,
     noise_floor,
+    paired_drift,
     ratio_interval,
     rescaled,
 )
@@ -128,8 +131,9 @@ def _latency(reference: PathState, candidate: PathState, policy: Policy, correct
 def _latency_interval(
     mine: ScenarioResult, theirs: ScenarioResult, policy: Policy, reason: str, slower: str, how: str
 ) -> Criterion:
-    """Decide on the paired block-bootstrap interval of the p95 ratio, beside the noise floor."""
-    level = policy.confidence
+    """Decide on the paired block-bootstrap interval of the p95 ratio, beside the noise floor;
+    an extended measurement at its stricter level (workflows/tensor/extension.py)."""
+    level = extension.verdict_level(mine.extension, policy.confidence)
     try:
         interval = ratio_interval(mine.blocks_ms, theirs.blocks_ms, level=level)
         # blocks may be thinned (workflows/tensor/performance.py): count the requests that were measured
@@ -142,30 +146,37 @@ def _latency_interval(
         aa = floor.bracket()
     except ValueError:
         aa = "not measured (fewer than 8 reference blocks)"
-    reason = f"{reason}; {decision.reason}; noise floor (reference A/A) {aa}; {how}"
-    moved = _drifted({"candidate": mine, "reference": theirs}, policy)
+    extended = f"; {mine.extension.text}" if mine.extension is not None and mine.extension.text else ""
+    reason = f"{reason}; {decision.reason}{extended}; noise floor (reference A/A) {aa}; {how}"
+    moved = _drifted(mine, theirs, policy)
     if moved:
         why = f"warm-up too short: {moved}, beyond the allowed drift {policy.max_latency_drift:+.0%}"
         return Criterion(UNKNOWN, f"{why}; {reason}", f"warm-up too short ({moved})")
     figure = (
-        f"{interval.text()} at {level:.0%}, allowed {1 + policy.max_p95_regression:.3g}; A/A {aa}" + slower
+        f"{interval.text()} at {level_text(level)}, allowed {1 + policy.max_p95_regression:.3g}; A/A {aa}"
+        + slower
     )
     return Criterion(decision.result, reason, figure)
 
 
-def _drifted(scenarios: dict[str, ScenarioResult], policy: Policy) -> str:
-    """The paths whose latency moved during their own measurement, with the drift interval."""
-    if not policy.max_latency_drift:
+def _drifted(mine: ScenarioResult, theirs: ScenarioResult, policy: Policy) -> str:
+    """How the candidate/reference ratio moved during the measurement, when it moved beyond the
+    bound (the host's own drift cancels in the ratio), with each path's own drift beside it to
+    say whose warm-up was too short; "" when it held or there are too few samples to tell."""
+    bound, level = policy.max_latency_drift, policy.confidence
+    if not bound:
         return ""
-    named = []
-    for role, scenario in scenarios.items():
-        try:
-            found = drift(scenario.blocks_ms, policy.max_latency_drift, level=policy.confidence)
-        except ValueError:  # too few samples to tell: the criterion's own interval says so
-            continue
-        if found.beyond:
-            named.append(f"{role} {found.text()}")
-    return "; ".join(named)
+    try:
+        moved = paired_drift(mine.blocks_ms, theirs.blocks_ms, bound, level=level)
+    except ValueError:  # too few samples to tell: the criterion's own interval says so
+        return ""
+    if not moved.beyond:
+        return ""
+    own = [
+        f"{role} {drift(s.blocks_ms, bound, level=level).text()}"
+        for role, s in (("candidate", mine), ("reference", theirs))
+    ]
+    return f"{moved.text()} ({'; '.join(own)})"
 
 
 def _memory(reference: PathState, candidate: PathState, policy: Policy) -> Criterion:
