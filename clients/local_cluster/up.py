@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from clients.local_cluster import health
 from clients.local_cluster.cluster_config import Config
@@ -179,6 +180,7 @@ class LocalCluster:
                     "info": s.info,
                     "path": self.paths.get(s.name.removeprefix("executor-"), ""),
                     "models": list(s.models),
+                    "probe": s.probe,  # how `up status` asks it (grpc, temporal, http, process)
                     **self._process_state(s.name),
                 }
                 for s in self.specs
@@ -281,6 +283,11 @@ async def serve_until_stopped(cluster: LocalCluster) -> int:
     return 0
 
 
+def probe_of(name: str, service: dict[str, Any]) -> str:
+    """How a service of cluster.json is probed (a file from before it said so: by its name)."""
+    return str(service.get("probe") or ("temporal" if name == "temporal" else "grpc"))
+
+
 async def status_rows(state_dir: Path) -> list[StatusRow]:
     """The table of a running cluster, from its cluster.json and live probes."""
     path = state_dir / "cluster.json"
@@ -301,8 +308,10 @@ async def status_rows(state_dir: Path) -> list[StatusRow]:
             status = process.upper()
         elif not address:
             status = "-"
-        elif name == "temporal":
+        elif probe_of(name, s) == "temporal":
             status = await health.temporal_health(address)
+        elif probe_of(name, s) == "http":  # the audit witness, the Temporal UI's codec endpoint
+            status = await health.http_health(address)
         else:  # the router's port is public: plaintext unless it serves TLS itself
             public = tls.Security.plaintext() if name == "router" else None
             status = await health.grpc_health(address, security=public, expect=name)
