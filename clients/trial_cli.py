@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+_ON = ("1", "true", "yes")
+
 
 def _executors(text: str, hosts: dict[str, str] | None = None) -> dict[str, str]:
     """NAME=HOST:PORT[@HOSTID],... ; the optional host id overrides the executor's own."""
@@ -32,6 +34,7 @@ def _executors(text: str, hosts: dict[str, str] | None = None) -> dict[str, str]
 def _worker(args: argparse.Namespace) -> int:
     import asyncio
 
+    from clients.trial_commands import link_of
     from switchyard import metrics_endpoint, telemetry
     from workflows.activities.connections import WorkerConfig
     from workflows.worker import run_worker
@@ -43,6 +46,7 @@ def _worker(args: argparse.Namespace) -> int:
     executors = _executors(os.environ.get("SWITCHYARD_EXECUTORS", ""), hosts)
     for item in args.executor or []:
         executors.update(_executors(item, hosts))
+    link = link_of(args)
     config = WorkerConfig(
         temporal=args.temporal,
         namespace=args.namespace,
@@ -52,6 +56,8 @@ def _worker(args: argparse.Namespace) -> int:
         task_queue=args.task_queue,
         hosts=hosts,
         ui_key=_ui_key(args.ui_key_file),
+        tls=link.tls,
+        codec_key_file=link.codec_key_file,
     )
     host = os.environ.get("SWITCHYARD_METRICS_HOST", "127.0.0.1")  # the worker serves nothing else
     with metrics_endpoint.serving([], host, args.metrics_port, "worker"):
@@ -89,10 +95,53 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="Temporal frontend (default SWITCHYARD_TEMPORAL or 127.0.0.1:7233)",
     )
     parser.add_argument("--namespace", default="default", help="Temporal namespace (default: default)")
+    _temporal_tls(parser)
     parser.add_argument(
         "--metering",
         default=os.environ.get("SWITCHYARD_METERING", "127.0.0.1:8201"),
         help="metering address (default SWITCHYARD_METERING or 127.0.0.1:8201)",
+    )
+
+
+def _temporal_tls(parser: argparse.ArgumentParser) -> None:
+    """TLS to Temporal and the payload codec's keys (workflows/temporal_link.py)."""
+    env = os.environ.get
+    parser.add_argument(
+        "--temporal-tls",
+        action="store_true",
+        default=env("SWITCHYARD_TEMPORAL_TLS", "").lower() in _ON,
+        help="TLS to Temporal with the system's CAs (default SWITCHYARD_TEMPORAL_TLS; on when a CA is named)",
+    )
+    parser.add_argument(
+        "--temporal-tls-ca",
+        default=env("SWITCHYARD_TEMPORAL_TLS_CA", ""),
+        metavar="PEM",
+        help="CA of Temporal's certificate; turns TLS on (default SWITCHYARD_TEMPORAL_TLS_CA)",
+    )
+    parser.add_argument(
+        "--temporal-tls-cert",
+        default=env("SWITCHYARD_TEMPORAL_TLS_CERT", ""),
+        metavar="PEM",
+        help="client certificate for Temporal's mTLS (default SWITCHYARD_TEMPORAL_TLS_CERT)",
+    )
+    parser.add_argument(
+        "--temporal-tls-key",
+        default=env("SWITCHYARD_TEMPORAL_TLS_KEY", ""),
+        metavar="PEM",
+        help="its key (default SWITCHYARD_TEMPORAL_TLS_KEY)",
+    )
+    parser.add_argument(
+        "--temporal-tls-server-name",
+        default=env("SWITCHYARD_TEMPORAL_TLS_SERVER_NAME", ""),
+        metavar="NAME",
+        help="name Temporal's certificate carries (default SWITCHYARD_TEMPORAL_TLS_SERVER_NAME)",
+    )
+    parser.add_argument(
+        "--codec-key-file",
+        default=env("SWITCHYARD_TEMPORAL_CODEC_KEY_FILE", ""),
+        metavar="PATH",
+        help="keys of the payload codec that encrypts what Temporal stores "
+        "(default SWITCHYARD_TEMPORAL_CODEC_KEY_FILE; none: payloads in clear)",
     )
 
 

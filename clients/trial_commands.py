@@ -20,20 +20,39 @@ import grpc
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
+from switchyard import tls
 from workflows.activities.authorization import GRANT_MEMO, request_grant
 from workflows.report.render import criteria_in_order, line_of, render
 from workflows.spec.trial_io import TrialInput, TrialReport
 from workflows.spec.trial_spec import SpecError, parse_spec
+from workflows.temporal_link import TemporalLink, TemporalLinkError, TemporalTLS
 from workflows.trial import TrialWorkflow
 from workflows.worker import connect
 
 BAR = 30
+SEAL_HINT = "name the payload codec's keys: --codec-key-file or SWITCHYARD_TEMPORAL_CODEC_KEY_FILE"
+SEAL_NEEDED = f"trial not started: its grant and spec would reach Temporal in clear; {SEAL_HINT}"
 
 
 def _bar(progress: dict[str, Any]) -> str:
     filled = int(BAR * progress.get("percent", 0) / 100)
     paths = ", ".join(f"{n}: {p['phase']}/{p['status']}" for n, p in progress.get("paths", {}).items())
     return f"[{'#' * filled}{'.' * (BAR - filled)}] {progress.get('percent', 0):5.1f}% {paths}"
+
+
+def link_of(args: argparse.Namespace) -> TemporalLink:
+    """How this command reaches Temporal (workflows/temporal_link.py), from its flags."""
+    try:
+        security = TemporalTLS.of(
+            args.temporal_tls_ca,
+            args.temporal_tls_cert,
+            args.temporal_tls_key,
+            args.temporal_tls_server_name,
+            on=args.temporal_tls,
+        )
+    except TemporalLinkError as err:
+        raise SystemExit(str(err)) from None
+    return TemporalLink(args.temporal, args.namespace, security, args.codec_key_file)
 
 
 async def _activity_details(client: Client, handle: WorkflowHandle[Any, Any]) -> str:
@@ -110,6 +129,10 @@ async def _start(args: argparse.Namespace) -> int:
         print(f"{args.spec}: invalid trial spec: {err}", file=sys.stderr)
         return 2
     workflow_id = args.id or f"trial-{spec.model.name}-{uuid.uuid4().hex[:8]}"
+    link = link_of(args)
+    if not link.codec_key_file and not tls.current().insecure:
+        print(SEAL_NEEDED, file=sys.stderr)  # the grant would sit in Temporal's memo in clear
+        return 2
     try:  # the roles the spec needs (workflows/authorization.needs), before anything starts
         grant = await request_grant(
             args.metering, spec, workflow_id, os.environ.get("SWITCHYARD_API_KEY", "")
@@ -117,7 +140,7 @@ async def _start(args: argparse.Namespace) -> int:
     except grpc.aio.AioRpcError as err:
         print(f"trial not started: {err.code().name}: {err.details()}", file=sys.stderr)
         return 2 if err.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED) else 1
-    client = await connect(args.temporal, args.namespace)
+    client = await connect(link)
     handle = await client.start_workflow(
         TrialWorkflow.run,
         TrialInput.from_json(spec_json),
@@ -134,7 +157,7 @@ async def _start(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    client = await connect(args.temporal, args.namespace)
+    client = await connect(link_of(args))
     handle = client.get_workflow_handle(args.trial_id)
     desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.RUNNING:
@@ -162,7 +185,6 @@ async def _status(args: argparse.Namespace) -> int:
 async def _report(args: argparse.Namespace) -> int:
     fmt = args.format or {".html": "html", ".json": "json"}.get(Path(args.output).suffix, "md")
     if args.source == "ledger":
-        from switchyard import tls
         from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
         from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 
@@ -183,7 +205,7 @@ async def _report(args: argparse.Namespace) -> int:
             return 1
         report = json.loads(stored.report_json)
     else:
-        client = await connect(args.temporal, args.namespace)
+        client = await connect(link_of(args))
         report = await client.get_workflow_handle(args.trial_id).result()
     text = render(report, fmt)
     if args.output == "-":
@@ -195,7 +217,7 @@ async def _report(args: argparse.Namespace) -> int:
 
 
 async def _cancel(args: argparse.Namespace) -> int:
-    client = await connect(args.temporal, args.namespace)
+    client = await connect(link_of(args))
     handle = client.get_workflow_handle(args.trial_id)
     status = await handle.execute_update(TrialWorkflow.cancel, args.reason)
     print(f"trial {args.trial_id}: {status}")
@@ -204,7 +226,13 @@ async def _cancel(args: argparse.Namespace) -> int:
 
 async def _main(args: argparse.Namespace) -> int:
     command = {"start": _start, "status": _status, "report": _report, "cancel": _cancel}[args.trial_command]
-    return await command(args)
+    try:
+        return await command(args)
+    except KeyError as err:  # the SDK's word for a payload no converter reads
+        if "binary/encrypted" not in str(err):
+            raise
+        print(f"trial {getattr(args, 'trial_id', '')}: its payloads are sealed; {SEAL_HINT}", file=sys.stderr)
+        return 2
 
 
 def main(args: argparse.Namespace) -> NoReturn:

@@ -19,13 +19,16 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSe
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from switchyard.errors import FailedPrecondition
 from workflows.activities.authorization import AuthorizationActivities
 from workflows.activities.connections import Connections, WorkerConfig
 from workflows.activities.path import PathActivities
 from workflows.activities.trial_ledger import LedgerActivities
 from workflows.generation.activities import GenerationActivities
 from workflows.generation.measure import GenerationMeasurement
-from workflows.spec.trial_io import TRIAL_CONVERTER, TrialPayloadConverter
+from workflows.spec.trial_io import TrialPayloadConverter
+from workflows.temporal_codec import KEY_FILE_ENV, trial_converter
+from workflows.temporal_link import TemporalLink
 from workflows.tensor.comparison import ComparisonActivities
 from workflows.tensor.performance import PerformanceActivities
 from workflows.training.activities import TrainingActivities
@@ -51,27 +54,29 @@ async def ensure_search_attributes(client: Client, namespace: str = "default") -
         log.info("registered search attributes %s", ", ".join(sorted(missing)))
 
 
-async def connect(address: str, namespace: str) -> Client:
-    """A client whose workflows and activities carry OpenTelemetry spans
+async def connect(link: TemporalLink) -> Client:
+    """A client over `link` (TLS where set, the payload codec where a key file is named:
+    workflows/temporal_link.py) whose workflows and activities carry OpenTelemetry spans
     (docs/architecture.md#observability); the spans go wherever the process's tracer provider
     sends them (none configured = no-op)."""
     from temporalio.contrib.opentelemetry import TracingInterceptor
 
     return await Client.connect(
-        address,
-        namespace=namespace,
-        data_converter=TRIAL_CONVERTER,
+        link.address,
+        namespace=link.namespace,
+        data_converter=link.converter(),
+        tls=link.tls.config(),
         interceptors=[TracingInterceptor(always_create_workflow_spans=True)],
     )
 
 
 def with_trial_converter(client: Client) -> Client:
     """The same connection, reading TrialWorkflow's input as the spec parser needs it
-    (unknown top-level keys kept: workflows/spec/trial_io.py)."""
+    (unknown top-level keys kept: workflows/spec/trial_io.py), its payload codec kept."""
     if client.data_converter.payload_converter_class is TrialPayloadConverter:
         return client
     config = client.config()
-    config["data_converter"] = TRIAL_CONVERTER
+    config["data_converter"] = trial_converter(client.data_converter.payload_codec)
     return Client(**config)
 
 
@@ -118,17 +123,25 @@ def build_worker(client: Client, connections: Connections, task_queue: str | Non
 
 
 async def run_worker(config: WorkerConfig) -> None:
-    client = await connect(config.temporal, config.namespace)
-    await ensure_search_attributes(client, config.namespace)
     connections = Connections(config)
+    if not config.codec_key_file and not connections.security.insecure:
+        # grants and specs would sit in Temporal's history in clear (docs/security.md)
+        raise FailedPrecondition(
+            "the trial worker needs the payload codec's keys: set --codec-key-file or "
+            f"{KEY_FILE_ENV} (docs/runbook.md makes one), or run insecure by name"
+        )
+    client = await connect(config.link())
+    await ensure_search_attributes(client, config.namespace)
     worker = build_worker(client, connections)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info(  # how it talks to executors, evaluator and metering, as every service says at start
-        "trial worker on %s, task queue %s (%s)",
+        "trial worker on %s over %s, payloads %s, task queue %s (%s)",
         config.temporal,
+        config.tls.describe(),
+        "encrypted" if config.codec_key_file else "in clear (no codec key file)",
         config.task_queue,
         connections.security.describe(),
     )

@@ -49,6 +49,13 @@ namespace = "default"
 port = 7233
 ui_port = 8233
 task_queue = "switchyard-trials"
+codec_key_file = ""            # "" = <state_dir>/keys/temporal-codec.key, made on first start
+codec_port = 0                 # the Temporal UI's codec endpoint (/encode, /decode); 0 = any free
+tls = false                    # true = TLS to a remote Temporal, its CA one the system trusts
+tls_ca = ""                    # a remote Temporal's CA: every connection to it uses TLS
+tls_cert = ""                  # client certificate and key, where it asks for mTLS
+tls_key = ""
+tls_server_name = ""           # the name its certificate carries, if not the address's host
 
 [metering]
 port = 8201
@@ -125,6 +132,13 @@ class TemporalConfig:
     port: int
     ui_port: int
     task_queue: str
+    codec_key_file: str = ""  # "" = <state_dir>/keys/temporal-codec.key
+    codec_port: int = 0
+    tls: bool = False
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_server_name: str = ""
 
     @property
     def local(self) -> bool:
@@ -290,10 +304,10 @@ def _get(tree: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
-def _port(tree: Mapping[str, Any], where: str) -> int:
-    port = int(_get(tree, "port", int, where))
+def _port(tree: Mapping[str, Any], where: str, key: str = "port") -> int:
+    port = int(_get(tree, key, int, where))
     if not 0 <= port <= 65535:
-        raise ConfigError(f"'{where}.port' must be between 0 and 65535, got {port}")
+        raise ConfigError(f"'{where}.{key}' must be between 0 and 65535, got {port}")
     return port
 
 
@@ -317,6 +331,9 @@ def _executor(backend: str, tree: Mapping[str, Any]) -> ExecutorConfig:
         mode=str(_get(tree, "mode", str, where)),
         python=str(tree.get("python", "")),
     )
+
+
+TEMPORAL_TLS_KEYS = ("tls_ca", "tls_cert", "tls_key", "tls_server_name")
 
 
 def _build(tree: Mapping[str, Any]) -> Config:
@@ -344,6 +361,10 @@ def _build(tree: Mapping[str, Any]) -> Config:
             port=_port(temporal, "temporal"),
             ui_port=int(_get(temporal, "ui_port", int, "temporal")),
             task_queue=str(_get(temporal, "task_queue", str, "temporal")),
+            codec_key_file=str(_get(temporal, "codec_key_file", str, "temporal")),
+            codec_port=_port(temporal, "temporal", "codec_port"),
+            tls=bool(_get(temporal, "tls", bool, "temporal")),
+            **{k: str(_get(temporal, k, str, "temporal")) for k in TEMPORAL_TLS_KEYS},
         ),
         metering_port=_port(tree["metering"], "metering"),
         evaluator_port=_port(tree["evaluator"], "evaluator"),

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clients.local_cluster import demo_finance as finance
 from clients.local_cluster import demo_generation as gen_demo
@@ -28,6 +28,9 @@ from clients.local_cluster.cluster_config import Config
 from clients.local_cluster.local_routes import PATH_IDS
 from clients.local_cluster.traffic import TeamKey, TrafficResult, create_team_key, send_requests
 from clients.local_cluster.up import format_table, serve_until_stopped, started
+
+if TYPE_CHECKING:
+    from workflows.temporal_link import TemporalLink
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,13 @@ class Endpoints:
     models: Mapping[str, tuple[str, ...]]  # backend -> models it serves
     temporal_ui: str = ""
     openai_url: str = ""  # the router's OpenAI API base URL ("" = off)
+    # TLS and codec key file paths as the worker's environment (workflows/temporal_link.py)
+    temporal_env: Mapping[str, str] = field(default_factory=dict)
+
+    def link(self) -> TemporalLink:
+        from workflows.temporal_link import TemporalLink
+
+        return TemporalLink.from_env(self.temporal, self.namespace, env=self.temporal_env)
 
     @classmethod
     def from_state(cls, state: Mapping[str, object], namespace: str = "default",
@@ -81,6 +91,7 @@ class Endpoints:
             },
             temporal_ui=str(state.get("temporal_ui", "")),
             openai_url=str(state.get("openai_url", "")),
+            temporal_env=dict(state.get("temporal_env") or {}),  # type: ignore[call-overload]
         )
 
 
@@ -186,8 +197,7 @@ async def _trial(
     team = result.team
     spec = trials.demo_spec(team.team)
     outcome = await trials.run_trial(
-        ep.temporal,
-        ep.namespace,
+        ep.link(),
         ep.task_queue,
         out_dir,
         f"demo-tiny-lm-{run}",

@@ -12,9 +12,12 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clients.local_cluster import traffic
+
+if TYPE_CHECKING:
+    from workflows.temporal_link import TemporalLink
 
 POLL_S = 2.0
 
@@ -78,8 +81,7 @@ def reasons_of(verdict: Mapping[str, Any]) -> list[str]:
 
 
 async def run_trial(
-    temporal: str,
-    namespace: str,
+    link: TemporalLink,
     task_queue: str,
     out_dir: Path,
     trial_id: str,
@@ -90,7 +92,6 @@ async def run_trial(
 ) -> TrialOutcome:
     """Starts TrialWorkflow with `spec` (its grant from `metering`, asked with `api_key`:
     workflows/activities/authorization.py), reports progress now and then, returns the verdicts."""
-    from temporalio.client import Client
     from temporalio.service import RPCError
 
     from workflows.activities.authorization import GRANT_MEMO, request_grant
@@ -98,10 +99,11 @@ async def run_trial(
     from workflows.spec.trial_io import TrialInput
     from workflows.spec.trial_spec import parse_spec
     from workflows.trial import TrialWorkflow
+    from workflows.worker import connect
 
     parsed = parse_spec(spec)  # a bad spec fails here, naming the field, before anything starts
     grant = await request_grant(metering, parsed, trial_id, api_key) if metering else ""
-    client = await Client.connect(temporal, namespace=namespace)
+    client = await connect(link)  # TLS where set, the payload codec (workflows/temporal_link.py)
     handle = await client.start_workflow(
         TrialWorkflow.run,
         TrialInput.from_json(spec),

@@ -12,13 +12,16 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from switchyard import tls
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
+
+if TYPE_CHECKING:
+    from temporalio.service import TLSConfig
 
 T = TypeVar("T")
 
@@ -114,7 +117,13 @@ def health_main(args: argparse.Namespace) -> int:
     return 0 if status == SERVING else 1
 
 
-async def temporal_pollers(address: str, namespace: str, task_queue: str, timeout_s: float = 3.0) -> int:
+async def temporal_pollers(
+    address: str,
+    namespace: str,
+    task_queue: str,
+    timeout_s: float = 3.0,
+    temporal_tls: TLSConfig | bool = False,
+) -> int:
     """How many workers poll `task_queue` for workflow tasks (a trial worker's readiness)."""
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
@@ -122,7 +131,9 @@ async def temporal_pollers(address: str, namespace: str, task_queue: str, timeou
     from temporalio.client import Client
 
     try:
-        client = await asyncio.wait_for(Client.connect(address, namespace=namespace), timeout_s)
+        client = await asyncio.wait_for(
+            Client.connect(address, namespace=namespace, tls=temporal_tls), timeout_s
+        )
         reply = await client.workflow_service.describe_task_queue(
             DescribeTaskQueueRequest(
                 namespace=namespace,

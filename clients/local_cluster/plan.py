@@ -17,6 +17,7 @@ from pathlib import Path
 from clients.local_cluster.cluster_config import Config, ConfigError, ExecutorConfig
 from services.metering.witness_client import ENV_WITNESS, ENV_WITNESS_KEY
 from switchyard import net, tls
+from workflows.temporal_link import TemporalLink, TemporalTLS
 
 # Search attributes operators filter trials by in the Temporal UI (docs/architecture.md#trials); the names the
 # TrialWorkflow upserts.
@@ -58,6 +59,7 @@ class Ports:
     executors: Mapping[str, int]
     openai: int = -1  # the router's OpenAI API; -1 = off
     witness: int = -1  # the audit witness; -1 = none
+    codec: int = -1  # the Temporal UI's codec endpoint; -1 = none (a remote Temporal)
 
 
 def resolve_ports(config: Config, executors: Iterable[ExecutorConfig]) -> Ports:
@@ -78,6 +80,7 @@ def resolve_ports(config: Config, executors: Iterable[ExecutorConfig]) -> Ports:
         executors={ex.backend: pick(ex.port) for ex in executors},
         openai=-1 if config.router.openai_port < 0 else pick(config.router.openai_port),
         witness=-1 if config.witness_port < 0 else pick(config.witness_port),
+        codec=pick(config.temporal.codec_port) if config.temporal.local else -1,
     )
 
 
@@ -162,6 +165,24 @@ def ui_key_file(state: Path) -> Path:
     return state / "keys" / "temporal-ui.key"
 
 
+def codec_key_file(config: Config) -> Path:
+    """The payload codec's keys (workflows/temporal_codec.py): `[temporal] codec_key_file`, else
+    `<state_dir>/keys/temporal-codec.key`, which `switchyard up` makes on first start."""
+    given = config.temporal.codec_key_file
+    return Path(given).resolve() if given else config.state_dir.resolve() / "keys" / "temporal-codec.key"
+
+
+def temporal_link(config: Config, address: str) -> TemporalLink:
+    """How the worker, the demo and the probes reach Temporal at `address`: TLS where
+    `[temporal] tls_*` says so (a remote cluster; the dev server has none), the codec's keys."""
+    t = config.temporal
+    try:
+        security = TemporalTLS.of(t.tls_ca, t.tls_cert, t.tls_key, t.tls_server_name, on=t.tls)
+    except ValueError as exc:
+        raise ConfigError(f"[temporal] tls_*: {exc}") from None
+    return TemporalLink(address, t.namespace, security, str(codec_key_file(config)))
+
+
 @dataclass(frozen=True)
 class _Cluster:
     """What every service's spec is derived from: the config, its ports, the common env."""
@@ -214,7 +235,7 @@ def build_plan(
         base_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = config.telemetry.otlp_endpoint
     c = _Cluster(config, ports, config.state_dir.resolve(), base_env)
     py = sys.executable
-    specs = [_temporal(c, temporal_bin)] if config.temporal.local else []
+    specs = [_codec_endpoint(c), _temporal(c, temporal_bin)] if config.temporal.local else []
     metering_env = {**c.identity_env("metering"), "SWITCHYARD_DATABASE_URL": config.ledger_url}
     if ports.witness >= 0:
         specs.append(_witness(c))
@@ -255,8 +276,28 @@ def _temporal(c: _Cluster, temporal_bin: Path | None) -> ServiceSpec:
         argv += ["--search-attribute", f"{name}={kind}"]
     for value in TEMPORAL_DYNAMIC_CONFIG:
         argv += ["--dynamic-config-value", value]
+    # the UI reads sealed payloads through the codec endpoint (workflows/codec_server.py)
+    argv += ["--ui-codec-endpoint", f"http://{c.host}:{c.ports.codec}"]
     ui = f"UI http://{c.host}:{c.ports.temporal_ui}"
     return ServiceSpec("temporal", tuple(argv), c.temporal, "temporal", info=ui, startup_timeout_s=60)
+
+
+def _codec_endpoint(c: _Cluster) -> ServiceSpec:
+    """The Temporal UI's codec endpoint: /encode and /decode with the codec's keys, on the UI's
+    host, answering the UI's origin only (CORS)."""
+    address = f"{c.host}:{c.ports.codec}"
+    argv = [sys.executable, "-m", "workflows.codec_server", "--key-file", str(codec_key_file(c.config))]
+    argv += [
+        "--host",
+        c.host,
+        "--port",
+        str(c.ports.codec),
+        "--origin",
+        f"http://{c.host}:{c.ports.temporal_ui}",
+    ]
+    return ServiceSpec(
+        "temporal-codec", tuple(argv), address, "http", env=dict(c.base_env), startup_timeout_s=60
+    )
 
 
 def _witness_dir(c: _Cluster) -> Path:
@@ -318,6 +359,6 @@ def _worker(c: _Cluster, executors: Mapping[str, str]) -> ServiceSpec:
         args += ["--executor", f"{backend}={address}"]
     if not c.config.security.insecure:  # trials started from the Temporal UI run as its principal
         args += ["--ui-key-file", str(ui_key_file(c.state))]
-    return ServiceSpec(
-        "trial-worker", _switchyard(sys.executable, *args), "", "process", env=c.identity_env("worker")
-    )
+    # TLS to a remote Temporal where configured, and the payload codec's keys (by path)
+    env = {**c.identity_env("worker"), **temporal_link(c.config, c.temporal).env()}
+    return ServiceSpec("trial-worker", _switchyard(sys.executable, *args), "", "process", env=env)

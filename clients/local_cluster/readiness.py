@@ -19,6 +19,7 @@ from clients.local_cluster import health
 from clients.local_cluster.plan import ServiceSpec
 from switchyard import tls
 from switchyard.errors import FailedPrecondition, Unavailable
+from workflows.temporal_link import TemporalTLS
 
 
 class StartupFailed(Unavailable):
@@ -65,7 +66,11 @@ class Readiness:
             return await health.http_health(spec.address)
         if spec.probe == "process":
             temporal = self._temporal_address()
-            pollers = await health.temporal_pollers(temporal, self.namespace, self.task_queue)
+            # TLS as the worker dials it (a remote Temporal's [temporal] tls_*)
+            security = TemporalTLS.from_env(spec.env).config()
+            pollers = await health.temporal_pollers(
+                temporal, self.namespace, self.task_queue, temporal_tls=security
+            )
             return health.SERVING if pollers > 0 else "NO_POLLER"
         # the router's port is its public one: API keys, no client certificates
         public = tls.Security.plaintext() if spec.name == "router" else None

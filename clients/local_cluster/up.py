@@ -18,16 +18,25 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from clients.local_cluster import health
 from clients.local_cluster.cluster_config import Config
-from clients.local_cluster.plan import Ports, ServiceSpec, build_plan, identities
+from clients.local_cluster.plan import (
+    Ports,
+    ServiceSpec,
+    build_plan,
+    codec_key_file,
+    identities,
+    temporal_link,
+)
 from clients.local_cluster.provision import Provisioning
 from clients.local_cluster.readiness import StartupFailed
 from clients.local_cluster.supervisor import Supervisor
 from switchyard import layout, tls
 from switchyard.errors import FailedPrecondition
 from switchyard.models.repository import builtin_sources, seed_builtins
+from workflows.temporal_codec import ensure_key_file
 
 ROOT = layout.checkout_root()  # None when installed: children import the installed package
 
@@ -120,6 +129,8 @@ class LocalCluster:
             if added:
                 self._say(f"model repository {repository}: added the built-ins {', '.join(added)}")
         self._prepare_identities()
+        keys = ensure_key_file(codec_key_file(self.config))  # 0600 in a 0700 folder, kept
+        self._say(f"Temporal payloads encrypted: codec keys in {keys} (CLI: --codec-key-file {keys})")
 
     def _prepare_identities(self) -> None:
         """A local CA and a certificate per service on first start (kept for the next; files
@@ -169,6 +180,7 @@ class LocalCluster:
                     "info": s.info,
                     "path": self.paths.get(s.name.removeprefix("executor-"), ""),
                     "models": list(s.models),
+                    "probe": s.probe,  # how `up status` asks it (grpc, temporal, http, process)
                     **self._process_state(s.name),
                 }
                 for s in self.specs
@@ -178,6 +190,10 @@ class LocalCluster:
             "ledger_url": self.config.ledger_url if not self.config.database_url else "(configured)",
             "state_dir": str(self.state_dir),
             "temporal_address": self.config.temporal.address or self.address("temporal"),
+            # TLS and the codec's key file, by path (workflows/temporal_link.py): no key material
+            "temporal_env": temporal_link(
+                self.config, self.config.temporal.address or self.address("temporal")
+            ).env(),
             "tls_dir": ""
             if self.config.security.insecure
             else str(self.config.pki_dir.resolve() / "operator"),
@@ -267,6 +283,11 @@ async def serve_until_stopped(cluster: LocalCluster) -> int:
     return 0
 
 
+def probe_of(name: str, service: dict[str, Any]) -> str:
+    """How a service of cluster.json is probed (a file from before it said so: by its name)."""
+    return str(service.get("probe") or ("temporal" if name == "temporal" else "grpc"))
+
+
 async def status_rows(state_dir: Path) -> list[StatusRow]:
     """The table of a running cluster, from its cluster.json and live probes."""
     path = state_dir / "cluster.json"
@@ -287,8 +308,10 @@ async def status_rows(state_dir: Path) -> list[StatusRow]:
             status = process.upper()
         elif not address:
             status = "-"
-        elif name == "temporal":
+        elif probe_of(name, s) == "temporal":
             status = await health.temporal_health(address)
+        elif probe_of(name, s) == "http":  # the audit witness, the Temporal UI's codec endpoint
+            status = await health.http_health(address)
         else:  # the router's port is public: plaintext unless it serves TLS itself
             public = tls.Security.plaintext() if name == "router" else None
             status = await health.grpc_health(address, security=public, expect=name)

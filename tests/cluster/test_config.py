@@ -204,3 +204,43 @@ def test_the_audit_witness_starts_before_metering_which_gets_only_its_address_an
     assert not any("SWITCHYARD_AUDIT_WITNESS" in s.env for s in off)
     with pytest.raises(ConfigError, match=r"witness\.port"):
         load_config(env={"SWITCHYARD_WITNESS_PORT": "-2"})
+
+
+def test_the_dev_server_reads_payloads_through_the_codec_endpoint_up_serves(tmp_path: Path) -> None:
+    """The UI's codec endpoint starts before the dev server, on the UI's host, with the codec's
+    keys and the UI's origin; the dev server is told its URL; the worker gets the same keys."""
+    c = load_config(env={"SWITCHYARD_STATE_DIR": str(tmp_path), "SWITCHYARD_EXECUTORS_XLA_ENABLED": "false"})
+    specs, ports = build_plan(c, ROOT)
+    names = [s.name for s in specs]
+    assert names.index("temporal-codec") < names.index("temporal")
+    codec, temporal = specs[names.index("temporal-codec")], specs[names.index("temporal")]
+    assert codec.probe == "http" and codec.address == f"127.0.0.1:{ports.codec}" and ports.codec > 0
+    keys = str(tmp_path.resolve() / "keys" / "temporal-codec.key")
+    assert codec.argv[codec.argv.index("--key-file") + 1] == keys
+    assert codec.argv[codec.argv.index("--origin") + 1] == f"http://127.0.0.1:{ports.temporal_ui}"
+    assert temporal.argv[temporal.argv.index("--ui-codec-endpoint") + 1] == f"http://{codec.address}"
+    worker = specs[names.index("trial-worker")]
+    assert worker.env["SWITCHYARD_TEMPORAL_CODEC_KEY_FILE"] == keys
+    assert "SWITCHYARD_TEMPORAL_TLS" not in worker.env  # the dev server offers no TLS
+
+
+def test_a_remote_temporal_with_tls_is_dialled_with_it(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    env = {
+        "SWITCHYARD_TEMPORAL_ADDRESS": "temporal.prod:7233",
+        "SWITCHYARD_TEMPORAL_TLS_CA": str(ca),
+        "SWITCHYARD_TEMPORAL_TLS_SERVER_NAME": "frontend.temporal",
+        "SWITCHYARD_EXECUTORS_XLA_ENABLED": "false",
+    }
+    specs, ports = build_plan(load_config(env=env), ROOT)
+    assert not any(s.name.startswith("temporal") for s in specs) and ports.codec == -1
+    worker = next(s for s in specs if s.name == "trial-worker")
+    assert worker.env["SWITCHYARD_TEMPORAL_TLS"] == "true"
+    assert worker.env["SWITCHYARD_TEMPORAL_TLS_CA"] == str(ca.resolve())
+    assert worker.env["SWITCHYARD_TEMPORAL_TLS_SERVER_NAME"] == "frontend.temporal"
+    system_ca = {k: v for k, v in env.items() if "TLS_" not in k} | {"SWITCHYARD_TEMPORAL_TLS": "true"}
+    specs, _ = build_plan(load_config(env=system_ca), ROOT)
+    worker = next(s for s in specs if s.name == "trial-worker")
+    assert worker.env["SWITCHYARD_TEMPORAL_TLS"] == "true" and "SWITCHYARD_TEMPORAL_TLS_CA" not in worker.env
+    with pytest.raises(ConfigError, match="certificate needs its key"):
+        build_plan(load_config(env={**env, "SWITCHYARD_TEMPORAL_TLS_CERT": str(ca)}), ROOT)

@@ -455,3 +455,41 @@ def test_ledger_integrity_is_wired(overlay: str) -> None:
 
     assert {auditkey.ENV_KEY_FILE, auditkey.ENV_ANCHOR} <= set(env)
     assert db.ENV_RUNTIME_ROLE in job_env
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_worker_dials_temporal_over_mtls_and_seals_payloads(overlay: str) -> None:
+    """The worker reaches the Temporal cluster with TLS (its CA and a client certificate from a
+    mounted Secret, the frontend's name checked) and reads the payload codec's keys from another
+    Secret; the names are those workflows/temporal_link.py reads."""
+    from workflows import temporal_codec, temporal_link
+
+    docs = render(overlay)
+    (worker,) = [d for d in workloads(docs) if d["metadata"]["name"] == "trial-worker"]
+    spec = worker["spec"]["template"]["spec"]
+    (container,) = containers(worker)
+    env = _env_of(container)
+    mounts = {m["mountPath"].rstrip("/"): m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+
+    def secret_holding(path: str) -> dict[str, Any]:
+        folder, _, _ = path.rpartition("/")
+        volume = volumes[mounts[folder]]
+        assert volume["secret"]["defaultMode"] == 0o400, path
+        secret: dict[str, Any] = volume["secret"]
+        return secret
+
+    for name in (temporal_link.CA_ENV, temporal_link.CERT_ENV, temporal_link.KEY_ENV):
+        assert secret_holding(env[name])["secretName"] == "switchyard-temporal-tls", name
+    assert [env[n].rsplit("/", 1)[1] for n in (temporal_link.CA_ENV, temporal_link.CERT_ENV)] == [
+        "ca.crt",
+        "tls.crt",
+    ]
+    config = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("switchyard-config")
+    )
+    frontend = config["data"]["SWITCHYARD_TEMPORAL"].rsplit(":", 1)[0]
+    assert env[temporal_link.SERVER_NAME_ENV] == frontend
+    assert secret_holding(env[temporal_codec.KEY_FILE_ENV])["secretName"] == "switchyard-temporal-codec"
+    tls = temporal_link.TemporalTLS.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+    assert tls.enabled and tls.cert_file and tls.server_name == frontend

@@ -15,17 +15,32 @@ from switchyard.grpcio import RunningServer, ServerOptions
 from switchyard.models.repository import seed_builtins
 from switchyard.net import free_port
 from tests.trial.stack import Stack, set_prices, start_xla_executor, wait_serving, xla_python
+from workflows.temporal_codec import EncryptionCodec, Keyring, ensure_key_file, trial_converter
 from workflows.trial import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPORAL = Path(sys.executable).parent / "temporal"
 
 
+def codec_key_file(env: WorkflowEnvironment) -> str:
+    """The key file of the payload codec `env`'s client carries ("" for none)."""
+    codec = env.client.data_converter.payload_codec
+    path = codec.keyring.path if isinstance(codec, EncryptionCodec) else None
+    return str(path) if path else ""
+
+
+def temporal_binary() -> Path:
+    return TEMPORAL if TEMPORAL.exists() else ROOT / ".venv" / "bin" / "temporal"
+
+
 @pytest.fixture(scope="session")
-async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
-    binary = TEMPORAL if TEMPORAL.exists() else ROOT / ".venv" / "bin" / "temporal"
+async def temporal_env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[WorkflowEnvironment]:
+    """The dev server, its client carrying the payload codec (workflows/temporal_codec.py) as
+    every switchyard client does: what the trials store in Temporal is encrypted."""
+    keys = ensure_key_file(tmp_path_factory.mktemp("codec") / "keys" / "temporal-codec.key")
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(binary),
+        dev_server_existing_path=str(temporal_binary()),
+        data_converter=trial_converter(EncryptionCodec(Keyring.load(keys))),
         search_attributes=SEARCH_ATTRIBUTES,
         dev_server_log_level="error",
     )

@@ -38,6 +38,13 @@ class Stack:
     def temporal(self) -> str:
         return str(self.env.client.service_client.config.target_host)
 
+    @property
+    def codec_key_file(self) -> str:
+        """The payload codec's key file the stack's client encrypts with (tests/trial/conftest.py)."""
+        from tests.trial.conftest import codec_key_file
+
+        return codec_key_file(self.env)
+
     def executors(self) -> dict[str, str]:
         found = {"cpu": self.cpu}
         if self.xla:
@@ -100,6 +107,7 @@ async def set_prices(stack: Stack) -> None:
 def worker_command(stack: Stack, task_queue: str) -> list[str]:
     command = [sys.executable, "-m", "clients.cli", "worker", "--temporal", stack.temporal]
     command += ["--evaluator", stack.evaluator, "--metering", stack.metering, "--task-queue", task_queue]
+    command += ["--codec-key-file", stack.codec_key_file]
     for name, address in stack.executors().items():
         command += ["--executor", f"{name}={address}"]
     return command

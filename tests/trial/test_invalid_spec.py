@@ -12,6 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from clients import trial_commands
 from switchyard.grpcio import RunningServer
+from tests.trial.conftest import codec_key_file
 from tests.trial.trial_helpers import minimal_spec
 from workflows.activities.connections import Connections, WorkerConfig
 from workflows.worker import build_worker
@@ -41,7 +42,17 @@ async def test_invalid_spec_fails_the_workflow_at_once_naming_the_field(
     await connections.close()
     # what `switchyard trial status ID` prints for it
     address = str(temporal_env.client.service_client.config.target_host)
-    status = argparse.Namespace(trial_id=workflow_id, temporal=address, namespace="default")
+    status = argparse.Namespace(
+        trial_id=workflow_id,
+        temporal=address,
+        namespace="default",
+        temporal_tls=False,
+        temporal_tls_ca="",
+        temporal_tls_cert="",
+        temporal_tls_key="",
+        temporal_tls_server_name="",
+        codec_key_file=codec_key_file(temporal_env),
+    )
     assert await trial_commands._status(status) == 1
     assert "FAILED: invalid trial spec: paths[1].mode" in capsys.readouterr().out
 

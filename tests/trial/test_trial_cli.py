@@ -55,7 +55,7 @@ async def test_start_wait_status_and_report(stack: Stack, tmp_path: Path) -> Non
     conns = connections(stack)
     try:
         async with build_worker(stack.env.client, conns, task_queue=queue):
-            common = ("--temporal", stack.temporal)
+            common = ("--temporal", stack.temporal, "--codec-key-file", stack.codec_key_file)
             code, out, err = await _cli(
                 "trial", "start", str(path), "--wait", "--id", trial_id, "--task-queue", queue, *common
             )

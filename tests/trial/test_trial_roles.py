@@ -28,6 +28,7 @@ from switchyard import tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as mgrpc
 from switchyard.grpcio import ServerOptions
+from tests.trial.conftest import codec_key_file
 from workflows.activities.authorization import GRANT_MEMO, needs, request_grant
 from workflows.activities.connections import Connections, WorkerConfig
 from workflows.spec.trial_io import TrialInput
@@ -317,6 +318,12 @@ async def test_trial_start_refuses_a_key_without_the_role_before_starting(
         temporal=str(temporal_env.client.service_client.config.target_host),
         namespace="default",
         metering=setup.metering.address,
+        temporal_tls=False,
+        temporal_tls_ca="",
+        temporal_tls_cert="",
+        temporal_tls_key="",
+        temporal_tls_server_name="",
+        codec_key_file=codec_key_file(temporal_env),  # the grant is sealed in the memo
     )
     assert await trial_commands._start(args) == 2
     err = capsys.readouterr().err

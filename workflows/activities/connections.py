@@ -21,6 +21,7 @@ from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import evaluator_pb2_grpc as eval_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as exec_grpc
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as meter_grpc
+from workflows.temporal_link import TemporalLink, TemporalTLS
 
 FINAL_CODES = frozenset(
     {
@@ -52,6 +53,13 @@ class WorkerConfig:
     # the API key a trial started without a grant (Temporal UI or CLI) runs as: its principal's
     # roles are checked like a starter's (workflows/activities/authorization.py); "": such trials are refused
     ui_key: str = field(default="", repr=False)
+    # TLS to Temporal where the cluster offers it, and the payload codec's keys
+    # (workflows/temporal_link.py); off and "" = plaintext, payloads in clear
+    tls: TemporalTLS = field(default_factory=TemporalTLS)
+    codec_key_file: str = ""
+
+    def link(self) -> TemporalLink:
+        return TemporalLink(self.temporal, self.namespace, self.tls, self.codec_key_file)
 
 
 class Connections:
