@@ -166,17 +166,27 @@ def decide(interval: RatioInterval, allowed: float, what: str = "p95 ratio") -> 
     """FAIL only if the whole interval lies above 1 + allowed, PASS only if it lies at or below."""
     bound = 1.0 + allowed
     stated = f"{interval.text(what)} at {level_text(interval.level)} over {interval.blocks} paired blocks"
-    if interval.low > bound:
-        return Decision(FAIL, f"{stated}: the whole interval is beyond the allowed {bound:.3g}")
-    if interval.high <= bound:
-        return Decision(PASS, f"{stated}: the whole interval is within the allowed {bound:.3g}")
     more = more_requests(interval, bound)
+    return on_bound(interval.low, interval.high, bound, stated, more, f"{bound:.3g}", "ratio")
+
+
+def on_bound(
+    low: float, high: float, bound: float, stated: str, more: int, allowed: str, what: str
+) -> Decision:
+    """The rule every interval is decided by: FAIL only if the whole of [low, high] lies above
+    `bound`, PASS only if it lies at or below, else INCONCLUSIVE naming the `more` requests
+    that would settle it (-1: the estimate sits on the bound). `allowed` and `what` name the
+    bound and the estimate in the reason."""
+    if low > bound:
+        return Decision(FAIL, f"{stated}: the whole interval is beyond the allowed {allowed}")
+    if high <= bound:
+        return Decision(PASS, f"{stated}: the whole interval is within the allowed {allowed}")
     settle = (
-        "the ratio sits on the bound; more requests will not settle it"
+        f"the {what} sits on the bound; more requests will not settle it"
         if more < 0
         else f"run at least {more:,} more requests"
     )
-    return Decision(UNKNOWN, f"{stated} straddles the allowed {bound:.3g}: {settle}", max(more, 0))
+    return Decision(UNKNOWN, f"{stated} straddles the allowed {allowed}: {settle}", max(more, 0))
 
 
 @dataclass(frozen=True)
