@@ -196,7 +196,7 @@ class Drift:
 
     interval: RatioInterval
     beyond: bool  # the whole interval lies outside [1 / (1 + bound), 1 + bound]
-    what: str = "p95 last third / first third"
+    what: str = "p95 last third / first third"  # the percentile it compares, and of what
 
     def text(self) -> str:
         return self.interval.text(self.what)
@@ -214,7 +214,9 @@ def drift(blocks: Blocks, bound: float, q: float = 95.0, level: float = 0.95, se
     first = split_blocks(samples[:third], MIN_BLOCKS)
     last = split_blocks(samples[-third:], MIN_BLOCKS)
     iv = ratio_interval(last, first, q, level, seed)
-    return Drift(iv, iv.low > 1.0 + bound or iv.high < 1.0 / (1.0 + bound))
+    return Drift(
+        iv, iv.low > 1.0 + bound or iv.high < 1.0 / (1.0 + bound), f"p{q:g} last third / first third"
+    )
 
 
 def _thirds(blocks: Blocks) -> tuple[list[list[float]], list[list[float]]]:
@@ -265,7 +267,7 @@ def paired_drift(
     samples = sum(len(b) for b in cand_last)
     iv = RatioInterval(point, min(low, point), max(high, point), level, MIN_BLOCKS, samples)
     beyond = iv.low > 1.0 + bound or iv.high < 1.0 / (1.0 + bound)
-    return Drift(iv, beyond, "p95 ratio to the reference, last third / first third")
+    return Drift(iv, beyond, f"p{q:g} ratio to the reference, last third / first third")
 
 
 def thin(block: Sequence[float], keep: int) -> list[float]:
