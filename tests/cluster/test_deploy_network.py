@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from clients.cli import build_parser
 from tests.cluster.test_deploy import (
     OVERLAYS,
     WITNESS,
@@ -148,3 +149,25 @@ def test_the_witness_is_reached_by_metering_only_and_keeps_its_key_to_itself(ove
     }
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert containers(witness)[0][probe]["httpGet"]["path"] == "/healthz"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_router_serves_tls_on_both_public_ports(overlay: str) -> None:
+    """The router's public gRPC port and its OpenAI API both serve TLS with the certificate of
+    a Secret mounted into the pod (the CLI's --tls-cert/--tls-key, which the real parser takes),
+    and the Service exposes both."""
+    docs = render(overlay)
+    router = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "router")
+    (container,) = containers(router)
+    args = container["args"]
+    parsed = build_parser().parse_args(args)
+    assert (parsed.openai_port, bool(parsed.tls_cert), bool(parsed.tls_key)) == (8000, True, True), args
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
+    for path in (parsed.tls_cert, parsed.tls_key):
+        folder, _, _ = path.rpartition("/")
+        volume = volumes[mounts[folder]]
+        assert volume["secret"]["secretName"] == "switchyard-router-public-tls", volume
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["openai"] == 8000
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "router")
+    assert {p["port"] for p in service["spec"]["ports"]} >= {8001, 8000}

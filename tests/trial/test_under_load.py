@@ -136,7 +136,7 @@ async def test_slow_first_calls_are_named_as_a_warm_up_too_short(report: dict[st
     latency = cold["latency"]
     assert latency["result"] == "inconclusive", lines
     assert latency["reason"].startswith(
-        "warm-up too short: p95 ratio to the reference, last third / first third "
+        "warm-up too short: p50 ratio to the reference, last third / first third "
     )
     found = re.search(
         r"to the reference, last third / first third ([\d.]+) \[([\d.]+), ([\d.]+)\]", latency["figure"]

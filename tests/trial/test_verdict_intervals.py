@@ -75,11 +75,11 @@ def test_slow_first_calls_make_latency_inconclusive_as_a_short_warm_up() -> None
     latency = judge(reference, candidate, Policy(), training=False)["criteria"]["latency"]
     assert latency["result"] == "inconclusive", latency
     assert latency["reason"].startswith(
-        "warm-up too short: p95 ratio to the reference, last third / first third "
+        "warm-up too short: p50 ratio to the reference, last third / first third "
     )
-    assert "(candidate p95 last third / first third " in latency["reason"]  # whose warm-up: each path's own
+    assert "(candidate p50 last third / first third " in latency["reason"]  # whose warm-up: each path's own
     assert latency["figure"].startswith(
-        "warm-up too short (p95 ratio to the reference, last third / first third "
+        "warm-up too short (p50 ratio to the reference, last third / first third "
     )
     unchecked = judge(reference, candidate, Policy(max_latency_drift=0.0), training=False)
     assert not unchecked["criteria"]["latency"]["reason"].startswith("warm-up too short")

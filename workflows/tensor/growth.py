@@ -38,8 +38,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workflows.report.results import FAIL, PASS, UNKNOWN
-from workflows.tensor.intervals import Decision, percentile
+from workflows.report.results import FAIL, PASS
+from workflows.tensor.intervals import Decision, on_bound, percentile
 
 MIB = 1 << 20
 PER = 1000  # the slope's unit: MiB per PER requests
@@ -186,17 +186,7 @@ def more_requests(fit: Slope, allowed: float) -> int:
 def decide(fit: Slope, allowed: float, stated: str) -> Decision:
     """FAIL only if the whole interval of `fit` lies above `allowed` (MiB per 1,000 requests),
     PASS only if it lies at or below, else INCONCLUSIVE with the requests that would settle it."""
-    if fit.low > allowed:
-        return Decision(FAIL, f"{stated}: the whole interval is beyond the allowed growth")
-    if fit.high <= allowed:
-        return Decision(PASS, f"{stated}: the whole interval is within the allowed growth")
-    more = more_requests(fit, allowed)
-    settle = (
-        "the slope sits on the bound; more requests will not settle it"
-        if more < 0
-        else f"run at least {more:,} more requests"
-    )
-    return Decision(UNKNOWN, f"{stated} straddles the allowed growth: {settle}", max(more, 0))
+    return on_bound(fit.low, fit.high, allowed, stated, more_requests(fit, allowed), "growth", "slope")
 
 
 @dataclass(frozen=True)

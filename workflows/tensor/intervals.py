@@ -166,17 +166,27 @@ def decide(interval: RatioInterval, allowed: float, what: str = "p95 ratio") -> 
     """FAIL only if the whole interval lies above 1 + allowed, PASS only if it lies at or below."""
     bound = 1.0 + allowed
     stated = f"{interval.text(what)} at {level_text(interval.level)} over {interval.blocks} paired blocks"
-    if interval.low > bound:
-        return Decision(FAIL, f"{stated}: the whole interval is beyond the allowed {bound:.3g}")
-    if interval.high <= bound:
-        return Decision(PASS, f"{stated}: the whole interval is within the allowed {bound:.3g}")
     more = more_requests(interval, bound)
+    return on_bound(interval.low, interval.high, bound, stated, more, f"{bound:.3g}", "ratio")
+
+
+def on_bound(
+    low: float, high: float, bound: float, stated: str, more: int, allowed: str, what: str
+) -> Decision:
+    """The rule every interval is decided by: FAIL only if the whole of [low, high] lies above
+    `bound`, PASS only if it lies at or below, else INCONCLUSIVE naming the `more` requests
+    that would settle it (-1: the estimate sits on the bound). `allowed` and `what` name the
+    bound and the estimate in the reason."""
+    if low > bound:
+        return Decision(FAIL, f"{stated}: the whole interval is beyond the allowed {allowed}")
+    if high <= bound:
+        return Decision(PASS, f"{stated}: the whole interval is within the allowed {allowed}")
     settle = (
-        "the ratio sits on the bound; more requests will not settle it"
+        f"the {what} sits on the bound; more requests will not settle it"
         if more < 0
         else f"run at least {more:,} more requests"
     )
-    return Decision(UNKNOWN, f"{stated} straddles the allowed {bound:.3g}: {settle}", max(more, 0))
+    return Decision(UNKNOWN, f"{stated} straddles the allowed {allowed}: {settle}", max(more, 0))
 
 
 @dataclass(frozen=True)
@@ -186,7 +196,7 @@ class Drift:
 
     interval: RatioInterval
     beyond: bool  # the whole interval lies outside [1 / (1 + bound), 1 + bound]
-    what: str = "p95 last third / first third"
+    what: str = "p95 last third / first third"  # the percentile it compares, and of what
 
     def text(self) -> str:
         return self.interval.text(self.what)
@@ -204,7 +214,9 @@ def drift(blocks: Blocks, bound: float, q: float = 95.0, level: float = 0.95, se
     first = split_blocks(samples[:third], MIN_BLOCKS)
     last = split_blocks(samples[-third:], MIN_BLOCKS)
     iv = ratio_interval(last, first, q, level, seed)
-    return Drift(iv, iv.low > 1.0 + bound or iv.high < 1.0 / (1.0 + bound))
+    return Drift(
+        iv, iv.low > 1.0 + bound or iv.high < 1.0 / (1.0 + bound), f"p{q:g} last third / first third"
+    )
 
 
 def _thirds(blocks: Blocks) -> tuple[list[list[float]], list[list[float]]]:
@@ -255,7 +267,7 @@ def paired_drift(
     samples = sum(len(b) for b in cand_last)
     iv = RatioInterval(point, min(low, point), max(high, point), level, MIN_BLOCKS, samples)
     beyond = iv.low > 1.0 + bound or iv.high < 1.0 / (1.0 + bound)
-    return Drift(iv, beyond, "p95 ratio to the reference, last third / first third")
+    return Drift(iv, beyond, f"p{q:g} ratio to the reference, last third / first third")
 
 
 def thin(block: Sequence[float], keep: int) -> list[float]:
