@@ -139,7 +139,7 @@ def sign_cost(folder: Path, n: int) -> dict[str, float]:
                 sign(line)
             return time.perf_counter() - t0
 
-        seconds = led.read(run)
+        seconds = led.tx.read(run)
     finally:
         led.close()
     return {"lines": n, "seconds": seconds, "us_per_line": seconds / n * 1e6}
@@ -149,13 +149,13 @@ def auth_costs(folder: Path, n: int) -> dict[str, float]:
     led = Ledger.open(f"sqlite:///{folder / 'auth.db'}", anchor_path=None)
     try:
         actor = Actor("bench", "bench")
-        led.create_principal(actor, "alice", "user", "")
+        led.access.create_principal(actor, "alice", "user", "")
         for scope in ("model:a", "model:b", "*"):
-            led.grant_role(actor, "alice", "infer", scope)
-        key = led.create_key(actor, "alice", 0).key
+            led.access.grant_role(actor, "alice", "infer", scope)
+        key = led.access.create_key(actor, "alice", 0).key
         t0 = time.perf_counter()
         for _ in range(n):
-            led.authenticate(key)
+            led.access.authenticate(key)
         auth_us = (time.perf_counter() - t0) / n * 1e6
 
         def macs(conn: Any) -> float:
@@ -168,7 +168,7 @@ def auth_costs(folder: Path, n: int) -> dict[str, float]:
                     rowmac.binding_ok(conn, b)
             return (time.perf_counter() - t) / n * 1e6
 
-        mac_us = led.read(macs)
+        mac_us = led.tx.read(macs)
         assert access.AUTH_FAILED
     finally:
         led.close()
@@ -241,11 +241,11 @@ def limit_reads(folder: Path, principals: int, n: int) -> dict[str, Any]:
         key = LIMIT_CHANGES.c.principal_id
 
         def checked() -> None:
-            assert len(led.read(lambda conn: limit_changes.latest(conn, "prod"))) == principals
+            assert len(led.tx.read(lambda conn: limit_changes.latest(conn, "prod"))) == principals
 
         def unchecked() -> None:
             assert (
-                len(led.read(lambda conn: route_changes.newest_per(conn, LIMIT_CHANGES, key, "prod")))
+                len(led.tx.read(lambda conn: route_changes.newest_per(conn, LIMIT_CHANGES, key, "prod")))
                 == principals
             )
 

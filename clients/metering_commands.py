@@ -135,7 +135,7 @@ def serve(args: argparse.Namespace) -> int:
         stop = stop_signal()  # before the address is announced: see stop_signal
         running = await start_metering(args.db, ServerOptions(host=args.host, port=args.port))
         servicer = running.servicer
-        watch = running.ledger.watch
+        watch = running.ledger.tx.watch
         collectors = [metrics.collector(servicer.stats, servicer.write_queue_depth, lambda: watch.failures)]
         with prometheus.serving(collectors, args.host, metrics_port, "metering"):
             print(f"metering serving on {running.address}", flush=True)
@@ -290,7 +290,7 @@ def audit_reanchor(args: argparse.Namespace) -> int:
 
     ledger = Ledger.open(args.db, run_migrations=False)
     try:
-        seq = ledger.reanchor(Actor(args.actor, "cli audit reanchor"), args.reason)
+        seq = ledger.audit.reanchor(Actor(args.actor, "cli audit reanchor"), args.reason)
     except MeteringError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -34,41 +34,41 @@ class AccessRpcs(LedgerCalls):
     async def CreatePrincipal(self, request: pb.CreatePrincipalRequest, context: Any) -> pb.Principal:
         r = request
         who = await self._w(
-            lambda: self.ledger.create_principal(actor_of(r.actor, context), r.name, r.kind, r.team)
+            lambda: self.ledger.access.create_principal(actor_of(r.actor, context), r.name, r.kind, r.team)
         )
         return pb.Principal(principal_id=who.principal_id, name=who.name, kind=who.kind, team=who.team)
 
     async def CreateKey(self, request: pb.CreateKeyRequest, context: Any) -> pb.CreateKeyResponse:
         r = request
         key = await self._w(
-            lambda: self.ledger.create_key(actor_of(r.actor, context), r.principal, r.expires_unix_us)
+            lambda: self.ledger.access.create_key(actor_of(r.actor, context), r.principal, r.expires_unix_us)
         )
         return pb.CreateKeyResponse(
             key_id=key.key_id, secret=key.secret, key=key.key, expires_unix_us=key.expires_us
         )
 
     async def RevokeKey(self, request: pb.RevokeKeyRequest, context: Any) -> pb.RevokeKeyResponse:
-        await self._w(lambda: self.ledger.revoke_key(actor_of(request.actor, context), request.key_id))
+        await self._w(lambda: self.ledger.access.revoke_key(actor_of(request.actor, context), request.key_id))
         return pb.RevokeKeyResponse()
 
     async def GrantRole(self, request: pb.RoleRequest, context: Any) -> pb.RoleResponse:
         r = request
         await self._w(
-            lambda: self.ledger.grant_role(actor_of(r.actor, context), r.principal, r.role, r.scope)
+            lambda: self.ledger.access.grant_role(actor_of(r.actor, context), r.principal, r.role, r.scope)
         )
         return pb.RoleResponse()
 
     async def RevokeRole(self, request: pb.RoleRequest, context: Any) -> pb.RoleResponse:
         r = request
         await self._w(
-            lambda: self.ledger.revoke_role(actor_of(r.actor, context), r.principal, r.role, r.scope)
+            lambda: self.ledger.access.revoke_role(actor_of(r.actor, context), r.principal, r.role, r.scope)
         )
         return pb.RoleResponse()
 
     async def Authenticate(self, request: pb.AuthenticateRequest, context: Any) -> pb.AuthenticateResponse:
         peer = Actor(source=authz.cap(str(context.peer())), trace_id=trace_id_of(context))
         key = request.key[: authz.MAX_AUDIT_STRING]  # a real key is far shorter; its id is audited
-        ident = await self._r(lambda: self.ledger.authenticate(key, peer))
+        ident = await self._r(lambda: self.ledger.access.authenticate(key, peer))
         p = ident.principal
         return pb.AuthenticateResponse(
             principal=pb.Principal(principal_id=p.principal_id, name=p.name, kind=p.kind, team=p.team),
@@ -137,7 +137,7 @@ class AccessRpcs(LedgerCalls):
             actor = Actor(authz.cap(who), authz.cap(f"metering {caller.peer if caller else ''}".strip()))
             detail_of = {"status": "PERMISSION_DENIED", "reason": reason}
             await self._w(
-                lambda: self.ledger.append_audit(
+                lambda: self.ledger.audit.append(
                     actor, "rpc.denied", "/switchyard.v1.Metering/AppendAudit", "denied", detail_of
                 )
             )
@@ -151,7 +151,7 @@ class AccessRpcs(LedgerCalls):
         if not isinstance(detail, dict):
             raise BadInput("detail_json must be a JSON object")
         rec = await self._w(
-            lambda: self.ledger.append_audit(
+            lambda: self.ledger.audit.append(
                 actor_of(r.actor, context), r.action, authz.cap(r.resource), r.outcome, detail
             )
         )
@@ -162,14 +162,14 @@ class AccessRpcs(LedgerCalls):
         if r.limit < 0 or r.limit > MAX_AUDIT_LIMIT:
             raise BadInput(f"limit {r.limit} is outside 0..{MAX_AUDIT_LIMIT} (0 = 100)")
         recs = await self._r(
-            lambda: self.ledger.query_audit(
+            lambda: self.ledger.audit.query(
                 r.action, r.principal, r.since_unix_us, r.until_unix_us, r.limit or 100
             )
         )
         return pb.QueryAuditResponse(records=[audit_msg(x) for x in recs])
 
     async def VerifyAudit(self, request: pb.VerifyAuditRequest, context: Any) -> pb.VerifyAuditResponse:
-        v = await self._r(self.ledger.verify_audit)
+        v = await self._r(self.ledger.audit.verify)
         return pb.VerifyAuditResponse(
             ok=v.ok, rows_checked=v.rows_checked, first_broken_seq=v.first_broken_seq, problem=v.problem
         )

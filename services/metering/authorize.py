@@ -75,7 +75,7 @@ def missing(held: Pairs, needed: Sequence[str], scope: str, more: Pairs) -> list
 class Authorizer:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self._key = grants.grant_key(ledger.audit_key)
+        self._key = grants.grant_key(ledger.tx.audit_key)
 
     def authorize(
         self,
@@ -95,7 +95,9 @@ class Authorizer:
         if len(subject) > 400:
             raise BadInput(f"grant_subject is {len(subject)} characters; at most 400")
         if key:
-            identity = self.ledger.authenticate(key[: authz.MAX_AUDIT_STRING], actor)  # audits a failure
+            identity = self.ledger.access.authenticate(
+                key[: authz.MAX_AUDIT_STRING], actor
+            )  # audits a failure
             principal, held = identity.principal, identity.roles
         elif operator:
             principal, held = OPERATOR, (("admin", "*"),)
@@ -111,7 +113,7 @@ class Authorizer:
             detail_of = {"missing": [r for r, _ in lacking], "scope": scope}
             if also:
                 detail_of["missing_on"] = [f"{r} on {s}" for r, s in lacking]
-            self.ledger.append_audit(actor, action, resource, "denied", detail_of)
+            self.ledger.audit.append(actor, action, resource, "denied", detail_of)
             (role, on) = lacking[0]
             raise PermissionDenied(
                 f"principal {principal.name!r} lacks {', '.join(f'`{r}` on {s}' for r, s in lacking)}, "
@@ -120,7 +122,7 @@ class Authorizer:
             )
         granted = Authorized(principal)
         if subject:
-            expires = self.ledger.clock() + grants.LIFETIME_US
+            expires = self.ledger.tx.clock() + grants.LIFETIME_US
             token = grants.sign(
                 self._key, grants.Grant(principal.principal_id, subject, needed, scope, expires, also)
             )
@@ -128,7 +130,7 @@ class Authorizer:
         detail: dict[str, object] = {"roles": list(needed), "scope": scope, "grant": bool(subject)}
         if also:
             detail["more"] = [f"{r} on {s}" for r, s in also]
-        self.ledger.append_audit(actor, action, resource, "ok", detail)
+        self.ledger.audit.append(actor, action, resource, "ok", detail)
         return granted
 
     def verify(
@@ -153,7 +155,7 @@ class Authorizer:
         try:
             needed, scope = check_request(roles, scope)
             also = check_more(more)
-            grant = grants.verify(self._key, token, subject, self.ledger.clock())
+            grant = grants.verify(self._key, token, subject, self.ledger.tx.clock())
             if grant.roles != needed or grant.scope != scope or grant.more != also:
                 raise grants.GrantRefused(
                     f"the trial grant is for {_said(grant.roles, grant.scope, grant.more)}; this trial "
@@ -162,7 +164,7 @@ class Authorizer:
             if grant.principal_id == OPERATOR.principal_id:
                 principal = OPERATOR
             else:
-                principal, held = self.ledger.read(
+                principal, held = self.ledger.tx.read(
                     lambda conn: (
                         access.find_principal(conn, grant.principal_id),
                         access.roles_of(conn, grant.principal_id),
@@ -176,7 +178,7 @@ class Authorizer:
                     )
         except (grants.GrantRefused, UnknownEntity) as exc:
             detail = {"status": "PERMISSION_DENIED", "reason": authz.cap(str(exc), 512)}
-            self.ledger.append_audit(actor, action, resource, "denied", detail)
+            self.ledger.audit.append(actor, action, resource, "denied", detail)
             raise grants.GrantRefused(str(exc)) from None
         on_behalf = dataclasses.replace(actor, on_behalf_of=principal.principal_id)
         checked: dict[str, object] = {"roles": list(needed), "scope": scope}
@@ -216,7 +218,7 @@ class Authorizer:
             audit.append(conn, on_behalf, action, resource, "ok", now, detail)
             return ""
 
-        reason = self.ledger.write(run)
+        reason = self.ledger.tx.write(run)
         if reason:
             raise grants.GrantRefused(reason)
 

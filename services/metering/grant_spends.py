@@ -6,7 +6,7 @@ principal for as long as the grant lasts. So the first verification records (gra
 in `grant_spends`, in the transaction that writes its audit row; a later verification naming
 another run is refused, and one naming the same run (the activity retried, a worker killed
 mid-activity) passes. Two replicas racing on one grant: the primary key lets one insert win;
-the other's transaction is retried (Ledger.write) and sees it. Domain code: no gRPC here.
+the other's transaction is retried (Transactions.write) and sees it. Domain code: no gRPC here.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ class MeteringGuard:
             key = key[: authz.MAX_AUDIT_STRING]  # a real key is far shorter; its id is audited
             source = authz.cap(f"{caller.identity or '-'} {caller.peer}")
             try:
-                ident = await self._run(lambda: self.ledger.authenticate(key, Actor(source=source)))
+                ident = await self._run(lambda: self.ledger.access.authenticate(key, Actor(source=source)))
             except AuthFailed as exc:  # audited once by authenticate, as auth.denied
                 raise Unauthenticated(str(exc)) from None
             caller = authz.Caller(caller.identity, caller.peer, principal=ident.principal.principal_id)
@@ -192,5 +192,5 @@ class MeteringGuard:
         actor = Actor(request.actor.principal, request.actor.source)
         detail = {"status": status, "reason": authz.cap(reason, 512)}
         await self._run(
-            lambda: self.ledger.append_audit(actor, "rpc.denied", request.resource, "denied", detail)
+            lambda: self.ledger.audit.append(actor, "rpc.denied", request.resource, "denied", detail)
         )

@@ -1,9 +1,7 @@
 """The ledger's domain facade: one method per operation, one transaction per call.
 
 Every write runs in a single transaction together with its audit row, so a call is all or
-nothing. PostgreSQL may refuse a transaction that raced another writer (a unique key taken
-meanwhile, a serialisation failure): the call is retried from the start, where it then sees
-the other writer's rows (a duplicate batch becomes "duplicates", not an error).
+nothing, retried when it lost a race with another writer (services/metering/transactions.py).
 Methods are synchronous; the gRPC servicer runs them in worker threads.
 """
 
@@ -14,15 +12,13 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from services.metering import (
     audit,
     auditkey,
-    integrity,
     jobs,
     limit_changes,
     reports,
@@ -33,27 +29,24 @@ from services.metering import (
     usage,
     witness_client,
 )
-from services.metering.db import Engines, Reach, make_engines, migrate
+from services.metering.db import Engines, make_engines, migrate
 from services.metering.ledger_access import LedgerAccess
+from services.metering.ledger_audit import AuditTrail
 from services.metering.records import Actor, JobCostInfo, JobInfo, ReservationInfo, UsageEvent, UsageResult
+from services.metering.transactions import Transactions, now_us
 
-T = TypeVar("T")
-RETRIES = 5
 log = logging.getLogger(__name__)
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
 
 
 # `anchor_path` left out: the default for the database (auditkey.default_anchor).
 DEFAULT_ANCHOR = Path("<default>")
 
 
-class Ledger(LedgerAccess):
-    """Owns the engines and the audit key; safe to share between threads. Usage, reservations,
-    jobs, prices, paths, reports, trials and route changes here; access and audit in
-    LedgerAccess (services/metering/ledger_access.py)."""
+class Ledger:
+    """Owns the engines and their transactions; safe to share between threads. Usage, reservations,
+    jobs, prices, paths, reports, trials and route changes here; its parts share its
+    transactions (`tx`): `access` (principals, keys, roles, authenticate; ledger_access.py) and
+    `audit` (the audit chain, the anchor and the witness; ledger_audit.py)."""
 
     def __init__(
         self,
@@ -64,13 +57,12 @@ class Ledger(LedgerAccess):
     ) -> None:
         self.engines = engines
         statefiles.protect_sqlite(engines.url)
-        self.clock = clock
-        self.audit_key = audit_key if audit_key is not None else auditkey.load_key(engines.url)
+        key = audit_key if audit_key is not None else auditkey.load_key(engines.url)
+        self.tx = Transactions(engines, key, clock)
         default = anchor_path == DEFAULT_ANCHOR
-        self.anchor_path = auditkey.default_anchor(engines.url) if default else anchor_path
-        self.watch = integrity.Watch()
-        self.reach = Reach()  # a lost database connection: UNAVAILABLE, logged once per outage
-        self.witness = witness_client.WitnessClient.from_env()
+        anchor = auditkey.default_anchor(engines.url) if default else anchor_path
+        self.access = LedgerAccess(self.tx)
+        self.audit = AuditTrail(self.tx, anchor, witness_client.WitnessClient.from_env())
 
     @classmethod
     def open(
@@ -84,7 +76,7 @@ class Ledger(LedgerAccess):
         if run_migrations:
             migrate(engines.url)
         ledger = cls(engines, audit_key=audit_key, anchor_path=anchor_path)
-        legacy = ledger.write(rowmac.adopt_legacy_lines)  # once per ledger (rowmac.py)
+        legacy = ledger.tx.write(rowmac.adopt_legacy_lines)  # once per ledger (rowmac.py)
         if legacy:
             log.warning(
                 "%d ledger lines from before their MACs (migration 0013) recorded in the chain", legacy
@@ -94,30 +86,11 @@ class Ledger(LedgerAccess):
     def close(self) -> None:
         self.engines.dispose()
 
-    def write(self, fn: Callable[[Connection, int], T]) -> T:
-        """Run `fn` in one write transaction, retrying when it lost a race with another writer."""
-        self.watch.check_writable()
-        for attempt in range(RETRIES):
-            try:
-                with self.reach.guard(), self.engines.write.begin() as conn:
-                    audit.bind_key(conn, self.audit_key)
-                    return fn(conn, self.clock())
-            except (IntegrityError, OperationalError) as exc:
-                if attempt == RETRIES - 1 or not _retryable(exc):
-                    raise
-                time.sleep(0.01 * (attempt + 1))
-        raise AssertionError("unreachable")
-
-    def read(self, fn: Callable[[Connection], T]) -> T:
-        with self.reach.guard(), self.engines.read.connect() as conn:
-            audit.bind_key(conn, self.audit_key)  # row MACs are checked on reads (rowmac.py)
-            return fn(conn)
-
     # -- usage and cost -----------------------------------------------------------------
     def record_usage(self, events: Sequence[UsageEvent] | usage.CheckedBatch) -> UsageResult:
         """Store a batch of usage events (or one already through `usage.check_batch`)."""
         batch = events if isinstance(events, usage.CheckedBatch) else usage.check_batch(events)
-        return self.write(lambda conn, now: usage.store_batch(conn, batch, now))
+        return self.tx.write(lambda conn, now: usage.store_batch(conn, batch, now))
 
     def reverse_usage(self, actor: Actor, key: str, reverses: str, reason: str) -> tuple[Any, bool]:
         def run(conn: Connection, now: int) -> tuple[Any, bool]:
@@ -127,7 +100,7 @@ class Ledger(LedgerAccess):
                 audit.append(conn, actor, "usage.reverse", f"line/{reverses}", "ok", now, detail)
             return row, duplicate
 
-        return self.write(run)
+        return self.tx.write(run)
 
     def set_price(
         self,
@@ -148,7 +121,7 @@ class Ledger(LedgerAccess):
             audit.append(conn, actor, "price.set", f"price/{key}", "ok", now, detail)
             return row
 
-        return self.write(run)
+        return self.tx.write(run)
 
     def register_path(
         self, actor: Actor, path: str, backend: str, resource_class: str, price_key: str, host: str
@@ -160,70 +133,64 @@ class Ledger(LedgerAccess):
                 audit.append(conn, actor, "path.register", f"path/{path}", "ok", now, detail)
             return row
 
-        return self.write(run)
+        return self.tx.write(run)
 
     def list_paths(self) -> list[tuple[Any, bool]]:
         now = int(time.time() * 1_000_000)
-        return self.read(lambda conn: reservations.list_paths(conn, now))
+        return self.tx.read(lambda conn: reservations.list_paths(conn, now))
 
     def open_reservation(
         self, actor: Actor, key: str, path: str, start_us: int, trial_id: str
     ) -> ReservationInfo:
-        return self.write(
+        return self.tx.write(
             lambda conn, now: reservations.open_reservation(conn, key, path, start_us, trial_id)
         )
 
     def close_reservation(self, actor: Actor, rid: str, end_us: int) -> ReservationInfo:
-        return self.write(lambda conn, now: reservations.close_reservation(conn, rid, end_us or now, now))
+        return self.tx.write(lambda conn, now: reservations.close_reservation(conn, rid, end_us or now, now))
 
     def complete_job(self, outcome: JobInfo, prepare_us: int) -> JobInfo:
         """`outcome.ended_us` 0: now."""
-        return self.write(
+        return self.tx.write(
             lambda conn, now: jobs.complete_job(
                 conn, dataclasses.replace(outcome, ended_us=outcome.ended_us or now), prepare_us
             )
         )
 
     def job_cost(self, job_id: str) -> JobCostInfo:
-        return self.read(lambda conn: jobs.job_cost(conn, job_id))
+        return self.tx.read(lambda conn: jobs.job_cost(conn, job_id))
 
     def cost_report(
         self, group_by: Sequence[str], since_us: int, until_us: int, trial_id: str = ""
     ) -> list[reports.CostRow]:
-        return reports.cost_report(self.engines.read, group_by, since_us, until_us, trial_id, self.audit_key)
+        return reports.cost_report(
+            self.engines.read, group_by, since_us, until_us, trial_id, self.tx.audit_key
+        )
 
     def export(self, fmt: str, since_us: int, until_us: int) -> Iterator[bytes]:
-        return reports.export(self.engines.read, fmt, since_us, until_us, audit_key=self.audit_key)
+        return reports.export(self.engines.read, fmt, since_us, until_us, audit_key=self.tx.audit_key)
 
     # -- trials -------------------------------------------------------------------------
     def record_trial(self, actor: Actor, trial: jobs.TrialUpdate) -> None:
-        self.write(lambda conn, now: jobs.record_trial(conn, actor, trial, now))
+        self.tx.write(lambda conn, now: jobs.record_trial(conn, actor, trial, now))
 
     def trial(self, trial_id: str) -> Any:
-        return self.read(lambda conn: jobs.get_trial(conn, trial_id))
+        return self.tx.read(lambda conn: jobs.get_trial(conn, trial_id))
 
     # -- route changes ------------------------------------------------------------------
     def save_route_change(
         self, actor: Actor, fleet: str, model: str, route_json: str | None, previous_json: str = ""
     ) -> Any:
-        return self.write(
+        return self.tx.write(
             lambda conn, now: route_changes.save(conn, actor, fleet, model, route_json, previous_json, now)
         )
 
     def route_changes(self, fleet: str) -> list[Any]:
-        return self.read(lambda conn: route_changes.latest(conn, fleet))
+        return self.tx.read(lambda conn: route_changes.latest(conn, fleet))
 
     # -- per-principal limits, shared by a fleet of routers ------------------------------
     def save_limit_change(self, actor: Actor, fleet: str, change: limit_changes.PrincipalLimit) -> Any:
-        return self.write(lambda conn, now: limit_changes.save(conn, actor, fleet, change, now))
+        return self.tx.write(lambda conn, now: limit_changes.save(conn, actor, fleet, change, now))
 
     def limit_changes(self, fleet: str) -> list[Any]:
-        return self.read(lambda conn: limit_changes.latest(conn, fleet))
-
-
-def _retryable(exc: DBAPIError) -> bool:
-    """Races that a fresh attempt resolves: a key taken meanwhile, serialisation, a busy SQLite."""
-    if isinstance(exc, IntegrityError):
-        return True
-    code = getattr(exc.orig, "sqlstate", None)
-    return code in ("40001", "40P01") or "database is locked" in str(exc.orig)
+        return self.tx.read(lambda conn: limit_changes.latest(conn, fleet))

@@ -52,5 +52,5 @@ class LedgerCalls:
         )
 
     def _reaching(self, fn: Callable[[], T]) -> T:
-        with self.ledger.reach.guard():
+        with self.ledger.tx.reach.guard():
             return fn()

@@ -35,20 +35,20 @@ async def _anchor_loop(ledger: Ledger, every_s: float) -> None:
     while True:
         await asyncio.sleep(every_s)
         try:
-            await asyncio.to_thread(ledger.write_anchor)
+            await asyncio.to_thread(ledger.audit.write_anchor)
         except AnchorError:  # the ledger halted; integrity.halt logged, counted and audited it
             pass
         except Exception as exc:  # keep serving; the next round tries again
-            log.warning("could not write the audit head digest to %s: %s", ledger.anchor_path, exc)
+            log.warning("could not write the audit head digest to %s: %s", ledger.audit.anchor_path, exc)
 
 
 async def _final_anchor(ledger: Ledger) -> None:
     try:
-        await asyncio.to_thread(ledger.write_anchor)
+        await asyncio.to_thread(ledger.audit.write_anchor)
     except AnchorError:
         pass
     except Exception as exc:
-        log.warning("could not write the audit head digest to %s: %s", ledger.anchor_path, exc)
+        log.warning("could not write the audit head digest to %s: %s", ledger.audit.anchor_path, exc)
 
 
 @dataclass
@@ -103,9 +103,9 @@ async def start_metering(
         raise
     log.info("metering serving on %s (%s; %s)", server.address, ledger.engines.dialect, security.describe())
     task = None
-    if ledger.anchor_path is not None:
+    if ledger.audit.anchor_path is not None:
         with contextlib.suppress(AnchorError):  # a failure halts the ledger; integrity logs it
-            await asyncio.to_thread(ledger.write_anchor)
+            await asyncio.to_thread(ledger.audit.write_anchor)
         every_s = float(os.environ.get(ENV_ANCHOR_S, "10"))
         task = asyncio.create_task(_anchor_loop(ledger, every_s), name="audit-anchor")
     else:

@@ -117,7 +117,7 @@ def test_up_main_job_and_clean_stop(tmp_path: Path) -> None:
 
     ledger = Ledger.open(f"sqlite:///{tmp_path / 'state' / 'ledger.db'}", run_migrations=False)
     try:
-        verification = ledger.verify_audit()
+        verification = ledger.audit.verify()
     finally:
         ledger.close()
     assert verification.ok, verification

@@ -96,7 +96,7 @@ async def test_audit_verify_names_the_first_tampered_row(
         # row: only the head betrays it.
         last = (await stub.QueryAudit(pb.QueryAuditRequest(limit=1))).records[0]
         forged = row_hash(
-            metering.ledger.audit_key,
+            metering.ledger.tx.audit_key,
             base + 6,
             last.at_unix_us + 1,
             Actor("root"),
@@ -149,13 +149,13 @@ def test_an_expired_key_stops_authenticating(db_url: str) -> None:
     now = [T_KEY]
     ledger = Ledger(make_engines(db_url), clock=lambda: now[0])
     try:
-        ledger.create_principal(Actor("root"), "temp-contractor", "user", "ml")
-        key = ledger.create_key(Actor("root"), "temp-contractor", T_KEY + 60_000_000)
-        assert ledger.authenticate(key.key).principal.name == "temp-contractor"
+        ledger.access.create_principal(Actor("root"), "temp-contractor", "user", "ml")
+        key = ledger.access.create_key(Actor("root"), "temp-contractor", T_KEY + 60_000_000)
+        assert ledger.access.authenticate(key.key).principal.name == "temp-contractor"
         now[0] = T_KEY + 60_000_000
         with pytest.raises(AuthFailed):
-            ledger.authenticate(key.key)
-        assert ledger.query_audit("auth.denied", "", 0, 0, 10)[0].resource == f"key/{key.key_id}"
+            ledger.access.authenticate(key.key)
+        assert ledger.audit.query("auth.denied", "", 0, 0, 10)[0].resource == f"key/{key.key_id}"
     finally:
         ledger.close()
 

@@ -143,7 +143,7 @@ def run_scenario(ledger: Ledger, sc: Scenario) -> None:
 
     expected = exact_total(length, prices)
     assert closed.cost_micros == expected
-    lines = ledger.read(
+    lines = ledger.tx.read(
         lambda c: c.execute(select(LINES).where(LINES.c.path == path)).all()  # all inside the reservation
     )
     assert sum(r.amount_micros for r in lines) == expected  # jobs + idle = reserved time x price

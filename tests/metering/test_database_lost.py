@@ -100,7 +100,7 @@ async def test_lost_database_is_unavailable_then_the_retried_write_is_stored_onc
             with caplog.at_level("WARNING", logger="services.metering.db"):
                 again = await stub.RecordUsage(_batch("during"))  # the spool's retry, after the restart
             assert (again.accepted, again.duplicates) == (5, 0)
-            assert running.ledger.reach.refused == 2 and running.ledger.reach.lost_at is None
+            assert running.ledger.tx.reach.refused == 2 and running.ledger.tx.reach.lost_at is None
             assert "answers again, after" in caplog.text
             replay = await stub.RecordUsage(_batch("during"))
             assert (replay.accepted, replay.duplicates) == (0, 5)

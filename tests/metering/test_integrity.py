@@ -75,9 +75,9 @@ def set_head(url: str, seq: int, digest: str) -> None:
 @pytest.mark.parametrize("tamper", ["altered", "deleted-middle", "deleted-tail", "truncated", "unkeyed"])
 def test_each_kind_of_tampering_is_detected_and_named(ledger: Ledger, db_url: str, tamper: str) -> None:
     for i in range(6):
-        ledger.append_audit(ACTOR, "test.action", f"thing/{i}", "ok", {"i": i})
-    assert ledger.write_anchor()  # the periodic head digest, outside the database
-    assert ledger.verify_audit().ok
+        ledger.audit.append(ACTOR, "test.action", f"thing/{i}", "ok", {"i": i})
+    assert ledger.audit.write_anchor()  # the periodic head digest, outside the database
+    assert ledger.audit.verify().ok
     if db_url.startswith("postgresql"):
         with pytest.raises(Exception, match="cannot be truncated"):
             plain_sql(db_url, "TRUNCATE audit_log")
@@ -119,44 +119,44 @@ def test_each_kind_of_tampering_is_detected_and_named(ledger: Ledger, db_url: st
             prev = digest
         set_head(db_url, chain[-1].seq, prev)
         expected = ("unkeyed", 1)
-    verdict = ledger.verify_audit()
+    verdict = ledger.audit.verify()
     assert (verdict.ok, verdict.problem, verdict.first_broken_seq) == (False, *expected), verdict
     assert verdict.message
 
 
 def test_a_forged_anchor_is_named(ledger: Ledger, tmp_path: Path) -> None:
-    ledger.append_audit(ACTOR, "test.action", "thing/1", "ok", {})
-    assert ledger.write_anchor()
-    assert ledger.anchor_path is not None
-    forged = json.loads(ledger.anchor_path.read_text()) | {"seq": 9}
-    ledger.anchor_path.write_text(json.dumps(forged))
-    verdict = ledger.verify_audit()
+    ledger.audit.append(ACTOR, "test.action", "thing/1", "ok", {})
+    assert ledger.audit.write_anchor()
+    assert ledger.audit.anchor_path is not None
+    forged = json.loads(ledger.audit.anchor_path.read_text()) | {"seq": 9}
+    ledger.audit.anchor_path.write_text(json.dumps(forged))
+    verdict = ledger.audit.verify()
     assert (verdict.ok, verdict.problem) == (False, "anchor")
 
 
 def test_the_anchor_never_moves_back(ledger: Ledger, db_url: str) -> None:
     for i in range(3):
-        ledger.append_audit(ACTOR, "test.action", f"thing/{i}", "ok", {})
-    assert ledger.write_anchor()  # the first anchoring appends its `audit.anchor` row
-    assert ledger.write_anchor() and not ledger.write_anchor()  # unchanged head: not rewritten
-    assert ledger.anchor_path is not None
-    anchored = ledger.anchor_path.read_bytes()
+        ledger.audit.append(ACTOR, "test.action", f"thing/{i}", "ok", {})
+    assert ledger.audit.write_anchor()  # the first anchoring appends its `audit.anchor` row
+    assert ledger.audit.write_anchor() and not ledger.audit.write_anchor()  # unchanged head: not rewritten
+    assert ledger.audit.anchor_path is not None
+    anchored = ledger.audit.anchor_path.read_bytes()
     drop_guards(db_url)
     plain_sql(db_url, "DELETE FROM audit_log WHERE seq >= 3")
     set_head(db_url, 2, rows(ledger)[1].hash)
     with pytest.raises(AnchorError, match="below the anchored seq"):
-        ledger.write_anchor()  # a head put back halts the ledger, never re-signs the digest
-    assert ledger.anchor_path.read_bytes() == anchored
-    assert ledger.verify_audit().problem == "deleted"
+        ledger.audit.write_anchor()  # a head put back halts the ledger, never re-signs the digest
+    assert ledger.audit.anchor_path.read_bytes() == anchored
+    assert ledger.audit.verify().problem == "deleted"
 
 
 def test_a_ledger_with_another_key_finds_the_chain_altered(db_url: str, tmp_path: Path) -> None:
     first = Ledger(make_engines(db_url), audit_key=KEY, anchor_path=None)
     other = Ledger(make_engines(db_url), audit_key=b"x" * 40, anchor_path=None)
     try:
-        first.append_audit(ACTOR, "test.action", "thing/1", "ok", {})
-        assert first.verify_audit().ok
-        assert (other.verify_audit().problem, other.verify_audit().first_broken_seq) == ("altered", 1)
+        first.audit.append(ACTOR, "test.action", "thing/1", "ok", {})
+        assert first.audit.verify().ok
+        assert (other.audit.verify().problem, other.audit.verify().first_broken_seq) == ("altered", 1)
     finally:
         first.close()
         other.close()
@@ -177,15 +177,15 @@ def test_the_runtime_role_can_run_the_ledger_but_not_rewrite_it(
         runtime.reverse_usage(ACTOR, "fix-1", "e2", "test")
         closed = runtime.close_reservation(ACTOR, res.reservation_id, T0 + HOUR)
         assert closed.cost_micros == 3_600_000
-        runtime.create_principal(ACTOR, "alice", "user", "ml")
-        runtime.grant_role(ACTOR, "alice", "infer", "*")
-        runtime.revoke_role(ACTOR, "alice", "infer", "*")
-        key = runtime.create_key(ACTOR, "alice", 0)
-        runtime.revoke_key(ACTOR, key.key_id)
+        runtime.access.create_principal(ACTOR, "alice", "user", "ml")
+        runtime.access.grant_role(ACTOR, "alice", "infer", "*")
+        runtime.access.revoke_role(ACTOR, "alice", "infer", "*")
+        key = runtime.access.create_key(ACTOR, "alice", 0)
+        runtime.access.revoke_key(ACTOR, key.key_id)
         limit = runtime.save_limit_change(ACTOR, "prod", PrincipalLimit("alice", 1.0, 2, 0, False))
         runtime.save_route_change(ACTOR, "prod", "mlp", '{"targets": ["a"]}', "")
         assert [r.id for r in runtime.limit_changes("prod")] == [limit.id]  # its MAC holds
-        assert runtime.write_anchor() and runtime.verify_audit().ok
+        assert runtime.audit.write_anchor() and runtime.audit.verify().ok
     finally:
         runtime.close()
     # ...but the journal and the audit trail take only INSERT and SELECT.

@@ -111,7 +111,7 @@ def test_finance_cli_end_to_end(
     assert cli(served, "keys", "create", "carol") == 0
     out = capsys.readouterr().out
     key = out.split("key (shown once, store it now): ")[1].split()[0]
-    assert served.running.ledger.authenticate(key).principal.name == "carol"
+    assert served.running.ledger.access.authenticate(key).principal.name == "carol"
     assert cli(served, "keys", "revoke", key.split(".")[0]) == 0
     assert cli(served, "roles", "revoke", "carol", "ledger:read", "--scope", "team:search") == 0
     assert cli(served, "roles", "revoke", "carol", "ledger:read", "--scope", "team:search") == 1

@@ -63,7 +63,7 @@ async def record_scenario(stub: pb_grpc.MeteringAsyncStub) -> None:
 
 
 def journal(metering: RunningMetering) -> list[Any]:
-    return list(metering.ledger.read(lambda c: c.execute(select(LINES)).all()))
+    return list(metering.ledger.tx.read(lambda c: c.execute(select(LINES)).all()))
 
 
 async def test_tokens_are_stored_reversed_and_reported_exactly(
@@ -236,7 +236,7 @@ async def test_the_bi_view_agrees_with_the_report(
 
         return list(conn.execute(text("SELECT * FROM v_generation_cost")).mappings())
 
-    rows = metering.ledger.read(view)
+    rows = metering.ledger.tx.read(view)
     got = {
         (r["path"], r["model"], r["team"], r["day"]): (
             r["generation_micros"], r["prompt_tokens"], r["output_tokens"], r["generation_jobs_completed"],

@@ -217,7 +217,7 @@ def counts(metering: RunningMetering) -> tuple[int, ...]:
             for t in (LINES, JOBS, RESERVATIONS, AUDIT)
         )
 
-    return metering.ledger.read(run)
+    return metering.ledger.tx.read(run)
 
 
 async def test_bad_input_statuses_and_nothing_half_written(

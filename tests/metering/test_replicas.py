@@ -163,7 +163,7 @@ def _assert_ledger(replica: RunningMetering, res_out: list[dict[str, Any]]) -> N
         )
         return {"lines": lines, "res": res, "audit": audit_actions}
 
-    got = ledger.read(facts)
+    got = ledger.tx.read(facts)
     lines, res = got["lines"], got["res"]
     keys = [ln.idempotency_key for ln in lines]
     assert len(keys) == len(set(keys))

@@ -20,7 +20,7 @@ def count_lines(metering: RunningMetering) -> int:
     from services.metering.schema import LINES
 
     return int(
-        metering.ledger.read(lambda c: c.execute(select(func.count()).select_from(LINES)).scalar()) or 0
+        metering.ledger.tx.read(lambda c: c.execute(select(func.count()).select_from(LINES)).scalar()) or 0
     )
 
 

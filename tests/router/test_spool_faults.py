@@ -110,8 +110,8 @@ async def start_again(address: str, db: Path) -> RunningMetering:
 
 
 def stored(running: RunningMetering) -> tuple[list[str], list[Any]]:
-    keys = running.ledger.read(lambda c: list(c.execute(select(LINES.c.idempotency_key)).scalars()))
-    audits = running.ledger.read(lambda c: list(c.execute(select(AUDIT)).all()))
+    keys = running.ledger.tx.read(lambda c: list(c.execute(select(LINES.c.idempotency_key)).scalars()))
+    audits = running.ledger.tx.read(lambda c: list(c.execute(select(AUDIT)).all()))
     return keys, audits
 
 

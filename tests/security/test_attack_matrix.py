@@ -258,7 +258,7 @@ async def test_every_metering_rpc_refuses_and_audits_once(
             if row.action == "rpc.denied":
                 assert row.principal == pki.ids[who].identity  # the certificate, not what the caller said
                 assert row.resource == f"/{METERING}/{method.name}"
-    assert metering.ledger.verify_audit().ok
+    assert metering.ledger.audit.verify().ok
 
 
 @pytest.mark.parametrize("who", ["no_cert", "foreign", "plaintext"])
@@ -335,9 +335,9 @@ async def test_metering_admits_each_rpc_for_the_identities_allowed(cluster: Clus
                 else:
                     assert status in REFUSED, f"{label} {name}: {status}"
     # the actor of an admitted write is the authenticated identity; the named one is on behalf
-    rows = metering.ledger.query_audit("price.set", "", 0, 0, 10)
+    rows = metering.ledger.audit.query("price.set", "", 0, 0, 10)
     assert any(r.actor.principal == "spiffe://switchyard/operator" for r in rows)
-    forged = [r for r in metering.ledger.query_audit("usage.forged", "", 0, 0, 10)]
+    forged = [r for r in metering.ledger.audit.query("usage.forged", "", 0, 0, 10)]
     assert forged and all(r.actor.principal.startswith("spiffe://switchyard/") for r in forged)
     assert all('"on_behalf_of":"on-behalf"' in r.detail_json for r in forged)
 

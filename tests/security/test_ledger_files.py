@@ -30,10 +30,10 @@ def test_the_ledger_database_anchor_and_key_are_private(home: Path) -> None:
     db.parent.mkdir()
     ledger = Ledger.open(f"sqlite:///{db}")
     try:
-        ledger.append_audit(Actor("root", "test"), "test.action", "thing/1", "ok", {})
-        assert ledger.write_anchor()
-        assert ledger.anchor_path is not None
-        anchor = ledger.anchor_path
+        ledger.audit.append(Actor("root", "test"), "test.action", "thing/1", "ok", {})
+        assert ledger.audit.write_anchor()
+        assert ledger.audit.anchor_path is not None
+        anchor = ledger.audit.anchor_path
     finally:
         ledger.close()
     assert mode(db) == 0o600
@@ -48,20 +48,20 @@ def test_a_legacy_key_and_anchor_beside_the_database_are_moved(home: Path) -> No
     db = home / "ledger.db"
     first = Ledger.open(f"sqlite:///{db}")
     try:
-        first.append_audit(Actor("root", "test"), "test.action", "thing/1", "ok", {})
-        assert first.write_anchor()
-        key = first.audit_key
-        assert first.anchor_path is not None
+        first.audit.append(Actor("root", "test"), "test.action", "thing/1", "ok", {})
+        assert first.audit.write_anchor()
+        key = first.tx.audit_key
+        assert first.audit.anchor_path is not None
         legacy_anchor = db.with_name("ledger.db.audit-head.json")
-        first.anchor_path.rename(legacy_anchor)  # as an older version left them
+        first.audit.anchor_path.rename(legacy_anchor)  # as an older version left them
     finally:
         first.close()
     key_file = next(statefiles.key_folder().iterdir())
     key_file.rename(db.parent / "audit.key")
     again = Ledger.open(f"sqlite:///{db}")
     try:
-        assert again.audit_key == key
+        assert again.tx.audit_key == key
         assert not (db.parent / "audit.key").exists() and not legacy_anchor.exists()
-        assert again.verify_audit().ok  # the moved anchor still vouches for the chain
+        assert again.audit.verify().ok  # the moved anchor still vouches for the chain
     finally:
         again.close()

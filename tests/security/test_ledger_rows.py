@@ -58,7 +58,7 @@ async def assert_named(metering: Metering, stub: mgrpc.MeteringAsyncStub, row: s
     verdict = await stub.VerifyAudit(mpb.VerifyAuditRequest())
     assert (verdict.ok, verdict.problem) == (False, "row"), verdict
     assert metering.running is not None
-    assert row in metering.running.ledger.verify_audit().message
+    assert row in metering.running.ledger.audit.verify().message
 
 
 @pytest.mark.parametrize("mac", ["none", "copied"])

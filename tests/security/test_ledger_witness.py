@@ -137,7 +137,7 @@ async def test_a_rollback_while_stopped_is_caught_by_the_witness(
         verdict = await stub.VerifyAudit(mpb.VerifyAuditRequest())
         assert not verdict.ok and verdict.problem in ("witness", "anchor"), verdict
         assert metering.running is not None
-        assert "witness" in metering.running.ledger.verify_audit().message
+        assert "witness" in metering.running.ledger.audit.verify().message
         await assert_writes_refused(stub)
         await metering.stop()
 
@@ -162,7 +162,7 @@ async def test_an_impostor_witness_is_not_believed(
         verdict = await stub.VerifyAudit(mpb.VerifyAuditRequest())
         assert (verdict.ok, verdict.problem) == (False, "witness"), verdict
         assert metering.running is not None
-        assert "not signed with its key" in metering.running.ledger.verify_audit().message
+        assert "not signed with its key" in metering.running.ledger.audit.verify().message
     finally:
         await metering.stop()
         impostor.stop()
