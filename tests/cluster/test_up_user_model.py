@@ -85,8 +85,12 @@ def test_a_user_model_is_served_by_up_and_trialled_from_the_temporal_cli(tmp_pat
         }
         (tmp_path / "spec.json").write_text(json.dumps(spec))
         temporal = Path(sys.executable).with_name("temporal")
+        # what Temporal stores is sealed (workflows/temporal_codec.py): the CLI reads the report
+        # through the codec endpoint `up` serves, as the UI does
+        codec = f"http://{state['services']['temporal-codec']['address']}"
         result = subprocess.run(
             [str(temporal), "workflow", "execute", "--address", state["temporal_address"],
+             "--codec-endpoint", codec,
              "--task-queue", "switchyard-trials", "--type", "TrialWorkflow", "--workflow-id", "team-bert",
              "--input-file", str(tmp_path / "spec.json"), "-o", "json"],
             capture_output=True, text=True, timeout=600, check=False,

@@ -186,6 +186,9 @@ async def test_gloo_ddp_trial_matches_single_process_and_a_killed_rank_is_named(
         {"name": "cpu-victim", "executor": "cpu", "mode": "eager", "precision": "fp32"},
     ]
     spec["training"] = {**spec["training"], "steps": 12}
+    # memory is not this test's subject, and the stack's CPU executor shares its process with
+    # the worker (whose own growth it would be charged); a `switchyard up` executor has its own
+    spec["policy"] = {**spec.get("policy", {}), "max_memory_growth_mib": 0.0}
     killed: list[list[str]] = []
     killer = asyncio.create_task(kill_mid_training("/cpu-victim", "1", killed))
     try:

@@ -71,4 +71,5 @@ async def test_a_straddling_interval_extends_the_measurement_and_the_report_says
     print(f"at the planned blocks {ratio} [{low}, {high}]:", latency["reason"])
     # the loop ran inside the one activity: the workflow replays deterministically
     history = await stack.env.client.get_workflow_handle(report["trial_id"]).fetch_history()
-    await Replayer(workflows=[TrialWorkflow]).replay_workflow(history)
+    converter = stack.env.client.data_converter  # the payloads are sealed: replay opens them
+    await Replayer(workflows=[TrialWorkflow], data_converter=converter).replay_workflow(history)

@@ -10,6 +10,7 @@ import asyncio
 import json
 import queue
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ from tests.conftest import IN_CI
 from tests.gen_models import add_generative, build_llama, token_inputs
 from tests.trial.stack import ROOT, Stack
 from tests.trial.trial_helpers import captured_workload, connections, run_trial
+from workflows import codec_server
 from workflows.report.render import render
+from workflows.temporal_codec import Keyring
 from workflows.worker import build_worker
 
 TEMPORAL = Path(sys.executable).with_name("temporal")
@@ -209,9 +212,18 @@ async def test_xla_generation_trial_from_the_temporal_cli(stack: Stack, llama: s
     path.write_text(json.dumps(spec))
     queue, trial_id = f"gen-{uuid.uuid4().hex[:8]}", f"gen-xla-{uuid.uuid4().hex[:8]}"
     conns = connections(stack)
+    # the stack's client seals payloads (tests/trial/conftest.py): the CLI reads the report
+    # through a codec endpoint with the same keys, as an operator's does through `up`'s
+    codec = codec_server.serve(Keyring.load(Path(stack.codec_key_file)), "")
+    threading.Thread(target=codec.serve_forever, daemon=True).start()
     try:
         async with build_worker(stack.env.client, conns, task_queue=queue):
-            address = ("--address", stack.temporal)
+            address = (
+                "--address",
+                stack.temporal,
+                "--codec-endpoint",
+                f"http://127.0.0.1:{codec.server_address[1]}",
+            )
             code, out, err = await _cli(
                 "workflow", "start", *address, "--task-queue", queue, "--type", "TrialWorkflow",
                 "--workflow-id", trial_id, "--input-file", str(path),
@@ -223,6 +235,8 @@ async def test_xla_generation_trial_from_the_temporal_cli(stack: Stack, llama: s
             assert code == 0, out[-3000:] + err[-3000:]
     finally:
         await conns.close()
+        codec.shutdown()
+        codec.server_close()
     result = json.loads(out)
     report = result.get("result", result)
     assert report["status"] == "completed"

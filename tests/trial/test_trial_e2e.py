@@ -143,7 +143,8 @@ async def test_perturbed_variant_is_rejected_on_correctness(stack: Stack) -> Non
         assert gone.value.code() == grpc.StatusCode.NOT_FOUND
     # the workflow code replays its own history deterministically (what a restarted worker does)
     history = await stack.env.client.get_workflow_handle(report["trial_id"]).fetch_history()
-    await Replayer(workflows=[TrialWorkflow]).replay_workflow(history)
+    converter = stack.env.client.data_converter  # the payloads are sealed: replay opens them
+    await Replayer(workflows=[TrialWorkflow], data_converter=converter).replay_workflow(history)
 
 
 async def test_failing_paths_are_inconclusive_and_the_trial_completes(stack: Stack) -> None:

@@ -65,4 +65,5 @@ async def test_twice_as_slow_is_rejected_and_five_percent_slower_is_not(
     print("slow105:", reason)
     # the group's turns and its one measurement replay deterministically (a restarted worker)
     history = await stack.env.client.get_workflow_handle(report["trial_id"]).fetch_history()
-    await Replayer(workflows=[TrialWorkflow]).replay_workflow(history)
+    converter = stack.env.client.data_converter  # the payloads are sealed: replay opens them
+    await Replayer(workflows=[TrialWorkflow], data_converter=converter).replay_workflow(history)
