@@ -103,6 +103,26 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The Temporal connection's files and names: flag, its environment variable, metavar, help.
+_TEMPORAL_FLAGS = (
+    ("--temporal-tls-ca", "SWITCHYARD_TEMPORAL_TLS_CA", "PEM", "CA of Temporal's certificate; turns TLS on"),
+    ("--temporal-tls-cert", "SWITCHYARD_TEMPORAL_TLS_CERT", "PEM", "client certificate for Temporal's mTLS"),
+    ("--temporal-tls-key", "SWITCHYARD_TEMPORAL_TLS_KEY", "PEM", "its key"),
+    (
+        "--temporal-tls-server-name",
+        "SWITCHYARD_TEMPORAL_TLS_SERVER_NAME",
+        "NAME",
+        "name Temporal's certificate carries",
+    ),
+    (
+        "--codec-key-file",
+        "SWITCHYARD_TEMPORAL_CODEC_KEY_FILE",
+        "PATH",
+        "keys of the payload codec that encrypts what Temporal stores; none: payloads in clear",
+    ),
+)
+
+
 def _temporal_tls(parser: argparse.ArgumentParser) -> None:
     """TLS to Temporal and the payload codec's keys (workflows/temporal_link.py)."""
     env = os.environ.get
@@ -112,37 +132,10 @@ def _temporal_tls(parser: argparse.ArgumentParser) -> None:
         default=env("SWITCHYARD_TEMPORAL_TLS", "").lower() in _ON,
         help="TLS to Temporal with the system's CAs (default SWITCHYARD_TEMPORAL_TLS; on when a CA is named)",
     )
-    parser.add_argument(
-        "--temporal-tls-ca",
-        default=env("SWITCHYARD_TEMPORAL_TLS_CA", ""),
-        metavar="PEM",
-        help="CA of Temporal's certificate; turns TLS on (default SWITCHYARD_TEMPORAL_TLS_CA)",
-    )
-    parser.add_argument(
-        "--temporal-tls-cert",
-        default=env("SWITCHYARD_TEMPORAL_TLS_CERT", ""),
-        metavar="PEM",
-        help="client certificate for Temporal's mTLS (default SWITCHYARD_TEMPORAL_TLS_CERT)",
-    )
-    parser.add_argument(
-        "--temporal-tls-key",
-        default=env("SWITCHYARD_TEMPORAL_TLS_KEY", ""),
-        metavar="PEM",
-        help="its key (default SWITCHYARD_TEMPORAL_TLS_KEY)",
-    )
-    parser.add_argument(
-        "--temporal-tls-server-name",
-        default=env("SWITCHYARD_TEMPORAL_TLS_SERVER_NAME", ""),
-        metavar="NAME",
-        help="name Temporal's certificate carries (default SWITCHYARD_TEMPORAL_TLS_SERVER_NAME)",
-    )
-    parser.add_argument(
-        "--codec-key-file",
-        default=env("SWITCHYARD_TEMPORAL_CODEC_KEY_FILE", ""),
-        metavar="PATH",
-        help="keys of the payload codec that encrypts what Temporal stores "
-        "(default SWITCHYARD_TEMPORAL_CODEC_KEY_FILE; none: payloads in clear)",
-    )
+    for flag, variable, metavar, text in _TEMPORAL_FLAGS:
+        parser.add_argument(
+            flag, default=env(variable, ""), metavar=metavar, help=f"{text} (default {variable})"
+        )
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:

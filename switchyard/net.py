@@ -1,5 +1,6 @@
 """Network definitions every process shares: the message limit, the channel options that carry
-it, and free ports for services started on port 0.
+it, free ports for services started on port 0, and the run loop of the small HTTP services
+(the audit witness, the Temporal UI's codec endpoint).
 
 No grpc import: the router chooses its gRPC transport before grpc is first imported
 (switchyard.transport), and a client-only install uses this as well. The servicer context's
@@ -9,8 +10,11 @@ type, which needs grpc, is `switchyard.grpcio.ServicerContext`.
 from __future__ import annotations
 
 import random
+import signal
 import socket
 from collections.abc import Collection
+from http.server import HTTPServer
+from typing import Any
 
 MIB = 1024 * 1024
 # The largest gRPC message (and frame) any switchyard server or client sends or accepts: a
@@ -89,3 +93,18 @@ def _ephemeral_low() -> int:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def serve_http_until_stopped(server: HTTPServer) -> None:
+    """Serve until SIGTERM (a supervisor's stop) or Ctrl-C, then close: the process exits 0."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,6 +23,7 @@ from urllib.parse import urlparse
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 
+from switchyard import net
 from workflows.temporal_codec import CodecKeyError, Keyring, decrypt, encrypt
 
 log = logging.getLogger(__name__)
@@ -95,10 +95,6 @@ def serve(keyring: Keyring, origin: str, host: str = "127.0.0.1", port: int = 0)
     return ThreadingHTTPServer((host, port), make_handler(keyring, origin))
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workflows.codec_server", description=__doc__)
     parser.add_argument("--key-file", required=True, type=Path, help="the payload codec's keys")
@@ -115,15 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"codec endpoint not started: {exc}", file=sys.stderr)
         return 2
     server = serve(keyring, args.origin, args.host, args.port)
-    signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop: close and exit 0
     where = f"{args.host}:{server.server_address[1]}"
     print(f"codec endpoint on {where} for {args.origin}, {len(keyring.keys)} key(s)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    net.serve_http_until_stopped(server)
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from services.witness.witness import Refused, Witness
+from switchyard import net
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4096
@@ -87,10 +87,6 @@ def serve(folder: Path, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTP
     return ThreadingHTTPServer((host, port), make_handler(Witness(folder)))
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.witness", description=__doc__)
     parser.add_argument("--dir", required=True, type=Path, help="the witness's own folder (key, heads)")
@@ -99,15 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     server = serve(args.dir, args.host, args.port)
-    signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop: close and exit 0
     public = (args.dir / "witness.pub").read_text().strip()
     print(f"witness serving on {args.host}:{server.server_address[1]} key {public}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    net.serve_http_until_stopped(server)
     return 0
 
 
