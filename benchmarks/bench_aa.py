@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -179,34 +181,43 @@ async def _trial(env: Any, model: str, i: int, method: str) -> dict[str, Any]:
     return row
 
 
-async def main(runs: int, models: list[str], serial: int = 0) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def trial_stack(name: str) -> AsyncIterator[Any]:
+    """What a benchmark of whole trials runs on: a Temporal dev server, the services
+    (`_servers`) and an in-process worker on task queue `name`; yields the environment, and
+    stops everything however the block ends."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(ROOT / ".venv" / "bin" / "temporal"),
         search_attributes=SEARCH_ATTRIBUTES,
         dev_server_log_level="error",
     )
-    evaluator, metering, executor = await _servers(tempfile.mkdtemp(prefix="aa-bench-"))
+    evaluator, metering, executor = await _servers(tempfile.mkdtemp(prefix=f"{name}-bench-"))
     config = WorkerConfig(
         evaluator=evaluator.address, metering=metering.address, executors={"cpu": executor.address}
     )
     connections = Connections(config)
-    rows = []
-    # the methods alternate run by run, so a change of the host's load lands on both alike
-    plan = [(m, i, "interleaved") for m in models for i in range(runs)]
-    plan += [(m, i, "serial") for m in models for i in range(serial)]
-    plan.sort(key=lambda p: (p[0], p[1]))
     try:
-        async with build_worker(env.client, connections, task_queue="aa"):
-            for model, i, method in plan:
-                rows.append(await _trial(env, model, i, method))
-                partial = {"benchmark": "aa", "partial": True, "summary": _summary(rows), "runs": rows}
-                write_report("aa", partial)
+        async with build_worker(env.client, connections, task_queue=name):
+            yield env
     finally:
         await connections.close()
         await executor.stop(0)
         await metering.stop(0)
         await evaluator.drain(0)
         await env.shutdown()
+
+
+async def main(runs: int, models: list[str], serial: int = 0) -> dict[str, Any]:
+    rows = []
+    # the methods alternate run by run, so a change of the host's load lands on both alike
+    plan = [(m, i, "interleaved") for m in models for i in range(runs)]
+    plan += [(m, i, "serial") for m in models for i in range(serial)]
+    plan.sort(key=lambda p: (p[0], p[1]))
+    async with trial_stack("aa") as env:
+        for model, i, method in plan:
+            rows.append(await _trial(env, model, i, method))
+            partial = {"benchmark": "aa", "partial": True, "summary": _summary(rows), "runs": rows}
+            write_report("aa", partial)
     return {
         "benchmark": "aa",
         "configuration": {

@@ -34,20 +34,15 @@ import itertools
 import json
 import os
 import statistics
-import tempfile
 import time
 import uuid
 from typing import Any
 
-from temporalio.testing import WorkflowEnvironment
-
-from benchmarks.bench_aa import INPUTS, ROOT, _row, _servers, spec
+from benchmarks.bench_aa import INPUTS, _row, spec, trial_stack
 from benchmarks.common import write_report
-from workflows.activities.connections import Connections, WorkerConfig
 from workflows.spec.trial_io import TrialInput
 from workflows.tensor.intervals import MIN_BLOCKS, RatioInterval, mean, ratio_interval
-from workflows.trial import SEARCH_ATTRIBUTES, TrialWorkflow
-from workflows.worker import build_worker
+from workflows.trial import TrialWorkflow
 
 METHODS = {
     "full": {},  # interleaved, extension at its default budget
@@ -152,19 +147,9 @@ def _plan(models: list[str], runs: int, methods: list[str]) -> list[tuple[str, i
 
 
 async def main(runs: int, models: list[str], name: str, methods: list[str]) -> dict[str, Any]:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(ROOT / ".venv" / "bin" / "temporal"),
-        search_attributes=SEARCH_ATTRIBUTES,
-        dev_server_log_level="error",
-    )
-    evaluator, metering, executor = await _servers(tempfile.mkdtemp(prefix="cost-bench-"))
-    config = WorkerConfig(
-        evaluator=evaluator.address, metering=metering.address, executors={"cpu": executor.address}
-    )
-    connections = Connections(config)
     rows: list[dict[str, Any]] = []
     configuration = {
-        "paths": "cpu-eager vs cpu-eager, one executor, one loaded instance (A/A)",
+        "paths": "cpu-eager vs cpu-eager, one executor (its own process), one loaded instance (A/A)",
         "methods": {m: METHODS[m] or "spec defaults (interleave, max_extra_requests 100)" for m in methods},
         "spec": "defaults: warmup 5, min_iterations 50, min_seconds 2.0, single-stream + offline [1, 8]",
         "inputs": {m: INPUTS[m] for m in models},
@@ -172,18 +157,11 @@ async def main(runs: int, models: list[str], name: str, methods: list[str]) -> d
         "cpus": os.cpu_count(),
         "load_average_at_start": [round(v, 1) for v in os.getloadavg()],
     }
-    try:
-        async with build_worker(env.client, connections, task_queue="cost"):
-            for model, i, method in _plan(models, runs, methods):
-                rows.append(await _trial(env, model, i, method))
-                partial = {"benchmark": name, "partial": True, "summary": summary(rows), "runs": rows}
-                write_report(name, partial)
-    finally:
-        await connections.close()
-        await executor.stop(0)
-        await metering.stop(0)
-        await evaluator.drain(0)
-        await env.shutdown()
+    async with trial_stack("cost") as env:
+        for model, i, method in _plan(models, runs, methods):
+            rows.append(await _trial(env, model, i, method))
+            partial = {"benchmark": name, "partial": True, "summary": summary(rows), "runs": rows}
+            write_report(name, partial)
     configuration["load_average_at_end"] = [round(v, 1) for v in os.getloadavg()]
     return {"benchmark": name, "configuration": configuration, "summary": summary(rows), "runs": rows}
 
