@@ -1,11 +1,11 @@
 """`switchyard demo`, what `make run` runs: the cluster up, then the main job end to end.
 
-The main job (`run_main_job`) only needs the services' addresses, so the end-to-end test
-drives it against a `switchyard up` running in another process, exactly as here:
-a team principal and key, a few hundred requests through the router with `tritonclient.grpc`
-(a share mirrored to the XLA path), one `tiny-lm-gen` completion streamed through the
-router's OpenAI API with the `openai` client, a `tiny-lm` trial cpu-eager vs xla to its verdict, and
-the finance report from the ledger.
+The main job (`run_main_job`) only needs the services' addresses: a team principal and key,
+a few hundred requests through the router with `tritonclient.grpc` (a share mirrored to the
+XLA path), one `tiny-lm-gen` completion streamed through the router's OpenAI API with the
+`openai` client, a `tiny-lm` trial cpu-eager vs xla to its verdict, and the finance report
+from the ledger. What it measured also goes to `reports/main-job.json`, which is how the
+end-to-end test (tests/cluster/test_main_job.py) reads a `demo --keep` run as `make run` starts it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -148,7 +148,18 @@ async def run_main_job(
         ep.metering, out_dir / "finance.html", window_start_us
     )
     result.wall_s = time.monotonic() - began
+    result.reports["result"] = write_result(result, out_dir / "main-job.json")
     return result
+
+
+def write_result(result: MainJobResult, path: Path) -> Path:
+    """What the main job measured, as JSON for scripts and CI: `result`'s fields, its team by
+    name and key id (never the key)."""
+    body = asdict(result)
+    body["team"] = {"team": result.team.team, "key_id": result.team.key_id}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(body, indent=1, default=str), encoding="utf-8")
+    return path
 
 
 async def _serving_window(
