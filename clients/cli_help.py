@@ -73,6 +73,7 @@ EXAMPLES: dict[str, str] = {
     "demo": "switchyard demo --requests 300 --concurrency 8\nswitchyard demo --keep",
     "health": "switchyard health 127.0.0.1:8101 && echo serving",
     "models": "switchyard models list\nswitchyard models add my-bert ./my-bert\n"
+    "switchyard models add my-llama ./my-llama --max-context 4096 --max-num-seqs 16\n"
     "switchyard models validate my-bert --backend xla",
     "workloads": "switchyard workloads list\nswitchyard workloads export WORKLOAD -o workload.jsonl",
     "up": "switchyard up\nswitchyard up status",

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +37,9 @@ from switchyard.models.manifest import (
     write_model_toml,
 )
 from switchyard.models.repository import ModelSpec, Repository, load_module
+
+if TYPE_CHECKING:
+    from clients.model_generation import GenerationSizes
 
 AUDIT_FILE = "audit.jsonl"
 
@@ -72,18 +75,27 @@ def detect_format(source: Path) -> str:
     )
 
 
-def _hf_defaults(source: Path, name: str, generation: bool | None = None) -> ModelToml:
+def _hf_defaults(
+    source: Path, name: str, generation: bool | None = None, sizes: GenerationSizes | None = None
+) -> ModelToml:
     """I/O of a transformers directory from its config.json: a Llama-family causal LM with a
-    tokenizer.json is generative (`model_generation`; `generation` True or False overrides);
-    encoders take input_ids and attention_mask; a *ForCausalLM returns logits per position, a
-    *ForSequenceClassification logits per label, anything else last_hidden_state."""
+    tokenizer.json is generative (`model_generation`, its `[generation]` sized by `sizes`;
+    `generation` True or False overrides); encoders take input_ids and attention_mask; a
+    *ForCausalLM returns logits per position, a *ForSequenceClassification logits per label,
+    anything else last_hidden_state."""
     from clients import model_generation
 
     config = model_generation.read_config(source)
     if generation is None:
         generation = model_generation.is_generative_folder(source, config)
     if generation:
-        return model_generation.generative_declaration(source, name, config)
+        return model_generation.generative_declaration(
+            source, name, config, sizes or model_generation.GenerationSizes()
+        )
+    _refuse_sizes(
+        ", ".join(sizes.given if sizes else ()),
+        f"{source} is not generative (a Llama-family *ForCausalLM with a tokenizer.json, or --generation)",
+    )
     arch = (config.get("architectures") or ["AutoModel"])[0]
     vocab = int(config.get("vocab_size", 2))
     max_pos = int(config.get("max_position_embeddings", 512))
@@ -268,15 +280,24 @@ def _check_names(name: str, version: str, fmt: str) -> None:
 
 
 def _declaration(
-    source: Path, name: str, fmt: str, existing: ModelToml | None, generation: bool | None = None
+    source: Path,
+    name: str,
+    fmt: str,
+    existing: ModelToml | None,
+    generation: bool | None = None,
+    sizes: GenerationSizes | None = None,
 ) -> ModelToml:
-    """The model-level declaration: the source's model.toml, else the repository's, else inferred."""
+    """The model-level declaration: the source's model.toml, else the repository's, else inferred
+    (`sizes` size an inferred `[generation]`; a declaration read from a model.toml keeps its own)."""
+    given = ", ".join(sizes.given) if sizes is not None else ""
     if source.is_dir() and (source / "model.toml").is_file():
+        _refuse_sizes(given, f"{source}/model.toml declares this model; set its [generation] there")
         base = dataclasses.replace(read_model_toml(source, partial=True, name=name), name=name)
     elif existing is not None:
+        _refuse_sizes(given, f"{name} is in the repository already; edit [generation] in its model.toml")
         base = existing
     elif fmt == "hf":
-        base = _hf_defaults(source, name, generation)
+        base = _hf_defaults(source, name, generation, sizes)
     elif fmt == "torch_export":
         if source.is_file():  # copied in as model.pt2
             base = _export_defaults(source.parent, name, source.name)
@@ -290,7 +311,15 @@ def _declaration(
         )
     if base.format != fmt:
         raise InvalidArgument(f"{source}/model.toml says format {base.format!r}, but --format is {fmt!r}")
+    if fmt != "hf":
+        _refuse_sizes(given, f"a {fmt} model is not generative")
     return base
+
+
+def _refuse_sizes(given: str, why: str) -> None:
+    """The [generation] options size the table `add` infers from a Hugging Face folder only."""
+    if given:
+        raise InvalidArgument(f"{given}: {why} (these options size the [generation] table of a new model)")
 
 
 def _stage_and_commit(
@@ -339,9 +368,11 @@ def add_model(
     allowed_factories: Sequence[str] = (),
     description: str = "",
     generation: bool | None = None,
+    sizes: GenerationSizes | None = None,
 ) -> tuple[ModelSpec, Validation]:
     """Adds `source` as `name:version`; returns the spec and what validation ran. `generation`
-    None infers a generative model from a Hugging Face folder, True or False says it."""
+    None infers a generative model from a Hugging Face folder, True or False says it; `sizes`
+    size its `[generation]` table (`model_generation.generation_table`)."""
     _check_names(name, version, fmt)
     source = source.resolve()
     fmt = fmt or detect_format(source)
@@ -360,7 +391,7 @@ def add_model(
         )
     if generation and fmt != "hf":
         raise InvalidArgument(f"--generation makes a Hugging Face folder generative; {source} is {fmt}")
-    base = _declaration(source, name, fmt, existing, generation)
+    base = _declaration(source, name, fmt, existing, generation, sizes)
     if description:
         base = dataclasses.replace(base, description=description)
     base = _complete(base, _factory_io(base, allowed_factories))

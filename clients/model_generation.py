@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from switchyard.errors import InvalidArgument
-from switchyard.models.generation import MAX_GRAPHS_PER_KIND
+from switchyard.models.generation import MAX_GRAPHS_PER_KIND, GenerationSettings
 from switchyard.models.manifest import HFEntry, ModelToml, TensorSpec
 from switchyard.models.repository import ModelSpec, load_module
 
@@ -58,31 +59,102 @@ def is_generative_folder(source: Path, config: dict[str, Any]) -> bool:
     )
 
 
-def generation_table(config: dict[str, Any]) -> dict[str, Any]:
-    """`[generation]` from the model's limits: the context it was trained for (at most
-    MAX_CONTEXT), half of it for new tokens, prompt buckets of powers of two up to the rest."""
-    context = min(int(config.get("max_position_embeddings") or 0), MAX_CONTEXT)
-    if context < 4:
+@dataclass(frozen=True)
+class GenerationSizes:
+    """What `models add`'s options ask of `[generation]`; 0 or () leaves a value to the model's
+    config. vLLM's names in brackets: `max_context` (--max-model-len), `decode_slots`
+    (--max-num-seqs)."""
+
+    max_context: int = 0
+    max_new_tokens: int = 0
+    prompt_buckets: tuple[int, ...] = ()
+    decode_slots: int = 0
+    decode_buckets: tuple[int, ...] = ()
+
+    @property
+    def given(self) -> list[str]:
+        """The options set, as typed: for a message that refuses them."""
+        return [f"--{k.replace('_', '-')}" for k, v in vars(self).items() if v]
+
+
+def generation_table(config: dict[str, Any], sizes: GenerationSizes = GenerationSizes()) -> dict[str, Any]:
+    """`[generation]` from the model's limits and `sizes`: by default the context it was trained
+    for (at most MAX_CONTEXT), half of it for new tokens, prompt buckets of powers of two up to
+    the rest, DECODE_SLOTS slots. INVALID_ARGUMENT names the option to fix."""
+    limit = int(config.get("max_position_embeddings") or 0)
+    if limit < 4:
         raise InvalidArgument(
-            f"config.json's max_position_embeddings is {context}; a generative model needs 4 or more"
+            f"config.json's max_position_embeddings is {limit}; a generative model needs 4 or more"
         )
-    new_tokens = context // 2
-    prompt = context - new_tokens
-    buckets: list[int] = []
-    size = 8
-    while size < prompt:
-        buckets.append(size)
-        size *= 2
-    buckets = [*buckets, prompt][-MAX_GRAPHS_PER_KIND:]
-    return {
+    context = sizes.max_context or min(limit, MAX_CONTEXT)
+    if not 4 <= context <= limit:
+        raise InvalidArgument(
+            f"--max-context {context} must be 4 to the model's max_position_embeddings ({limit}, "
+            "config.json): the model has no positions past it"
+        )
+    prompt = _prompt_buckets(sizes.prompt_buckets, context) if sizes.prompt_buckets else []
+    new_tokens = sizes.max_new_tokens or (context - prompt[-1] if prompt else context // 2)
+    if not 1 <= new_tokens < context:
+        raise InvalidArgument(f"--max-new-tokens {new_tokens} must be 1 to max context - 1 ({context - 1})")
+    table: dict[str, Any] = {
         "max_context": context,
         "max_new_tokens": new_tokens,
-        "prompt_buckets": buckets,
-        "decode_slots": DECODE_SLOTS,
+        "prompt_buckets": prompt or _powers_of_two(context - new_tokens),
+        "decode_slots": sizes.decode_slots or (sizes.decode_buckets or (DECODE_SLOTS,))[-1],
     }
+    if sizes.decode_buckets:
+        table["decode_buckets"] = _decode_buckets(sizes.decode_buckets, table["decode_slots"])
+    try:
+        GenerationSettings.from_table(table)  # what else the engine refuses, refused before any copy
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"these sizes make a [generation] table the engine refuses: {exc}") from None
+    return table
 
 
-def generative_declaration(source: Path, name: str, config: dict[str, Any]) -> ModelToml:
+def _increasing(option: str, values: tuple[int, ...]) -> list[int]:
+    if values[0] < 1 or any(b <= a for a, b in pairwise(values)):
+        raise InvalidArgument(
+            f"{option} {','.join(map(str, values))} must be increasing positive sizes, e.g. 16,32"
+        )
+    if len(values) > MAX_GRAPHS_PER_KIND:
+        raise InvalidArgument(
+            f"{option} has {len(values)} sizes; at most {MAX_GRAPHS_PER_KIND} (each is a graph to compile)"
+        )
+    return list(values)
+
+
+def _prompt_buckets(given: tuple[int, ...], context: int) -> list[int]:
+    if given[-1] >= context:
+        raise InvalidArgument(
+            f"--prompt-buckets: the largest, {given[-1]}, must be under the max context ({context}) "
+            "to leave room for a generated token"
+        )
+    return _increasing("--prompt-buckets", given)
+
+
+def _powers_of_two(room: int) -> list[int]:
+    """The default prompt buckets: powers of two from 8 below `room`, then `room`."""
+    buckets: list[int] = []
+    size = 8
+    while size < room:
+        buckets.append(size)
+        size *= 2
+    return [*buckets, room][-MAX_GRAPHS_PER_KIND:]
+
+
+def _decode_buckets(given: tuple[int, ...], slots: int) -> list[int]:
+    buckets = _increasing("--decode-buckets", given)
+    if buckets[-1] != slots:
+        raise InvalidArgument(
+            f"--decode-buckets must end at --decode-slots ({slots}): the widest decode step runs every "
+            f"slot; got {','.join(map(str, buckets))}"
+        )
+    return buckets
+
+
+def generative_declaration(
+    source: Path, name: str, config: dict[str, Any], sizes: GenerationSizes = GenerationSizes()
+) -> ModelToml:
     """The model.toml of a generative Hugging Face folder (its tokenizer.json is the tokenizer)."""
     if not (source / "tokenizer.json").is_file():
         raise InvalidArgument(
@@ -94,7 +166,7 @@ def generative_declaration(source: Path, name: str, config: dict[str, Any]) -> M
             f"generation serves Hugging Face causal LMs of type {', '.join(LLAMA_FAMILY)}; "
             f"{source}/config.json says model_type {config.get('model_type')!r}"
         )
-    table = generation_table(config)
+    table = generation_table(config, sizes)
     inputs = (
         TensorSpec("text_input", "BYTES", (1,)),
         TensorSpec("stream", "BOOL", (1,)),

@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="serve a Hugging Face causal LM by the generation engine (default: when the folder is a "
         "Llama-family causal LM with a tokenizer.json); [generation] is filled from its config",
     )
+    _generation_sizes(add)
     add.add_argument("--allow-factory", action="append", default=[], metavar="PACKAGE")
     add.add_argument("--metering", default="", help="also audit to metering at this address")
     common(add)
@@ -76,6 +77,60 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     validate.set_defaults(func=_validate)
 
 
+def _generation_sizes(add: argparse.ArgumentParser) -> None:
+    """Options that size an inferred [generation] table (docs/generation.md), named as vLLM's
+    `serve` names them where it has them."""
+    sizes = add.add_argument_group("generation sizes (default: from config.json)")
+    sizes.add_argument(
+        "--max-context",
+        "--max-model-len",
+        type=int,
+        default=0,
+        metavar="N",
+        help="tokens per request, prompt plus generated: the KV cache's length (at most the model's "
+        "max_position_embeddings; default that, at most 2048)",
+    )
+    sizes.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the most tokens one request may generate (default: max context less the largest "
+        "prompt bucket, else half the max context)",
+    )
+    sizes.add_argument(
+        "--prompt-buckets",
+        type=_sizes,
+        default=(),
+        metavar="N,N,...",
+        help="prefill lengths in tokens, increasing, the largest under the max context: a compiled "
+        "graph per bucket, the largest is the longest prompt (default: powers of two from 8)",
+    )
+    sizes.add_argument(
+        "--decode-slots",
+        "--max-num-seqs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="requests decoding at once, the KV cache's rows (default: the largest decode bucket, else 8)",
+    )
+    sizes.add_argument(
+        "--decode-buckets",
+        type=_sizes,
+        default=(),
+        metavar="N,N,...",
+        help="decode-step widths in requests, increasing, ending at the decode slots: a compiled graph "
+        "per width (default: powers of two up to the decode slots)",
+    )
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 16,32") from None
+
+
 def _settings(args: argparse.Namespace) -> tuple[Path, tuple[str, ...]]:
     from clients.local_cluster.cluster_config import load_config
 
@@ -106,8 +161,12 @@ def _audit_metering(address: str, action: str, resource: str, detail: dict[str, 
 
 def _add(args: argparse.Namespace) -> int:
     from clients.model_admin import add_model
+    from clients.model_generation import GenerationSizes
 
     root, allowed = _settings(args)
+    sizes = GenerationSizes(
+        args.max_context, args.max_new_tokens, args.prompt_buckets, args.decode_slots, args.decode_buckets
+    )
     spec, checked = add_model(
         root,
         args.name,
@@ -118,6 +177,7 @@ def _add(args: argparse.Namespace) -> int:
         allowed,
         args.description,
         args.generation,
+        sizes,
     )
     print(f"added {spec.name}:{spec.version} ({spec.manifest.format}) to {root}")
     print(f"  sha256 {spec.sha256}")

@@ -34,6 +34,13 @@ LLAMA_GENERATION = {
     "decode_slots": 4,
 }
 
+# `switchyard models add llama-tiny FOLDER` sizes as docs/generation.md types them: one prefill
+# bucket and one decode width, two graphs for a static-shape backend (xla) to compile
+LLAMA_TINY_SIZES = (
+    "--max-context", "64", "--max-new-tokens", "40", "--prompt-buckets", "16",
+    "--decode-slots", "4", "--decode-buckets", "4",
+)  # fmt: skip
+
 Tensor = tuple[str, str, list[int]]  # name, datatype, dims
 
 

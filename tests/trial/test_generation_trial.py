@@ -1,6 +1,7 @@
 """Generation trials end to end on a real Temporal dev server, real executors (cpu in-process,
 xla in its own environment on PJRT CPU), evaluator and ledger: the Llama-style test model
-(tests/gen_models.py) as `llama-tiny`, greedy under the divergence rule, every serving metric
+(tests/gen_models.py) as `llama-tiny`, added and validated by the commands docs/generation.md
+shows and started from the Temporal CLI, greedy under the divergence rule, every serving metric
 of vLLM's `bench serve`, cost per million output tokens; a perturbed variant is REJECTED with
 its first diverging position named."""
 
@@ -18,9 +19,10 @@ from typing import Any
 import pytest
 import tritonclient.grpc as triton
 
-from switchyard.models.manifest import file_sha256
+from clients.cli import main as switchyard
+from switchyard.models.manifest import file_sha256, read_model_toml
 from tests.conftest import IN_CI
-from tests.gen_models import add_generative, build_llama, token_inputs
+from tests.gen_models import LLAMA_TINY_SIZES, build_llama, token_inputs
 from tests.trial.stack import ROOT, Stack
 from tests.trial.trial_helpers import captured_workload, connections, run_trial
 from workflows import codec_server
@@ -29,7 +31,7 @@ from workflows.temporal_codec import Keyring
 from workflows.worker import build_worker
 
 TEMPORAL = Path(sys.executable).with_name("temporal")
-# one prefill bucket and one decode width: two graphs to compile on the xla path
+# what `models add` makes of LLAMA_TINY_SIZES: two graphs to compile on the xla path
 GENERATION = {
     "max_context": 64,
     "max_new_tokens": 40,
@@ -42,23 +44,56 @@ METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 @pytest.fixture(scope="module")
 def llama(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """`llama-tiny` (version 1, and `perturbed`: the same weights plus seeded noise) in the
-    repository both executors read."""
+    """`llama-tiny` in the repository both executors read, added and validated on the cpu by the
+    commands docs/generation.md shows (`switchyard models add|validate`), and a `perturbed`
+    version: the same weights plus seeded noise."""
     if (stack.repository / "llama-tiny").exists():
         return "llama-tiny"
     directory = build_llama(tmp_path_factory.mktemp("llama") / "weights")
-    add_generative(stack.repository, "llama-tiny", directory, GENERATION, "hf")
-    toml = stack.repository / "llama-tiny" / "model.toml"
+    for argv in add_and_validate(str(directory), "--repository", str(stack.repository)):
+        assert switchyard(argv) == 0, argv
+    folder = stack.repository / "llama-tiny"
+    assert read_model_toml(folder).generation_table() == GENERATION  # no more graphs to compile
+    # `perturbed` is a planted defect, no version a user adds: model.toml's perturb_seed makes
+    # the loader add seeded noise to the weights, which the trial must REJECT
     files = "\n".join(f'"{f.name}" = "{file_sha256(f)}"' for f in sorted(directory.iterdir()) if f.is_file())
-    (stack.repository / "llama-tiny" / "perturbed").mkdir()
+    (folder / "perturbed").mkdir()
     for f in directory.iterdir():
         if f.is_file():
-            (stack.repository / "llama-tiny" / "perturbed" / f.name).write_bytes(f.read_bytes())
+            (folder / "perturbed" / f.name).write_bytes(f.read_bytes())
+    toml = folder / "model.toml"
     toml.write_text(
         toml.read_text()
         + f"\n[versions.perturbed]\nperturb_seed = 1234\n\n[versions.perturbed.files]\n{files}\n"
     )
     return "llama-tiny"
+
+
+def add_and_validate(folder: str, *repository: str) -> list[list[str]]:
+    """The chain's first commands (`switchyard` argv): add the folder as llama-tiny, sized, and
+    validate it on the cpu."""
+    return [
+        ["models", "add", "llama-tiny", folder, *LLAMA_TINY_SIZES, *repository],
+        ["models", "validate", "llama-tiny", *repository],
+    ]
+
+
+def start_trial(queue: str, trial_id: str, spec_file: str) -> list[str]:
+    """`temporal` argv that starts a trial, as a user types it."""
+    return [
+        "workflow", "start", "--task-queue", queue, "--type", "TrialWorkflow",
+        "--workflow-id", trial_id, "--input-file", spec_file,
+    ]  # fmt: skip
+
+
+def test_the_docs_type_the_commands_these_tests_run() -> None:
+    page = (ROOT / "docs" / "generation.md").read_text()
+    for argv in add_and_validate("./llama-tiny"):
+        assert " ".join(["switchyard", *argv]) in page, argv
+    # tests/xla/test_xla_validate_generation.py validates the same on xla
+    assert "switchyard models validate llama-tiny --backend xla" in page
+    start = start_trial("switchyard-trials", "llama-gen-1", "deploy/local/trials/llama-generation.json")
+    assert " ".join(["temporal", *start]) in page, start
 
 
 def generation_spec(paths: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -224,10 +259,7 @@ async def test_xla_generation_trial_from_the_temporal_cli(stack: Stack, llama: s
                 "--codec-endpoint",
                 f"http://127.0.0.1:{codec.server_address[1]}",
             )
-            code, out, err = await _cli(
-                "workflow", "start", *address, "--task-queue", queue, "--type", "TrialWorkflow",
-                "--workflow-id", trial_id, "--input-file", str(path),
-            )  # fmt: skip
+            code, out, err = await _cli(*start_trial(queue, trial_id, str(path)), *address)
             assert code == 0, out + err
             code, out, err = await _cli(
                 "workflow", "result", *address, "--workflow-id", trial_id, "-o", "json"

@@ -1,7 +1,7 @@
 """`switchyard models validate NAME --backend xla` of generative models: a Llama folder that
-`models add` made generative, and the built-in tiny-lm-gen, generate greedily through the
-engine on XLA (the command re-runs itself under SWITCHYARD_XLA_PYTHON) and give the ids of
-the model's own decoding on the CPU."""
+`switchyard models add` made generative (sized as docs/generation.md types it), and the
+built-in tiny-lm-gen, generate greedily through the engine on XLA (the command re-runs itself
+under SWITCHYARD_XLA_PYTHON) and give the ids of the model's own decoding on the CPU."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from clients.model_admin import add_model
+from clients.cli import main as switchyard
 from clients.model_generation import PROMPT
-from switchyard.models.repository import seed_builtins
+from switchyard.models.repository import Repository, seed_builtins
 from tests.conftest import ROOT
-from tests.gen_models import build_llama, reference_greedy, tiny_lm_reference
+from tests.gen_models import LLAMA_TINY_SIZES, build_llama, reference_greedy, tiny_lm_reference
 from tests.xla.conftest import require_xla_env
 
 pytestmark = pytest.mark.xla
@@ -40,12 +40,14 @@ def test_an_added_llama_and_the_builtin_generate_on_xla_as_on_the_cpu(tmp_path: 
     llama = build_llama(tmp_path / "llama", seed=5)
     root = tmp_path / "repo"
     seed_builtins(root, ["tiny-lm-gen"])
-    spec, _ = add_model(root, "my-llama", llama)
-    assert spec.generation is not None
+    add = ["models", "add", "llama-tiny", str(llama), *LLAMA_TINY_SIZES, "--repository", str(root)]
+    assert switchyard(add) == 0
+    spec = Repository(root).get("llama-tiny")
+    assert spec.generation is not None and spec.generation.prompt_buckets == (16,)
     from tokenizers import Tokenizer
 
     prompt = Tokenizer.from_file(str(llama / "tokenizer.json")).encode(PROMPT).ids
-    report = _validate_on_xla(root, "my-llama")
+    report = _validate_on_xla(root, "llama-tiny")
     assert report["backend"] == "xla" and report["sha256"] == spec.sha256
     assert report["generated_ids"] == reference_greedy(llama, prompt, 8)
     builtin = _validate_on_xla(root, "tiny-lm-gen")
