@@ -1,7 +1,7 @@
 """The forwarder: where a request goes, with what deadline, and what happens when that fails.
 
 It plans the deployments to try with the route's policy (`policies.plan`), sends the caller's
-bytes with the overrides of the chosen target appended (`wire`: its model name and version),
+bytes with the overrides of the chosen target appended (`wire_write`: its model name and version),
 and gives each attempt what is left of the caller's deadline (Triton's `timeout` on the
 executor's side). Retry: one more deployment when the first answered UNAVAILABLE (the
 executor did not take the request: not connected, draining, or gone), which is also ejected
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from google.protobuf.message import Message
 
-from services.router import wire
+from services.router import wire, wire_write
 from services.router.executor_transport import ExecutorTransport, Reply
 from services.router.policies import DeploymentState, plan
 from services.router.request_records import Outcome
@@ -65,9 +65,9 @@ def body(raw: bytes, header: wire.Header, target: Target) -> list[bytes]:
     """The request as sent to `target`: the caller's bytes and appended overrides."""
     parts = [raw]
     if target.model and target.model != header.model_name:
-        parts.append(wire.string_field(wire.MODEL_NAME, target.model))
+        parts.append(wire_write.string_field(wire.MODEL_NAME, target.model))
     if target.version and target.version != header.model_version:
-        parts.append(wire.string_field(wire.MODEL_VERSION, target.version))  # the route pins it
+        parts.append(wire_write.string_field(wire.MODEL_VERSION, target.version))  # the route pins it
     return parts
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
-from services.router import ids, wire
+from services.router import ids, wire, wire_write
 from services.router.admission import Admission, Metadata
 from services.router.auth import Identity
 from services.router.capture import Capturer
@@ -155,7 +155,7 @@ class RequestPath:
         overhead_us = (time.perf_counter_ns() - t0 - sent.wait_ns) // 1000
         self.meter.observe_overhead(route, outcome.path, overhead_us)
         # callers see the model name they asked for
-        return wire.router_answer(
+        return wire_write.router_answer(
             sent.reply, outcome.path, charge.request_id, overhead_us, route.model if renamed else ""
         )
 
