@@ -159,7 +159,7 @@ class RequestPath:
         route = charge.route
         renamed = sent.target.model and sent.target.model != route.model
         overhead_us = (time.perf_counter_ns() - t0 - sent.wait_ns) // 1000
-        self.meter.observe_overhead(route, outcome.path, overhead_us)
+        self.stats.record_overhead(route.model, outcome.path, overhead_us / 1e6)  # the router's own time
         # callers see the model name they asked for
         return wire_write.router_answer(
             sent.reply, outcome.path, charge.request_id, overhead_us, route.model if renamed else ""
