@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.router import ids, wire
+from services.router import ids, wire, wire_write
 from switchyard.errors import InvalidArgument
 from switchyard.judge.capture_format import (
     PARTIAL_SUFFIX,
@@ -91,7 +91,8 @@ def inputs_only(raw: bytes) -> bytes:
     parts: list[bytes | memoryview] = []
     for number in _KEPT:
         for start, end in found.get(number, ()):
-            parts += [wire.encode_varint(number << 3 | 2), wire.encode_varint(end - start), view[start:end]]
+            key, length = wire_write.encode_varint(number << 3 | 2), wire_write.encode_varint(end - start)
+            parts += [key, length, view[start:end]]
     return b"".join(parts)
 
 
@@ -171,7 +172,7 @@ class Capturer:
             except Exception:  # not a request the router would have served
                 continue
             if seen is not None:  # the router's own count, not the caller's parameters
-                record += wire.parameters_field({SEEN: seen})
+                record += wire_write.parameters_field({SEEN: seen})
             if self._file is None:
                 self._open()
             framed = frame(record)

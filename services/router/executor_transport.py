@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 from google.protobuf.message import Message
 
 from services import inband_status
-from services.router import wire
+from services.router import wire, wire_write
 from switchyard import oip_params, telemetry
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
@@ -50,7 +50,7 @@ class ExecutorTransport(Protocol):
 
 # what every unary request asks besides its deadline: one answer even from a decoupled
 # (generative) model, and the executor's statistics (the router routes and meters by them)
-_UNARY_STATS = wire.parameters_field({oip_params.UNARY: True, oip_params.STATS: True})
+_UNARY_STATS = wire_write.parameters_field({oip_params.UNARY: True, oip_params.STATS: True})
 
 
 def request_parameters(timeout_s: float, unary: bool, tracing: bool) -> bytes:
@@ -58,14 +58,14 @@ def request_parameters(timeout_s: float, unary: bool, tracing: bool) -> bytes:
     deadline (Triton's `timeout`, microseconds), for one answer (`unary`) that one answer is
     wanted even from a decoupled model and with the executor's statistics (`switchyard_stats`),
     and the trace context when tracing."""
-    deadline = wire.parameters_field({oip_params.TIMEOUT: max(1, int(timeout_s * 1e6))})
+    deadline = wire_write.parameters_field({oip_params.TIMEOUT: max(1, int(timeout_s * 1e6))})
     if not unary and not tracing:
         return deadline
     parts = [deadline]
     if unary:
         parts.append(_UNARY_STATS)
     if tracing:
-        parts.append(wire.parameters_field(telemetry.trace_parameters()))
+        parts.append(wire_write.parameters_field(telemetry.trace_parameters()))
     return b"".join(parts)  # later map entries win
 
 

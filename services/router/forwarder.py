@@ -1,31 +1,31 @@
 """The forwarder: where a request goes, with what deadline, and what happens when that fails.
 
-It plans the deployments to try with the route's policy (`policies.plan`), sends the caller's
-bytes with the overrides of the chosen target appended (`wire`: its model name and version),
-and gives each attempt what is left of the caller's deadline (Triton's `timeout` on the
-executor's side). Retry: one more deployment when the first answered UNAVAILABLE (the
-executor did not take the request: not connected, draining, or gone), which is also ejected
-at once (passive health); OIP inference has no side effects, and only the attempt that
-answered is charged. A generation fails over the same way, but only before its first
-response (after it, tokens were already sent). Any other status goes back to the caller as the
-executor answered it, naming the path. Each answer's reported load and measured service time
-feed the next plan. All of it goes through an `ExecutorTransport`; this module has no grpc.
+It is handed the plan, the deployments to try in order (`policies.plan`, which the request
+path asks before it calls here), sends the caller's bytes with the overrides of each target
+appended (`wire_write`: its model name and version), and gives each attempt what is left of
+the caller's deadline (Triton's `timeout` on the executor's side). Retry: one more deployment
+when the first answered UNAVAILABLE (the executor did not take the request: not connected,
+draining, or gone), which is also ejected at once (passive health); OIP inference has no side
+effects, and only the attempt that answered is charged. A generation fails over the same way,
+but only before its first response (after it, tokens were already sent). Any other status
+goes back to the caller as the executor answered it, naming the path. Each answer's reported
+load and measured service time feed the next plan. All of it goes through an
+`ExecutorTransport`; this module has no grpc.
 """
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from google.protobuf.message import Message
 
-from services.router import wire
+from services.router import wire, wire_write
 from services.router.executor_transport import ExecutorTransport, Reply
-from services.router.policies import DeploymentState, plan
-from services.router.request_records import Outcome
+from services.router.policies import Choice, DeploymentState
+from services.router.request_records import Charge, Outcome
 from services.router.router_config import Route, Settings, Target
 from switchyard import oip_params
 from switchyard.errors import DeadlineExceeded, Status, UpstreamError
@@ -65,17 +65,21 @@ def body(raw: bytes, header: wire.Header, target: Target) -> list[bytes]:
     """The request as sent to `target`: the caller's bytes and appended overrides."""
     parts = [raw]
     if target.model and target.model != header.model_name:
-        parts.append(wire.string_field(wire.MODEL_NAME, target.model))
+        parts.append(wire_write.string_field(wire.MODEL_NAME, target.model))
     if target.version and target.version != header.model_version:
-        parts.append(wire.string_field(wire.MODEL_VERSION, target.version))  # the route pins it
+        parts.append(wire_write.string_field(wire.MODEL_VERSION, target.version))  # the route pins it
     return parts
 
 
+def _named(exc: UpstreamError, path: str) -> UpstreamError:
+    """The executor's status as the caller sees it, naming the deployment's path."""
+    return UpstreamError(exc.status, f"{exc.details} (path {path})")
+
+
 class Forwarder:
-    def __init__(self, fleet: ExecutorFleet, settings: Settings, rng: random.Random | None = None) -> None:
+    def __init__(self, fleet: ExecutorFleet, settings: Settings) -> None:
         self.fleet = fleet
         self.settings = settings
-        self.rng = rng or random.Random()
         self._decoupled: dict[str, bool] = {}  # route model -> decoupled (generative)
 
     def serving(self) -> bool:
@@ -83,43 +87,46 @@ class Forwarder:
         return any(s.admitted() for s in self.fleet.states.values())
 
     def _attempts(
-        self, route: Route, time_remaining: float | None
+        self, route: Route, choices: Sequence[Choice], time_remaining: float | None
     ) -> Iterator[tuple[Target, DeploymentState, float, bool]]:
         """(target, its state, the time left, whether another attempt follows) in plan order."""
         budget = self.settings.default_timeout_s if time_remaining is None else time_remaining
         deadline = time.monotonic() + budget
-        choices = plan(route, self.fleet.states, self.rng)
         for attempt, (target, state) in enumerate(choices):
             timeout = deadline - time.monotonic()
             if timeout <= 0:
                 raise DeadlineExceeded(f"deadline expired in the router before model {route.model!r} ran")
             yield target, state, timeout, attempt + 1 < len(choices)
 
-    def _retry_or_raise(
-        self, exc: UpstreamError, target: Target, state: DeploymentState, retry: bool, answered: bool = False
-    ) -> None:
-        """Returns to try the next deployment (UNAVAILABLE, not yet answered, one left); raises
-        the executor's status, naming its path, otherwise."""
-        if exc.status is Status.UNAVAILABLE and not answered:
-            self.fleet.eject(target.deployment, f"UNAVAILABLE: {exc.details}")
-            if retry:
-                return  # not taken by that executor: once more elsewhere
-        raise UpstreamError(exc.status, f"{exc.details} (path {state.deployment.path})") from None
+    def _not_taken(self, exc: UpstreamError, deployment: str) -> bool:
+        """Whether the executor did not take the request (UNAVAILABLE), which ejects it."""
+        if exc.status is not Status.UNAVAILABLE:
+            return False
+        self.fleet.eject(deployment, f"UNAVAILABLE: {exc.details}")
+        return True
 
     async def forward_tensor(
-        self, route: Route, header: wire.Header, raw: bytes, time_remaining: float | None, outcome: Outcome
+        self,
+        charge: Charge,
+        choices: Sequence[Choice],
+        raw: bytes,
+        time_remaining: float | None,
+        outcome: Outcome,
     ) -> Forwarded:
-        """The answer of the first deployment of the plan that takes the request."""
+        """The answer of the first deployment of the plan (`choices`) that takes the request."""
         wait_ns = 0
-        for target, state, timeout, retry in self._attempts(route, time_remaining):
+        header = charge.header
+        for target, state, timeout, retry in self._attempts(charge.route, choices, time_remaining):
             outcome.path = state.deployment.path
+            parts = body(raw, header, target)
             t1 = time.perf_counter_ns()
             try:
-                reply = await self.fleet.send_tensor(target.deployment, body(raw, header, target), timeout)
+                reply = await self.fleet.send_tensor(target.deployment, parts, timeout)
             except UpstreamError as exc:
                 wait_ns += time.perf_counter_ns() - t1
-                self._retry_or_raise(exc, target, state, retry)
-                continue
+                if self._not_taken(exc, target.deployment) and retry:
+                    continue  # not taken by that executor: once more elsewhere
+                raise _named(exc, outcome.path) from None
             elapsed = time.perf_counter_ns() - t1
             self._account(state, reply, elapsed, outcome)
             return Forwarded(reply, target, wait_ns + elapsed)
@@ -147,11 +154,18 @@ class Forwarder:
         outcome.status = "completed"
 
     async def stream(
-        self, route: Route, header: wire.Header, raw: bytes, time_remaining: float | None, outcome: Outcome
+        self,
+        charge: Charge,
+        choices: Sequence[Choice],
+        raw: bytes,
+        time_remaining: float | None,
+        outcome: Outcome,
     ) -> AsyncGenerator[pb.ModelInferResponse]:
-        """A decoupled (generative) request's responses as the executor sends them; the tokens
-        and device time so far are kept in `outcome` as they come."""
-        for target, state, timeout, retry in self._attempts(route, time_remaining):
+        """A decoupled (generative) request's responses as the executor sends them, from the
+        first deployment of the plan (`choices`) that takes it; the tokens and device time so
+        far are kept in `outcome` as they come."""
+        header = charge.header
+        for target, state, timeout, retry in self._attempts(charge.route, choices, time_remaining):
             outcome.path = state.deployment.path
             answered = False
             try:
@@ -168,8 +182,9 @@ class Forwarder:
                     )
                     yield response
             except UpstreamError as exc:
-                self._retry_or_raise(exc, target, state, retry, answered)
-                continue
+                if not answered and self._not_taken(exc, target.deployment) and retry:
+                    continue  # before its first response: once more elsewhere
+                raise _named(exc, outcome.path) from None
             outcome.status = "completed"
             return
 
@@ -189,11 +204,11 @@ class Forwarder:
         outcome.status = "completed"
 
     async def ask(
-        self, route: Route, method: str, request: Message, reply_type: type[Reply], timeout_s: float
+        self, choice: Choice, method: str, request: Message, reply_type: type[Reply], timeout_s: float
     ) -> Reply:
         """One small OIP RPC (ModelMetadata, ModelConfig, ModelReady, ModelStatistics) to a serving
-        deployment of the route, for the model (and version) that deployment serves."""
-        target, state = plan(route, self.fleet.states, self.rng)[0]
+        deployment of a route (the plan's first `choice`), for the model (and version) it serves."""
+        target, state = choice
         # ModelMetadata/Config/Ready/Statistics requests all name the model in `name` and `version`.
         if target.model:
             request.name = target.model  # type: ignore[attr-defined]
@@ -202,16 +217,18 @@ class Forwarder:
         try:
             return await self.fleet.call(target.deployment, method, request, reply_type, timeout_s)
         except UpstreamError as exc:
-            self._retry_or_raise(exc, target, state, retry=False)
-            raise
+            self._not_taken(exc, target.deployment)
+            raise _named(exc, state.deployment.path) from None
 
-    async def is_decoupled(self, route: Route) -> bool:
+    def known_decoupled(self, route: Route) -> bool | None:
+        """Whether a route's model is decoupled, where `ask_decoupled` learnt it already."""
+        return self._decoupled.get(route.model)
+
+    async def ask_decoupled(self, route: Route, choice: Choice) -> bool:
         """Whether a route's model sends many responses per request (ModelConfig's
-        model_transaction_policy, asked once of a serving deployment and remembered)."""
-        known = self._decoupled.get(route.model)
-        if known is not None:
-            return known
-        target, _ = plan(route, self.fleet.states, self.rng)[0]
+        model_transaction_policy, asked of a serving deployment, the plan's first `choice`,
+        and remembered)."""
+        target, _ = choice
         request = pb.ModelConfigRequest(name=target.model or route.model, version=target.version)
         try:
             reply = await self.fleet.call(

@@ -18,7 +18,7 @@ import grpc
 from google.protobuf.message import Message
 
 from services import inband_status
-from services.router import ids, wire
+from services.router import ids, wire, wire_write
 from services.router.request_path import RequestPath
 from services.streams import StreamReplies
 from switchyard import telemetry
@@ -134,7 +134,7 @@ class OipServicer:
     ) -> AsyncIterator[bytes]:
         try:
             async for response in self.path.generate(raw, metadata, time_remaining, peer):
-                yield wire.stream_answer(response.SerializeToString())
+                yield wire_write.stream_answer(response.SerializeToString())
             return
         except Exception as exc:  # one bad request must not end the stream the others share
             message = inband_status.encode_error(exc, f"/{SERVICE}/ModelStreamInfer")
@@ -151,10 +151,11 @@ class OipServicer:
         )
         try:
             with span:
-                return wire.stream_answer(await self.path.serve_tensor(raw, metadata, time_remaining, peer))
+                answer = await self.path.serve_tensor(raw, metadata, time_remaining, peer)
+                return wire_write.stream_answer(answer)
         except Exception as exc:  # one bad request must not end the stream the others share
             message = inband_status.encode_error(exc, f"/{SERVICE}/ModelStreamInfer")
-        return wire.stream_error(message, _request_id(raw))
+        return wire_write.stream_error(message, _request_id(raw))
 
 
 class _StreamAnswers:

@@ -1,8 +1,9 @@
 """The router's request path: a request through its stages, in order (docs/architecture.md).
 
     admission (key, role, principal limits)  ->  route table (which route)  ->  route in-flight
-    bound  ->  forwarder (plan, send, retry, fail over)  ->  usage meter (one event, metrics)
-    ->  shadow mirror, workload capture (after the answer, never in its way)  ->  the answer
+    bound  ->  policy (which deployments, in order)  ->  forwarder (send, retry, fail over)
+    ->  usage meter (one event, metrics)  ->  shadow mirror, workload capture (after the
+    answer, never in its way)  ->  the answer
 
 `RequestPath.serve_tensor` takes the serialized ModelInferRequest and returns the serialized
 response: it reads the request header without decoding tensors, and appends the router's own
@@ -16,20 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
-from services.router import ids, wire
+from services.router import ids, wire, wire_write
 from services.router.admission import Admission, Metadata
 from services.router.auth import Identity
 from services.router.capture import Capturer
 from services.router.executor_pool import ExecutorPool
 from services.router.executor_transport import Reply
 from services.router.forwarder import Forwarded, Forwarder
-from services.router.policies import DeploymentState
+from services.router.policies import Choice, DeploymentState, plan
 from services.router.request_records import Charge, Outcome, now_us
 from services.router.route_table import RouteTable
 from services.router.router_config import Route, Settings
@@ -52,6 +54,7 @@ class RequestPath:
     mirror: ShadowMirror
     captures: dict[str, Capturer] = field(default_factory=dict)  # route -> its workload capture
     in_flight: dict[str, int] = field(default_factory=dict)  # route model -> requests in the router
+    rng: random.Random = field(default_factory=random.Random)  # the policies' random choices
 
     @property
     def routes(self) -> dict[str, Route]:
@@ -90,6 +93,10 @@ class RequestPath:
         self.admission.authorize(identity, route.model, request_id, peer)
         return route, identity
 
+    def _plan(self, route: Route) -> list[Choice]:
+        """The deployments to try, in order: the route's policy over their health and load."""
+        return plan(route, self.pool.states, self.rng)
+
     def _check_spool(self) -> None:
         """A spool whose disk has no room refuses new metered requests before anything is done
         for them: what the router cannot make durable it must neither answer nor bill."""
@@ -126,9 +133,8 @@ class RequestPath:
             outcome = Outcome()
             with self._route_slot(charge):
                 try:
-                    sent = await self.forwarder.forward_tensor(
-                        charge.route, charge.header, raw, time_remaining, outcome
-                    )
+                    choices = self._plan(charge.route)
+                    sent = await self.forwarder.forward_tensor(charge, choices, raw, time_remaining, outcome)
                 except asyncio.CancelledError:
                     outcome.status = "cancelled"
                     raise
@@ -153,9 +159,9 @@ class RequestPath:
         route = charge.route
         renamed = sent.target.model and sent.target.model != route.model
         overhead_us = (time.perf_counter_ns() - t0 - sent.wait_ns) // 1000
-        self.meter.observe_overhead(route, outcome.path, overhead_us)
+        self.stats.record_overhead(route.model, outcome.path, overhead_us / 1e6)  # the router's own time
         # callers see the model name they asked for
-        return wire.router_answer(
+        return wire_write.router_answer(
             sent.reply, outcome.path, charge.request_id, overhead_us, route.model if renamed else ""
         )
 
@@ -173,8 +179,10 @@ class RequestPath:
             outcome = Outcome()
             kept: list[pb.ModelInferResponse] | None = [] if charge.route.shadow is not None else None
             with self._route_slot(charge):
-                responses = self.forwarder.stream(charge.route, charge.header, raw, time_remaining, outcome)
                 try:
+                    responses = self.forwarder.stream(
+                        charge, self._plan(charge.route), raw, time_remaining, outcome
+                    )
                     async with contextlib.aclosing(responses):  # a caller that leaves ends the call now
                         async for response in responses:
                             response.model_name = charge.route.model
@@ -208,10 +216,14 @@ class RequestPath:
         route, _ = await self._route_of(model, metadata, ids.time_ordered_hex(), peer)
         method, request, reply_type = call
         timeout = time_remaining or self.settings.default_timeout_s
-        return await self.forwarder.ask(route, method, request, reply_type, timeout)
+        return await self.forwarder.ask(self._plan(route)[0], method, request, reply_type, timeout)
 
     async def is_decoupled(self, model: str) -> bool:
-        return await self.forwarder.is_decoupled(self.table.route_for(model))
+        route = self.table.route_for(model)
+        known = self.forwarder.known_decoupled(route)
+        if known is not None:
+            return known
+        return await self.forwarder.ask_decoupled(route, self._plan(route)[0])
 
     async def close(self) -> None:
         await self.table.close()

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 
 from services.router.policies import DeploymentState
 from services.router.request_records import Charge, Outcome, now_us
-from services.router.router_config import Route
 from services.router.router_metrics import RouterStats
 from services.router.spool import Spool
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
@@ -78,6 +77,3 @@ class UsageMeter:
     def observe(self, charge: Charge, outcome: Outcome, duration_s: float) -> None:
         """The request's counters and latency for Prometheus."""
         self.stats.record(charge.route.model, outcome.path, charge.identity.team, outcome.status, duration_s)
-
-    def observe_overhead(self, route: Route, path: str, overhead_us: int) -> None:
-        self.stats.record_overhead(route.model, path, overhead_us / 1e6)

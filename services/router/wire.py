@@ -1,16 +1,14 @@
-"""Protobuf wire-format helpers that let the router forward OIP messages without re-encoding.
+"""Reading the protobuf wire format, so that the router forwards OIP messages undecoded.
 
 The router never decodes tensors. It reads the few top-level header fields of a
 `ModelInferRequest` (model name, version, id) by walking the wire format and skipping the
-length-delimited tensor fields by their length, and it changes a message by *appending*
-fields: in protobuf a later scalar field wins and a later map entry replaces an earlier one,
-so `original + override` is the edited message and the tensor bytes are never copied into
-a new encoding. Responses are read the same way: only their `parameters` entries are parsed.
+length-delimited tensor fields by their length. Responses are read the same way: only their
+`parameters` entries are parsed. What the router writes, it appends (`wire_write`): the
+request's header is read here as it comes in, the answer is written there as it leaves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from switchyard.errors import InvalidArgument
@@ -22,7 +20,7 @@ MODEL_VERSION = 2
 ID = 3
 PARAMETERS = 4
 
-_VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
+_VARINT, _FIXED64, LEN, _FIXED32 = 0, 1, 2, 5  # wire types (LEN: length-delimited)
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -39,20 +37,6 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise InvalidArgument("malformed ModelInferRequest: varint too long; send a valid protobuf")
-
-
-def encode_varint(value: int) -> bytes:
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while True:
-        bits = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
 
 
 @dataclass(frozen=True)
@@ -72,7 +56,7 @@ def scan_fields(buf: bytes, wanted: frozenset[int]) -> dict[int, list[tuple[int,
     while pos < end:
         key, pos = _varint(buf, pos)
         field, wire = key >> 3, key & 7
-        if wire == _LEN:
+        if wire == LEN:
             length, pos = _varint(buf, pos)
             if pos + length > end:
                 raise InvalidArgument("malformed message: a field runs past the end; send a valid protobuf")
@@ -111,27 +95,8 @@ def read_header(buf: bytes) -> Header:
     return Header(last(MODEL_NAME), last(MODEL_VERSION), last(ID))
 
 
-def bytes_field(field: int, data: bytes) -> bytes:
-    return encode_varint((field << 3) | _LEN) + encode_varint(len(data)) + data
-
-
-def string_field(field: int, value: str) -> bytes:
-    return bytes_field(field, value.encode())
-
-
 # ModelStreamInferResponse fields: an in-band error ("STATUS: why") or the response.
 STREAM_ERROR, STREAM_RESPONSE = 1, 2
-
-
-def stream_answer(response: bytes) -> bytes:
-    """A serialized ModelInferResponse as a ModelStreamInferResponse, its bytes not re-encoded."""
-    return bytes_field(STREAM_RESPONSE, response)
-
-
-def stream_error(message: str, request_id: str) -> bytes:
-    """An in-band stream error, with the request's id in infer_response."""
-    answer = bytes_field(STREAM_RESPONSE, string_field(ID, request_id)) if request_id else b""
-    return string_field(STREAM_ERROR, message) + answer
 
 
 Param = str | int | float | bool
@@ -139,68 +104,6 @@ Param = str | int | float | bool
 _TENSOR_FIELDS = frozenset((5, 6))  # outputs, raw_output_contents of a ModelInferResponse
 # Below this size the native (upb) decoder reads a whole response faster than Python walks it.
 FULL_PARSE_BYTES = 256 * 1024
-
-
-def parameters_field(params: Mapping[str, Param]) -> bytes:
-    """Encoded `parameters` map entries (field 4) to append to a request or response."""
-    message = pb.ModelInferResponse()
-    for key, value in params.items():
-        slot = message.parameters[key]
-        if isinstance(value, bool):
-            slot.bool_param = value
-        elif isinstance(value, int):
-            slot.int64_param = value
-        elif isinstance(value, float):
-            slot.double_param = value
-        else:
-            slot.string_param = value
-    # A message holding only the map serialises to exactly the entries to append.
-    return message.SerializeToString()
-
-
-def string_parameter(key: bytes, value: str) -> bytes:
-    """One `parameters` entry with a string value, as `parameters_field({key: value})` encodes
-    it, written directly when key and value are short (about a third of the cost: the router
-    adds the request id to every answer)."""
-    data = value.encode()
-    if len(key) + len(data) > 100:
-        return parameters_field({key.decode(): value})
-    inner = 2 + len(data)  # InferParameter: string_param (3), length, bytes
-    head = bytes((0x22, 4 + len(key) + inner, 0x0A, len(key)))  # entry; its key (1)
-    return b"".join((head, key, bytes((0x12, inner, 0x1A, len(data))), data))  # its value (2)
-
-
-def int_parameter(key: bytes, value: int) -> bytes:
-    """One `parameters` entry with an int64 value, as `parameters_field({key: value})` encodes
-    it, written directly for a short key and a value >= 0."""
-    if value < 0 or len(key) > 100:
-        return parameters_field({key.decode(): value})
-    data = encode_varint(value)
-    inner = 1 + len(data)  # InferParameter: int64_param (2), varint
-    head = bytes((0x22, 4 + len(key) + inner, 0x0A, len(key)))  # entry; its key (1)
-    return b"".join((head, key, bytes((0x12, inner, 0x10)), data))  # its value (2)
-
-
-_PATH_ENTRIES: dict[str, bytes] = {}  # path -> its encoded `path` parameter (paths are few)
-
-
-def router_answer(reply: bytes, path: str, request_id: str, overhead_us: int, model_name: str = "") -> bytes:
-    """An executor's serialized answer with the router's own fields appended: the model name the
-    caller asked for (where the route's target serves it under another), and the parameters
-    `path`, `request_id` and `router_overhead_us`."""
-    entry = _PATH_ENTRIES.get(path)
-    if entry is None:
-        entry = _PATH_ENTRIES.setdefault(path, parameters_field({"path": path}))
-    name = string_field(MODEL_NAME, model_name) if model_name else b""
-    return b"".join(
-        (
-            reply,
-            name,
-            entry,
-            string_parameter(b"request_id", request_id),
-            int_parameter(b"router_overhead_us", overhead_us),
-        )
-    )
 
 
 def _header_prefix(buf: bytes) -> bytes:
@@ -212,7 +115,7 @@ def _header_prefix(buf: bytes) -> bytes:
     while pos < end:
         key, value_at = _varint(buf, pos)
         field, wire = key >> 3, key & 7
-        if wire != _LEN:
+        if wire != LEN:
             raise InvalidArgument(f"malformed ModelInferResponse: field {field} has wire type {wire}")
         length, data_at = _varint(buf, value_at)
         if field in _TENSOR_FIELDS and tensors_at < 0:

@@ -22,7 +22,7 @@ import pytest
 from clients.local_cluster.local_routes import render_routes
 from clients.local_cluster.plan import ServiceSpec
 from services.router import router_config as config
-from services.router import wire
+from services.router import wire, wire_write
 from services.router.auth import Authenticator, Identity, authorize, bearer_key
 from services.router.policies import DeploymentState, plan
 from services.router.route_store import Change, RouteChange, RouteStore
@@ -43,7 +43,8 @@ def test_header_read_without_decoding_and_appended_fields_override() -> None:
     req = _request()
     raw = req.SerializeToString()
     assert wire.read_header(raw) == wire.Header("mlp", "", "caller-7")
-    edited = raw + wire.string_field(wire.MODEL_NAME, "mlp-b") + wire.string_field(wire.MODEL_VERSION, "2")
+    name = wire_write.string_field(wire.MODEL_NAME, "mlp-b")
+    edited = raw + name + wire_write.string_field(wire.MODEL_VERSION, "2")
     decoded = pb.ModelInferRequest.FromString(edited)
     assert (decoded.model_name, decoded.model_version, decoded.id) == ("mlp-b", "2", "caller-7")
     assert decoded.raw_input_contents[0] == bytes(range(16))  # tensor bytes untouched
@@ -55,7 +56,7 @@ def test_parameters_appended_to_a_response_and_read_back() -> None:
     resp.parameters["compute_us"].int64_param = 120
     resp.parameters["backend"].string_param = "cpu"
     resp.raw_output_contents.append(b"\x00" * 64)
-    raw = resp.SerializeToString() + wire.parameters_field(
+    raw = resp.SerializeToString() + wire_write.parameters_field(
         {"path": "cpu-eager", "router_overhead_us": 42, "backend": "override", "neg": -5, "f": 0.5, "b": True}
     )
     params = wire.read_parameters(raw)
@@ -67,9 +68,9 @@ def test_parameters_appended_to_a_response_and_read_back() -> None:
 
 def test_a_string_parameter_is_encoded_as_the_map_encodes_it() -> None:
     for key, value in ((b"request_id", "0" * 32), (b"k", ""), (b"path", "é" * 40), (b"id", "x" * 300)):
-        assert wire.string_parameter(key, value) == wire.parameters_field({key.decode(): value})
+        assert wire_write.string_parameter(key, value) == wire_write.parameters_field({key.decode(): value})
     head = pb.ModelInferResponse(model_name="mlp").SerializeToString()
-    raw = head + wire.string_parameter(b"request_id", "r1")
+    raw = head + wire_write.string_parameter(b"request_id", "r1")
     assert wire.read_parameters(raw) == {"request_id": "r1"}
 
 
