@@ -125,7 +125,7 @@ def summarize(windows: dict[str, list[list[float]]], window: float, reference: s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     for flag in ("--targets", "--model", "--input-name", "--input", "--out"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--window", type=float, default=1.0)

@@ -231,7 +231,7 @@ async def main(runs: int, models: list[str], serial: int = 0) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--models", default="mlp,tiny-lm")
     parser.add_argument("--serial", type=int, default=0, help="runs per model measured one after the other")

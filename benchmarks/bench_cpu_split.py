@@ -172,7 +172,7 @@ def tracing_cost(repo: Path, data_file: Path, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--warmup", type=float, default=1.0)

@@ -45,7 +45,7 @@ def _figures(run: DistributedRun) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--path", default="cpu")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--global-batch", type=int, default=16)

@@ -673,7 +673,7 @@ def report_outside(result: dict[str, Any]) -> None:
 def main() -> None:
     from benchmarks import bench_outside as o
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--requests", type=int, default=400, help="batch-1 requests per server per round")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")

@@ -278,7 +278,7 @@ async def measure(rounds: int, requests: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--requests", type=int, default=300, help="per round at 1 KB (a tenth at 1 MiB)")
     parser.add_argument(

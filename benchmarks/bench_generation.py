@@ -613,7 +613,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny", help="the model case")
     parser.add_argument("--requests", type=int, default=128, help="requests of the 8- and 32-stream runs")
     parser.add_argument("--one-stream", type=int, default=8, help="requests of the 1-stream run")

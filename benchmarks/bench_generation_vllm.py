@@ -389,7 +389,7 @@ def report(args: argparse.Namespace, peers: dict[str, Peer], rounds: list[dict[s
 
 
 def run() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--rounds", type=int, default=2, help="rounds (each measures both servers twice)")
     parser.add_argument("--requests", type=int, default=64, help="requests of a 32-stream run")
     parser.add_argument("--one-stream", type=int, default=8, help="requests of a 1-stream run")

@@ -248,7 +248,7 @@ def run_one(name: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--events", type=int, default=30_000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--inflight", type=int, default=4)

@@ -314,7 +314,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)

@@ -185,7 +185,7 @@ def _print(result: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--runs", type=int, default=8, help="pairs per model")
     parser.add_argument("--models", default="mlp")
     parser.add_argument("--name", default="method-cost")

@@ -393,7 +393,7 @@ def summarize(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     minimal = sub.add_parser("serve-minimal")
     minimal.add_argument("--repo", required=True)

@@ -119,7 +119,7 @@ def _run_child(path: str, python: str, models: list[str], iters: int, min_s: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--models", default="mlp,tiny-lm")
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--iters", type=int, default=100, help="minimum timed iterations per batch size")

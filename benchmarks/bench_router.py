@@ -675,7 +675,7 @@ def summarise(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts (default 1.0)")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench" / "router.json"))
     parser.add_argument("--capture-share", type=float, default=CAPTURE_SHARE, help="router_capture's share")

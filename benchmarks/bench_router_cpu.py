@@ -263,7 +263,7 @@ def _figures(r: br.Result) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--baseline", default="", help="a source tree to run router_baseline from")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument(

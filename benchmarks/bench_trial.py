@@ -167,7 +167,7 @@ async def main(runs: int, min_seconds: float) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--min-seconds", type=float, default=0.5)
     args = parser.parse_args()

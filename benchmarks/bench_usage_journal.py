@@ -71,7 +71,7 @@ async def _run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--out", type=Path, default=Path("out/bench/usage_journal.json"))

@@ -96,7 +96,7 @@ def measure(urls: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--batch", type=int, default=25, help="events per batch (router: ~rate x flush)")
     parser.add_argument("--batches", type=int, default=400, help="batches per key kind")
     parser.add_argument("--prefill", type=int, default=50_000, help="events in each ledger beforehand")

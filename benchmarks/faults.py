@@ -54,7 +54,7 @@ def table(rows: list[Figures]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--faults", nargs="*", default=list(FAULTS), choices=list(FAULTS))
     parser.add_argument("--partition-s", type=float, default=30.0)
     parser.add_argument("--out", type=Path, default=Path("out/bench/faults.json"))

@@ -34,7 +34,7 @@ class Exported(Model):  # type: ignore[misc]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--pt2", required=True)
     parser.add_argument("--name", required=True)
     args = parser.parse_args()
