@@ -118,7 +118,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await br.wait_serving(addr["executor"])
         await br.wait_serving(addr["executor_mtls"], operator)
         await br.wait_serving(addr["metering"])
-        await br.wait_serving(addr["metering_mtls"], operator)
+        await br.wait_serving(addr["metering_mtls"], operator, expect=tls.METERING)
         await br.wait_models_ready(addr["executor"], br.MODELS)
         await br.wait_models_ready(
             addr["executor_mtls"], br.MODELS, security=tls.Security.from_dir(pki["router"])

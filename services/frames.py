@@ -123,7 +123,8 @@ class FrameChannel(asyncio.Protocol):
         self._pending: dict[int, asyncio.Future[bytes]] = {}
         self._number = 0
         self._transport: asyncio.Transport | None = None
-        self.closed_because = ""
+        self._loop = asyncio.get_running_loop()  # made in the loop's create_connection; kept:
+        self.closed_because = ""  # asking for it per request is a getpid system call
 
     @classmethod
     async def connect(
@@ -179,7 +180,7 @@ class FrameChannel(asyncio.Protocol):
         if transport is None or transport.is_closing():
             raise FrameClosed(self.closed_because or "not connected")
         self._number = number = self._number % MAX_NUMBER + 1
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         waiter: asyncio.Future[bytes] = loop.create_future()
         self._pending[number] = waiter
 

@@ -51,6 +51,7 @@ class ExecutorTransport(Protocol):
 # what every unary request asks besides its deadline: one answer even from a decoupled
 # (generative) model, and the executor's statistics (the router routes and meters by them)
 _UNARY_STATS = wire_write.parameters_field({oip_params.UNARY: True, oip_params.STATS: True})
+_TIMEOUT = oip_params.TIMEOUT.encode()
 
 
 def request_parameters(timeout_s: float, unary: bool, tracing: bool) -> bytes:
@@ -58,14 +59,16 @@ def request_parameters(timeout_s: float, unary: bool, tracing: bool) -> bytes:
     deadline (Triton's `timeout`, microseconds), for one answer (`unary`) that one answer is
     wanted even from a decoupled model and with the executor's statistics (`switchyard_stats`),
     and the trace context when tracing."""
-    deadline = wire_write.parameters_field({oip_params.TIMEOUT: max(1, int(timeout_s * 1e6))})
+    # the entries written directly (wire_write), not through a protobuf message per request
+    deadline = wire_write.int_parameter(_TIMEOUT, max(1, int(timeout_s * 1e6)))
     if not unary and not tracing:
         return deadline
     parts = [deadline]
     if unary:
         parts.append(_UNARY_STATS)
     if tracing:
-        parts.append(wire_write.parameters_field(telemetry.trace_parameters()))
+        carrier = telemetry.trace_parameters()
+        parts.extend(wire_write.string_parameter(key.encode(), value) for key, value in carrier.items())
     return b"".join(parts)  # later map entries win
 
 

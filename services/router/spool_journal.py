@@ -48,6 +48,7 @@ class UsageJournal:
         self.retired: list[Path] = sorted(directory.glob("journal-*.log"))  # an earlier run's
         self._seq = 0
         self._path, self._file = self._open()
+        self._size = 0  # bytes written to the open file (a new one), not an fstat per commit
         self._buffer = bytearray()
         self._records = 0  # records in the open file (buffered or written)
         self._appended = 0
@@ -93,12 +94,13 @@ class UsageJournal:
         if data:
             try:
                 if self.sync:
-                    await asyncio.to_thread(_write, self._file, data, True)
+                    await asyncio.to_thread(_write, self._file, self._size, data, True)
                 else:  # a write of a few hundred bytes to the page cache: not worth a thread hop
-                    _write(self._file, data, False)
+                    _write(self._file, self._size, data, False)
             except OSError:
                 self._buffer[:0] = data  # kept for the next commit; the file was cut back
                 raise
+            self._size += len(data)
             self.commits += 1
         self._durable = max(self._durable, upto)
 
@@ -116,7 +118,7 @@ class UsageJournal:
             self._file.close()
             self.retired.append(self._path)
             self._path, self._file = self._open()
-            self._records = 0
+            self._records, self._size = 0, 0
         return True
 
     def release(self, upto: int) -> None:
@@ -144,9 +146,9 @@ class UsageJournal:
                 self._path.unlink()
 
 
-def _write(file: BinaryIO, data: bytes, sync: bool) -> None:
-    """Append (and fdatasync); on a refusal (disk full) the file is cut back to where it was."""
-    start = os.fstat(file.fileno()).st_size
+def _write(file: BinaryIO, start: int, data: bytes, sync: bool) -> None:
+    """Append (and fdatasync); on a refusal (disk full) the file is cut back to `start`, its
+    size before."""
     try:
         view = memoryview(data)
         while view:
