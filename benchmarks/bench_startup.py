@@ -63,7 +63,8 @@ async def one_run(root: Path, checkout: Path, prompt: str, timeout_s: float) -> 
     finally:
         peer.stop()
     await asyncio.to_thread(follower.join, 10)
-    timeline = [(round(t, 2), line.strip()) for t, line in lines if " ready " in line or "starting" in line]
+    marked = (" ready after ", "starting ", "from its standby", "cluster is up")
+    timeline = [(round(t, 2), line.strip()) for t, line in lines if any(m in line for m in marked)]
     shutil.rmtree(work, ignore_errors=True)
     return {"marks": marks, "timeline": timeline}
 

@@ -86,9 +86,10 @@ class Readiness:
                 return spec.argv[spec.argv.index("--temporal") + 1]
         raise FailedPrecondition("no Temporal address in the plan")
 
-    async def wait_ready(self, child: Started, stop: asyncio.Event) -> None:
+    async def wait_ready(self, child: Started, stop: asyncio.Event, origin: float | None = None) -> None:
         """Returns once `child` is ready (or `stop` is set); StartupFailed if it exits first
-        or is still not ready at its spec's start-up timeout."""
+        or is still not ready at its spec's start-up timeout. Its "ready" line says how long
+        it took, and with `origin` (the cluster's start, monotonic) when that was."""
         spec = child.spec
         deadline = child.started + spec.startup_timeout_s
         status = "starting"
@@ -102,7 +103,9 @@ class Readiness:
                 return
             status = await self.probe(spec)
             if status == health.SERVING and await self._models_ready(spec):
-                self.say(f"  {spec.name:<16} ready after {time.monotonic() - child.started:5.1f}s")
+                now = time.monotonic()
+                at = "" if origin is None else f" (at {now - origin:5.1f}s)"
+                self.say(f"  {spec.name:<16} ready after {now - child.started:5.1f}s{at}")
                 return
             if time.monotonic() > deadline:
                 raise StartupFailed(

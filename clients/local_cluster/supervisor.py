@@ -83,8 +83,10 @@ class Supervisor:
         say: Callable[[str], None] = print,
         policy: RestartPolicy | None = None,
         on_change: Callable[[], None] | None = None,
+        origin: float | None = None,
     ) -> None:
         self.specs = list(specs)
+        self.origin = origin  # when the cluster's start began (monotonic), for the ready lines
         self.log_dir = log_dir
         self.say = say
         self.policy = policy or RestartPolicy()
@@ -142,7 +144,7 @@ class Supervisor:
             await self._start_standby(spec)
         for wave in filter(None, waves):
             children = [await self._spawn(spec) for spec in wave]
-            waits = [asyncio.ensure_future(self.readiness.wait_ready(c, stop)) for c in children]
+            waits = [asyncio.ensure_future(self.readiness.wait_ready(c, stop, self.origin)) for c in children]
             try:
                 await asyncio.gather(*waits)
             except BaseException:
