@@ -21,6 +21,12 @@ from switchyard import tls
 from switchyard.errors import FailedPrecondition, Unavailable
 from workflows.temporal_link import TemporalTLS
 
+# A starting service is probed after 0.05 s, then at doubling intervals up to every 0.5 s: a
+# quick one (the router from its standby) is seen ready soon after it is, and a slow one (an
+# executor loading its models) is not probed, a TLS handshake each, more than twice a second.
+POLL_FIRST_S = 0.05
+POLL_S = 0.5
+
 
 class StartupFailed(Unavailable):
     """A service exited or stayed unhealthy while the cluster was starting."""
@@ -93,6 +99,7 @@ class Readiness:
         spec = child.spec
         deadline = child.started + spec.startup_timeout_s
         status = "starting"
+        pause = POLL_FIRST_S
         while True:
             if child.returncode is not None:
                 raise StartupFailed(
@@ -112,7 +119,8 @@ class Readiness:
                     f"{spec.name} not ready after {spec.startup_timeout_s:.0f}s (health {status}); "
                     f"last lines of {child.log_path}:\n{log_tail(child.log_path)}"
                 )
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(pause)
+            pause = min(POLL_S, pause * 2)
 
     async def _models_ready(self, spec: ServiceSpec) -> bool:
         if not spec.models:
