@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -60,6 +61,7 @@ async def one_run(root: Path, checkout: Path, prompt: str, timeout_s: float) -> 
         marks["state_and_key"] = time.monotonic() - peer.started
         await peer.first_answer(prompt, timeout_s)
         marks["first_answer"] = peer.startup_s
+        marks["cpu_s"] = tree_cpu_s(peer.process.pid)
     finally:
         peer.stop()
     await asyncio.to_thread(follower.join, 10)
@@ -67,6 +69,29 @@ async def one_run(root: Path, checkout: Path, prompt: str, timeout_s: float) -> 
     timeline = [(round(t, 2), line.strip()) for t, line in lines if any(m in line for m in marked)]
     shutil.rmtree(work, ignore_errors=True)
     return {"marks": marks, "timeline": timeline}
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of `pid` and every process below it (reaped children too, as
+    their parents' cutime/cstime): what the start-up cost the host, less noisy than its wall."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent_of: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parent_of[int(entry.name)] = int(fields[1])
+        cpu[int(entry.name)] = sum(int(f) for f in fields[11:15]) / tick
+    tree, grew = {pid}, True
+    while grew:
+        below = {p for p, parent in parent_of.items() if parent in tree} - tree
+        tree, grew = tree | below, bool(below)
+    return sum(cpu.get(p, 0.0) for p in tree)
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -77,6 +102,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "first_answer_s": spread([r["marks"]["first_answer"] for r in runs]),
         "state_and_key_s": spread([r["marks"]["state_and_key"] for r in runs]),
+        "cpu_s": spread([r["marks"]["cpu_s"] for r in runs]),
         "per_run": runs,
     }
 
@@ -97,15 +123,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         for name, checkout in checkouts.items():
             run = await one_run(root, checkout, prompt, args.timeout)
             runs[name].append(run)
-            print(f"{name} run {i + 1}/{args.runs}: first answer after {run['marks']['first_answer']:.2f} s")
+            m = run["marks"]
+            print(f"{name} run {i + 1}/{args.runs}: first answer after {m['first_answer']:.2f} s, "
+                  f"{m['cpu_s']:.1f} CPU s")  # fmt: skip
             for t, line in run["timeline"]:
                 print(f"  {t:6.2f} s  {line}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     result: dict[str, Any] = {"runs": args.runs, **{name: summary(r) for name, r in runs.items()}}
     if args.against:
-        pairs = zip(runs["this"], runs["baseline"], strict=True)
-        ratios = [a["marks"]["first_answer"] / b["marks"]["first_answer"] for a, b in pairs]
-        result["ratio_this_over_baseline"] = {**spread(ratios), "per_pair": ratios}
+        pairs = list(zip(runs["this"], runs["baseline"], strict=True))
+        for key in ("first_answer", "cpu_s"):
+            ratios = [a["marks"][key] / b["marks"][key] for a, b in pairs]
+            result[f"ratio_{key}_this_over_baseline"] = {**spread(ratios), "per_pair": ratios}
     return result
 
 
@@ -121,10 +150,12 @@ def run() -> None:
     result = asyncio.run(main(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    for name in ("this", "baseline", "ratio_this_over_baseline"):
+    for name, key in (("this", "first_answer_s"), ("this", "cpu_s"), ("baseline", "first_answer_s"),
+                      ("baseline", "cpu_s"), ("ratio_first_answer_this_over_baseline", ""),
+                      ("ratio_cpu_s_this_over_baseline", "")):  # fmt: skip
         if name in result:
-            f = result[name].get("first_answer_s", result[name])
-            print(f"{name}: min {f['min']:.2f}, median {f['median']:.2f}, max {f['max']:.2f}")
+            f = result[name][key] if key else result[name]
+            print(f"{name} {key}: min {f['min']:.2f}, median {f['median']:.2f}, max {f['max']:.2f}")
     print(f"wrote {args.out}")
 
 
