@@ -133,16 +133,14 @@ class Supervisor:
     async def start(self, stop: asyncio.Event, between: Callable[[], Awaitable[None]] | None = None) -> None:
         """Starts every service in waves: the audit witness, then the back ends together, then
         router and worker; `between` runs once the back ends are healthy (e.g. to write the
-        router's routes). The executors, the slowest to be ready (a model loaded and warm),
-        are spawned before anything else and waited for with the back ends; the front's
-        standbys (the router's) start next, so their imports are done when their wave comes."""
+        router's routes). The executors (slowest: models to load and warm) spawn first, then
+        the front's standbys (the router's), whose imports are done when their wave comes."""
         waves = [
             [s for s in self.specs if s.name in GROUND],
             [s for s in self.specs if s.name not in (*GROUND, *FRONT_FIRST)],
             [s for s in self.specs if s.name in FRONT_FIRST],
         ]
-        # executors dial metering only to audit a refusal: none of the others need be up first
-        early = {s.name: await self._spawn(s) for s in waves[1] if s.models}
+        early = {s.name: await self._spawn(s) for s in waves[1] if s.models}  # they need no other up
         for spec in waves[2]:  # importing while the back ends start; each takes its standby
             await self._start_standby(spec)
         for wave in filter(None, waves):
