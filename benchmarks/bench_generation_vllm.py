@@ -143,8 +143,9 @@ def start_vllm(directory: Path, work: Path, port: int) -> Peer:
     return peer
 
 
-def start_switchyard(root: Path, work: Path) -> Peer:
-    """`switchyard up` with the folder as the repository model, every port free, cpu only."""
+def start_switchyard(root: Path, work: Path, checkout: Path = ROOT) -> Peer:
+    """`switchyard up` with the folder as the repository model, every port free, cpu only (the
+    code of `checkout`: benchmarks/bench_startup.py runs a baseline's beside this one's)."""
     config = work / "switchyard.toml"
     config.write_text(
         f'state_dir = "{work / "state"}"\n[models]\nrepository = "{root}"\n'
@@ -155,7 +156,7 @@ def start_switchyard(root: Path, work: Path) -> Peer:
         "[executors.tpu]\nenabled = false\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(checkout)
     return Peer("switchyard", [sys.executable, "-m", "clients.cli", "up", "--config", str(config)],
                 env, work / "up.log")  # fmt: skip
 

@@ -103,6 +103,10 @@ def _serve(args: argparse.Namespace) -> int:
     from switchyard import transport
 
     transport.prefer_low_latency()  # before anything imports grpc
+    if loads_a_causal_lm(args):  # its engine's interpreter imports beside this one's imports
+        from services.executor.generation import engine_launch
+
+        engine_launch.prestart()
     from services.executor import executor_metrics as metrics
     from services.executor.executor_config import DEFAULT_PORTS, ExecutorConfig
     from services.executor.executor_server import start_executor
@@ -155,11 +159,30 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def loads_a_causal_lm(args: argparse.Namespace) -> bool:
+    """Whether one of --models is a causal LM whose engine will run in a process of its own
+    (its model.toml has [generation]); a model.toml that cannot be read counts as not (its
+    load reports it)."""
+    if args.backend != "cpu" or args.generation_engine != "process":
+        return False
+    from switchyard.models.manifest import ManifestError, read_model_toml
+
+    root = _repository(args.model_repository)
+    for entry in args.models.split(","):
+        name = entry.strip().partition(":")[0]
+        try:
+            if name and read_model_toml(root / name, name=name).generation:
+                return True
+        except (ManifestError, OSError):
+            continue
+    return False
+
+
 def _repository(given: str) -> Path:
     """The repository folder; a missing one is created with the built-ins in it."""
     import os
 
-    from switchyard.models.repository import seed_builtins
+    from switchyard.models.builtins import seed_builtins
 
     root = Path(given or os.environ.get("SWITCHYARD_MODELS_REPOSITORY", "") or "var/models").resolve()
     if not root.exists():

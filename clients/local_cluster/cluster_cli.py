@@ -54,9 +54,12 @@ def _reported(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
 
 @_reported
 def _up(args: argparse.Namespace) -> int:
+    import time
+
+    began = time.monotonic()  # before the cluster's imports: they are part of its start-up
     from clients.local_cluster.up import up
 
-    return asyncio.run(up(_load(args)))
+    return asyncio.run(up(_load(args), began))
 
 
 @_reported

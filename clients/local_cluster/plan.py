@@ -145,6 +145,17 @@ EXECUTOR_PRELOAD = (
 )
 
 
+# What `router serve` imports before it reads its routes: its standby, started with the back
+# ends, has done it by the time the routes exist (clients.local_cluster.supervisor).
+ROUTER_PRELOAD = (
+    "services.router.router_metrics",
+    "services.router.router_server",
+    "switchyard.metrics_endpoint",
+    "switchyard.telemetry",
+    "switchyard.grpcio",
+)
+
+
 def _switchyard(python: str, *args: str) -> tuple[str, ...]:
     return (python, "-m", "clients.cli", *args)
 
@@ -347,6 +358,7 @@ def _router(c: _Cluster) -> ServiceSpec:
         "grpc",
         env=c.identity_env("router"),
         info=f"OpenAI API http://{c.host}:{ports.openai}/v1" if ports.openai >= 0 else "",
+        preload=ROUTER_PRELOAD,
     )
 
 

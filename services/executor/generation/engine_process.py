@@ -33,16 +33,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import multiprocessing
-import os
 import subprocess
-import sys
-import threading
 import time
 from multiprocessing.connection import Connection
 
-from services.executor.generation import engine_child
 from services.executor.generation.engine_client import EngineClient, InlineOk, RunOnDevice
+from services.executor.generation.engine_launch import SPARE as _SPARE
+from services.executor.generation.engine_launch import launch as _launch
 from services.executor.generation.engine_messages import (
     Admitted,
     Cancel,
@@ -91,7 +88,6 @@ class EngineProcess:
         settings = spec.generation
         assert settings is not None
         process, parent = _SPARE.take() or _launch()
-        _SPARE.keep()  # the next load's, importing while this one loads
         try:
             parent.send(Load(spec, options, backend, cpu_threads))
             while not parent.poll(0.5):
@@ -111,6 +107,9 @@ class EngineProcess:
             _stop(process, parent)
             raise reply.error
         log.info("%s:%s: generation engine in process %d, warm", spec.name, spec.version, process.pid)
+        # the next load's, importing once this one is warm: started beside the load, its
+        # imports took a core from it (about 12 s of CPU on a 2-core host, as long as the load's)
+        _SPARE.keep()
         return cls(process, parent, settings, reply)
 
     def compilations_after_warmup(self) -> int:
@@ -127,49 +126,6 @@ class EngineProcess:
 
     def stop(self) -> None:
         _stop(self.process, self.conn)
-
-
-Child = tuple["subprocess.Popen[bytes]", Connection]
-
-
-def _launch() -> Child:
-    """A new engine process: it imports what a load needs, then waits for its model."""
-    parent, child = multiprocessing.Pipe()
-    fd = child.fileno()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", engine_child.__name__, str(fd)], pass_fds=(fd,), env=env
-    )
-    child.close()
-    return process, parent
-
-
-class _Spare:
-    """One engine process started ahead, its imports done, waiting for a model: the next load
-    takes it instead of waiting for a new interpreter to import torch and transformers (5-6 s
-    of a 6 s load of the test Llama on this host, 0.2-0.3 s from a spare; 0.05 s in process).
-    Started with the first engine, so an executor that serves no causal LM starts none; it
-    exits with the executor (its pipe's other end closes)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._child: Child | None = None
-
-    def take(self) -> Child | None:
-        with self._lock:
-            child, self._child = self._child, None
-        if child is not None and child[0].poll() is not None:  # it died waiting
-            child[1].close()
-            return None
-        return child
-
-    def keep(self) -> None:
-        with self._lock:
-            if self._child is None:
-                self._child = _launch()
-
-
-_SPARE = _Spare()
 
 
 def _stop(process: subprocess.Popen[bytes], conn: Connection) -> None:
