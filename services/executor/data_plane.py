@@ -2,16 +2,18 @@
 
 gRPC ModelInfer and ModelStreamInfer (`executor_servicer.py`) and framed inference
 (`frame_server.py`, services.frames) are adapters of a few lines over `DataPlane`, as
-KServe's servicers are over its DataPlane. For a tensor request it finds the model, bounds
-BYTES inputs, decodes and checks the inputs (`request_inputs.py`), hands the arrays to the
-model's batcher (or, on a quiet executor, computes a lone request at once), selects the
-outputs asked for, adds the parameters named in `switchyard.oip_params` (path, timings, load)
-when the request asks for them with `switchyard_stats` (the router and the trial do; otherwise
-the answer is bare, as Triton's, and costs no more), and counts the request for
-ModelStatistics and the metrics. A causal LM's request goes to its generation engine
-(`generation_calls.py`). Errors are `switchyard.errors`: raised to the gRPC edge on ModelInfer,
-written in-band as "STATUS: why" on streams and frames (`answer`), where one bad request must
-not end the others. No grpc here. It also answers what a client asks about the server and its
+KServe's servicers are over its DataPlane. It finds the model once and, by its kind, hands the
+request to one of two strategies (`_respond`, the one place the paths part): a tensor model's
+to `TensorCalls`, a causal LM's to its generation engine (`generation_calls.GenerationCalls`).
+`TensorCalls` reads the request in order: it bounds BYTES inputs and decodes them
+(`request_inputs.py`), reads the deadline, checks the inputs against the declaration
+(`loaded_model.model_arrays`), hands the arrays to the model's batcher (or, on a quiet
+executor, computes a lone request at once), selects the outputs asked for, adds the parameters
+named in `switchyard.oip_params` (path, timings, load) when the request asks for them with
+`switchyard_stats` (the router and the trial do; otherwise the answer is bare, as Triton's,
+and costs no more), and counts the request for ModelStatistics and the metrics. Errors are
+`switchyard.errors`: raised to the gRPC edge on ModelInfer, written in-band as "STATUS: why"
+on streams and frames (`answer`), where one bad request must not end the others. No grpc here. It also answers what a client asks about the server and its
 models, as Triton does (`oip_metadata.py`).
 """
 
@@ -28,7 +30,7 @@ from services.executor.batching import BatchResult
 from services.executor.executor_runtime import Draining, Executor, find_all
 from services.executor.generation import generation_oip as gen_oip
 from services.executor.generation_calls import GenerationCalls
-from services.executor.loaded_model import LoadedModel
+from services.executor.loaded_model import LoadedModel, Signatures, model_arrays
 from services.executor.oip_metadata import (
     SERVER_NAME,
     SERVER_VERSION,
@@ -36,9 +38,10 @@ from services.executor.oip_metadata import (
     model_metadata,
     model_statistics,
 )
-from services.executor.request_inputs import Signatures, deadline_of, model_arrays, read_inputs, trace_carrier
+from services.executor.request_inputs import read_inputs
 from services.streams import StreamReplies
 from switchyard import oip_params, telemetry
+from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import model_config_pb2 as mc
@@ -69,7 +72,7 @@ class _ModelPlan:
 
     def __init__(self, model: LoadedModel, executor_id: str) -> None:
         self.model = model
-        self.outputs = [(s.name, model.wire_datatype(s)) for s in model.spec.outputs]
+        self.outputs = model.wire_outputs
         self.signatures: Signatures = {}
         template = pb.ModelInferResponse(model_name=model.spec.name, model_version=model.spec.version)
         params = template.parameters
@@ -83,11 +86,9 @@ class _ModelPlan:
 class DataPlane:
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
-        self._plans: dict[int, _ModelPlan] = {}
         self._tracing = telemetry.enabled()  # set up before the server starts, as the CLI does
-        self._last_done = 0.0  # time.perf_counter() when the last tensor request was handed back
-        self._last_done_cpu = 0.0  # time.thread_time() of the loop's thread then
-        self.generations = GenerationCalls(executor, self._template)
+        self.tensors = TensorCalls(executor)
+        self.generations = GenerationCalls(executor, self.tensors.template)
 
     # ---- inference -----------------------------------------------------------------------
     async def infer(
@@ -101,7 +102,7 @@ class DataPlane:
         carrier = (
             telemetry.metadata_carrier(metadata())
             if metadata is not None
-            else trace_carrier(request.parameters)
+            else _trace_carrier(request.parameters)
         )
         with telemetry.leaf_span(_INFER_METHOD, carrier):
             return await self._respond(request, time_remaining)
@@ -146,16 +147,65 @@ class DataPlane:
     async def _respond(
         self, request: pb.ModelInferRequest, time_remaining: float | None
     ) -> pb.ModelInferResponse:
+        """The one place where the tensor and the generation paths part, by the model's kind."""
         started = time.perf_counter_ns()
+        model = self.executor.find(request.model_name, request.model_version)
+        calls: TensorCalls | GenerationCalls = self.tensors if model.engine is None else self.generations
+        return await calls.unary(model, request, time_remaining, started)
+
+    # ---- what a client asks about the server and its models, as Triton answers -------------
+    def ready(self) -> bool:
+        return self.executor.ready()
+
+    def model_ready(self, name: str, version: str) -> bool:
+        model = self.executor.find(name, version)
+        return model.state == "READY" and not self.executor.draining
+
+    def server_metadata(self) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration", "statistics"]
+        )
+
+    def model_metadata(self, name: str, version: str) -> pb.ModelMetadataResponse:
+        return model_metadata(self.executor.find(name, version))
+
+    def model_config(self, name: str, version: str) -> mc.ModelConfig:
+        return model_config(self.executor.find(name, version))
+
+    def model_statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse:
+        """The named model's statistics, or every loaded model's where no name is given."""
+        response = pb.ModelStatisticsResponse()
+        for model in find_all(self.executor, name, version):
+            stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
+            if model.batcher is not None:
+                model_statistics(model.batcher.counters, stats)
+        return response
+
+
+class TensorCalls:
+    """A tensor model's requests: the inputs read, the plan, the deadline, the arrays handed to
+    the model's batcher, the answer; in that order, each once."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self._plans: dict[int, _ModelPlan] = {}
+        self._last_done = 0.0  # time.perf_counter() when the last tensor request was handed back
+        self._last_done_cpu = 0.0  # time.thread_time() of the loop's thread then
+
+    async def unary(
+        self,
+        model: LoadedModel,
+        request: pb.ModelInferRequest,
+        time_remaining: float | None,
+        started_ns: int,
+    ) -> pb.ModelInferResponse:
+        """One request's answer; `started_ns` (time.perf_counter_ns()) when it was taken."""
         executor = self.executor
-        model = executor.find(request.model_name, request.model_version)
-        if model.engine is not None:  # a causal LM: the whole completion in one response
-            return await self.generations.unary(model, request, time_remaining)
         inputs, waited = await read_inputs(request, executor.config.max_bytes_elements)
         if waited:  # the model may have been reloaded meanwhile
             model = executor.find(request.model_name, request.model_version)
-        deadline = deadline_of(request, time_remaining)
         plan = self._plan(model)
+        deadline = oip_params.deadline_of(request.parameters, time_remaining)
         wanted = [o.name for o in request.outputs]
         if wanted:
             declared = [name for name, _ in plan.outputs]
@@ -166,19 +216,19 @@ class DataPlane:
             raise Draining("executor is draining; retry on another executor")
         if model.state != "READY" or model.batcher is None:
             raise Unavailable(f"model {model.spec.name!r} is {model.state}; retry when it is READY")
-        arrays, rows = model_arrays(model, plan.signatures, inputs)
-        result = await self._hand_off(model, arrays, rows, deadline)
+        result = await self._hand_off(model, plan, inputs, deadline)
         response = self._response(plan, request, wanted, result)
         counters = model.batcher.counters  # ModelStatistics and the metrics read these
         counters.success += 1
-        counters.success_ns += time.perf_counter_ns() - started
+        counters.success_ns += time.perf_counter_ns() - started_ns
         return response
 
     async def _hand_off(
-        self, model: LoadedModel, arrays: list[Any], rows: int, deadline: float | None
+        self, model: LoadedModel, plan: _ModelPlan, inputs: list[WireTensor], deadline: float | None
     ) -> BatchResult:
-        """The arrays to the model's batcher; or, alone on a quiet executor and short,
-        computed right here (a queue and thread hand-offs would cost more)."""
+        """The inputs, checked, as the model's arrays to its batcher; or, alone on a quiet
+        executor and short, computed right here (a queue and thread hand-offs would cost more)."""
+        arrays, rows = model_arrays(model, plan.signatures, inputs)
         executor = self.executor
         batcher = model.batcher
         assert batcher is not None  # READY, checked by the caller
@@ -190,7 +240,8 @@ class DataPlane:
                 idle > LOOP_IDLE_S
                 and executor.in_flight == 1
                 and batcher.idle
-                and executor.inline_ok(model.expected_compute_s(arrays, rows))
+                and executor.device_idle
+                and model.expected_compute_s(arrays, rows) <= executor.inline_limit_s
             ):
                 # Requests that reached gRPC while the loop was busy show up within a few loop
                 # turns; counted in flight, this one makes them queue rather than go inline.
@@ -245,34 +296,11 @@ class DataPlane:
         self._plans[id(model)] = plan
         return plan
 
-    def _template(self, model: LoadedModel) -> pb.ModelInferResponse:
+    def template(self, model: LoadedModel) -> pb.ModelInferResponse:
         """The parts of a response fixed for a loaded model, built once per load."""
         return self._plan(model).template
 
-    # ---- what a client asks about the server and its models, as Triton answers -------------
-    def ready(self) -> bool:
-        return self.executor.ready()
 
-    def model_ready(self, name: str, version: str) -> bool:
-        model = self.executor.find(name, version)
-        return model.state == "READY" and not self.executor.draining
-
-    def server_metadata(self) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(
-            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration", "statistics"]
-        )
-
-    def model_metadata(self, name: str, version: str) -> pb.ModelMetadataResponse:
-        return model_metadata(self.executor.find(name, version))
-
-    def model_config(self, name: str, version: str) -> mc.ModelConfig:
-        return model_config(self.executor.find(name, version))
-
-    def model_statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse:
-        """The named model's statistics, or every loaded model's where no name is given."""
-        response = pb.ModelStatisticsResponse()
-        for model in find_all(self.executor, name, version):
-            stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
-            if model.batcher is not None:
-                model_statistics(model.batcher.counters, stats)
-        return response
+def _trace_carrier(params: Any) -> dict[str, str]:
+    """The trace context a request carries in its parameters (the router sets them)."""
+    return {k: params[k].string_param for k in (oip_params.TRACEPARENT, oip_params.TRACESTATE) if k in params}

@@ -104,7 +104,12 @@ class Executor:
     def inline_ok(self, expected_s: float) -> bool:
         """May work expected to take `expected_s` run on the event loop: nothing is on the device
         thread and it is within `inline_compute_us`."""
-        return self._device_jobs == 0 and expected_s <= self.config.inline_compute_us / 1e6
+        return self._device_jobs == 0 and expected_s <= self.inline_limit_s
+
+    @property
+    def inline_limit_s(self) -> float:
+        """The longest work that may run on the event loop (`inline_compute_us`)."""
+        return self.config.inline_compute_us / 1e6
 
     @property
     def device_idle(self) -> bool:

@@ -18,7 +18,7 @@ from services.executor.executor_runtime import Executor
 from services.executor.generation import generation_oip as gen_oip
 from services.executor.generation.engine_client import GenerationStream
 from services.executor.loaded_model import LoadedModel
-from services.executor.request_inputs import deadline_of, decode_inputs
+from services.executor.request_inputs import decode_inputs
 from switchyard import oip_params
 from switchyard.errors import SwitchyardError
 from switchyard.gen.inference import grpc_service_pb2 as pb
@@ -42,9 +42,14 @@ class GenerationCalls:
         return model
 
     async def unary(
-        self, model: LoadedModel, request: pb.ModelInferRequest, time_remaining: float | None
+        self,
+        model: LoadedModel,
+        request: pb.ModelInferRequest,
+        time_remaining: float | None,
+        started_ns: int,
     ) -> pb.ModelInferResponse:
-        """The whole completion in one response (ModelInfer; `stream` true is UNIMPLEMENTED)."""
+        """The whole completion in one response (ModelInfer; `stream` true is UNIMPLEMENTED).
+        `started_ns` goes unused: a generation's statistics are its engine's."""
         async with self._generation(model, request, time_remaining, False) as (responder, gen):
             return await gen_oip.whole_response(responder, gen, False, model.compilations_after_warmup)
 
@@ -82,7 +87,7 @@ class GenerationCalls:
         call = gen_oip.parse_call(model, decode_inputs(request), [o.name for o in request.outputs])
         if not decoupled:
             gen_oip.check_unary(call)
-        deadline = deadline_of(request, time_remaining)
+        deadline = oip_params.deadline_of(request.parameters, time_remaining)
         executor = self.executor
         stream = executor.generate(model, call.prompt, call.params, call.prompt_text is not None, deadline)
         template = pb.ModelInferResponse()
