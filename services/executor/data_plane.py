@@ -13,8 +13,9 @@ named in `switchyard.oip_params` (path, timings, load) when the request asks for
 `switchyard_stats` (the router and the trial do; otherwise the answer is bare, as Triton's,
 and costs no more), and counts the request for ModelStatistics and the metrics. Errors are
 `switchyard.errors`: raised to the gRPC edge on ModelInfer, written in-band as "STATUS: why"
-on streams and frames (`answer`), where one bad request must not end the others. No grpc here. It also answers what a client asks about the server and its
-models, as Triton does (`oip_metadata.py`).
+on streams and frames (`answer`), where one bad request must not end the others. No grpc
+here. It also answers what a client asks about the server and its models, as Triton does
+(`oip_metadata.py`).
 """
 
 from __future__ import annotations
