@@ -329,15 +329,22 @@ def measurer(args: argparse.Namespace, directory: Path, work: Path, sets: dict[i
     )
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+async def bench_repository(work: Path) -> tuple[Path, Path]:
+    """bench_generation's `medium` Llama built under `work`, and a repository there serving it
+    as MODEL: (the model's folder, the repository)."""
     from switchyard.models.repository import seed_builtins
     from tests.gen_models import add_generative
 
-    work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     directory = await asyncio.to_thread(build_model, work / "llama", "medium")
     root = work / "repo"
     seed_builtins(root, ["tiny-lm"])
     add_generative(root, MODEL, directory, GENERATION, "hf")
+    return directory, root
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+    directory, root = await bench_repository(work)
     texts = prompts(directory, args.requests + args.one_stream + 1)
     sets = {1: texts[1 : 1 + args.one_stream], 32: texts[1 + args.one_stream :]}
     peers: dict[str, Peer] = {}

@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_generation import GENERATION, build_model
-from benchmarks.bench_generation_vllm import MODEL, Peer, prompts, start_switchyard, switchyard_key
+from benchmarks.bench_generation_vllm import Peer, bench_repository, prompts, start_switchyard, switchyard_key
 from benchmarks.common import ROOT
+from tests.processes import descendants
 
 
 def follow(peer: Peer, lines: list[tuple[float, str]]) -> None:
@@ -75,23 +75,14 @@ def tree_cpu_s(pid: int) -> float:
     """User + system CPU seconds of `pid` and every process below it (reaped children too, as
     their parents' cutime/cstime): what the start-up cost the host, less noisy than its wall."""
     tick = os.sysconf("SC_CLK_TCK")
-    parent_of: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    total = 0.0
+    for p in {pid, *descendants(pid)}:
         try:
-            stat = (entry / "stat").read_text()
+            stat = Path(f"/proc/{p}/stat").read_text()
         except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        parent_of[int(entry.name)] = int(fields[1])
-        cpu[int(entry.name)] = sum(int(f) for f in fields[11:15]) / tick
-    tree, grew = {pid}, True
-    while grew:
-        below = {p for p, parent in parent_of.items() if parent in tree} - tree
-        tree, grew = tree | below, bool(below)
-    return sum(cpu.get(p, 0.0) for p in tree)
+            continue  # ended meanwhile: its time is in its parent's cutime/cstime
+        total += sum(int(f) for f in stat[stat.rindex(")") + 2 :].split()[11:15]) / tick
+    return total
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -108,14 +99,8 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    from switchyard.models.repository import seed_builtins
-    from tests.gen_models import add_generative
-
     work = Path(tempfile.mkdtemp(prefix="bench-startup-model-"))
-    directory = await asyncio.to_thread(build_model, work / "llama", "medium")
-    root = work / "repo"
-    seed_builtins(root, ["tiny-lm"])
-    add_generative(root, MODEL, directory, GENERATION, "hf")
+    directory, root = await bench_repository(work)
     prompt = prompts(directory, 1)[0]
     checkouts = {"this": ROOT, **({"baseline": args.against.resolve()} if args.against else {})}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in checkouts}
