@@ -33,7 +33,7 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(PATH):$(TOOLS_ENV)/bin
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test setup setup-main setup-xla setup-tpu setup-focus focus-python setup-tools setup-perf perf-analyzer-path setup-kserve kserve-python setup-vllm vllm-python setup-aiperf aiperf-path lint proto proto-check bench clean
+.PHONY: run test setup setup-test setup-chromium setup-main setup-xla setup-tpu setup-focus focus-python setup-tools setup-perf perf-analyzer-path setup-kserve kserve-python setup-vllm vllm-python setup-aiperf aiperf-path lint proto proto-check bench clean
 
 run: setup
 	$(PY) -m clients.cli demo $(ARGS)
@@ -45,10 +45,21 @@ run: setup
 # so the default is one process (0).
 TEST_WORKERS ?= 0
 
-test: setup lint
+test: setup-test lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 setup: setup-main setup-xla setup-tools
+
+# What only the tests use, built before pytest starts so that the suite's time is the tests'
+# own: focus-validator's and perf_analyzer's envs (cached by hash), and Debian's chromium for
+# the report pages. Each test still builds what it needs when run alone.
+setup-test: setup setup-focus setup-perf setup-chromium
+
+setup-chromium:
+	@command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || { \
+	  echo "== installing Debian's chromium (the report pages' tests)"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }; }
 
 setup-main: $(MAIN_ENV)/.ready
 	@ln -sfn $(MAIN_ENV) $(VENV)
@@ -95,7 +106,8 @@ $(TPU_ENV)/.ready:
 	$(call build_env,$(TPU_ENV),requirements/tpu.txt,TorchTPU environment (torch_tpu + libtpu; TPU VMs only))
 
 # focus-validator (FOCUS conformance of `switchyard ledger export`): its pins conflict with the
-# main environment's, so it gets its own; tests/metering/test_focus.py builds it when missing.
+# main environment's, so it gets its own; `make test` builds it first (setup-test), and
+# tests/metering/test_focus.py when missing.
 setup-focus: $(FOCUS_ENV)/.ready
 
 focus-python:
