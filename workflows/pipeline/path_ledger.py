@@ -44,7 +44,12 @@ class PathLedger:
         if self.state.ledger_problem:
             return
         # the start comes from the workflow so a retried activity sends the same request
-        r = await self.ctx.call(LedgerActivities.open_reservation, ReservationRequest(self.target, now_us()))
+        self.state.reservation_start_us = now_us()
+        await self._reserve()
+
+    async def _reserve(self) -> None:
+        request = ReservationRequest(self.target, self.state.reservation_start_us)
+        r = await self.ctx.call(LedgerActivities.open_reservation, request)
         self.state.reservation_id, self.state.reservation_open = r.reservation_id, True
 
     async def usage(self, phase: str, busy_us: int, started: int, ended: int) -> None:
@@ -81,6 +86,8 @@ class PathLedger:
     async def cleanup(self) -> None:
         """Close the reservation (if still open) and hand back the serving set-up (or unload
         what only the trial loaded); safe to call twice."""
+        if self.state.reservation_start_us and not self.state.reservation_id:
+            await self._recover_reservation()
         if not self.state.reservation_open and not self.state.loaded:
             return
         reservation = self.state.reservation_id if self.state.reservation_open else ""
@@ -91,3 +98,12 @@ class PathLedger:
             self.state.loaded = False
         except ActivityError as err:
             self.state.notes.append(f"cleanup failed: {reason_of(err)}")
+
+    async def _recover_reservation(self) -> None:
+        """A cancellation that lands while the reservation is being opened loses the answer
+        (asyncio throws it in at that await), not the reservation: asked again with the same
+        key and start, metering answers with the one it holds, which cleanup then closes."""
+        try:
+            await self._reserve()
+        except ActivityError as err:
+            self.state.notes.append(f"reservation left unknown: {reason_of(err)}")

@@ -17,8 +17,8 @@ so the ledger stays whole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -133,8 +133,9 @@ class PathRun:
         if self.state.status != "failed":
             self.state.status = "done"
 
-    async def _phase(self, phase: str, step: Awaitable[T]) -> T:
+    async def _phase(self, phase: str, step: Coroutine[Any, Any, T]) -> T:
         if (task := asyncio.current_task()) is not None and task.cancelling():
+            step.close()  # never started: closed, so it is not left unawaited
             raise asyncio.CancelledError()  # cancelled while in an activity that then completed
         self._enter(phase)
         result = await step

@@ -60,6 +60,7 @@ class PathState:
     ledger_problem: str = ""
     reservation_id: str = ""
     reservation_open: bool = False
+    reservation_start_us: int = 0  # set when the reservation is asked for, before its answer
     loaded: bool = False
     restore: ServingConfig | None = None  # serving config before the trial; None = unload after
     timeline: dict[str, list[str]] = field(default_factory=dict)  # phase -> [start, end] (ISO)
