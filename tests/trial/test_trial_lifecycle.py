@@ -77,6 +77,7 @@ async def test_killed_worker_resumes_mid_performance_and_completes(stack: Stack)
     assert report["status"] == "completed"
     assert report["verdicts"]["cpu-eager-2"]["criteria"]["correctness"]["result"] == "pass"
     perf = report["paths"]["cpu-eager"]["performance"]
+    assert "scenarios" in perf, report["paths"]["cpu-eager"]  # what ended the phase, if it failed
     assert [s["scenario"] for s in perf["scenarios"]] == ["single-stream", "offline"]
     history = await handle.fetch_history()
     names = {}
