@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,16 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # certificates nor this): the tests of identities and authorisation give their servers
 # certificates explicitly (tests/security/), which wins over this for those servers.
 os.environ["SWITCHYARD_SECURITY_INSECURE"] = "true"
+
+# Inductor's FX-graph and AOTAutograd caches in a folder that outlives /tmp (emptied at boot),
+# as the environments are (~/.cache/switchyard), one per torch version; every process of the
+# session (executors, engine children, clusters) inherits it. A graph compiled by an earlier
+# run is then loaded, not built again by the C++ compiler: the compiled MLP's two buckets took
+# 70 s cold and 7 s warm. Dynamo still traces each graph and the executor's counting backend
+# still sees every compilation, so the compile tests' counts are unchanged. An operator's own
+# TORCHINDUCTOR_CACHE_DIR wins.
+_CACHE = Path(os.environ.get("SWITCHYARD_CACHE", Path.home() / ".cache" / "switchyard"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_CACHE / f"inductor-{metadata.version('torch')}"))
 
 
 @pytest.fixture(scope="session")

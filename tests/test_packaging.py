@@ -6,8 +6,9 @@ isolation: setuptools is in the main environment). Two fresh virtual environment
 a directory outside the checkout with no PYTHONPATH:
 - the server install: the wheel (`switchyard[server,control]`) into a venv that holds exactly
   the dependencies the wheel declares, with theirs: the closure of its Requires-Dist for those
-  extras, resolved against the main environment's installed distributions and linked file by
-  file from there (each distribution's RECORD), so the test stays offline and takes seconds
+  extras, resolved against the main environment's installed distributions and linked from
+  there by each distribution's RECORD (a top-level folder no other distribution has files in
+  as one link, a shared one file by file), so the test stays offline and takes seconds
   instead of downloading torch, yet a dependency that pyproject.toml forgot is missing there
   (the main environment, built from requirements/, is not visible). `switchyard --version`,
   `switchyard models list` and `switchyard up` (until every service is SERVING) work, the code
@@ -126,19 +127,40 @@ def declared_closure(wheel: Path, extras: frozenset[str]) -> list[metadata.Distr
     return list(found.values())
 
 
+def _name(dist: metadata.Distribution) -> str:
+    return canonicalize_name(dist.metadata["Name"])
+
+
+def _tops(dist: metadata.Distribution) -> set[str]:
+    """The top-level names `dist` has files under in its site-packages (not its scripts)."""
+    return {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+
+
 def link_distributions(dists: list[metadata.Distribution], home: Path) -> int:
     """Links every file of `dists` into the venv at `home`, at the same place relative to its
     site-packages (scripts land in its bin/; Python scripts are left out: their shebang names
-    the main environment's interpreter). Returns the number of files linked."""
+    the main environment's interpreter). A top-level folder that no other installed
+    distribution has a file in is one link (torch/, its dist-info); one that others share (a
+    namespace such as google/, __pycache__/) is linked file by file, so no file of a
+    distribution outside `dists` is reachable. Returns the number of files of `dists` linked."""
     site = _site_packages(home)
+    wanted = {_name(d) for d in dists}
+    shared = {top for d in metadata.distributions() if _name(d) not in wanted for top in _tops(d)}
     linked = 0
     for dist in dists:
+        for top in _tops(dist) - shared:
+            source = Path(os.path.normpath(str(dist.locate_file(top))))
+            if source.is_dir() and not (site / top).exists():
+                (site / top).symlink_to(source, target_is_directory=True)
         for entry in dist.files or []:
             source = Path(os.path.normpath(str(dist.locate_file(entry))))
             target = Path(os.path.normpath(site / entry))
-            if not source.is_file() or target.exists():
+            if not source.is_file():
                 continue
-            if target.parent == home / "bin" and source.read_bytes()[:2] == b"#!":
+            if target.parent != site and (site / Path(str(entry)).parts[0]).is_symlink():
+                linked += 1  # under a folder linked whole
+                continue
+            if target.exists() or (target.parent == home / "bin" and source.read_bytes()[:2] == b"#!"):
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             target.symlink_to(source)
