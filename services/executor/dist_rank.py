@@ -67,6 +67,8 @@ def _train(
 ) -> None:
     import torch
 
+    from services.executor.training_optim import momentum_sgd
+
     if config.path == "cpu":  # ranks share the host's cores; oversubscribed OpenMP pools crawl
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.world_size))
     module = torch.load(job_dir / "job.pt", weights_only=False)["module"]
@@ -80,8 +82,8 @@ def _train(
     ops = RankOps(config, replicas)
     module = module.to(device=device, dtype=dtype).train()
     model = ops.wrap(module, device)
-    optimizer = torch.optim.SGD(module.parameters(), lr=float(job["lr"]), momentum=0.9)
-    ops.sync()
+    optimizer = momentum_sgd(module, float(job["lr"]))
+    ops.sync()  # also makes the zero momentum buffers device data before step 1
     # the same seeded global batch every step (as single-process Train): a curve that must fall
     data = train_batch(per_rank * config.world_size, torch.Generator().manual_seed(seed))
     mine = [t[rank * per_rank : (rank + 1) * per_rank] for t in data]

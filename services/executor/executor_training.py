@@ -16,6 +16,7 @@ from services.executor import distributed
 from services.executor.backends.base import Backend
 from services.executor.dist_launch import DistributedRun, run_distributed, split_objective
 from services.executor.loaded_model import LoadedModel
+from services.executor.training_optim import momentum_sgd
 from switchyard.errors import FailedPrecondition, InvalidArgument
 
 
@@ -94,7 +95,8 @@ def _train_copy(
     """Trains a copy of the loaded weights so serving is not changed by training."""
     assert model.prepared is not None and model.spec.train_loss is not None
     module = copy.deepcopy(model.prepared.module).train()
-    optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9)
+    optimizer = momentum_sgd(module, lr)
+    backend.synchronize()  # the zero momentum buffers become device data before step 1
     device = backend.device()
     losses: list[float] = []
     seconds: list[float] = []

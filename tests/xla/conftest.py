@@ -87,7 +87,7 @@ def wait_serving(process: subprocess.Popen[str], timeout_s: float = START_TIMEOU
     raise RuntimeError(f"executor did not serve within {timeout_s}s:\n" + "\n".join(lines[-40:]))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The executors' model repository: the built-ins, plus what a test adds."""
     root = tmp_path_factory.mktemp("models")
@@ -95,14 +95,17 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def executors(repository: Path) -> Iterator[dict[str, ExecutorProcess]]:
     """An xla and a cpu executor, both serving mlp and tiny-lm warmed for BUCKETS, from one
-    repository; factories of the `tests` package are allowed."""
+    repository; factories of the `tests` package are allowed. The xla one also serves
+    tiny-lm-gen for test_xla_generation: one xla process for the package, not one a module
+    (each start imports torch_xla and brings up PJRT, ~10 s on this host; every counter the
+    tests read is the model's own, so the models do not see each other's compilations)."""
     xla_python = require_xla_env()
     extra = ("--model-repository", str(repository), "--allow-factory", "tests")
     started = {
-        "xla": spawn(xla_python, "xla", "mlp,tiny-lm", *extra),
+        "xla": spawn(xla_python, "xla", "mlp,tiny-lm,tiny-lm-gen", *extra),
         "cpu": spawn(sys.executable, "cpu", "mlp,tiny-lm", *extra),
     }
     running: dict[str, ExecutorProcess] = {}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +13,15 @@ import pytest
 import tritonclient.grpc as triton
 
 from tests.gen_models import tiny_lm_reference, token_inputs
-from tests.processes import stop_child
-from tests.xla.conftest import ExecutorProcess, require_xla_env, spawn, wait_serving
+from tests.xla.conftest import ExecutorProcess
 
 pytestmark = [pytest.mark.xla, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def xla_generation(repository: Path) -> Iterator[ExecutorProcess]:
-    process = spawn(require_xla_env(), "xla", "tiny-lm-gen", "--model-repository", str(repository))
-    try:
-        yield wait_serving(process)
-    finally:
-        stop_child(process)
+def xla_generation(executors: dict[str, ExecutorProcess]) -> ExecutorProcess:
+    """The package's xla executor (tests/xla/conftest.py), which serves tiny-lm-gen too."""
+    return executors["xla"]
 
 
 def _request(prompt: list[int], max_tokens: int) -> list[Any]:
