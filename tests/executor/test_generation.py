@@ -16,6 +16,7 @@ from services.executor.device import select_backend
 from services.executor.executor_config import ExecutorConfig
 from services.executor.executor_runtime import Executor
 from services.executor.generation.engine_client import GenerationStream
+from services.executor.generation.packed_linear import packing_available
 from services.executor.generation.scheduler import EngineFull, TokenEvent
 from services.executor.generation.settings import SamplingParams, parse_sampling
 from services.executor.load_phases import LoadOptions
@@ -109,6 +110,8 @@ async def test_llama_greedy_equals_hf_generate(either: Executor, llama_dir: Path
     executor = either
     m = model(executor, "llama-tiny")
     assert m.engine is not None
+    if packing_available():  # greedy through oneDNN's packed GEMMs (packed_linear)
+        assert any("on oneDNN" in a for a in m.findings.adaptations), m.findings.adaptations
     texts = ["the quick brown", "hello", "serving language models one", "a switchyard routes trains from"]
     prompts = [m.engine.tokenizer.encode(t) for t in texts]
     params = SamplingParams(temperature=0.0, max_tokens=24)

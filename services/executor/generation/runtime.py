@@ -19,6 +19,7 @@ from torch import nn
 from services.executor.backends.base import PRECISIONS, Backend, CompileCounters, PreparedModel
 from services.executor.generation.kv_cache import StaticKVCache
 from services.executor.generation.models import Step, causal_lm_for
+from services.executor.generation.packed_linear import pack_linears
 from services.executor.generation.settings import GenerationSettings
 from services.executor.load_phases import (
     Findings,
@@ -43,6 +44,9 @@ class GenerationRuntime:
     ) -> None:
         self.settings = settings
         self.backend = backend
+        # eager on the host CPU: the linear layers on oneDNN over packed weights (packed_linear)
+        on_host = mode == "eager" and backend.device().type == "cpu" and dtype == torch.float32
+        self.packed_linears = pack_linears(module) if on_host else 0
         self.lm = causal_lm_for(module)
         if settings.max_context > self.lm.max_positions:
             raise InvalidArgument(
@@ -186,6 +190,10 @@ def load_runtime(
         f"prefill buckets {list(settings.prompt_buckets)}, "
         f"decode widths {list(settings.decode_buckets)}"
     ]
+    if runtime.packed_linears:
+        findings.adaptations.append(
+            f"generation: {runtime.packed_linears} linear layers on oneDNN, their weights packed at load"
+        )
     findings.unsupported_dtypes = unsupported_dtypes(backend)
     return runtime, times, findings
 
