@@ -61,9 +61,7 @@ def pack_linears(module: nn.Module) -> int:
         (parent, name, child)
         for parent in module.modules()
         for name, child in parent.named_children()
-        if type(child) is nn.Linear
-        and child.weight.dtype == torch.float32
-        and child.weight.device.type == "cpu"
+        if type(child) is nn.Linear and _host_fp32(child.weight)
     ]
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child))
