@@ -118,7 +118,10 @@ def _assert_main_job(result: dict[str, Any], paths: dict[str, str]) -> None:
     assert cpu["total_micros"] > 0
     assert cpu["total_micros"] == cpu["busy_micros"] + cpu["idle_micros"] + cpu["prepare_micros"]
     assert abs(cpu["cost_per_completed_job_micros"] - cpu["total_micros"] / cpu["jobs_completed"]) <= 0.5
-    assert 0 < cpu["idle_micros"] < cpu["total_micros"]
+    # Each line is rounded once to the micro-unit (costmodel.py). At the example price (120,000
+    # micros an hour, 0.033 a millisecond) a request busy under 15 ms is charged 0, and on a
+    # quiet machine every request is: busy may be 0, with the reserved rest shown as idle.
+    assert 0 < cpu["idle_micros"] <= cpu["total_micros"]
     assert paths["xla"] in rows  # the trial's and the shadow's cost of the XLA path
     assert Path(result["reports"]["finance"]).read_text().lstrip().lower().startswith("<!doctype html")
     # the result file names the team, never its key
