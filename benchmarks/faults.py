@@ -80,7 +80,7 @@ def main() -> None:
         "metering-partition": functools.partial(metering_partition, seconds=args.partition_s, pace=PACE),
         "slow-lossy-link": functools.partial(slow_lossy_link, fault_s=4.0, pace=PACE),
         "postgres-restart": functools.partial(postgres_restart, down_s=3.0, pace=PACE),
-        "spool-disk-full": functools.partial(spool_disk_full, fault_s=8.0, pace=PACE),
+        "spool-disk-full": functools.partial(spool_disk_full, fault_s=8.0, pace=PACE, hold_s=None),
         "router-metering-kill": functools.partial(router_and_metering_killed, down_s=4.0, pace=PACE),
     }
     assert runs.keys() == FAULTS.keys()

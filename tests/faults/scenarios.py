@@ -86,12 +86,14 @@ def run_fault(
     fault_s: float,
     pace: Pace,
     routers: tuple[str, ...] = ("router",),
+    hold_s: float | None = None,
 ) -> Figures:
     """`noticed`: the log line (of the first of `routers`, where the load goes) that says it
     saw the fault; `recovered`: when it had
     recovered, from the heal's time and the spool's (time, segments) samples (None: when the
     client's latency settled again, at most twice the p99 before the fault, or 50 ms more);
-    the fault lasts `fault_s` under the load's `pace`."""
+    the fault lasts `fault_s` under the load's `pace` (with `hold_s`: until `hold_s` after
+    the router logged `noticed`, `fault_s` at most)."""
     warm_s = pace.warm_s
     earlier = set(cluster.completed_jobs(set(), timeout_s=0))  # a cluster shared by faults
     load = cluster.load(CLIENTS, seconds=warm_s + fault_s + pace.after_s, routers=routers)
@@ -102,10 +104,13 @@ def run_fault(
         time.sleep(warm_s)
         cut = time.time()
         inject()
-        time.sleep(fault_s)
+        _wait_out_fault(cluster, routers[0], noticed, cut, fault_s, hold_s)
     finally:
         heal()
     healed = time.time()
+    if hold_s is not None:  # the load was started for the longest fault: `after_s` from the heal
+        time.sleep(pace.after_s)
+        Cluster.end_load(load)
     got = Cluster.result(load, 90)
     answered = {rid for _, _, rid in got.answers}
     jobs = {k: n for k, n in cluster.completed_jobs(answered, timeout_s=60).items() if k not in earlier}
@@ -139,6 +144,19 @@ def run_fault(
         dead_letters=cluster.spool_counts()[1],
         error_codes=dict(Counter(code for _, _, code in got.errors)),
     )
+
+
+def _wait_out_fault(
+    cluster: Cluster, role: str, noticed: str, cut: float, fault_s: float, hold_s: float | None
+) -> None:
+    """Returns when the fault is to be healed: `fault_s` after the inject, or with `hold_s`
+    that long after `role` logged `noticed` (polled), whichever comes first."""
+    end = time.monotonic() + fault_s
+    if hold_s is not None:
+        while cluster.logged_at(role, noticed, cut) is None and time.monotonic() < end:
+            time.sleep(0.1)
+        end = min(end, time.monotonic() + hold_s)
+    time.sleep(max(0.0, end - time.monotonic()))
 
 
 def executor_blackhole(cluster: Cluster, fault_s: float = 3.0, pace: Pace = Pace()) -> Figures:
@@ -231,15 +249,22 @@ def router_and_metering_killed(cluster: Cluster, down_s: float = 2.0, pace: Pace
 
 
 def spool_disk_full(
-    cluster: Cluster, disk_kb: int = 768, room_kb: int = 48, fault_s: float = 5.0, pace: Pace = Pace()
+    cluster: Cluster,
+    disk_kb: int = 768,
+    room_kb: int = 48,
+    fault_s: float = 8.0,
+    pace: Pace = Pace(),
+    hold_s: float | None = 1.0,
 ) -> Figures:
     """The router restarted with its spool on a tmpfs of `disk_kb` of its own (a 64 KiB
     reserve), then under load: metering cut off (so the spool must hold usage) and the disk
     filled by another writer but for `room_kb`, which the spool's journal and segments take. The
     router must refuse new requests (RESOURCE_EXHAUSTED), answer only what it journaled, and
     serve again once healed (the filler removed, the link up). Then back on its own spool.
-    `fault_s` 5 s: the load fills `room_kb` and the router refuses about 1 s after the fill
-    (`eject_s` 0.8-1.0 s, loaded 2-core host), so it refuses for some 4 s before the heal."""
+    The fault lasts until `hold_s` after the router logged its refusal, `fault_s` at most (None:
+    `fault_s`): how soon the load fills `room_kb` is the host's (the refusal came 0.8-1.0 s
+    after the fill here, 3.45 s with a core taken by a busy loop), and 1 s of refusals (each
+    answered at once) is hundreds of them, for `errors_in_fault`."""
     small, saved = cluster.directory / "spool-small", dict(cluster.router_settings)
     host, filler, healing = cluster.hosts["metering"], small / "filler", list[float]()
 
@@ -268,7 +293,7 @@ def spool_disk_full(
             try:
                 return run_fault(
                     cluster, "spool disk full", inject, heal, r"refusing new metered requests",
-                    served_again, fault_s, pace,
+                    served_again, fault_s, pace, hold_s=hold_s,
                 )  # fmt: skip
             finally:
                 cluster.stop("router")  # before the unmount: it holds files there
