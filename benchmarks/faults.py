@@ -9,7 +9,7 @@ ledger's jobs against the answers received (equal, none doubled), the spool's pe
 dead letters. The JSON goes to `--out`.
 
 The router<->metering partition lasts `--partition-s` (30 s, the issue's figure; the test
-uses 8 s). Delay and loss go through a userspace relay on the router's link to exec-b, since
+uses 5 s). Delay and loss go through a userspace relay on the router's link to exec-b, since
 this kernel has no sch_netem (tests/faults/link_proxy.py says what its loss models).
 The spool disk fault mounts a 768 KiB tmpfs for the router's spool (restarting the router
 onto it and back); its refusals are RESOURCE_EXHAUSTED, counted in `errors`.
@@ -27,7 +27,20 @@ from pathlib import Path
 from tests.faults import postgres
 from tests.faults.cluster import Cluster
 from tests.faults.netns import Network, unavailable
-from tests.faults.scenarios import FAULTS, Figures, metering_partition
+from tests.faults.scenarios import (
+    FAULTS,
+    Figures,
+    Pace,
+    executor_blackhole,
+    metering_partition,
+    postgres_restart,
+    router_and_metering_killed,
+    slow_lossy_link,
+    spool_disk_full,
+)
+
+# Longer windows than the tests': 5 s of load before each fault (a p99 over 4 s), 3 s after.
+PACE = Pace(warm_s=5.0, after_s=3.0)
 
 COLUMNS = (
     ("fault", "fault", 32),
@@ -63,9 +76,14 @@ def main() -> None:
     if why:
         raise SystemExit(f"cannot make hosts here: {why}")
     runs: dict[str, Callable[[Cluster], Figures]] = {
-        **FAULTS,
-        "metering-partition": functools.partial(metering_partition, seconds=args.partition_s),
+        "executor-blackhole": functools.partial(executor_blackhole, fault_s=4.0, pace=PACE),
+        "metering-partition": functools.partial(metering_partition, seconds=args.partition_s, pace=PACE),
+        "slow-lossy-link": functools.partial(slow_lossy_link, fault_s=4.0, pace=PACE),
+        "postgres-restart": functools.partial(postgres_restart, down_s=3.0, pace=PACE),
+        "spool-disk-full": functools.partial(spool_disk_full, fault_s=8.0, pace=PACE, hold_s=None),
+        "router-metering-kill": functools.partial(router_and_metering_killed, down_s=4.0, pace=PACE),
     }
+    assert runs.keys() == FAULTS.keys()
     rows: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="switchyard-faults-") as scratch:
         cluster = Cluster(Network(), Path(scratch), replicas=True)

@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -119,10 +120,11 @@ asyncio.run(main())
 """
 )
 # The client host's load, through Triton's own client (tritonclient.grpc.aio, as a team's code
-# calls a Triton server): `clients` concurrent callers for `seconds`, at most `limit` requests;
-# every answer's request id and every error (its gRPC status), with wall-clock times, as JSON.
+# calls a Triton server): `clients` concurrent callers for `seconds` (or until SIGUSR1), at most
+# `limit` requests; every answer's request id and every error (its gRPC status), with wall-clock
+# times, as JSON.
 CLIENT = """
-import asyncio, json, sys, time
+import asyncio, json, signal, sys, time
 import numpy as np
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
@@ -163,6 +165,12 @@ async def main() -> None:
         await first.close()
     print("GO", flush=True)
     end = time.time() + float(seconds)
+
+    def end_now() -> None:  # SIGUSR1 (Cluster.end_load): no new call from now on
+        nonlocal end
+        end = time.time()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, end_now)
 
     async def one(i: int) -> None:
         stubs = [triton.InferenceServerClient(a) for a in routers]
@@ -341,6 +349,12 @@ class Cluster:
         ready, _, _ = select.select([proc.stdout], [], [], START_S)
         assert ready and proc.stdout.readline().startswith(b"GO"), "the load never got an answer"
         return proc
+
+    @staticmethod
+    def end_load(proc: subprocess.Popen[bytes]) -> None:
+        """Ends the load before its `seconds`: each caller finishes the call it is in and
+        starts no other (nothing, once the load has ended)."""
+        proc.send_signal(signal.SIGUSR1)
 
     @staticmethod
     def result(proc: subprocess.Popen[bytes], timeout_s: float) -> Load:

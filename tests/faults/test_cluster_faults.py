@@ -57,7 +57,9 @@ def test_blackholed_executor_host_is_ejected_and_traffic_fails_over(cluster: Clu
 
 
 def test_router_metering_partition_spools_then_delivers_exactly_once(cluster: Cluster) -> None:
-    f = metering_partition(cluster, seconds=8)  # the issue's 30 s in `python -m benchmarks.faults`
+    # 5 s: past the auth cache's TTL and a lookup's timeout (scenarios.metering_partition), so
+    # the answers ride a stale identity; the issue's 30 s is `python -m benchmarks.faults`'s
+    f = metering_partition(cluster, seconds=5)
     assert f.errors == 0, f  # keys from the auth cache, usage to the spool: clients see nothing
     assert f.eject_s is not None and f.spool_peak > 0, f  # it did spool
     assert f.recover_s is not None, f  # and drained after the heal
