@@ -17,10 +17,13 @@ from tests.trial.trial_helpers import ledger_state, tiny_spec, trial_worker
 from workflows.spec.trial_io import TrialInput
 from workflows.trial import TrialWorkflow
 
+# Long enough that the kill, 1 s after the candidate enters its performance phase, lands in
+# the activity: its single-stream and offline scenarios are at least 1 s per path each (4 s
+# of blocks for the two), which no host load makes shorter.
 LONG_PERF = {
     "warmup": 1,
     "min_iterations": 5,
-    "min_seconds": 2.5,
+    "min_seconds": 1.0,
     "batch_sizes": [1],
     "offline_concurrency": 1,
 }
@@ -52,7 +55,11 @@ async def test_killed_worker_resumes_mid_performance_and_completes(stack: Stack)
             {"name": "cpu-eager-2", "executor": "cpu", "mode": "eager"},
         ],
         performance=LONG_PERF,
-        timeouts={"heartbeat_s": 3, "activity_s": 300, "max_attempts": 5},
+        # The kill is seen after heartbeat_s at most. The SDK sends heartbeats every 0.8 x
+        # heartbeat_s, and a scenario's end (its jobs recorded, its answers checked) sends none:
+        # at 3 s the live retries timed out on a busy host too (two spurious attempts, ~20 s
+        # lost); at 6 s they finish in their first retry.
+        timeouts={"heartbeat_s": 6, "activity_s": 300, "max_attempts": 5},
     )
     queue = f"kill-{uuid.uuid4().hex[:8]}"
     first = _spawn_worker(stack, queue)

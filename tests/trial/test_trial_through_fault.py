@@ -5,7 +5,8 @@ The trial must still reach a verdict, name what the fault did to that path (requ
 or stalled and for how long), and never report the speed measured through it: the latency
 criterion is inconclusive with the fault as its reason. Real Temporal dev server, evaluator,
 metering and ledger (the shared stack), the reference on the stack's in-process CPU executor,
-the candidate on a CPU executor process of its own, so stopping it touches nothing else.
+the candidate on a CPU executor process of its own, so stopping it touches nothing else; the
+two declared on separate hosts, so they are measured at the same time.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def _spec() -> dict[str, Any]:
         {"name": "candidate", "executor": "stoppable", "mode": "eager"},
     ]
     spec = tiny_spec(paths)
-    # one path after the other, single-stream only, long enough to hold the 3 s fault
+    # not interleaved (the paths are on separate hosts), single-stream only, long enough to
+    # hold the 3 s fault
     spec["performance"] = {
         "warmup": 2,
         "min_iterations": 40,
@@ -85,6 +87,11 @@ async def test_a_trial_through_a_stopped_executor_names_the_fault_and_no_speed(
             evaluator=stack.evaluator,
             metering=stack.metering,
             executors={"cpu": stack.cpu, "stoppable": address},
+            # declared on separate hosts, the two paths are measured at once (as one host they
+            # took turns, the reference's 8 s first: ~8 s longer); the reference's windows
+            # then overlap the candidate's stop, and its clean timings below still say the
+            # fault stayed on its path
+            hosts={"cpu": "reference-host", "stoppable": "stoppable-host"},
         )
         async with trial_worker(stack, config) as queue:
             handle = await stack.env.client.start_workflow(
