@@ -38,7 +38,7 @@ from switchyard.gen.inference import grpc_service_pb2 as oip
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from workflows.activities import payloads
 from workflows.activities.connections import Connections, grpc_errors
-from workflows.activities.path import Clock
+from workflows.activities.path import Clock, heartbeating
 from workflows.activities.trial_ledger import send_usage, usage_event
 from workflows.pipeline.types import (
     CompareRequest,
@@ -225,19 +225,20 @@ class _Beat:
         self.last = time.perf_counter()
         if path:
             self.done[path] = done
+        activity.heartbeat(self.details())
+
+    def details(self) -> dict[str, Any]:
         paths = {p.request.target.path: {**p.state(), "done": self.done.get(p.request.target.path, 0)}
                  for p in self.progress}  # fmt: skip
         plan = self.progress[0].request.plan
-        activity.heartbeat(
-            {
-                "phase": "performance",
-                "scenario": self.scenario,
-                "batch": self.batch,
-                "target": plan.min_iterations,
-                "attempt": self.attempt,
-                "paths": paths,
-            }
-        )
+        return {
+            "phase": "performance",
+            "scenario": self.scenario,
+            "batch": self.batch,
+            "target": plan.min_iterations,
+            "attempt": self.attempt,
+            "paths": paths,
+        }
 
 
 # One block of a path: at least `size` (requests, seconds) at `concurrency` (PerformanceActivities._block).
@@ -302,8 +303,13 @@ class PerformanceActivities:
             paths = list(zip(streams, todo, strict=True))
             await self._run(paths, concurrency, plan, interleaved, beat)
             record = await _extend(rule, paths, plan, self._block, beat) if name == "single-stream" else None
+            # Recording the jobs and checking the answers under load can take seconds: the
+            # worker heartbeats meanwhile, with the details from before (a retry still redoes
+            # the scenario whole), or a short heartbeat timeout retries a live worker.
+            before = beat.details()
             for stream, p in paths:
-                await self._finish(p, stream, name, batch, concurrency, interleaved, info.attempt)
+                finish = self._finish(p, stream, name, batch, concurrency, interleaved, info.attempt)
+                await heartbeating(finish, before.copy)
                 extension.attach(p.done, record)
             if all(p.problem for p in progress):  # nothing left to measure: retry the activity
                 raise ApplicationError("; ".join(p.problem for p in progress), type="AllFailed")
