@@ -66,8 +66,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     validate = commands.add_parser(
         "validate", help="load on a backend, run the example inputs, print compatibility findings"
     )
-    validate.add_argument("name")
-    validate.add_argument("--version", default="")
+    # Several names share one interpreter: on xla the command re-runs itself once, and the XLA
+    # environment's start-up (importing torch_xla) is paid once, not per model.
+    validate.add_argument(
+        "names", nargs="+", metavar="NAME", help="one or more repository models, validated in order"
+    )
+    validate.add_argument("--version", default="", help="the version of each NAME (default: its default)")
     validate.add_argument("--backend", default="cpu", help="cpu | xla | cuda | tpu (default cpu)")
     validate.add_argument("--mode", default="", help="execution mode (default: the backend's first)")
     validate.add_argument("--precision", default="", help="default: model.toml's for the backend")
@@ -265,8 +269,22 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    """Each NAME in turn, stopping at the first that fails; --json prints one report object for
+    one NAME and a list of them, in order, for several (the failing one's included, where it has
+    one: a generation that disagrees with its reference)."""
     if args.backend in ("xla", "tpu") and not _has_torch_xla():
         return _reexec(args)
+    reports: list[dict[str, Any]] = []
+    try:
+        for name in args.names:
+            _validate_one(name, args, reports)
+    finally:
+        if args.json and reports:
+            print(json.dumps(reports[0] if len(args.names) == 1 else reports, indent=2))
+    return 0
+
+
+def _validate_one(name: str, args: argparse.Namespace, reports: list[dict[str, Any]]) -> None:
     import torch
 
     from clients.model_admin import check_outputs
@@ -277,9 +295,10 @@ def _validate(args: argparse.Namespace) -> int:
     from switchyard.models.repository import Repository
 
     root, allowed = _settings(args)
-    spec = Repository(root, allowed).get(args.name, args.version)
+    spec = Repository(root, allowed).get(name, args.version)
     if spec.generation is not None:
-        return _validate_generation(spec, args)
+        _validate_generation(spec, args, reports)
+        return
     backend = select_backend(args.backend, 0)
     precision = args.precision or spec.manifest.precision_for(backend.name)
     if precision not in backend.precisions or precision not in PRECISIONS:
@@ -314,9 +333,9 @@ def _validate(args: argparse.Namespace) -> int:
         "notes": list(f.notes),
         "load_s": round(model.times.total_s, 3),
     }
+    reports.append(report)
     if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
+        return
     print(f"{spec.name}:{spec.version} on {backend.name} ({options.mode}, {precision}): OK")
     print(f"  sha256 {spec.sha256}")
     for name, shape in shapes:
@@ -330,10 +349,9 @@ def _validate(args: argparse.Namespace) -> int:
     print(f"  compilations: {f.compilations} ({f.compile_time_s:.2f} s)")
     for line in model.findings.adaptations + list(f.notes):
         print(f"  note: {line}")
-    return 0
 
 
-def _validate_generation(spec: Any, args: argparse.Namespace) -> int:
+def _validate_generation(spec: Any, args: argparse.Namespace, reports: list[dict[str, Any]]) -> None:
     """A generative model: a short greedy generation on the backend, against the model's own."""
     from clients.model_generation import validate_generation
     from switchyard.errors import InvalidArgument
@@ -354,8 +372,7 @@ def _validate_generation(spec: Any, args: argparse.Namespace) -> int:
         "agrees": check.agrees,
         "load_s": round(check.load_s, 3),
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
+    reports.append(report)
     if not check.agrees:
         raise InvalidArgument(
             f"{spec.name}:{spec.version} on {check.backend} generates {list(check.tokens)} greedily, but "
@@ -368,7 +385,6 @@ def _validate_generation(spec: Any, args: argparse.Namespace) -> int:
             f"  greedy generation of {len(check.tokens)} tokens from a {check.prompt_tokens}-token prompt "
             f"equals the model's {check.reference_name}: {check.text!r}"
         )
-    return 0
 
 
 def _has_torch_xla() -> bool:
@@ -390,7 +406,7 @@ def _reexec(args: argparse.Namespace) -> int:
             f"(SWITCHYARD_{args.backend.upper()}_PYTHON); this interpreter has no torch_xla"
         )
     root, allowed = _settings(args)
-    argv = [python, "-m", "clients.cli", "models", "validate", args.name, "--backend", args.backend]
+    argv = [python, "-m", "clients.cli", "models", "validate", *args.names, "--backend", args.backend]
     argv += ["--repository", str(root), *(f"--allow-factory={p}" for p in allowed)]
     argv += [*(["--version", args.version] if args.version else [])]
     argv += [

@@ -103,3 +103,23 @@ def test_the_builtin_validates_and_adds_as_a_factory_folder(
     spec, checked = add_model(tmp_path / "other", "my-gen", source)
     assert spec.generation is not None and checked.generated is not None
     assert checked.output_shapes == (("output_ids", (1, 8)),)
+
+
+def test_several_names_validate_in_one_command_each_with_its_own_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One command for several entries (on xla: one re-exec, one torch_xla start-up for all); each
+    # keeps the report it has alone, in the order given, a generative one and a plain one alike.
+    repo = tmp_path / "repo"
+    seed_builtins(repo, ["tiny-lm-gen", "mlp"])
+    argv = ["models", "validate", "tiny-lm-gen", "mlp", "--repository", str(repo)]
+    capsys.readouterr()
+    assert switchyard([*argv, "--json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    assert [r["model"] for r in reports] == ["tiny-lm-gen", "mlp"]
+    assert reports[0]["generated_ids"] == tiny_lm_reference(list(PROMPT.encode()), 8)
+    assert reports[1]["outputs"] == {"y": [2, 16]} and reports[1]["backend"] == "cpu"
+    assert switchyard(argv) == 0
+    text = capsys.readouterr().out
+    assert "tiny-lm-gen:1 on cpu" in text and "mlp:1 on cpu" in text
+    assert text.index("tiny-lm-gen:1") < text.index("mlp:1")
