@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -76,6 +78,46 @@ def test_executor_serve_starts_an_engine_ahead_only_for_a_causal_lm_on_cpu(tmp_p
     assert not ahead("--models", "mlp,no-such-model")
     assert not ahead("--models", "tiny-lm-gen", "--generation-engine", "inline")
     assert not ahead("--models", "tiny-lm-gen", "--backend", "xla")
+
+
+# The child's own loop, run in a fresh interpreter with its load already waiting (as for a child
+# started for that load, or a spare taken while it imported torch): what it imported is then
+# visible. serve() returns at the Close that follows the load.
+_LOAD_WAITING = """
+import multiprocessing, sys
+from pathlib import Path
+from services.executor.device import select_backend
+from services.executor.executor_config import ExecutorConfig
+from services.executor.executor_runtime import Executor
+from services.executor.generation import engine_child
+from services.executor.generation.engine_messages import Close, Load
+from switchyard.models.registry import ModelRegistry
+ex = Executor(ExecutorConfig(), select_backend("cpu"), ModelRegistry(Path(sys.argv[1])))
+parent, child = multiprocessing.Pipe()
+parent.send(Load(ex.registry.get("tiny-lm-gen", ""), ex.default_options(), "cpu", 1))
+parent.send(Close())
+engine_child.serve(child)
+print(type(parent.recv()).__name__, any(m.startswith("transformers") for m in sys.modules))
+"""
+
+
+def test_an_engine_process_with_its_load_waiting_imports_transformers_only_for_its_format(
+    tmp_path: Path,
+) -> None:
+    """The hf format's modelling (2 of a child's 3 s start on this host) is imported ahead only
+    by a spare that waits for a load: a built-in model's engine does not wait for it."""
+    seed_builtins(tmp_path, ["tiny-lm-gen"])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run(
+        [sys.executable, "-c", _LOAD_WAITING, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["Ready", "False"], out.stderr
 
 
 async def test_a_deadline_that_passes_in_the_engine_process_queue_is_deadline_exceeded(

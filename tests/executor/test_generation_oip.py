@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -112,10 +113,14 @@ def lagging_stream(address: str, inputs: list[Any], pause_s: float) -> list[Any]
     """One request on a stream whose consumer stops for `pause_s` after the first response."""
     client = triton.InferenceServerClient(address, channel_args=LAGGING)
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    paused = threading.Event()
 
     def take(result: Any, error: Any) -> None:
         answers.put((result, error))
-        if answers.qsize() == 1:
+        # once, after the first response: a check of the queue's size (it was) paused again
+        # after every response, as the test's thread had taken the last one, 1 s each
+        if not paused.is_set():
+            paused.set()
             time.sleep(pause_s)  # the stream's reader thread: nothing is read meanwhile
 
     client.start_stream(callback=take)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -118,8 +119,10 @@ async def test_killed_executor_is_ejected_and_readmitted_when_it_returns(
         health_interval_s=0.1,
         eject_base_s=0.5,
         # the cooldown doubles on every failed probe while the executor is down; capped, the
-        # re-admission follows its return within seconds however long the respawn took
-        eject_max_s=2.0,
+        # re-admission follows its return within a second however long the respawn took (the
+        # respawn takes 1.5 s here, so a cap of 2 s made the test wait out up to 2 s more;
+        # it stays out until a probe passes, whatever the cap: `DeploymentState.admitted`)
+        eject_max_s=1.0,
     )
     router = await make_router(cfg, metering.running.address)
     pool = router.router.pool
@@ -197,6 +200,15 @@ async def test_full_route_answers_resource_exhausted_early(
     assert set(errors) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
+async def _until(done: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Waits until `done()` holds (polling); fails after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout_s
+    while not done():
+        assert loop.time() < until, "timed out"
+        await asyncio.sleep(0.01)
+
+
 @pytest.mark.parametrize(
     ("router_wants", "executor_offers", "transport"),
     [("frames", True, "frames"), ("grpc", True, "grpc"), ("frames", False, "grpc")],
@@ -242,7 +254,9 @@ async def test_deadline_and_cancellation_reach_the_executor_queue(
             call = stub.ModelInfer(_request(), metadata=metadata, timeout=30)
             await asyncio.sleep(0.1)  # queued on the executor, waiting out the delay
             call.cancel()
-            await asyncio.sleep(0.6)  # the batch forms when the delay ends: the request is gone
+            # the batch forms when the delay ends: the request is gone (the counter moves then,
+            # `_drop_dead`; waited for, not slept past: 0.6 s was 0.2 s over the delay)
+            await _until(lambda: counters.cancelled_in_queue >= dropped + 1)
             assert counters.cancelled_in_queue == dropped + 1
             assert counters.executions == executions
 
@@ -251,7 +265,7 @@ async def test_deadline_and_cancellation_reach_the_executor_queue(
                 await stream.write(_request())
             await asyncio.sleep(0.1)
             stream.cancel()
-            await asyncio.sleep(0.6)
+            await _until(lambda: counters.cancelled_in_queue >= dropped + 4)
             assert counters.cancelled_in_queue == dropped + 4  # its queued requests dropped too
             assert counters.executions == executions
 

@@ -39,8 +39,13 @@ def serve(conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the executor stops it, by Close or EOF
     from services.executor.device import select_backend
 
-    with contextlib.suppress(ImportError):  # the hf format's, imported while nobody waits
-        import transformers.models.llama.modeling_llama  # noqa: F401
+    # the hf format's (2 s of a 3 s start on this host), imported ahead only while nobody
+    # waits: a spare with no load yet. A load already here (a child started for it, or a spare
+    # taken while it imported torch) imports it only if its model is in that format, so a
+    # built-in model's engine does not wait for transformers.
+    if not conn.poll():
+        with contextlib.suppress(ImportError):
+            import transformers.models.llama.modeling_llama  # noqa: F401
     try:
         load: Load = conn.recv()
     except EOFError:
