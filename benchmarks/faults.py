@@ -23,24 +23,23 @@ import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.faults import postgres
 from tests.faults.cluster import Cluster
 from tests.faults.netns import Network, unavailable
-from tests.faults.scenarios import (
-    FAULTS,
-    Figures,
-    Pace,
-    executor_blackhole,
-    metering_partition,
-    postgres_restart,
-    router_and_metering_killed,
-    slow_lossy_link,
-    spool_disk_full,
-)
+from tests.faults.scenarios import FAULTS, Figures, Pace
 
-# Longer windows than the tests': 5 s of load before each fault (a p99 over 4 s), 3 s after.
+# Longer windows than the tests': 5 s of load before each fault (a p99 over 4 s), 3 s after,
+# and each fault as long as the runbook's table has it (the partition: --partition-s).
 PACE = Pace(warm_s=5.0, after_s=3.0)
+WINDOWS: dict[str, dict[str, Any]] = {
+    "executor-blackhole": {"fault_s": 4.0},
+    "slow-lossy-link": {"fault_s": 4.0},
+    "postgres-restart": {"down_s": 3.0},
+    "spool-disk-full": {"fault_s": 8.0, "hold_s": None},
+    "router-metering-kill": {"down_s": 4.0},
+}
 
 COLUMNS = (
     ("fault", "fault", 32),
@@ -75,15 +74,10 @@ def main() -> None:
     why = unavailable() or postgres.unavailable()
     if why:
         raise SystemExit(f"cannot make hosts here: {why}")
+    windows = {**WINDOWS, "metering-partition": {"seconds": args.partition_s}}
     runs: dict[str, Callable[[Cluster], Figures]] = {
-        "executor-blackhole": functools.partial(executor_blackhole, fault_s=4.0, pace=PACE),
-        "metering-partition": functools.partial(metering_partition, seconds=args.partition_s, pace=PACE),
-        "slow-lossy-link": functools.partial(slow_lossy_link, fault_s=4.0, pace=PACE),
-        "postgres-restart": functools.partial(postgres_restart, down_s=3.0, pace=PACE),
-        "spool-disk-full": functools.partial(spool_disk_full, fault_s=8.0, pace=PACE, hold_s=None),
-        "router-metering-kill": functools.partial(router_and_metering_killed, down_s=4.0, pace=PACE),
+        name: functools.partial(fault, pace=PACE, **windows[name]) for name, fault in FAULTS.items()
     }
-    assert runs.keys() == FAULTS.keys()
     rows: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="switchyard-faults-") as scratch:
         cluster = Cluster(Network(), Path(scratch), replicas=True)

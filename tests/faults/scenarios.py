@@ -302,7 +302,7 @@ def spool_disk_full(
         cluster.start_router()
 
 
-FAULTS: dict[str, Callable[[Cluster], Figures]] = {
+FAULTS: dict[str, Callable[..., Figures]] = {  # each: (cluster, its windows as keywords)
     "executor-blackhole": executor_blackhole,
     "metering-partition": metering_partition,
     "slow-lossy-link": slow_lossy_link,
