@@ -38,6 +38,15 @@ PRICE_KEY = "cpu-test"
 PATHS = ("cpu-a", "cpu-b", "cpu-c")
 
 
+async def until(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    """Returns once `check()` holds (polled every 20 ms); fails after `timeout_s`."""
+    for _ in range(int(timeout_s / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached in time")
+
+
 @dataclass
 class Metering:
     running: RunningMetering

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -27,6 +26,7 @@ from tests.router.conftest import (
     routes_config,
     spawn_executor,
     start_metering_at,
+    until,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -200,15 +200,6 @@ async def test_full_route_answers_resource_exhausted_early(
     assert set(errors) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
-async def _until(done: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Waits until `done()` holds (polling); fails after `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout_s
-    while not done():
-        assert loop.time() < until, "timed out"
-        await asyncio.sleep(0.01)
-
-
 @pytest.mark.parametrize(
     ("router_wants", "executor_offers", "transport"),
     [("frames", True, "frames"), ("grpc", True, "grpc"), ("frames", False, "grpc")],
@@ -256,7 +247,7 @@ async def test_deadline_and_cancellation_reach_the_executor_queue(
             call.cancel()
             # the batch forms when the delay ends: the request is gone (the counter moves then,
             # `_drop_dead`; waited for, not slept past: 0.6 s was 0.2 s over the delay)
-            await _until(lambda: counters.cancelled_in_queue >= dropped + 1)
+            await until(lambda: counters.cancelled_in_queue >= dropped + 1)
             assert counters.cancelled_in_queue == dropped + 1
             assert counters.executions == executions
 
@@ -265,7 +256,7 @@ async def test_deadline_and_cancellation_reach_the_executor_queue(
                 await stream.write(_request())
             await asyncio.sleep(0.1)
             stream.cancel()
-            await _until(lambda: counters.cancelled_in_queue >= dropped + 4)
+            await until(lambda: counters.cancelled_in_queue >= dropped + 4)
             assert counters.cancelled_in_queue == dropped + 4  # its queued requests dropped too
             assert counters.executions == executions
 

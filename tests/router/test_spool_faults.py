@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServerOptions
 from tests.metering.metering_helpers import T0, event, setup_path
+from tests.router.conftest import until
 
 SPOOL_CHILD = r"""
 import asyncio, json, resource, signal, sys
@@ -78,14 +79,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-async def until(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    for _ in range(int(timeout_s / 0.02)):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached in time")
 
 
 def spooled_events(folder: Path) -> int:
