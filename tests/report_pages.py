@@ -7,6 +7,7 @@ the page tests skip with a notice, and fail under CI=true.
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import struct
@@ -175,7 +176,7 @@ def check_charts(html: str, workdir: Path, min_charts: int = 1) -> dict[str, int
     # its chart, so a chart's pixels are counted in its own rows and no other's.
     svgs = re.findall(r"<svg.*?</svg>", html, re.S)
     sizes = [_size(svg) for svg in svgs]
-    tops = [sum(h for _, h in sizes[:i]) for i in range(len(sizes))]
+    *tops, height = itertools.accumulate((h for _, h in sizes), initial=0)  # each box's top; page height
     seen: dict[str, int] = {}
     if svgs:
         box = "<div style='position:absolute;left:0;top:{}px;width:{}px;height:{}px;overflow:hidden'>{}</div>"
@@ -184,7 +185,7 @@ def check_charts(html: str, workdir: Path, min_charts: int = 1) -> dict[str, int
         )
         page = workdir / "charts.html"
         page.write_text(f"<!DOCTYPE html><html><body style='margin:0;background:#fff'>{boxes}</body></html>")
-        width, height = max(w for w, _ in sizes), sum(h for _, h in sizes)
+        width = max(w for w, _ in sizes)
         shot_width, channels, rows = read_png(screenshot(page, width, height))
         assert (shot_width, len(rows)) == (width, height), ((shot_width, len(rows)), (width, height))
         for i, (svg, (w, h), top) in enumerate(zip(svgs, sizes, tops, strict=True)):

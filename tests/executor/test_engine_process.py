@@ -29,6 +29,7 @@ from services.executor.generation.settings import SamplingParams
 from switchyard.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from switchyard.models.registry import ModelRegistry
 from switchyard.models.repository import CheckpointMismatch, seed_builtins
+from tests.conftest import ROOT
 from tests.gen_models import add_tiny_lm_variant, repository_with_llama, tiny_lm_reference
 
 
@@ -107,7 +108,7 @@ def test_an_engine_process_with_its_load_waiting_imports_transformers_only_for_i
     """The hf format's modelling (2 of a child's 3 s start on this host) is imported ahead only
     by a spare that waits for a load: a built-in model's engine does not wait for it."""
     seed_builtins(tmp_path, ["tiny-lm-gen"])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, "-c", _LOAD_WAITING, str(tmp_path)],
         env=env,
