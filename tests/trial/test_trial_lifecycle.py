@@ -55,10 +55,10 @@ async def test_killed_worker_resumes_mid_performance_and_completes(stack: Stack)
             {"name": "cpu-eager-2", "executor": "cpu", "mode": "eager"},
         ],
         performance=LONG_PERF,
-        # The kill is seen after heartbeat_s at most. The SDK sends heartbeats every 0.8 x
-        # heartbeat_s, and a scenario's end (its jobs recorded, its answers checked) sends none:
-        # at 3 s the live retries timed out on a busy host too (two spurious attempts, ~20 s
-        # lost); at 6 s they finish in their first retry.
+        # The kill is seen after heartbeat_s at most. At 3 s, live retries timed out on a busy
+        # host too (two spurious attempts, ~20 s lost), while a scenario's end (its jobs
+        # recorded, its answers checked) sent no heartbeat; it does now (41febfd), and 6 s
+        # leaves room for the gRPC calls between blocks that still send none.
         timeouts={"heartbeat_s": 6, "activity_s": 300, "max_attempts": 5},
     )
     queue = f"kill-{uuid.uuid4().hex[:8]}"

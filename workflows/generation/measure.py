@@ -31,7 +31,7 @@ from temporalio.exceptions import ApplicationError
 from switchyard.gen.switchyard.v1 import executor_pb2 as xpb
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from workflows.activities.connections import Connections, grpc_errors
-from workflows.activities.path import Clock, now_us
+from workflows.activities.path import Clock, heartbeating, now_us
 from workflows.activities.trial_ledger import send_usage
 from workflows.generation import load as genload
 from workflows.generation.activities import generation_requests, load_levels, stream_to
@@ -139,9 +139,13 @@ class GenerationMeasurement:
 
     @staticmethod
     def _beat(paths: list[_Path], progress: dict[str, Any]) -> None:
+        activity.heartbeat(GenerationMeasurement._details(paths, progress))
+
+    @staticmethod
+    def _details(paths: list[_Path], progress: dict[str, Any]) -> dict[str, Any]:
         """Progress, with what a retry resumes from: each path's finished levels."""
-        resume = [{"completed": p.done, "compilations_before": p.before} for p in paths]
-        activity.heartbeat({**progress, "paths": resume})
+        resume = [{"completed": list(p.done), "compilations_before": p.before} for p in paths]
+        return {**progress, "paths": resume}
 
     def _path(self, request: GenerationPerformanceRequest, saved: dict[str, Any]) -> _Path:
         g = request.plan.generation
@@ -181,13 +185,16 @@ class GenerationMeasurement:
                 records[k].append(got)
                 seconds[k] += took
                 self._beat(paths, {"phase": "performance", "load": label, "block": slot + 1, "of": blocks})
+        # Recording the jobs can take seconds: heartbeat meanwhile with the details from before
+        # (a retry still redoes the level whole), as the tensor measurement does.
+        before = self._details(paths, {"phase": "performance", "load": label, "block": blocks, "of": blocks})
         for p, per_block, took in zip(paths, records, seconds, strict=True):
             pooled = [r for b in per_block for r in b]
             summary = summarize(pooled, took, level, Slo(**p.request.slo))
             summary["started_unix_us"] = start_us
             summary["blocks"] = [block_samples(b) for b in per_block] if blocks > 1 else []
             summary["interleaved"] = interleaved and len(paths) > 1
-            await self._record(p.request, label, pooled, start_us)
+            await heartbeating(self._record(p.request, label, pooled, start_us), before.copy)
             p.done.append(summary)
 
     async def _compilations(self, p: _Path) -> int:
