@@ -36,7 +36,7 @@ from clients.local_cluster.readiness import StartupFailed
 from clients.local_cluster.supervisor import Supervisor
 from switchyard import layout, tls
 from switchyard.errors import FailedPrecondition
-from switchyard.models.builtins import builtin_sources, seed_builtins
+from switchyard.models.builtins import BUILTIN_NAMES, seed_builtins
 from workflows.temporal_codec import ensure_key_file
 
 ROOT = layout.checkout_root()  # None when installed: children import the installed package
@@ -126,7 +126,7 @@ class LocalCluster:
             added = seed_builtins(repository)
             self._say(f"model repository {repository}: seeded with the built-ins ({', '.join(added)})")
         else:  # a repository seeded before a built-in joined the defaults (tiny-lm-gen) gets it
-            named = {m for spec in self.specs for m in spec.models} & set(builtin_sources())
+            named = {m for spec in self.specs for m in spec.models} & set(BUILTIN_NAMES)
             # none named: none added (an empty list would seed them all, hashing minilm's 90 MB)
             added = seed_builtins(repository, sorted(named)) if named else []
             if added:

