@@ -145,19 +145,18 @@ def test_a_failed_training_phase_is_inconclusive_not_skipped() -> None:
     assert "rank 1 failed" in verdict["criteria"]["training"]["reason"]
 
 
-def test_nccl_and_tpu_dist_run_where_the_hardware_is() -> None:
-    found = {p: distributed.availability(p, 2) for p in ("cuda", "tpu")}
-    missing = {p: a.reason for p, a in found.items() if not a.available}
-    if missing:
-        pytest.skip(f"NOTICE: no hardware for {', '.join(missing)} here: {missing}")
+@pytest.mark.parametrize("path", ["cuda", "tpu"])
+def test_nccl_and_tpu_dist_run_where_the_hardware_is(path: str) -> None:
+    found = distributed.availability(path, 2)
+    if not found.available:
+        pytest.skip(f"NOTICE: no hardware for {path} here: {found.reason}")
     from services.executor.dist_launch import run_distributed
     from switchyard.models import tiny_lm
 
-    for path in found:
-        config = distributed.plan(path, 2)
-        objective = (tiny_lm.train_batch, tiny_lm.batch_loss)
-        run = run_distributed(tiny_lm.build(), *objective, torch_float32(), config, 3, 0.05, 3, 4)
-        assert run.ok, run.error
+    config = distributed.plan(path, 2)
+    objective = (tiny_lm.train_batch, tiny_lm.batch_loss)
+    run = run_distributed(tiny_lm.build(), *objective, torch_float32(), config, 3, 0.05, 3, 4)
+    assert run.ok, run.error
 
 
 async def kill_mid_training(label_part: str, rank: str, killed: list[list[str]]) -> None:
