@@ -27,7 +27,7 @@ Request parameters the executor reads:
   forwarded request (it routes and meters from them); the trial asks on its own.
 - `timeout` (int64): Triton's per-request timeout in microseconds. A request still queued when
   it passes is dropped with DEADLINE_EXCEEDED, as with a gRPC deadline; the earlier applies
-  (`deadline_of`).
+  (the executor's `request_inputs.deadline_of`).
 - `traceparent`, `tracestate` (string): W3C trace context of a request sent on a
   `ModelStreamInfer` stream, whose metadata is sent once per stream (the router's upstream
   streams send them).
@@ -43,11 +43,6 @@ as ModelInfer answers it, even on a stream.
 """
 
 from __future__ import annotations
-
-import time
-from typing import Any
-
-from switchyard.errors import InvalidArgument
 
 BACKEND = "backend"
 MODE = "mode"
@@ -88,18 +83,3 @@ INT_KEYS = (
 
 # Triton's shared-memory request parameters; switchyard does not implement shared memory.
 SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
-
-
-def deadline_of(parameters: Any, remaining: float | None) -> float | None:
-    """time.perf_counter() seconds when a request must be out of the queue: the transport's
-    deadline (`remaining` seconds) or the request's `timeout` parameter (microseconds, in
-    `parameters`), whichever comes first; INVALID_ARGUMENT for a `timeout` not above 0."""
-    now = time.perf_counter()
-    deadline = now + remaining if remaining is not None else None
-    if TIMEOUT in parameters:
-        timeout_us = parameters[TIMEOUT].int64_param
-        if timeout_us <= 0:
-            raise InvalidArgument(f"parameter 'timeout' is {timeout_us}; send microseconds > 0")
-        by_parameter = now + timeout_us / 1e6
-        deadline = by_parameter if deadline is None else min(deadline, by_parameter)
-    return deadline

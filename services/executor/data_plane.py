@@ -2,11 +2,11 @@
 
 gRPC ModelInfer and ModelStreamInfer (`executor_servicer.py`) and framed inference
 (`frame_server.py`, services.frames) are adapters of a few lines over `DataPlane`, as
-KServe's servicers are over its DataPlane. It finds the model once and, by its kind, hands the
-request to one of two strategies (`_respond`, the one place the paths part): a tensor model's
-to `TensorCalls`, a causal LM's to its generation engine (`generation_calls.GenerationCalls`).
-`TensorCalls` reads the request in order: it bounds BYTES inputs and decodes them
-(`request_inputs.py`), reads the deadline, checks the inputs against the declaration
+KServe's servicers are over its DataPlane. It reads the request's deadline and inputs
+(`request_inputs.py`: BYTES inputs bounded before they are decoded), finds the model once and,
+by its kind, hands the request to one of two strategies (`_respond`, the one place the paths
+part): a tensor model's to `TensorCalls`, a causal LM's to its generation engine
+(`generation_calls.GenerationCalls`). `TensorCalls` checks the inputs against the declaration
 (`loaded_model.model_arrays`), hands the arrays to the model's batcher (or, on a quiet
 executor, computes a lone request at once), selects the outputs asked for, adds the parameters
 named in `switchyard.oip_params` (path, timings, load) when the request asks for them with
@@ -39,7 +39,7 @@ from services.executor.oip_metadata import (
     model_metadata,
     model_statistics,
 )
-from services.executor.request_inputs import read_inputs
+from services.executor.request_inputs import deadline_of, read_inputs
 from services.streams import StreamReplies
 from switchyard import oip_params, telemetry
 from switchyard.codec import WireTensor
@@ -148,11 +148,16 @@ class DataPlane:
     async def _respond(
         self, request: pb.ModelInferRequest, time_remaining: float | None
     ) -> pb.ModelInferResponse:
-        """The one place where the tensor and the generation paths part, by the model's kind."""
+        """The request read (its deadline from its arrival, then its inputs), the model found
+        once it is (a reload may land while a large BYTES request decodes on a worker thread),
+        and then the one place where the tensor and the generation paths part, by its kind."""
         started = time.perf_counter_ns()
-        model = self.executor.find(request.model_name, request.model_version)
+        executor = self.executor
+        deadline = deadline_of(request.parameters, time_remaining)
+        inputs = await read_inputs(request, executor.config.max_bytes_elements)
+        model = executor.find(request.model_name, request.model_version)
         calls: TensorCalls | GenerationCalls = self.tensors if model.engine is None else self.generations
-        return await calls.unary(model, request, time_remaining, started)
+        return await calls.unary(model, request, inputs, deadline, started)
 
     # ---- what a client asks about the server and its models, as Triton answers -------------
     def ready(self) -> bool:
@@ -184,8 +189,8 @@ class DataPlane:
 
 
 class TensorCalls:
-    """A tensor model's requests: the inputs read, the plan, the deadline, the arrays handed to
-    the model's batcher, the answer; in that order, each once."""
+    """A tensor model's requests, read by the data plane: the plan, the arrays handed to the
+    model's batcher, the answer; in that order, each once."""
 
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
@@ -197,16 +202,13 @@ class TensorCalls:
         self,
         model: LoadedModel,
         request: pb.ModelInferRequest,
-        time_remaining: float | None,
+        inputs: list[WireTensor],
+        deadline: float | None,
         started_ns: int,
     ) -> pb.ModelInferResponse:
         """One request's answer; `started_ns` (time.perf_counter_ns()) when it was taken."""
         executor = self.executor
-        inputs, waited = await read_inputs(request, executor.config.max_bytes_elements)
-        if waited:  # the model may have been reloaded meanwhile
-            model = executor.find(request.model_name, request.model_version)
         plan = self._plan(model)
-        deadline = oip_params.deadline_of(request.parameters, time_remaining)
         wanted = [o.name for o in request.outputs]
         if wanted:
             declared = [name for name, _ in plan.outputs]

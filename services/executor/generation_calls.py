@@ -18,8 +18,9 @@ from services.executor.executor_runtime import Executor
 from services.executor.generation import generation_oip as gen_oip
 from services.executor.generation.engine_client import GenerationStream
 from services.executor.loaded_model import LoadedModel
-from services.executor.request_inputs import decode_inputs
+from services.executor.request_inputs import deadline_of, read_inputs
 from switchyard import oip_params
+from switchyard.codec import WireTensor
 from switchyard.errors import SwitchyardError
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
@@ -45,12 +46,14 @@ class GenerationCalls:
         self,
         model: LoadedModel,
         request: pb.ModelInferRequest,
-        time_remaining: float | None,
+        inputs: list[WireTensor],
+        deadline: float | None,
         started_ns: int,
     ) -> pb.ModelInferResponse:
-        """The whole completion in one response (ModelInfer; `stream` true is UNIMPLEMENTED).
-        `started_ns` goes unused: a generation's statistics are its engine's."""
-        async with self._generation(model, request, time_remaining, False) as (responder, gen):
+        """The whole completion in one response (ModelInfer; `stream` true is UNIMPLEMENTED),
+        from the request's `inputs` and `deadline` as the data plane read them. `started_ns`
+        goes unused: a generation's statistics are its engine's."""
+        async with self._generation(model, request, inputs, deadline, False) as (responder, gen):
             return await gen_oip.whole_response(responder, gen, False, model.compilations_after_warmup)
 
     async def stream(
@@ -64,7 +67,11 @@ class GenerationCalls:
         (this task only waits for the end); else its one response. An error is answered
         in-band, final, with the request's id."""
         try:
-            async with self._generation(model, request, time_remaining, True) as (responder, gen):
+            deadline = deadline_of(request.parameters, time_remaining)
+            # read as the data plane reads a unary request, after the model was found: a prompt
+            # is one element, so a request that decodes on a worker thread is refused anyway
+            inputs = await read_inputs(request, self.executor.config.max_bytes_elements)
+            async with self._generation(model, request, inputs, deadline, True) as (responder, gen):
                 if not responder.call.stream:
                     whole = await gen_oip.whole_response(
                         responder, gen, True, model.compilations_after_warmup
@@ -80,14 +87,18 @@ class GenerationCalls:
 
     @contextlib.asynccontextmanager
     async def _generation(
-        self, model: LoadedModel, request: pb.ModelInferRequest, time_remaining: float | None, decoupled: bool
+        self,
+        model: LoadedModel,
+        request: pb.ModelInferRequest,
+        inputs: list[WireTensor],
+        deadline: float | None,
+        decoupled: bool,
     ) -> AsyncIterator[tuple[gen_oip.Responder, GenerationStream]]:
         """A generation started, with the responder of its responses; counted in flight, and
         cancelled on leaving (its slot freed) unless it finished."""
-        call = gen_oip.parse_call(model, decode_inputs(request), [o.name for o in request.outputs])
+        call = gen_oip.parse_call(model, inputs, [o.name for o in request.outputs])
         if not decoupled:
             gen_oip.check_unary(call)
-        deadline = oip_params.deadline_of(request.parameters, time_remaining)
         executor = self.executor
         stream = executor.generate(model, call.prompt, call.params, call.prompt_text is not None, deadline)
         template = pb.ModelInferResponse()

@@ -1,15 +1,18 @@
-"""An OIP request's inputs on the executor, read from the wire and bounded.
+"""What an OIP request brings the executor, read from the wire and bounded: its deadline and
+its inputs.
 
-Raw contents (one per input, in order) or typed `contents`, never both; shared memory is
-UNIMPLEMENTED. BYTES inputs are bounded before any decoding, and many of them decode on a worker
-thread. The check against the loaded model's declaration is the model's
-(`loaded_model.model_arrays`); the deadline is read by `switchyard.oip_params.deadline_of`.
-Everything here raises `switchyard.errors` (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED).
+The deadline is the transport's or Triton's `timeout` parameter, whichever comes first
+(`deadline_of`). Inputs: raw contents (one per input, in order) or typed `contents`, never
+both; shared memory is UNIMPLEMENTED. BYTES inputs are bounded before any decoding, and many of
+them decode on a worker thread. The check against the loaded model's declaration is the
+model's (`loaded_model.model_arrays`). Everything here raises `switchyard.errors`
+(INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,21 @@ _CONTENT_FIELDS = {
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
 }
+
+
+def deadline_of(parameters: Any, remaining: float | None) -> float | None:
+    """time.perf_counter() seconds when a request must be out of the queue: the transport's
+    deadline (`remaining` seconds) or the request's `timeout` parameter (microseconds, in
+    `parameters`), whichever comes first; INVALID_ARGUMENT for a `timeout` not above 0."""
+    now = time.perf_counter()
+    deadline = now + remaining if remaining is not None else None
+    if oip_params.TIMEOUT in parameters:
+        timeout_us = parameters[oip_params.TIMEOUT].int64_param
+        if timeout_us <= 0:
+            raise InvalidArgument(f"parameter 'timeout' is {timeout_us}; send microseconds > 0")
+        by_parameter = now + timeout_us / 1e6
+        deadline = by_parameter if deadline is None else min(deadline, by_parameter)
+    return deadline
 
 
 def _check_shared_memory(params: Any, where: str) -> None:
@@ -75,12 +93,10 @@ def decode_inputs(request: pb.ModelInferRequest) -> list[WireTensor]:
     return tensors
 
 
-async def read_inputs(
-    request: pb.ModelInferRequest, max_bytes_elements: int
-) -> tuple[list[WireTensor], bool]:
-    """A tensor request's inputs, decoded, and whether that waited: BYTES inputs are bounded
-    before any decoding (RESOURCE_EXHAUSTED over `max_bytes_elements`), and many of them decode
-    on a worker thread, not the event loop."""
+async def read_inputs(request: pb.ModelInferRequest, max_bytes_elements: int) -> list[WireTensor]:
+    """A request's inputs, decoded: BYTES inputs are bounded before any decoding
+    (RESOURCE_EXHAUSTED over `max_bytes_elements`), and many of them decode on a worker thread,
+    not the event loop."""
     elements = bytes_elements(request)  # 0 without BYTES inputs
     if elements > max_bytes_elements:
         raise ResourceExhausted(
@@ -88,8 +104,8 @@ async def read_inputs(
             f"{max_bytes_elements} per request: split it"
         )
     if elements > BYTES_INLINE_ELEMENTS:
-        return await asyncio.to_thread(decode_inputs, request), True
-    return decode_inputs(request), False
+        return await asyncio.to_thread(decode_inputs, request)
+    return decode_inputs(request)
 
 
 def bytes_elements(request: pb.ModelInferRequest) -> int:

@@ -13,12 +13,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import pytest_asyncio
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 from services.executor.executor_server import RunningExecutor
+from switchyard.gen.inference import grpc_service_pb2 as oip
+from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from tests.gen_models import reference_greedy, start_llama_executor, text_inputs
 
 MODEL = "llama-tiny"
@@ -213,6 +216,26 @@ async def test_bad_input_on_the_stream_is_answered_in_band(
     (error,) = answers["bad"]
     assert isinstance(error, InferenceServerException)
     assert "INVALID_ARGUMENT" in str(error) and needle in str(error)
+
+
+async def test_a_prompt_over_the_bytes_bound_is_refused_before_it_is_decoded(
+    executor: RunningExecutor,
+) -> None:
+    """A generation's BYTES inputs are bounded as a tensor request's are (`max_bytes_elements`),
+    on ModelInfer and on a stream (in-band), before a byte of them is decoded."""
+    over = executor.executor.config.max_bytes_elements + 1
+    request = oip.ModelInferRequest(model_name="tiny-lm-gen", id="huge")
+    request.inputs.add(name="text_input", datatype="BYTES", shape=[over])
+    request.raw_input_contents.append(b"")  # declared, never sent: the shape alone is refused
+    async with grpc.aio.insecure_channel(executor.address) as channel:
+        stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.ModelInfer(request, timeout=10)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"{over} BYTES elements" in (info.value.details() or "")
+        answers = [a async for a in stub.ModelStreamInfer(iter([request]), timeout=10)]
+    (answer,) = answers
+    assert answer.error_message.startswith("RESOURCE_EXHAUSTED: ") and answer.infer_response.id == "huge"
 
 
 async def test_a_client_that_leaves_mid_stream_frees_its_slot(executor: RunningExecutor) -> None:

@@ -3,21 +3,25 @@ makes the executor import code, hashes are checked at every load, bad model.toml
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 import torch
 
+from clients.executor_client import build_infer_request
 from clients.model_admin import add_model
 from services.executor.executor_server import RunningExecutor
 from switchyard.errors import AlreadyExists, InvalidArgument, PermissionDenied
+from switchyard.gen.inference import grpc_service_pb2_grpc as oip_grpc
 from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
-from switchyard.models.manifest import file_sha256
+from switchyard.models.manifest import file_sha256, write_model_toml
 from switchyard.models.repository import Repository, load_module
 from tests.conftest import ROOT
 from tests.executor.user_model import Scaler, add_user_model
@@ -218,3 +222,39 @@ def test_seeding_named_builtins_needs_no_other_package(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['mlp', 'tiny-lm-gen']"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp", "tiny-lm-gen"]
+
+
+async def test_the_default_version_is_model_tomls_at_the_names_last_load(
+    executor: RunningExecutor, tmp_path: Path
+) -> None:
+    """A request for version "" of a name with several versions loaded gets the default version
+    as model.toml named it when the name was last loaded on the executor: no request reads the
+    file, and an edit of `default_version` applies at the name's next LoadModel."""
+    root = executor.executor.registry.root
+    add_user_model(root, "twice", "tests.executor.user_model:build", Scaler())
+    shutil.copytree(root / "twice" / "1", tmp_path / "v2")
+    (tmp_path / "v2" / "model.toml").write_text(
+        'format = "factory"\n[factory]\nfunction = "tests.executor.user_model:build"\n'
+    )
+    add_model(root, "twice", tmp_path / "v2", version="2", allowed_factories=("tests",))
+    request = build_infer_request("twice", {"features": np.zeros((1, 4), np.float32)})
+
+    def set_default(version: str) -> None:
+        manifest = Repository(root).manifest("twice")
+        write_model_toml(root / "twice", dataclasses.replace(manifest, default_version=version))
+
+    async with grpc.aio.insecure_channel(executor.address) as channel:
+        control = ctl_grpc.ExecutorControlStub(channel)
+        infer = oip_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        set_default("2")
+        for version in ("1", "2"):
+            await control.LoadModel(ctl.LoadModelRequest(model_name="twice", version=version))
+        try:
+            assert (await infer(request, timeout=10)).model_version == "2"
+            set_default("1")
+            assert (await infer(request, timeout=10)).model_version == "2"  # read at the load, not now
+            await control.LoadModel(ctl.LoadModelRequest(model_name="twice", version="2"))  # a reload
+            assert (await infer(request, timeout=10)).model_version == "1"
+        finally:
+            for version in ("1", "2"):
+                await control.Unload(ctl.UnloadRequest(model_name="twice", version=version))

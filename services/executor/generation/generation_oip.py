@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -281,7 +280,3 @@ def check_unary(call: GenerationCall) -> None:
             "stream=true needs ModelStreamInfer (this model is decoupled: many responses per request); "
             "ModelInfer returns the whole completion with stream=false"
         )
-
-
-def deadline_of(time_remaining: float | None) -> float | None:
-    return None if time_remaining is None else time.perf_counter() + time_remaining
