@@ -309,6 +309,10 @@ class Result:
     throughput_rps: float
     router_own_p50_us: float = 0.0  # the router's own time (response parameter router_overhead_us)
     router_own_p99_us: float = 0.0
+    # the executor's statistics the router asks for and passes on (routers over frames or streams):
+    # its mean batch and median queue time behind this router
+    executor_batch_mean: float = 0.0
+    executor_queue_p50_us: float = 0.0
     # CPU time per request of each process on the target's path (all its threads), in µs
     cpu_us_per_request: dict[str, float] = field(default_factory=dict)
 
@@ -386,9 +390,14 @@ async def measure_cell(
         result = Result(target, size, input_bytes, concurrency, n, q[49] * 1e3, q[98] * 1e3, n / walls[i])
         result.cpu_us_per_request = {name: ns / 1e3 / n for name, ns in cpu[i].items()}
         if target.startswith("router"):
-            own = [float(wire.read_int_parameters(x, ("router_overhead_us",))[0]) for x in replies[i]]
+            keys = ("router_overhead_us", "batch_size", "queue_us")
+            own, batch, queue = zip(*(wire.read_int_parameters(x, keys) for x in replies[i]), strict=True)
             oq = statistics.quantiles(own, n=100, method="inclusive")
             result.router_own_p50_us, result.router_own_p99_us = oq[49], oq[98]
+            result.executor_batch_mean, result.executor_queue_p50_us = (
+                statistics.fmean(batch),
+                statistics.median(queue),
+            )
         results.append(result)
     return results
 
@@ -432,7 +441,12 @@ def _write_route_files(tmp: Path, addr: dict[str, str], capture_share: float) ->
 
 
 def _row(r: Result, size: str, concurrency: int) -> str:
-    own = f"  (router's own p50 {r.router_own_p50_us:.0f} us)" if r.router_own_p50_us else ""
+    own = (
+        f"  (router's own p50 {r.router_own_p50_us:.0f} us; executor batch {r.executor_batch_mean:.2f}, "
+        f"queue p50 {r.executor_queue_p50_us:.0f} us)"
+        if r.router_own_p50_us
+        else ""
+    )
     cpu = " ".join(f"{k} {v:.0f}" for k, v in r.cpu_us_per_request.items())
     return (
         f"{r.target:14s} {size} c={concurrency:2d} n={r.requests:5d}: p50 {r.p50_ms:7.3f} ms  "
