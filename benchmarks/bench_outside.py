@@ -76,7 +76,7 @@ def example_input(repo: Path, model: str) -> tuple[str, np.ndarray]:
 
 
 # ---- the hand-written server -----------------------------------------------------------------
-async def serve_minimal(repo: Path, model: str) -> None:
+async def serve_minimal(repo: Path, model: str, allowed_factories: tuple[str, ...] = ()) -> None:
     """A minimal grpc.aio OIP server: decode, run the module inline, encode. No batching."""
     import torch
 
@@ -84,7 +84,7 @@ async def serve_minimal(repo: Path, model: str) -> None:
     from switchyard.models.registry import ModelRegistry
 
     torch.set_num_threads(1)
-    await serve_minimal_oip(ModelRegistry(repo).get(model))
+    await serve_minimal_oip(ModelRegistry(repo, allowed_factories=allowed_factories).get(model))
 
 
 # ---- the load: tritonclient sync clients, closed loop --------------------------------------
@@ -398,6 +398,7 @@ def main() -> None:
     minimal = sub.add_parser("serve-minimal")
     minimal.add_argument("--repo", required=True)
     minimal.add_argument("--model", required=True)
+    minimal.add_argument("--allow-factory", action="append", default=[], help="a factory model's package")
     client = sub.add_parser("load")
     for flag in ("--address", "--model", "--input-name", "--input", "--out"):
         client.add_argument(flag, required=True)
@@ -407,7 +408,7 @@ def main() -> None:
     client.add_argument("--key", default="")
     args = parser.parse_args()
     if args.command == "serve-minimal":
-        asyncio.run(serve_minimal(Path(args.repo), args.model))
+        asyncio.run(serve_minimal(Path(args.repo), args.model, tuple(args.allow_factory)))
     else:
         load(args)
 

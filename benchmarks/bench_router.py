@@ -18,7 +18,11 @@ asyncio's loop, gRPC's default transport) and with workload capture on (`router_
 share 0.1, `--capture-share`: its throughput over router_plaintext's is the cost of capture).
 All targets alternate in rounds so the machine's drifting load hits each alike, with a 1 KB
 input (1 x 256 FP32, `small`) and a 1 MiB input (1 x 262144 FP32, `wide`), at 1 and 16
-concurrent clients. The mTLS cost is router's p50 minus router_plaintext's. Each row also gives
+concurrent clients. At 1 KB the issue's peers run in the same rounds (`peers_1KB`): the
+hand-written grpc.aio server `bench_executor.py` measures the executor against (bench_outside.py
+serve-minimal), a second copy of it (its difference from the first is the run's A/A noise),
+and KServe 0.21 where `make setup-kserve` built its env (else `peers_missing` says so). The
+mTLS cost is router's p50 minus router_plaintext's. Each row also gives
 the CPU time per request of every process on its path (client, router, executor, metering;
 all threads, from /proc/<pid>/task/*/schedstat), which shows where a difference goes. Prints
 p50/p99, throughput at 16 and the ratios (a production and a plaintext row per cell) and
@@ -28,7 +32,8 @@ writes out/bench/router.json.
 
 Targets: issue 5, <= 0.5 ms added at p50 and <= 1.5 ms at p99 for 1 KB at concurrency 1,
 through-router throughput >= 0.6 of direct at 16 clients, mTLS adding <= 0.15 ms at p50;
-issue 34, >= 0.8 of direct at 16 clients, with mTLS on.
+issue 34, >= 0.8 of direct at 16 clients and router c=1 p50 <= the hand-written server's
++ 0.35 ms, with mTLS on.
 """
 
 from __future__ import annotations
@@ -79,6 +84,13 @@ ROUTERS: dict[str, tuple[dict[str, str], str]] = {
     "router_capture": ({}, "frames-capture"),
 }
 CAPTURE_SHARE = 0.1
+# The issue's peers (issue 34), at 1 KB only (the targets' size; they serve `small` alone): the
+# hand-written grpc.aio server bench_executor.py measures the executor against
+# (bench_outside.py serve-minimal: decode, the module inline, encode), a second copy of it
+# whose difference from the first is the run's A/A noise, and KServe 0.21 (its own env, `make
+# setup-kserve`; benchmarks/kserve_server.py) on a torch.export program of the same model.
+# Plaintext and untraced, as bench_executor.py runs them.
+HANDWRITTEN, HANDWRITTEN_CONTROL, KSERVE = "handwritten", "handwritten_control", "kserve"
 
 # The executor and metering run as their CLIs run them: on uvloop (run_service), the executor
 # with its start-up objects frozen out of the collector.
@@ -193,6 +205,38 @@ def write_block_means_repository(root: Path) -> None:
         add_model(root, name, source, allowed_factories=("benchmarks",))
 
 
+def request_body(size: str) -> tuple[bytes, int]:
+    """The serialized ModelInferRequest of a size (seeded input) and its tensor's bytes."""
+    model, rows, cols = SIZES[size]
+    x = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+    req = pb.ModelInferRequest(model_name=model)
+    req.inputs.add(name="x", datatype="FP32", shape=[rows, cols])
+    req.raw_input_contents.append(x.tobytes())
+    return req.SerializeToString(), x.nbytes
+
+
+def start_peers(tmp: Path, peers: list[Any], paths: dict[str, dict[str, int]]) -> str:
+    """Starts the peers, serving `small` from the bench's repository at tmp/models, into
+    `peers` (their processes into `paths`); returns which were left out and why ("" if none)."""
+    from benchmarks import bench_outside
+
+    minimal = [str(ROOT / "benchmarks" / "bench_outside.py"), "serve-minimal", "--repo", str(tmp / "models")]
+    minimal += ["--model", "small", "--allow-factory", "benchmarks"]
+    peers += [bench_outside.Server(HANDWRITTEN, minimal), bench_outside.Server(HANDWRITTEN_CONTROL, minimal)]
+    kserve = bench_outside.kserve_python()
+    if kserve:
+        import torch
+
+        module = small_model().module.eval()
+        torch.export.save(torch.export.export(module, (torch.zeros(1, SMALL),)), str(tmp / "small.pt2"))
+        server = [str(ROOT / "benchmarks" / "kserve_server.py"), "--pt2", str(tmp / "small.pt2")]
+        peers.append(bench_outside.Server(KSERVE, [*server, "--name", "small"], python=kserve))
+    for peer in peers:
+        peer.start()
+        paths[peer.name] = {"server": peer.proc.pid}
+    return "" if kserve else "kserve: its env is not built here (make setup-kserve)"
+
+
 def _channel(address: str, security: tls.Security | None, expect: str = tls.EXECUTOR) -> grpc.aio.Channel:
     return (
         grpc.aio.insecure_channel(address)
@@ -265,6 +309,10 @@ class Result:
     throughput_rps: float
     router_own_p50_us: float = 0.0  # the router's own time (response parameter router_overhead_us)
     router_own_p99_us: float = 0.0
+    # the executor's statistics the router asks for and passes on (routers over frames or streams):
+    # its mean batch and median queue time behind this router
+    executor_batch_mean: float = 0.0
+    executor_queue_p50_us: float = 0.0
     # CPU time per request of each process on the target's path (all its threads), in µs
     cpu_us_per_request: dict[str, float] = field(default_factory=dict)
 
@@ -342,9 +390,14 @@ async def measure_cell(
         result = Result(target, size, input_bytes, concurrency, n, q[49] * 1e3, q[98] * 1e3, n / walls[i])
         result.cpu_us_per_request = {name: ns / 1e3 / n for name, ns in cpu[i].items()}
         if target.startswith("router"):
-            own = [float(wire.read_int_parameters(x, ("router_overhead_us",))[0]) for x in replies[i]]
+            keys = ("router_overhead_us", "batch_size", "queue_us")
+            own, batch, queue = zip(*(wire.read_int_parameters(x, keys) for x in replies[i]), strict=True)
             oq = statistics.quantiles(own, n=100, method="inclusive")
             result.router_own_p50_us, result.router_own_p99_us = oq[49], oq[98]
+            result.executor_batch_mean, result.executor_queue_p50_us = (
+                statistics.fmean(batch),
+                statistics.median(queue),
+            )
         results.append(result)
     return results
 
@@ -388,7 +441,12 @@ def _write_route_files(tmp: Path, addr: dict[str, str], capture_share: float) ->
 
 
 def _row(r: Result, size: str, concurrency: int) -> str:
-    own = f"  (router's own p50 {r.router_own_p50_us:.0f} us)" if r.router_own_p50_us else ""
+    own = (
+        f"  (router's own p50 {r.router_own_p50_us:.0f} us; executor batch {r.executor_batch_mean:.2f}, "
+        f"queue p50 {r.executor_queue_p50_us:.0f} us)"
+        if r.router_own_p50_us
+        else ""
+    )
     cpu = " ".join(f"{k} {v:.0f}" for k, v in r.cpu_us_per_request.items())
     return (
         f"{r.target:14s} {size} c={concurrency:2d} n={r.requests:5d}: p50 {r.p50_ms:7.3f} ms  "
@@ -476,6 +534,7 @@ async def _run(
             "--spool-dir", str(tmp / f"spool-{name}"), env=child_env, log=tmp / f"{name}.log",
         )  # fmt: skip
 
+    peers: list[Any] = []
     try:
         await asyncio.gather(
             wait_serving(addr["executor"]),
@@ -511,6 +570,7 @@ async def _run(
                 )
             }
         )
+        peers_missing = start_peers(tmp, peers, paths)
         auth = [("authorization", f"Bearer {key}")]
         results: list[Result] = []
         # (size, concurrency, requests per target, rounds)
@@ -523,13 +583,10 @@ async def _run(
             ("1MB", 16, 480, rounds_c16),
         ]
         for size, concurrency, count, rounds in (cell for cell in plan if cell[0] in sizes):
-            model, rows, cols = SIZES[size]
-            x = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
-            req = pb.ModelInferRequest(model_name=model)
-            req.inputs.add(name="x", datatype="FP32", shape=[rows, cols])
-            req.raw_input_contents.append(x.tobytes())
-            body = req.SerializeToString()
-            await wait_answering(addr["passthrough"], body)
+            body, nbytes = request_body(size)
+            at_size = peers if size == "1KB" else []
+            for address in (*(peer.address for peer in at_size), addr["passthrough"]):
+                await wait_answering(address, body)
             n = max(20 * rounds, int(count * scale))
             targets: list[tuple[str, str, Any, tls.Security | None]] = [
                 ("direct", addr["executor_mtls"], None, ids["router"]),
@@ -537,17 +594,21 @@ async def _run(
                 ("passthrough", addr["passthrough"], None, None),
                 *((name, addr[name], auth, None) for name in ROUTERS),
                 ("router", addr["router"], [("authorization", f"Bearer {key_mtls}")], None),
+                *((peer.name, peer.address, None, None) for peer in at_size),
             ]
-            for r in await measure_cell(targets, body, concurrency, n, rounds, size, x.nbytes, paths):
+            for r in await measure_cell(targets, body, concurrency, n, rounds, size, nbytes, paths):
                 results.append(r)
                 print(_row(r, size, concurrency), flush=True)
     finally:
+        for peer in peers:
+            peer.stop()
         for proc in procs:
             if proc.returncode is None:
                 proc.terminate()
         for proc in procs:
             await proc.wait()
     report = summarise(results, scale, sizes, {"setting": tracing, **traces})
+    report["configuration"]["peers_missing"] = peers_missing
     from switchyard.judge.capture_format import list_workloads
 
     captured = sum(int(w["requests"]) for w in list_workloads(tmp / "workloads"))
@@ -609,6 +670,34 @@ def _comparison(
     return out
 
 
+def _peers(by: dict[tuple[str, str, int], Result]) -> dict[str, float]:
+    """The issue-34 figures against the peers at 1 KB, each beside its A/A: the same
+    hand-written server again (empty when the peers were not measured)."""
+    if (HANDWRITTEN, "1KB", 1) not in by:
+        return {}
+    one = {target: r for (target, size, c), r in by.items() if size == "1KB" and c == 1}
+    many = {target: r for (target, size, c), r in by.items() if size == "1KB" and c == 16}
+    hand1, hand16 = one[HANDWRITTEN], many[HANDWRITTEN]
+    out = {
+        "router_minus_handwritten_p50_ms_c1": one["router"].p50_ms - hand1.p50_ms,
+        "router_plaintext_minus_handwritten_p50_ms_c1": one["router_plaintext"].p50_ms - hand1.p50_ms,
+        "direct_over_handwritten_p50_c1": one["direct"].p50_ms / hand1.p50_ms,
+        "direct_plaintext_over_handwritten_p50_c1": one["direct_plaintext"].p50_ms / hand1.p50_ms,
+        "aa_control_minus_handwritten_p50_ms_c1": one[HANDWRITTEN_CONTROL].p50_ms - hand1.p50_ms,
+        "aa_control_over_handwritten_p50_c1": one[HANDWRITTEN_CONTROL].p50_ms / hand1.p50_ms,
+        "router_over_direct_rps_c16": many["router"].throughput_rps / many["direct"].throughput_rps,
+        "direct_over_handwritten_rps_c16": many["direct"].throughput_rps / hand16.throughput_rps,
+        "aa_control_over_handwritten_rps_c16": (
+            many[HANDWRITTEN_CONTROL].throughput_rps / hand16.throughput_rps
+        ),
+    }
+    if KSERVE in one:
+        out["router_minus_kserve_p50_ms_c1"] = one["router"].p50_ms - one[KSERVE].p50_ms
+        out["direct_over_kserve_p50_c1"] = one["direct"].p50_ms / one[KSERVE].p50_ms
+        out["direct_over_kserve_rps_c16"] = many["direct"].throughput_rps / many[KSERVE].throughput_rps
+    return out
+
+
 def summarise(
     results: list[Result],
     scale: float,
@@ -634,6 +723,11 @@ def summarise(
         "plaintext_added_p50_ms_1KB_c1<=0.5": plain1["added_p50_ms"] <= 0.5,
         "plaintext_throughput_ratio_1KB_c16>=0.8": plain16["throughput_ratio"] >= 0.8,
     }
+    peers = _peers(by)
+    if peers:
+        targets["router_minus_handwritten_p50_ms_1KB_c1<=0.35 (issue 34)"] = (
+            peers["router_minus_handwritten_p50_ms_c1"] <= 0.35
+        )
     return {
         "benchmark": "router",
         "configuration": {
@@ -658,6 +752,10 @@ def summarise(
             "1MB c=1 240/3, 1MB c=16 480/3, times --scale; --sizes and --rounds-c16 narrow it",
             "sizes": list(sizes),
             "processes": "executor, metering, each router and the client in its own process",
+            "peers": "at 1 KB: handwritten (bench_outside.py serve-minimal: grpc.aio on asyncio, the "
+            "module inline, one torch thread, plaintext, untraced), handwritten_control (a second "
+            "copy: the A/A), kserve (0.21, benchmarks/kserve_server.py, a torch.export program "
+            "of `small`) where its env is built",
             "legs": "client->router plaintext for every router (the public port takes API keys, "
             "as `switchyard up` serves it); router: router->executor (frames, gRPC control) and "
             "router->metering on mTLS; direct: client->executor on mTLS with a router certificate; "
@@ -670,6 +768,7 @@ def summarise(
         },
         "results": [asdict(r) for r in results],
         "comparisons": comparisons,
+        "peers_1KB": peers,
         "targets_met": targets,
     }
 
@@ -718,6 +817,10 @@ def main() -> int:
                 f"    {name:16s} p50 {x['added_p50_ms']:+.3f} ms  p99 {x['added_p99_ms']:+.3f} ms  "
                 f"throughput ratio {x['throughput_ratio']:.2f}"
             )
+    for name, value in report["peers_1KB"].items():
+        print(f"1KB peers: {name} {value:.3f}")
+    if report["configuration"]["peers_missing"]:
+        print(f"peers left out: {report['configuration']['peers_missing']}")
     for name, ok in report["targets_met"].items():
         print(f"target {name}: {'met' if ok else 'NOT met'}")
     capture = report["capture"]

@@ -18,7 +18,8 @@ adds the C frames (uvloop, gRPC's Cython, libc), which shows the system calls un
 
 py-spy sees only threads that run Python, so each router's CPU per request is also split by
 thread (`threads`: the event loop's main thread, the other Python threads, chiefly gRPC's
-completion-queue poller, and gRPC's core `event_engine` threads), and `--strace` counts each
+completion-queue poller, and gRPC's core `event_engine` threads, with each one's voluntary and
+involuntary context switches per request from /proc), and `--strace` counts each
 router's system calls per request at each concurrency (`syscalls`; strace slows the router, so
 that window is apart from the others): a count does not drift with the host's load.
 
@@ -184,39 +185,54 @@ async def _measure(args: argparse.Namespace, targets: list[Any], pids: dict[str,
     return cells
 
 
-def thread_cpu_ns(pid: int) -> dict[str, int]:
-    """The CPU time of each thread of `pid` by its name (threads of one name summed;
-    the main thread, the event loop's, as "main"), in ns."""
-    found: dict[str, int] = {}
+SWITCHES = ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")
+
+
+def thread_usage(pid: int) -> dict[str, tuple[int, int, int]]:
+    """Each thread of `pid` by its name (threads of one name summed; the main thread, the
+    event loop's, as "main"): its CPU time in ns, and its voluntary and involuntary context
+    switches (a loop woken more, or a GIL handed round more, shows in the first)."""
+    found: dict[str, tuple[int, int, int]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = "main" if task.name == str(pid) else (task / "comm").read_text().strip()
             ns = int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):  # a thread that just ended
+            status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines())
+            switches = [int(status[key]) for key in SWITCHES]
+        except (OSError, ValueError, IndexError, KeyError):  # a thread that just ended
             continue
-        found[name] = found.get(name, 0) + ns
+        before = found.get(name, (0, 0, 0))
+        found[name] = (before[0] + ns, before[1] + switches[0], before[2] + switches[1])
     return found
 
 
 async def _thread_split(
     targets: list[Any], body: bytes, concurrency: int, count: int, paths: dict[str, dict[str, int]]
-) -> dict[str, dict[str, float]]:
-    """Each router's CPU per request by thread (the event loop's, gRPC's poller and
+) -> dict[str, dict[str, Any]]:
+    """Each router's CPU and context switches per request by thread (the event loop's, gRPC's poller and
     EventEngine threads, ...), one window of `count` requests each: py-spy sees only threads
     that run Python, and gRPC's core threads run none."""
-    split: dict[str, dict[str, float]] = {}
+    split: dict[str, dict[str, Any]] = {}
     for target in targets:
         pid = paths[target[0]]["router"]
-        before = thread_cpu_ns(pid)
+        before = thread_usage(pid)
         results = await br.measure_cell([target], body, concurrency, count, 1, "1KB", len(body), paths)
-        after = thread_cpu_ns(pid)
+        after = thread_usage(pid)
         n = results[0].requests
+        was = {name: before.get(name, (0, 0, 0)) for name in after}
+        busy = sorted(
+            (name for name in after if after[name][0] > was[name][0]), key=lambda k: was[k][0] - after[k][0]
+        )
         split[target[0]] = {
-            name: round((ns - before.get(name, 0)) / 1000 / n, 1)
-            for name, ns in sorted(after.items(), key=lambda kv: before.get(kv[0], 0) - kv[1])
-            if ns > before.get(name, 0)
+            "cpu_us_per_request": {
+                name: round((after[name][0] - was[name][0]) / 1000 / n, 1) for name in busy
+            },
+            "switches_per_request": {  # voluntary, involuntary
+                name: [round((after[name][i] - was[name][i]) / n, 2) for i in (1, 2)] for name in busy
+            },
         }
-        print(f"threads of {target[0]} at c={concurrency} (us/request): {split[target[0]]}", flush=True)
+        print(f"threads of {target[0]} at c={concurrency} (us/request; voluntary, involuntary switches): "
+              f"{split[target[0]]}", flush=True)  # fmt: skip
     return split
 
 

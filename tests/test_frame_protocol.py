@@ -88,6 +88,32 @@ class _Echo:
         return pb.ModelStreamInferResponse(infer_response=pb.ModelInferResponse(id=request.id))
 
 
+class _Written:
+    """What a frame write hands the transport (the choice under test is `frames.send`'s)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[bytes]]] = []
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(("write", [data]))
+
+    def writelines(self, pieces: Any) -> None:
+        self.calls.append(("writelines", list(pieces)))
+
+
+def test_a_small_frame_goes_to_tls_as_one_piece_and_to_plaintext_as_given() -> None:
+    small = [frames.header(6, 1, frames.REQUEST), b"abc", b"def"]
+    large = [frames.header(frames.JOIN_UNDER, 2, frames.REQUEST), bytes(frames.JOIN_UNDER)]
+    for pieces, tls, expected in [
+        (small, True, ("write", [b"".join(small)])),  # one TLS record, not three
+        (small, False, ("writelines", small)),  # one system call either way, no copy
+        (large, True, ("writelines", large)),  # records are 16 KiB anyway: no copy of a large one
+    ]:
+        written = _Written()
+        frames.send(written, pieces, tls)  # type: ignore[arg-type]
+        assert written.calls == [expected]
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_both_ends_on_either_event_loop(loop: str) -> None:
     """Services run on uvloop (switchyard.grpcio.run_service), tests on asyncio's loop: the

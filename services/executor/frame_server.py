@@ -56,12 +56,14 @@ class _Connection(asyncio.Protocol):
         self._backlog: collections.deque[frames.Frame] = collections.deque()  # read, not yet taken
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._transport: asyncio.Transport | None = None
+        self._tls = False
         self._refusal: tuple[Status, str] | None = None  # the status and why of a peer refused inference
         self._writing_paused = False
         self._reading_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._tls = frames.is_tls(transport)
         self._server.connections.add(self)
         self._refusal = self._server.admit(self._transport)
 
@@ -142,7 +144,7 @@ class _Connection(asyncio.Protocol):
 
     def _reply(self, number: int, data: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.writelines((frames.header(len(data), number, frames.REPLY), data))
+            frames.send(self._transport, (frames.header(len(data), number, frames.REPLY), data), self._tls)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
