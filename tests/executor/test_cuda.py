@@ -7,6 +7,7 @@ where one is lent (docs/executor.md says when they last ran)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -29,7 +30,13 @@ from switchyard.gen.switchyard.v1 import executor_pb2 as ctl
 from switchyard.gen.switchyard.v1 import executor_pb2_grpc as ctl_grpc
 from switchyard.models.registry import ModelRegistry, load_module
 from switchyard.models.repository import seed_builtins
-from tests.gen_models import LLAMA_GENERATION, add_generative, reference_greedy, tiny_lm_reference
+from tests.gen_models import (
+    LLAMA_GENERATION,
+    add_generative,
+    add_tiny_lm_variant,
+    reference_greedy,
+    tiny_lm_reference,
+)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no GPU on this machine: cuda path unverified here"
@@ -104,6 +111,28 @@ async def test_greedy_generation_on_the_device_equals_the_references(llama_dir: 
 
         memory = process_memory.sample()
         assert memory.device_reported and memory.device_allocated_bytes > 0
+    finally:
+        await ex.close()
+
+
+async def test_compiled_generation_serves_mixed_lengths_without_compiling_again(tmp_path: Path) -> None:
+    # inductor on the device (Triton kernels): one prefill bucket and one decode width at load
+    add_tiny_lm_variant(
+        tmp_path, "tiny-lm-gen-compiled", prompt_buckets=[32], decode_slots=4, decode_buckets=[4]
+    )
+    ex = Executor(ExecutorConfig(backend="cuda"), select_backend("cuda"), ModelRegistry(tmp_path))
+    try:
+        options = dataclasses.replace(ex.default_options(), mode="compile")
+        m = await ex.load_model("tiny-lm-gen-compiled", "", options)
+        assert m.findings.during_load.compilations == 2
+        prompts = [list(range(1, n + 1)) for n in (3, 17, 9, 30, 1, 12)]
+        streams = [
+            ex.generate(m, p, SamplingParams(temperature=0.0, max_tokens=4 + i), False, None)
+            for i, p in enumerate(prompts)
+        ]
+        results = await asyncio.gather(*(_ids(s) for s in streams))
+        assert results == [tiny_lm_reference(p, 4 + i) for i, p in enumerate(prompts)]
+        assert m.compilations_after_warmup() == 0
     finally:
         await ex.close()
 
