@@ -67,10 +67,14 @@ async def _describe(address: str) -> executor_pb2.DescribeResponse | None:
             return None
 
 
-async def ensure_prices(metering: str, executors: Mapping[str, str], paths: Mapping[str, str]) -> None:
+async def ensure_prices(
+    metering: str, executors: Mapping[str, str], paths: Mapping[str, str], from_us: int | None = None
+) -> None:
     """A price in force and a registered path for every executor (audited admin actions).
-    `executors` maps backend -> address, `paths` backend -> ledger path id."""
-    now_us = int(time.time() * 1_000_000)
+    `executors` maps backend -> address, `paths` backend -> ledger path id; the prices take
+    effect from `from_us`, by default an hour ago (on a cluster with no usage charged yet:
+    metering never re-prices a charged line)."""
+    from_us = int(time.time() * 1_000_000) - 3_600_000_000 if from_us is None else from_us
     async with tls.aio_channel(metering, expect=tls.METERING) as channel:
         stub = metering_pb2_grpc.MeteringStub(channel)
         for backend, address in executors.items():
@@ -82,7 +86,7 @@ async def ensure_prices(metering: str, executors: Mapping[str, str], paths: Mapp
                         price_key=price_key,
                         micros_per_hour=LOCAL_PRICES.get(backend, 120_000),
                         currency=CURRENCY,
-                        effective_from_unix_us=now_us - 3_600_000_000,
+                        effective_from_unix_us=from_us,
                         example=True,  # the example book: reports mark costs charged at it
                     ),
                     actor=ACTOR,

@@ -1,15 +1,12 @@
-"""The official `openai` client against a plain `switchyard up` (its own process, mTLS
-between the services, every port 0, the default models): completions streamed and not, `n`,
-`usage`, and per request a job in the ledger with its tokens; the demo's streamed step and the
-finance report's cost per million output tokens against the same cluster."""
+"""The official `openai` client against a plain `switchyard up` (the package's, its own
+process, mTLS between the services, every port 0, the default models: tests/cluster/conftest.py):
+completions streamed and not, `n`, `usage`, and per request a job in the ledger with its
+tokens; the demo's streamed step and the finance report's cost per million output tokens
+against the same cluster."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,62 +22,35 @@ from clients.local_cluster.demo import Endpoints
 from clients.local_cluster.traffic import TeamKey, create_team_key
 from services.metering.schema import LINES
 from switchyard import tls
-from tests.cluster.up_helpers import start_up
-from tests.conftest import ROOT
+from tests.cluster.up_helpers import UpCluster
 
 pytestmark = pytest.mark.slow
-STARTUP_S = 300
 MODEL = "tiny-lm-gen"
 PROMPT = "the quick brown"
 TOKENS = 6
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, Any], Path]]:
-    """`switchyard up` with the embedded defaults but free ports and the CPU executor only."""
-    tmp = tmp_path_factory.mktemp("up-openai")
-    config = tmp / "switchyard.toml"
-    config.write_text(
-        f'state_dir = "{tmp / "state"}"\n[models]\nrepository = "{tmp / "models"}"\n'
-        "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n"
-        "[router]\nport = 0\nopenai_port = 0\n[worker]\nenabled = false\n"
-        "[executors.cpu]\nport = 0\n"
-        "[executors.xla]\nenabled = false\n[executors.cuda]\nenabled = false\n"
-        "[executors.tpu]\nenabled = false\n"
-    )
-    log = tmp / "up.log"
-    # As a user runs it: mTLS between the services, keys checked (the suite's plaintext is off).
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_SECURITY_")}
-    proc = start_up(config, tmp, log, {**env, "PYTHONPATH": str(ROOT)})
+def cluster(up_cluster: UpCluster) -> Iterator[tuple[dict[str, Any], Path]]:
+    """The package's `switchyard up` (tests/cluster/conftest.py), this module's calls to it
+    over its mTLS."""
+    tls.set_default(tls.Security.from_dir(up_cluster.state["tls_dir"]))
     try:
-        state_file = tmp / "state" / "cluster.json"
-        deadline = time.monotonic() + STARTUP_S
-        while not state_file.exists():
-            assert proc.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(0.5)
-        state = json.loads(state_file.read_text())
-        tls.set_default(tls.Security.from_dir(state["tls_dir"]))
-        yield state, tmp / "state" / "ledger.db"
+        yield up_cluster.state, up_cluster.ledger
     finally:
         tls.set_default(None)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")
 def team(cluster: tuple[dict[str, Any], Path]) -> TeamKey:
     state, _ = cluster
     ep = Endpoints.from_state(state)
-    # Priced from here on, dear enough that a job of a few ms costs whole micro-units (at the
+    # Priced from now on (the shared cluster's earlier trials are charged already), still at
+    # the example book, dear enough that a job of a few ms costs whole micro-units (at the
     # demo's list price one costs under one, and rounds to 0).
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(finance.LOCAL_PRICES, "cpu", 36_000_000_000)
-        asyncio.run(finance.ensure_prices(ep.metering, ep.executors, ep.paths))
+        asyncio.run(finance.ensure_prices(ep.metering, ep.executors, ep.paths, time.time_ns() // 1000))
     return asyncio.run(create_team_key(ep.metering, "team-openai"))
 
 

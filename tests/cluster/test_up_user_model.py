@@ -1,12 +1,13 @@
 """`switchyard up` with a user's model repository: a model built with transformers and
-`switchyard models add`-ed is served by the cluster's executor and trialled from the Temporal
-CLI (`temporal workflow execute`), as an operator would without any switchyard client; and
-the cluster's audit witness countersigns the ledger's head."""
+`switchyard models add`-ed (team-bert, before the package's `up` started: tests/cluster/conftest.py)
+is served by the cluster's executor and trialled from the Temporal CLI (`temporal workflow
+execute`), as an operator would without any switchyard client (the trial runs as the worker's
+Temporal-UI principal, under mTLS); and the cluster's audit witness countersigns the ledger's
+head."""
 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -17,12 +18,9 @@ from typing import Any
 
 import pytest
 
-from clients.cli import main as switchyard
-from tests.cluster.up_helpers import start_up
-from tests.hf_models import save_tiny_bert
+from tests.cluster.up_helpers import UpCluster
 
 pytestmark = pytest.mark.slow
-STARTUP_S = 300
 ANCHOR_S = 10  # metering's anchor round (SWITCHYARD_AUDIT_ANCHOR_S default)
 
 
@@ -41,87 +39,60 @@ def _witnessed_head(address: str, within_s: float) -> dict[str, Any]:
             time.sleep(0.5)
 
 
-def test_a_user_model_is_served_by_up_and_trialled_from_the_temporal_cli(tmp_path: Path) -> None:
-    models = tmp_path / "models"
-    save_tiny_bert(tmp_path / "bert", layers=1, labels=2)
-    assert (
-        switchyard(["models", "add", "team-bert", str(tmp_path / "bert"), "--repository", str(models)]) == 0
-    )
-    config = tmp_path / "switchyard.toml"
-    config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\n[models]\nrepository = "{models}"\n'
-        "[temporal]\nport = 0\nui_port = 0\n[metering]\nport = 0\n[evaluator]\nport = 0\n[router]\nport = 0\n"
-        'openai_port = 0\n[executors.cpu]\nport = 0\nmodels = ["team-bert"]\n'
-        "[executors.xla]\nenabled = false\n[executors.cuda]\nenabled = false\n"
-        "[executors.tpu]\nenabled = false\n"
-    )
-    log = tmp_path / "up.log"
-    proc = start_up(config, tmp_path, log)
-    try:
-        state_file = tmp_path / "state" / "cluster.json"
-        deadline = time.monotonic() + STARTUP_S
-        while not state_file.exists():
-            assert proc.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(0.5)
-        state = json.loads(state_file.read_text())
-        assert state["services"]["executor-cpu"]["models"] == ["team-bert"]
-        spec = {
-            "model": {"name": "team-bert"},
-            "inputs": {
-                "seed": 3,
-                "tensors": [
-                    {"name": "input_ids", "datatype": "INT64", "shape": [2, 8], "low": 1, "high": 100},
-                    {"name": "attention_mask", "datatype": "INT64", "shape": [2, 8], "low": 1, "high": 2},
-                ],
-            },
-            "paths": [
-                {"name": "cpu", "executor": "cpu", "mode": "eager"},
-                {"name": "cpu-bf16", "executor": "cpu", "mode": "eager", "precision": "bf16"},
+def test_a_user_model_is_served_by_up_and_trialled_from_the_temporal_cli(
+    up_cluster: UpCluster, tmp_path: Path
+) -> None:
+    state = up_cluster.state
+    assert "team-bert" in state["services"]["executor-cpu"]["models"]
+    spec = {
+        "model": {"name": "team-bert"},
+        "inputs": {
+            "seed": 3,
+            "tensors": [
+                {"name": "input_ids", "datatype": "INT64", "shape": [2, 8], "low": 1, "high": 100},
+                {"name": "attention_mask", "datatype": "INT64", "shape": [2, 8], "low": 1, "high": 2},
             ],
-            "reference": "cpu",
-            "criteria": {"logits": True},
-            "performance": {"warmup": 2, "min_iterations": 10, "min_seconds": 0.3, "batch_sizes": [1]},
-        }
-        (tmp_path / "spec.json").write_text(json.dumps(spec))
-        temporal = Path(sys.executable).with_name("temporal")
-        # what Temporal stores is sealed (workflows/temporal_codec.py): the CLI reads the report
-        # through the codec endpoint `up` serves, as the UI does
-        codec = f"http://{state['services']['temporal-codec']['address']}"
-        result = subprocess.run(
-            [str(temporal), "workflow", "execute", "--address", state["temporal_address"],
-             "--codec-endpoint", codec,
-             "--task-queue", "switchyard-trials", "--type", "TrialWorkflow", "--workflow-id", "team-bert",
-             "--input-file", str(tmp_path / "spec.json"), "-o", "json"],
-            capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        report = json.loads(result.stdout)["result"]
-        assert report["status"] == "completed"
-        assert report["verdicts"]["cpu-bf16"]["verdict"] in ("ADOPT", "REJECT", "INCONCLUSIVE")
-        # up's example price book: the cost criterion is judged, not left unpriced
-        for path in ("cpu", "cpu-bf16"):
-            economics = report["paths"][path]["economics"]
-            assert not economics["unpriced"] and economics["total_micros"] > 0, economics
-        cost = report["verdicts"]["cpu-bf16"]["criteria"]["cost"]
-        assert cost["figure"] != "unpriced" and "EXAMPLE price book" in cost["reason"], cost
-        assert report["paths"]["cpu"]["economics"]["example_priced_lines"] > 0  # marked as such
-        assert "EXAMPLE price book in force (USD cpu 0.12/h)" in log.read_text()
-        # the audit witness, its own process: it holds the ledger's head, which metering signed
-        # at start and anchors since; its private key stays in its own 0700 folder
-        head = _witnessed_head(state["services"]["witness"]["address"], within_s=ANCHOR_S + 10)
-        assert head["seq"] > 0 and head["signature"], head
-        folder = tmp_path / "state" / "witness"
-        assert (folder.stat().st_mode & 0o777, (folder / "witness.key").stat().st_mode & 0o777) == (
-            0o700,
-            0o600,
-        )
-        sha = report["paths"]["cpu"]["prepare"]["checkpoint_sha256"]
-        assert sha and sha == report["paths"]["cpu-bf16"]["prepare"]["checkpoint_sha256"]
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        },
+        "paths": [
+            {"name": "cpu", "executor": "cpu", "mode": "eager"},
+            {"name": "cpu-bf16", "executor": "cpu", "mode": "eager", "precision": "bf16"},
+        ],
+        "reference": "cpu",
+        "criteria": {"logits": True},
+        "performance": {"warmup": 2, "min_iterations": 10, "min_seconds": 0.3, "batch_sizes": [1]},
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    temporal = Path(sys.executable).with_name("temporal")
+    # what Temporal stores is sealed (workflows/temporal_codec.py): the CLI reads the report
+    # through the codec endpoint `up` serves, as the UI does
+    codec = f"http://{state['services']['temporal-codec']['address']}"
+    result = subprocess.run(
+        [str(temporal), "workflow", "execute", "--address", state["temporal_address"],
+         "--codec-endpoint", codec,
+         "--task-queue", "switchyard-trials", "--type", "TrialWorkflow", "--workflow-id", "team-bert",
+         "--input-file", str(tmp_path / "spec.json"), "-o", "json"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)["result"]
+    assert report["status"] == "completed"
+    assert report["verdicts"]["cpu-bf16"]["verdict"] in ("ADOPT", "REJECT", "INCONCLUSIVE")
+    # up's example price book: the cost criterion is judged, not left unpriced
+    for path in ("cpu", "cpu-bf16"):
+        economics = report["paths"][path]["economics"]
+        assert not economics["unpriced"] and economics["total_micros"] > 0, economics
+    cost = report["verdicts"]["cpu-bf16"]["criteria"]["cost"]
+    assert cost["figure"] != "unpriced" and "EXAMPLE price book" in cost["reason"], cost
+    assert report["paths"]["cpu"]["economics"]["example_priced_lines"] > 0  # marked as such
+    assert "EXAMPLE price book in force (USD cpu 0.12/h)" in up_cluster.log.read_text()
+    # the audit witness, its own process: it holds the ledger's head, which metering signed
+    # at start and anchors since; its private key stays in its own 0700 folder
+    head = _witnessed_head(state["services"]["witness"]["address"], within_s=ANCHOR_S + 10)
+    assert head["seq"] > 0 and head["signature"], head
+    folder = up_cluster.root / "state" / "witness"
+    assert (folder.stat().st_mode & 0o777, (folder / "witness.key").stat().st_mode & 0o777) == (
+        0o700,
+        0o600,
+    )
+    sha = report["paths"]["cpu"]["prepare"]["checkpoint_sha256"]
+    assert sha and sha == report["paths"]["cpu-bf16"]["prepare"]["checkpoint_sha256"]

@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import ROOT
+
+STARTUP_S = 300  # `switchyard up` to its cluster.json, on a loaded 2-core host
+
+
+@dataclass(frozen=True)
+class UpCluster:
+    root: Path  # up's working directory: its switchyard.toml and up.log; state under root / "state"
+    state: dict[str, Any]  # cluster.json
+
+    @property
+    def log(self) -> Path:
+        return self.root / "up.log"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "state" / "ledger.db"
 
 
 def xla_cluster_config(tmp: Path, xla_python: str) -> Path:
@@ -36,3 +57,24 @@ def start_up(
             [sys.executable, "-m", "clients.cli", "up", "--config", str(config)],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
         )  # fmt: skip
+
+
+def wait_for_state(proc: subprocess.Popen[bytes], state_file: Path, log: Path) -> dict[str, Any]:
+    """The cluster.json `up` writes once every service is ready; fails with the log's tail
+    if `up` exits first or takes over STARTUP_S."""
+    deadline = time.monotonic() + STARTUP_S
+    while not state_file.exists():
+        assert proc.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(0.5)
+    return dict(json.loads(state_file.read_text()))
+
+
+def stop_up(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT, as Ctrl-C sends; SIGKILL after 90 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
