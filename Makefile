@@ -38,12 +38,12 @@ export TRANSFORMERS_OFFLINE := 1
 run: setup
 	$(PY) -m clients.cli demo $(ARGS)
 
-# TEST_WORKERS=N runs the suite in N pytest-xdist processes, each test file whole in one of
-# them (--dist loadfile keeps module-scoped clusters shared). On this 2-core machine two
-# workers took 1,058 s for 829 tests, no faster per test than one process had been (806 s for
-# 757), and one security test failed only among another file's tests in the same worker;
-# so the default is one process (0).
-TEST_WORKERS ?= 0
+# The suite runs in TEST_WORKERS pytest-xdist processes, each test file whole in one of them
+# (--dist loadfile keeps module-scoped clusters shared). Most tests wait on the servers they
+# start (Temporal timers, executors, clusters): one process left a core idle half the time
+# (load average 0.8-1.4), and on one 2-core host at one commit, back to back, one process took
+# 861 s of pytest and two workers 603 s, every test passing. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 
 test: setup-test lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
