@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import tritonclient.grpc.aio as triton
 from temporalio.client import WorkflowHandle
 
 from switchyard.net import free_port
@@ -33,6 +34,7 @@ from workflows.spec.trial_io import TrialInput
 from workflows.trial import TrialWorkflow
 
 STOP_S = 3.0
+WARMUP = 2
 
 
 def _spec() -> dict[str, Any]:
@@ -44,7 +46,7 @@ def _spec() -> dict[str, Any]:
     # not interleaved (the paths are on separate hosts), single-stream only, long enough to
     # hold the 3 s fault
     spec["performance"] = {
-        "warmup": 2,
+        "warmup": WARMUP,
         "min_iterations": 40,
         "min_seconds": 8.0,
         "scenarios": ["single-stream"],
@@ -53,19 +55,32 @@ def _spec() -> dict[str, Any]:
     return spec
 
 
-async def _candidate_measuring(stack: Stack, handle: WorkflowHandle[Any, Any], timeout_s: float) -> None:
-    """Returns once the candidate's measurement has sent its first heartbeat (it is measuring)."""
-    converter = stack.env.client.data_converter
+async def _inferences(client: triton.InferenceServerClient) -> int:
+    stats = await client.get_inference_statistics("tiny-lm", as_json=True)
+    return sum(int(m.get("inference_count", 0)) for m in stats.get("model_stats", []))
+
+
+async def _candidate_measuring(handle: WorkflowHandle[Any, Any], address: str, timeout_s: float) -> None:
+    """Returns once the candidate's executor answers the measurement's own requests: the
+    performance activity is running (correctness is over) and the executor has counted more
+    requests since than the warm-up sends. Its executor is asked, not the activity's heartbeat
+    details: heartbeats are throttled to 0.8 of heartbeat_s (8 s here), the measurement's length,
+    so a busy host could see the first details after the measurement ended."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        described = await handle.describe()
-        for pending in described.raw_description.pending_activities:
-            if pending.activity_type.name != "measure_performance" or not pending.heartbeat_details.payloads:
-                continue
-            (details,) = await converter.decode(pending.heartbeat_details.payloads)
-            if "candidate" in details.get("paths", {}):
+    client = triton.InferenceServerClient(address)
+    try:
+        started: int | None = None
+        while time.monotonic() < deadline:
+            if started is None:
+                described = await handle.describe()
+                pending = described.raw_description.pending_activities
+                if any(p.activity_type.name == "measure_performance" for p in pending):
+                    started = await _inferences(client)
+            elif await _inferences(client) > started + WARMUP:
                 return
-        await asyncio.sleep(0.2)
+            await asyncio.sleep(0.1)
+    finally:
+        await client.close()
     raise AssertionError("the candidate's measurement never started")
 
 
@@ -100,7 +115,7 @@ async def test_a_trial_through_a_stopped_executor_names_the_fault_and_no_speed(
                 id=f"through-fault-{uuid.uuid4().hex[:8]}",
                 task_queue=queue,
             )
-            await _candidate_measuring(stack, handle, 300)
+            await _candidate_measuring(handle, address, 300)
             await asyncio.sleep(1.0)
             executor.send_signal(signal.SIGSTOP)
             try:
