@@ -38,12 +38,13 @@ export TRANSFORMERS_OFFLINE := 1
 run: setup
 	$(PY) -m clients.cli demo $(ARGS)
 
-# The suite runs in TEST_WORKERS pytest-xdist processes, each test file whole in one of them
-# (--dist loadfile keeps module-scoped clusters shared). Most tests wait on the servers they
-# start (Temporal timers, executors, clusters): one process left a core idle half the time
-# (load average 0.8-1.4), and on one 2-core host at one commit, back to back, one process took
-# 861 s of pytest and two workers 603 s, every test passing. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+# TEST_WORKERS=N runs the suite in N pytest-xdist processes, each test file whole in one of
+# them (--dist loadfile keeps module-scoped clusters shared). Most tests wait on the servers
+# they start, so on one 2-core host, with the same product code, two workers took 552-603 s where
+# one process took 861 s; but in two of four runs with workers a timing-bound test failed
+# (a trial's fault injected after its measurement, since fixed; a full spool disk not refused
+# within 10 s), so the default stays one process (0) until those bounds hold under contention.
+TEST_WORKERS ?= 0
 
 test: setup-test lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
