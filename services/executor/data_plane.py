@@ -39,7 +39,7 @@ from services.executor.oip_metadata import (
     model_metadata,
     model_statistics,
 )
-from services.executor.request_inputs import deadline_of, read_inputs
+from services.executor.request_inputs import read_request
 from services.streams import StreamReplies
 from switchyard import oip_params, telemetry
 from switchyard.codec import WireTensor
@@ -153,8 +153,7 @@ class DataPlane:
         and then the one place where the tensor and the generation paths part, by its kind."""
         started = time.perf_counter_ns()
         executor = self.executor
-        deadline = deadline_of(request.parameters, time_remaining)
-        inputs = await read_inputs(request, executor.config.max_bytes_elements)
+        deadline, inputs = await read_request(request, time_remaining, executor.config.max_bytes_elements)
         model = executor.find(request.model_name, request.model_version)
         calls: TensorCalls | GenerationCalls = self.tensors if model.engine is None else self.generations
         return await calls.unary(model, request, inputs, deadline, started)

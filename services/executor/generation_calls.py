@@ -18,7 +18,7 @@ from services.executor.executor_runtime import Executor
 from services.executor.generation import generation_oip as gen_oip
 from services.executor.generation.engine_client import GenerationStream
 from services.executor.loaded_model import LoadedModel
-from services.executor.request_inputs import deadline_of, read_inputs
+from services.executor.request_inputs import read_request
 from switchyard import oip_params
 from switchyard.codec import WireTensor
 from switchyard.errors import SwitchyardError
@@ -67,10 +67,10 @@ class GenerationCalls:
         (this task only waits for the end); else its one response. An error is answered
         in-band, final, with the request's id."""
         try:
-            deadline = deadline_of(request.parameters, time_remaining)
-            # read as the data plane reads a unary request, after the model was found: a prompt
-            # is one element, so a request that decodes on a worker thread is refused anyway
-            inputs = await read_inputs(request, self.executor.config.max_bytes_elements)
+            # read as the data plane reads a unary request (the model was found to tell a
+            # generation from a tensor request, so a reload during a long decode is not seen)
+            max_elements = self.executor.config.max_bytes_elements
+            deadline, inputs = await read_request(request, time_remaining, max_elements)
             async with self._generation(model, request, inputs, deadline, True) as (responder, gen):
                 if not responder.call.stream:
                     whole = await gen_oip.whole_response(

@@ -108,6 +108,15 @@ async def read_inputs(request: pb.ModelInferRequest, max_bytes_elements: int) ->
     return decode_inputs(request)
 
 
+async def read_request(
+    request: pb.ModelInferRequest, time_remaining: float | None, max_bytes_elements: int
+) -> tuple[float | None, list[WireTensor]]:
+    """What a request brings, in the order the data plane reads it: its deadline, counted from
+    now (its arrival, not after a long decode), then its inputs (`read_inputs`)."""
+    deadline = deadline_of(request.parameters, time_remaining)
+    return deadline, await read_inputs(request, max_bytes_elements)
+
+
 def bytes_elements(request: pb.ModelInferRequest) -> int:
     """How many BYTES elements the request's shapes declare (checked before any decoding)."""
     total = 0
