@@ -56,9 +56,8 @@ from services.metering.ledger import Ledger  # noqa: E402
 from services.metering.metering_server import start_metering  # noqa: E402
 from services.metering.records import Actor  # noqa: E402
 from services.metering.schema import BINDINGS, KEYS, LIMIT_CHANGES  # noqa: E402
-from services.router.admission import Admission  # noqa: E402
+from services.router.admission import Admission, Limit  # noqa: E402
 from services.router.auth import Identity  # noqa: E402
-from services.router.limits import Limit  # noqa: E402
 from switchyard.gen.switchyard.v1 import metering_pb2 as pb  # noqa: E402
 from switchyard.gen.switchyard.v1 import metering_pb2_grpc as pb_grpc  # noqa: E402
 from switchyard.grpcio import ServerOptions  # noqa: E402

@@ -66,6 +66,19 @@ class ResourceExhausted(SwitchyardError):
     status = Status.RESOURCE_EXHAUSTED
 
 
+class RateLimited(ResourceExhausted):
+    """Over a rate or a count a caller may use; `retry_after_ms` goes to the caller as the
+    trailing metadata `retry-after-ms` (`trailers`, which switchyard.grpcio sets)."""
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = max(1, retry_after_ms)
+
+    @property
+    def trailers(self) -> tuple[tuple[str, str], ...]:
+        return (("retry-after-ms", str(self.retry_after_ms)),)
+
+
 class DeadlineExceeded(SwitchyardError):
     status = Status.DEADLINE_EXCEEDED
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from services.router.administration import Caller, RouterAdministration
-from services.router.limits import Limit
+from services.router.admission import Limit
 from services.router.router_config import Policy, Route, ShadowSpec, Target
 from switchyard.errors import InvalidArgument
 from switchyard.field_copy import copy_fields

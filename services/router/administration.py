@@ -16,10 +16,9 @@ import json
 from dataclasses import dataclass
 
 from services.router import ids
-from services.router.admission import Metadata
+from services.router.admission import Limit, Metadata, PrincipalLimits
 from services.router.auth import Identity
 from services.router.fleet_limits import FleetLimits
-from services.router.limits import Limit, PrincipalLimits
 from services.router.policies import DeploymentState
 from services.router.request_path import RequestPath
 from services.router.router_config import Route, validate_route

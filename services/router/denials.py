@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from services.router.limits import RateLimited
+from switchyard.errors import RateLimited
 
 WINDOW_S = 10.0
 MAX_LOOKUPS = 5  # refused keys a source may have metering check in one window

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from services.router.admission import Limit, PrincipalLimits
 from services.router.fleet_sync import FleetPoller
-from services.router.limits import Limit, PrincipalLimits
 from switchyard.errors import Unavailable
 
 log = logging.getLogger(__name__)

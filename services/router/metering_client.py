@@ -11,9 +11,9 @@ import logging
 
 import grpc
 
+from services.router.admission import Limit
 from services.router.auth import Identity
 from services.router.executor_pool import CHANNEL_OPTIONS
-from services.router.limits import Limit
 from services.router.route_store import Change, RouteChange
 from switchyard import errors, telemetry, tls
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb

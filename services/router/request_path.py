@@ -128,7 +128,7 @@ class RequestPath:
     ) -> bytes:
         t0 = time.perf_counter_ns()
         charge = await self._admit(raw, metadata, peer)
-        # over the principal's limit: refused here, counted, no ledger line (limits.py)
+        # over the principal's limit: refused here, counted, no ledger line (admission.py)
         with self.admission.principal_slot(charge.identity):
             outcome = Outcome()
             with self._route_slot(charge):

@@ -84,7 +84,7 @@ class Route:
 class Settings:
     default_timeout_s: float = 30.0
     max_in_flight: int = 256
-    # Per principal (services/router/limits.py), 0 = no limit; RouterAdmin overrides them.
+    # Per principal (services/router/admission.py), 0 = no limit; RouterAdmin overrides them.
     principal_rate_per_s: float = 0.0
     principal_burst: int = 0
     principal_max_in_flight: int = 0

@@ -17,14 +17,13 @@ from pathlib import Path
 from services.router import oip_servicer
 from services.router.admin_servicer import AdminServicer
 from services.router.administration import RouterAdministration
-from services.router.admission import Admission
+from services.router.admission import Admission, Limit
 from services.router.auth import Authenticator
 from services.router.capture import Capturer
 from services.router.evaluator_client import EvaluatorComparer
 from services.router.executor_pool import ExecutorPool
 from services.router.fleet_limits import FleetLimits
 from services.router.forwarder import Forwarder
-from services.router.limits import Limit
 from services.router.metering_client import MeteringClient
 from services.router.openai_api import OpenAIServer
 from services.router.path_registrar import PathRegistrar

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from services.executor.executor_server import RunningExecutor
+from services.router.admission import Limit, PrincipalLimits
 from services.router.auth import Authenticator, Identity
-from services.router.limits import Limit, PrincipalLimits, RateLimited
-from switchyard.errors import DeadlineExceeded, Unauthenticated, Unavailable
+from switchyard.errors import DeadlineExceeded, RateLimited, Unauthenticated, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as ipb
 from switchyard.gen.switchyard.v1 import metering_pb2 as mpb
 from switchyard.gen.switchyard.v1 import router_pb2 as rpb
