@@ -1,5 +1,8 @@
 """OIP tensor codec: `raw_input_contents` / `raw_output_contents` <-> numpy and torch.
 
+A request's inputs may come as typed `contents` instead (`decode_contents`): they are read as
+the raw bytes they stand for, and decoded as raw contents are.
+
 Raw contents are little-endian, row-major. BYTES elements are each a 4-byte little-endian
 length followed by the bytes. Decoding a fixed-size datatype is a zero-copy, read-only numpy
 view of the request's bytes; the one copy happens when a batch is assembled (it has to exist
@@ -17,7 +20,7 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,6 +44,17 @@ _FIXED: dict[str, tuple[np.dtype[np.generic], str]] = {
 }
 DATATYPES = (*_FIXED, "BYTES")
 _NUMPY_TO_OIP = {np.dtype(d).newbyteorder("<"): n for n, (d, _) in _FIXED.items() if n != "BF16"}
+# OIP datatype -> the field of typed `contents` that carries it (FP16 and BF16 only come raw)
+_CONTENT_FIELDS = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
 
 
 @functools.cache
@@ -140,6 +154,18 @@ def _decode_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
     out = np.empty(count, dtype=object)
     out[:] = items
     return out
+
+
+def decode_contents(name: str, datatype: str, shape: Sequence[int], contents: Any) -> WireTensor:
+    """Decodes one tensor sent in typed `contents` (OIP's InferTensorContents: a repeated field
+    per datatype) rather than raw bytes; datatypes that have no such field must come raw."""
+    if datatype == "BYTES":
+        return decode(name, datatype, shape, encode_bytes(list(contents.bytes_contents)))
+    field = _CONTENT_FIELDS.get(datatype)
+    if field is None:
+        raise InvalidArgument(f"input {name!r}: {datatype} must be sent in raw_input_contents")
+    data = np.asarray(getattr(contents, field), dtype=element_dtype(datatype)).tobytes()
+    return decode(name, datatype, shape, data)
 
 
 def encode_bytes(values: Sequence[bytes]) -> bytes:

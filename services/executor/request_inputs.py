@@ -15,8 +15,6 @@ import asyncio
 import time
 from typing import Any
 
-import numpy as np
-
 from switchyard import codec, oip_params
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument, ResourceExhausted, Unimplemented
@@ -25,17 +23,6 @@ from switchyard.gen.inference import grpc_service_pb2 as pb
 # BYTES inputs with more elements than this are decoded on a worker thread, not the event
 # loop: splitting millions of length-prefixed elements takes seconds (64 MiB: about 8 s).
 BYTES_INLINE_ELEMENTS = 4096
-
-_CONTENT_FIELDS = {
-    "BOOL": "bool_contents",
-    "UINT8": "uint_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-}
 
 
 def deadline_of(parameters: Any, remaining: float | None) -> float | None:
@@ -77,19 +64,8 @@ def decode_inputs(request: pb.ModelInferRequest) -> list[WireTensor]:
         _check_shared_memory(tensor.parameters, f"input {tensor.name!r}")
         if raw:
             tensors.append(codec.decode(tensor.name, tensor.datatype, tensor.shape, raw[i]))
-            continue
-        if tensor.datatype == "BYTES":
-            data = codec.encode_bytes(list(tensor.contents.bytes_contents))
         else:
-            field = _CONTENT_FIELDS.get(tensor.datatype)
-            if field is None:
-                raise InvalidArgument(
-                    f"input {tensor.name!r}: {tensor.datatype} must be sent in raw_input_contents"
-                )
-            values = getattr(tensor.contents, field)
-            wire_dtype = codec.element_dtype(tensor.datatype)
-            data = np.asarray(values, dtype=wire_dtype).tobytes()
-        tensors.append(codec.decode(tensor.name, tensor.datatype, tensor.shape, data))
+            tensors.append(codec.decode_contents(tensor.name, tensor.datatype, tensor.shape, tensor.contents))
     return tensors
 
 
