@@ -14,8 +14,8 @@ named in `switchyard.oip_params` (path, timings, load) when the request asks for
 and costs no more), and counts the request for ModelStatistics and the metrics. Errors are
 `switchyard.errors`: raised to the gRPC edge on ModelInfer, written in-band as "STATUS: why"
 on streams and frames (`answer`), where one bad request must not end the others. No grpc
-here. It also answers what a client asks about the server and its models, as Triton does
-(`oip_metadata.py`).
+here. What a client asks about the server and its models is answered beside it, from the same
+executor (`oip_metadata.OipMetadata`).
 """
 
 from __future__ import annotations
@@ -28,24 +28,16 @@ from typing import Any
 
 from services import inband_status
 from services.executor.batching import BatchResult
-from services.executor.executor_runtime import Draining, Executor, find_all
+from services.executor.executor_runtime import Draining, Executor
 from services.executor.generation import generation_oip as gen_oip
 from services.executor.generation_calls import GenerationCalls
 from services.executor.loaded_model import LoadedModel, Signatures, model_arrays
-from services.executor.oip_metadata import (
-    SERVER_NAME,
-    SERVER_VERSION,
-    model_config,
-    model_metadata,
-    model_statistics,
-)
 from services.executor.request_inputs import read_request
 from services.streams import StreamReplies
 from switchyard import oip_params, telemetry
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument, Unavailable
 from switchyard.gen.inference import grpc_service_pb2 as pb
-from switchyard.gen.inference import model_config_pb2 as mc
 
 _INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 _STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -157,34 +149,6 @@ class DataPlane:
         model = executor.find(request.model_name, request.model_version)
         calls: TensorCalls | GenerationCalls = self.tensors if model.engine is None else self.generations
         return await calls.unary(model, request, inputs, deadline, started)
-
-    # ---- what a client asks about the server and its models, as Triton answers -------------
-    def ready(self) -> bool:
-        return self.executor.ready()
-
-    def model_ready(self, name: str, version: str) -> bool:
-        model = self.executor.find(name, version)
-        return model.state == "READY" and not self.executor.draining
-
-    def server_metadata(self) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(
-            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration", "statistics"]
-        )
-
-    def model_metadata(self, name: str, version: str) -> pb.ModelMetadataResponse:
-        return model_metadata(self.executor.find(name, version))
-
-    def model_config(self, name: str, version: str) -> mc.ModelConfig:
-        return model_config(self.executor.find(name, version))
-
-    def model_statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse:
-        """The named model's statistics, or every loaded model's where no name is given."""
-        response = pb.ModelStatisticsResponse()
-        for model in find_all(self.executor, name, version):
-            stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
-            if model.batcher is not None:
-                model_statistics(model.batcher.counters, stats)
-        return response
 
 
 class TensorCalls:

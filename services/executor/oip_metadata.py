@@ -1,17 +1,55 @@
-"""A loaded model described in OIP's messages, as Triton describes its models: metadata,
-config (inference.ModelConfig) and statistics; the data plane answers ModelMetadata,
-ModelConfig and ModelStatistics with these (`data_plane.py`).
+"""What a client asks about the server and its models, answered in OIP's messages as Triton
+answers it: readiness, metadata, config (inference.ModelConfig) and statistics.
+
+`OipMetadata` answers ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig and
+ModelStatistics for the gRPC servicer (`executor_servicer.py`), from the executor the data
+plane serves; inference itself goes through the data plane (`data_plane.py`).
 """
 
 from __future__ import annotations
 
 from services.executor.batching import BatchCounters
+from services.executor.executor_runtime import Executor, find_all
 from services.executor.loaded_model import LoadedModel
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import model_config_pb2 as mc
 
 SERVER_NAME = "switchyard-executor"
 SERVER_VERSION = "0.1.0"
+
+
+class OipMetadata:
+    """The server and its loaded models as a client asks about them."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
+    def ready(self) -> bool:
+        return self.executor.ready()
+
+    def model_ready(self, name: str, version: str) -> bool:
+        model = self.executor.find(name, version)
+        return model.state == "READY" and not self.executor.draining
+
+    def server_metadata(self) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration", "statistics"]
+        )
+
+    def model_metadata(self, name: str, version: str) -> pb.ModelMetadataResponse:
+        return model_metadata(self.executor.find(name, version))
+
+    def model_config(self, name: str, version: str) -> mc.ModelConfig:
+        return model_config(self.executor.find(name, version))
+
+    def model_statistics(self, name: str, version: str) -> pb.ModelStatisticsResponse:
+        """The named model's statistics, or every loaded model's where no name is given."""
+        response = pb.ModelStatisticsResponse()
+        for model in find_all(self.executor, name, version):
+            stats = response.model_stats.add(name=model.spec.name, version=model.spec.version)
+            if model.batcher is not None:
+                model_statistics(model.batcher.counters, stats)
+        return response
 
 
 def model_metadata(model: LoadedModel) -> pb.ModelMetadataResponse:
