@@ -27,7 +27,7 @@ Request parameters the executor reads:
   forwarded request (it routes and meters from them); the trial asks on its own.
 - `timeout` (int64): Triton's per-request timeout in microseconds. A request still queued when
   it passes is dropped with DEADLINE_EXCEEDED, as with a gRPC deadline; the earlier applies
-  (the executor's `request_inputs.deadline_of`).
+  (the executor's `data_plane.deadline_of`).
 - `traceparent`, `tracestate` (string): W3C trace context of a request sent on a
   `ModelStreamInfer` stream, whose metadata is sent once per stream (the router's upstream
   streams send them).

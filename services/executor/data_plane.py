@@ -2,10 +2,13 @@
 
 gRPC ModelInfer and ModelStreamInfer (`executor_servicer.py`) and framed inference
 (`frame_server.py`, services.frames) are adapters of a few lines over `DataPlane`, as
-KServe's servicers are over its DataPlane. It reads the request's deadline and inputs
-(`request_inputs.py`: BYTES inputs bounded before they are decoded), finds the model once and,
-by its kind, hands the request to one of two strategies (`_respond`, the one place the paths
-part): a tensor model's to `TensorCalls`, a causal LM's to its generation engine
+KServe's servicers are over its DataPlane. It reads the request (`read`): its deadline, the
+transport's or Triton's `timeout` parameter, whichever comes first (`deadline_of`), then its
+inputs, raw contents (one per input, in order) or typed `contents` (both decoded by
+switchyard.codec), never both; shared memory is UNIMPLEMENTED, and BYTES inputs are bounded
+before any decoding, many of them decoded on a worker thread (`read_inputs`). It then finds
+the model once and, by its kind, hands the request to one of two strategies (`_respond`, the
+one place the paths part): a tensor model's to `TensorCalls`, a causal LM's to its generation engine
 (`generation_calls.GenerationCalls`). `TensorCalls` checks the inputs against the declaration
 (`loaded_model.model_arrays`), hands the arrays to the model's batcher (or, on a quiet
 executor, computes a lone request at once), selects the outputs asked for, adds the parameters
@@ -32,11 +35,10 @@ from services.executor.executor_runtime import Draining, Executor
 from services.executor.generation import generation_oip as gen_oip
 from services.executor.generation_calls import GenerationCalls
 from services.executor.loaded_model import LoadedModel, Signatures, model_arrays
-from services.executor.request_inputs import read_request
 from services.streams import StreamReplies
-from switchyard import oip_params, telemetry
+from switchyard import codec, oip_params, telemetry
 from switchyard.codec import WireTensor
-from switchyard.errors import InvalidArgument, Unavailable
+from switchyard.errors import InvalidArgument, ResourceExhausted, Unavailable, Unimplemented
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 _INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -53,6 +55,10 @@ _STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 # between two handlers takes as long as a lone client's round trip.)
 LOOP_IDLE_S = 100e-6
 INLINE_LOOK_TURNS = 3
+
+# BYTES inputs with more elements than this are decoded on a worker thread, not the event
+# loop: splitting millions of length-prefixed elements takes seconds (64 MiB: about 8 s).
+BYTES_INLINE_ELEMENTS = 4096
 
 Metadata = Callable[[], Any]  # the caller's gRPC metadata, read only where tracing is on
 
@@ -81,7 +87,7 @@ class DataPlane:
         self.executor = executor
         self._tracing = telemetry.enabled()  # set up before the server starts, as the CLI does
         self.tensors = TensorCalls(executor)
-        self.generations = GenerationCalls(executor, self.tensors.template)
+        self.generations = GenerationCalls(executor, self.tensors.template, self.read)
 
     # ---- inference -----------------------------------------------------------------------
     async def infer(
@@ -144,11 +150,19 @@ class DataPlane:
         once it is (a reload may land while a large BYTES request decodes on a worker thread),
         and then the one place where the tensor and the generation paths part, by its kind."""
         started = time.perf_counter_ns()
-        executor = self.executor
-        deadline, inputs = await read_request(request, time_remaining, executor.config.max_bytes_elements)
-        model = executor.find(request.model_name, request.model_version)
+        deadline, inputs = await self.read(request, time_remaining)
+        model = self.executor.find(request.model_name, request.model_version)
         calls: TensorCalls | GenerationCalls = self.tensors if model.engine is None else self.generations
         return await calls.unary(model, request, inputs, deadline, started)
+
+    async def read(
+        self, request: pb.ModelInferRequest, time_remaining: float | None
+    ) -> tuple[float | None, list[WireTensor]]:
+        """What a request brings, in the order it is read: its deadline, counted from now (its
+        arrival, not after a long decode), then its inputs (`read_inputs`). A generation on a
+        stream is read with this too (`GenerationCalls.stream`)."""
+        deadline = deadline_of(request.parameters, time_remaining)
+        return deadline, await read_inputs(request, self.executor.config.max_bytes_elements)
 
 
 class TensorCalls:
@@ -265,6 +279,78 @@ class TensorCalls:
     def template(self, model: LoadedModel) -> pb.ModelInferResponse:
         """The parts of a response fixed for a loaded model, built once per load."""
         return self._plan(model).template
+
+
+# ---- a request read off the wire and bounded: its deadline, its inputs -------------------
+def deadline_of(parameters: Any, remaining: float | None) -> float | None:
+    """time.perf_counter() seconds when a request must be out of the queue: the transport's
+    deadline (`remaining` seconds) or the request's `timeout` parameter (microseconds, in
+    `parameters`), whichever comes first; INVALID_ARGUMENT for a `timeout` not above 0."""
+    now = time.perf_counter()
+    deadline = now + remaining if remaining is not None else None
+    if oip_params.TIMEOUT in parameters:
+        timeout_us = parameters[oip_params.TIMEOUT].int64_param
+        if timeout_us <= 0:
+            raise InvalidArgument(f"parameter 'timeout' is {timeout_us}; send microseconds > 0")
+        by_parameter = now + timeout_us / 1e6
+        deadline = by_parameter if deadline is None else min(deadline, by_parameter)
+    return deadline
+
+
+def _check_shared_memory(params: Any, where: str) -> None:
+    if not params:
+        return
+    for key in oip_params.SHARED_MEMORY_KEYS:
+        if key in params:
+            raise Unimplemented(
+                f"{where} uses shared memory ({key}); switchyard executors accept tensors only in "
+                "raw_input_contents or contents"
+            )
+
+
+def decode_inputs(request: pb.ModelInferRequest) -> list[WireTensor]:
+    """Raw contents (one per input, in order) or typed `contents`, never both."""
+    _check_shared_memory(request.parameters, "the request")
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidArgument(
+            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one per input, in order"
+        )
+    tensors = []
+    for i, tensor in enumerate(request.inputs):
+        _check_shared_memory(tensor.parameters, f"input {tensor.name!r}")
+        if raw:
+            tensors.append(codec.decode(tensor.name, tensor.datatype, tensor.shape, raw[i]))
+        else:
+            tensors.append(codec.decode_contents(tensor.name, tensor.datatype, tensor.shape, tensor.contents))
+    return tensors
+
+
+async def read_inputs(request: pb.ModelInferRequest, max_bytes_elements: int) -> list[WireTensor]:
+    """A request's inputs, decoded: BYTES inputs are bounded before any decoding
+    (RESOURCE_EXHAUSTED over `max_bytes_elements`), and many of them decode on a worker thread,
+    not the event loop."""
+    elements = bytes_elements(request)  # 0 without BYTES inputs
+    if elements > max_bytes_elements:
+        raise ResourceExhausted(
+            f"the request has {elements} BYTES elements; this executor takes at most "
+            f"{max_bytes_elements} per request: split it"
+        )
+    if elements > BYTES_INLINE_ELEMENTS:
+        return await asyncio.to_thread(decode_inputs, request)
+    return decode_inputs(request)
+
+
+def bytes_elements(request: pb.ModelInferRequest) -> int:
+    """How many BYTES elements the request's shapes declare (checked before any decoding)."""
+    total = 0
+    for tensor in request.inputs:
+        if tensor.datatype == "BYTES":
+            count = 1
+            for dim in tensor.shape:
+                count *= max(int(dim), 0)
+            total += max(count, len(tensor.contents.bytes_contents))
+    return total
 
 
 def _trace_carrier(params: Any) -> dict[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from services import inband_status
@@ -18,7 +18,6 @@ from services.executor.executor_runtime import Executor
 from services.executor.generation import generation_oip as gen_oip
 from services.executor.generation.engine_client import GenerationStream
 from services.executor.loaded_model import LoadedModel
-from services.executor.request_inputs import read_request
 from switchyard import oip_params
 from switchyard.codec import WireTensor
 from switchyard.errors import SwitchyardError
@@ -27,10 +26,20 @@ from switchyard.gen.inference import grpc_service_pb2 as pb
 _STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
+# how the data plane reads a request: its deadline, then its inputs (`DataPlane.read`)
+ReadRequest = Callable[[pb.ModelInferRequest, float | None], Awaitable[tuple[float | None, list[WireTensor]]]]
+
+
 class GenerationCalls:
-    def __init__(self, executor: Executor, template: Callable[[LoadedModel], pb.ModelInferResponse]) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        template: Callable[[LoadedModel], pb.ModelInferResponse],
+        read: ReadRequest,
+    ) -> None:
         self.executor = executor
         self._template = template  # a loaded model's fixed response parts (the data plane's)
+        self._read = read  # the data plane's reading of a request
 
     def decoupled(self, request: pb.ModelInferRequest) -> LoadedModel | None:
         """The causal LM a stream request is for, unless the router asked for one answer."""
@@ -69,8 +78,7 @@ class GenerationCalls:
         try:
             # read as the data plane reads a unary request (the model was found to tell a
             # generation from a tensor request, so a reload during a long decode is not seen)
-            max_elements = self.executor.config.max_bytes_elements
-            deadline, inputs = await read_request(request, time_remaining, max_elements)
+            deadline, inputs = await self._read(request, time_remaining)
             async with self._generation(model, request, inputs, deadline, True) as (responder, gen):
                 if not responder.call.stream:
                     whole = await gen_oip.whole_response(
