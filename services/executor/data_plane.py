@@ -1,41 +1,41 @@
 """The executor's data plane: an OIP request in, its answer out, whichever transport carried it.
 
 gRPC ModelInfer and ModelStreamInfer (`executor_servicer.py`) and framed inference
-(`frame_server.py`, services.frames) are adapters of a few lines over `DataPlane`, as
-KServe's servicers are over its DataPlane. It reads the request (`read`): its deadline, the
-transport's or Triton's `timeout` parameter, whichever comes first (`deadline_of`), then its
-inputs, raw contents (one per input, in order) or typed `contents` (both decoded by
-switchyard.codec), never both; shared memory is UNIMPLEMENTED, and BYTES inputs are bounded
-before any decoding, many of them decoded on a worker thread (`read_inputs`). It then finds
-the model once and, by its kind, hands the request to one of two strategies (`_respond`, the
-one place the paths part): a tensor model's to `TensorCalls`, a causal LM's to its generation engine
-(`generation_calls.GenerationCalls`). `TensorCalls` checks the inputs against the declaration
-(`loaded_model.model_arrays`), hands the arrays to the model's batcher (or, on a quiet
-executor, computes a lone request at once), selects the outputs asked for, adds the parameters
-named in `switchyard.oip_params` (path, timings, load) when the request asks for them with
-`switchyard_stats` (the router and the trial do; otherwise the answer is bare, as Triton's,
-and costs no more), and counts the request for ModelStatistics and the metrics. Errors are
-`switchyard.errors`: raised to the gRPC edge on ModelInfer, written in-band as "STATUS: why"
-on streams and frames (`answer`), where one bad request must not end the others. No grpc
-here. What a client asks about the server and its models is answered beside it, from the same
-executor (`oip_metadata.OipMetadata`).
+(`frame_server.py`, services.frames) are adapters over `DataPlane`, as KServe's servicers are
+over its DataPlane: each runs its own call, stream or connection and asks the data plane for
+one request's answer (`infer`, or `answer` where an error must go in-band).
+
+It reads the request (`read`): its deadline, the transport's or Triton's `timeout` parameter,
+whichever comes first (`deadline_of`), then its inputs, raw contents (one per input, in order)
+or typed `contents` (both decoded by switchyard.codec), never both; shared memory is
+UNIMPLEMENTED, and BYTES inputs are bounded before any decoding, many of them decoded on a
+worker thread (`read_inputs`). It then finds the model once and, by its kind, hands the
+request to one of two strategies (`_respond`, the one place the paths part): a tensor model's
+to `TensorCalls`, a causal LM's to its generation engine (`generation_calls.GenerationCalls`).
+`TensorCalls` checks the inputs against the declaration (`loaded_model.model_arrays`), hands
+the arrays to the model's batcher (or, on a quiet executor, computes a lone request at once),
+selects the outputs asked for, adds the parameters named in `switchyard.oip_params` (path,
+timings, load) when the request asks for them with `switchyard_stats` (the router and the
+trial do; otherwise the answer is bare, as Triton's, and costs no more), and counts the
+request for ModelStatistics and the metrics. Errors are `switchyard.errors`: raised to the
+gRPC edge on ModelInfer, written in-band as "STATUS: why" on streams and frames (`answer`),
+where one bad request must not end the others. No grpc here. What a client asks about the
+server and its models is answered beside it, from the same executor
+(`oip_metadata.OipMetadata`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from services import inband_status
 from services.executor.batching import BatchResult
 from services.executor.executor_runtime import Draining, Executor
-from services.executor.generation import generation_oip as gen_oip
 from services.executor.generation_calls import GenerationCalls
 from services.executor.loaded_model import LoadedModel, Signatures, model_arrays
-from services.streams import StreamReplies
 from switchyard import codec, oip_params, telemetry
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument, ResourceExhausted, Unavailable, Unimplemented
@@ -116,32 +116,6 @@ class DataPlane:
         except Exception as exc:  # one bad request must not end the stream the others share
             return inband_status.error_response(inband_status.encode_error(exc, _STREAM_METHOD))
         return pb.ModelStreamInferResponse(infer_response=response)
-
-    async def stream(
-        self, requests: AsyncIterator[pb.ModelInferRequest], time_remaining: Callable[[], float | None]
-    ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
-        """A stream's requests, each answered in order (`answer`). A generation (a causal LM's
-        request) is decoupled: it runs beside the stream's other requests, and its responses
-        are built as the stream's writer comes to them, each with the tokens that came since
-        the last (`generation_oip.StreamedResponses`)."""
-        stream: StreamReplies[pb.ModelStreamInferResponse | gen_oip.StreamedResponses] = StreamReplies()
-        generations = self.generations
-
-        async def read() -> None:
-            async for request in requests:
-                model = generations.decoupled(request)
-                if model is None:
-                    stream.put(await self.answer(request, time_remaining()))
-                    continue
-                # a caller that leaves cancels it: the generation's slot is freed
-                stream.start(generations.stream(model, request, stream.out, time_remaining()))
-
-        async with contextlib.aclosing(stream.replies(read)) as replies:  # closed as the caller leaves
-            async for reply in replies:
-                if not isinstance(reply, gen_oip.StreamedResponses):
-                    yield reply
-                elif (message := reply.take()) is not None:
-                    yield message
 
     async def _respond(
         self, request: pb.ModelInferRequest, time_remaining: float | None

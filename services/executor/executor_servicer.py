@@ -1,7 +1,9 @@
 """inference.GRPCInferenceService on an executor: gRPC's adapter over the data plane.
 
 Each inference RPC converts the call and asks `DataPlane` (`data_plane.py`), which decodes,
-bounds, batches, selects outputs, keeps the statistics and owns the errors; statuses come from
+bounds, batches, selects outputs, keeps the statistics and owns the errors; ModelStreamInfer
+runs its stream here, as the frame server runs a connection, a generation decoupled beside
+the stream's other requests (`generation_calls.GenerationCalls.stream`); statuses come from
 the exception tree via switchyard.grpcio. Framed inference (`frame_server.py`) is the other
 adapter over the same data plane. What a client asks about the server and its models is
 answered from the same executor by `oip_metadata.OipMetadata`.
@@ -13,7 +15,9 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from services.executor.data_plane import DataPlane
+from services.executor.generation import generation_oip as gen_oip
 from services.executor.oip_metadata import OipMetadata
+from services.streams import StreamReplies
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from switchyard.grpcio import ServicerContext
@@ -32,10 +36,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        replies = self.plane.stream(request_iterator, context.time_remaining)
-        async with contextlib.aclosing(replies):  # closed as the caller leaves
+        """A stream's requests, each answered in order (`DataPlane.answer`). A generation (a causal
+        LM's request) is decoupled: it runs beside the stream's other requests, and its responses
+        are built as the stream's writer comes to them, each with the tokens that came since
+        the last (`generation_oip.StreamedResponses`)."""
+        stream: StreamReplies[pb.ModelStreamInferResponse | gen_oip.StreamedResponses] = StreamReplies()
+        plane, generations = self.plane, self.plane.generations
+
+        async def read() -> None:
+            async for request in request_iterator:
+                model = generations.decoupled(request)
+                if model is None:
+                    stream.put(await plane.answer(request, context.time_remaining()))
+                    continue
+                # a caller that leaves cancels it: the generation's slot is freed
+                stream.start(generations.stream(model, request, stream.out, context.time_remaining()))
+
+        async with contextlib.aclosing(stream.replies(read)) as replies:  # closed as the caller leaves
             async for reply in replies:
-                yield reply
+                if not isinstance(reply, gen_oip.StreamedResponses):
+                    yield reply
+                elif (message := reply.take()) is not None:
+                    yield message
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: ServicerContext
