@@ -12,12 +12,13 @@ UNIMPLEMENTED, and BYTES inputs are bounded before any decoding, many of them de
 worker thread (`read_inputs`). It then finds the model once and, by its kind, hands the
 request to one of two strategies (`_respond`, the one place the paths part): a tensor model's
 to `TensorCalls`, a causal LM's to its generation engine (`generation_calls.GenerationCalls`).
-`TensorCalls` checks the inputs against the declaration (`loaded_model.model_arrays`), hands
-the arrays to the model's batcher (or, on a quiet executor, computes a lone request at once),
-selects the outputs asked for, adds the parameters named in `switchyard.oip_params` (path,
-timings, load) when the request asks for them with `switchyard_stats` (the router and the
-trial do; otherwise the answer is bare, as Triton's, and costs no more), and counts the
-request for ModelStatistics and the metrics. Errors are `switchyard.errors`: raised to the
+`TensorCalls` checks the inputs against the declaration (`model_arrays`: names, datatypes,
+ranks, dims, one batch size, in full once per signature), hands the arrays to the model's
+batcher (or, on a quiet executor, computes a lone request at once), selects the outputs asked
+for, adds the parameters named in `switchyard.oip_params` (path, timings, load) when the
+request asks for them with `switchyard_stats` (the router and the trial do; otherwise the
+answer is bare, as Triton's, and costs no more), and counts the request for ModelStatistics
+and the metrics. Errors are `switchyard.errors`: raised to the
 gRPC edge on ModelInfer, written in-band as "STATUS: why" on streams and frames (`answer`),
 where one bad request must not end the others. No grpc here. What a client asks about the
 server and its models is answered beside it, from the same executor
@@ -31,11 +32,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from services import inband_status
 from services.executor.batching import BatchResult
 from services.executor.executor_runtime import Draining, Executor
 from services.executor.generation_calls import GenerationCalls
-from services.executor.loaded_model import LoadedModel, Signatures, model_arrays
+from services.executor.loaded_model import LoadedModel
 from switchyard import codec, oip_params, telemetry
 from switchyard.codec import WireTensor
 from switchyard.errors import InvalidArgument, ResourceExhausted, Unavailable, Unimplemented
@@ -61,6 +64,8 @@ INLINE_LOOK_TURNS = 3
 BYTES_INLINE_ELEMENTS = 4096
 
 Metadata = Callable[[], Any]  # the caller's gRPC metadata, read only where tracing is on
+# a signature (names, datatypes, shapes) -> the position of each declared input in the request
+Signatures = dict[tuple[tuple[str, str, tuple[int, ...]], ...], tuple[int, ...]]
 
 
 class _ModelPlan:
@@ -325,6 +330,68 @@ def bytes_elements(request: pb.ModelInferRequest) -> int:
                 count *= max(int(dim), 0)
             total += max(count, len(tensor.contents.bytes_contents))
     return total
+
+
+# ---- a request's inputs checked against its model's declaration ---------------------------
+def model_arrays(
+    model: LoadedModel, signatures: Signatures, inputs: list[WireTensor]
+) -> tuple[list[np.ndarray], int]:
+    """The arrays of `inputs` in the model's declared order, and their rows; a signature that
+    passed once is remembered in `signatures` (the model's own, kept in its `_ModelPlan`), so
+    steady traffic pays a dict lookup."""
+    signature = tuple((t.name, t.datatype, t.shape) for t in inputs)
+    order = signatures.get(signature)
+    if order is not None:
+        return [inputs[i].array for i in order], inputs[0].shape[0]
+    arrays, rows = _check_inputs(model, inputs)
+    if len(signatures) < 1024:
+        position = {t.name: i for i, t in enumerate(inputs)}
+        signatures[signature] = tuple(position[s.name] for s in model.spec.inputs)
+    return arrays, rows
+
+
+def _check_inputs(model: LoadedModel, inputs: list[WireTensor]) -> tuple[list[np.ndarray], int]:
+    """The full check of a request's inputs against the model's declaration (names, datatypes,
+    ranks, dims, one batch size; a float input as the loaded precision's datatype or as FP32,
+    which trials send to every path); the arrays in declared order and the rows."""
+    by_name = {t.name: t for t in inputs}
+    if len(by_name) != len(inputs):
+        raise InvalidArgument("an input name appears twice; send each input once")
+    declared = {s.name for s in model.spec.inputs}
+    extra = sorted(set(by_name) - declared)
+    if extra:
+        raise InvalidArgument(f"unexpected input(s) {extra}; {model.spec.name} takes {sorted(declared)}")
+    arrays: list[np.ndarray] = []
+    rows = -1
+    for s in model.spec.inputs:
+        t = by_name.get(s.name)
+        if t is None:
+            raise InvalidArgument(f"missing input {s.name!r}; {model.spec.name} takes {sorted(declared)}")
+        allowed = {model.wire_datatype(s), "FP32"} if s.floating else {s.datatype}
+        if t.datatype not in allowed:
+            raise InvalidArgument(
+                f"input {s.name!r} has datatype {t.datatype}; send {' or '.join(sorted(allowed))}"
+            )
+        want = f"[batch, {', '.join(str(d) for d in s.dims)}]".replace(", ]", "]")
+        if len(t.shape) != len(s.dims) + 1:
+            raise InvalidArgument(
+                f"input {s.name!r} has rank {len(t.shape)} {list(t.shape)}; expected {want}"
+            )
+        for axis, (got, dim) in enumerate(zip(t.shape[1:], s.dims, strict=True), start=1):
+            limit = s.max_dims[axis - 1] if s.max_dims else None
+            if (dim >= 0 and got != dim) or got == 0 or (limit is not None and got > limit):
+                bound = f" (at most {limit})" if limit is not None and dim < 0 else ""
+                raise InvalidArgument(
+                    f"input {s.name!r} has shape {list(t.shape)}; expected {want}{bound}, "
+                    f"dimension {axis} is wrong"
+                )
+        if rows not in (-1, t.shape[0]):
+            raise InvalidArgument(f"inputs disagree on the batch dimension ({rows} vs {t.shape[0]})")
+        rows = t.shape[0]
+        arrays.append(t.array)
+    if rows < 1 or rows > model.max_batch:
+        raise InvalidArgument(f"batch dimension is {rows}; this model accepts 1 to {model.max_batch} rows")
+    return arrays, rows
 
 
 def _trace_carrier(params: Any) -> dict[str, str]:

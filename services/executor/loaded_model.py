@@ -6,11 +6,9 @@ compatibility findings. The model is READY only after every bucket is warmed; th
 taken then are the baseline for `compilations_after_warmup`, which must stay 0 while serving.
 
 Float outputs come back in the loaded precision (an fp64 golden run is not rounded to fp32).
-A request's inputs are checked against the declaration before they reach a batch
-(`model_arrays`: names, datatypes, ranks, dims, one batch size, in full once per signature;
-steady traffic pays a dict lookup). Float inputs are accepted as the loaded precision's
-datatype or as FP32 (trials send the same FP32 inputs to every path). Compute runs on the
-executor's single device thread.
+A request's inputs reach a batch already checked against the declaration by the data plane
+(`data_plane.model_arrays`); float inputs come as the loaded precision's datatype
+(`wire_datatype`) or as FP32. Compute runs on the executor's single device thread.
 """
 
 from __future__ import annotations
@@ -37,14 +35,9 @@ from services.executor.load_phases import (
     unsupported_dtypes,
 )
 from switchyard import codec
-from switchyard.codec import WireTensor
-from switchyard.errors import InvalidArgument
 from switchyard.models.registry import ModelSpec, TensorSpec
 
 log = logging.getLogger(__name__)
-
-# a signature (names, datatypes, shapes) -> the position of each declared input in the request
-Signatures = dict[tuple[tuple[str, str, tuple[int, ...]], ...], tuple[int, ...]]
 
 
 def _float_datatype(precision: str) -> str:
@@ -216,62 +209,3 @@ class LoadedModel:
         if device.type == "cpu":  # .to("cpu") and detach cost a dispatch even as no-ops
             return [o.detach() if o.requires_grad else o for o in outs]
         return [o.detach().to("cpu") for o in outs]
-
-
-def model_arrays(
-    model: LoadedModel, signatures: Signatures, inputs: list[WireTensor]
-) -> tuple[list[np.ndarray], int]:
-    """The arrays of `inputs` in the model's declared order, and their rows; a signature that
-    passed once is remembered in `signatures` (the model's own, kept by the data plane)."""
-    signature = tuple((t.name, t.datatype, t.shape) for t in inputs)
-    order = signatures.get(signature)
-    if order is not None:
-        return [inputs[i].array for i in order], inputs[0].shape[0]
-    arrays, rows = _check_inputs(model, inputs)
-    if len(signatures) < 1024:
-        position = {t.name: i for i, t in enumerate(inputs)}
-        signatures[signature] = tuple(position[s.name] for s in model.spec.inputs)
-    return arrays, rows
-
-
-def _check_inputs(model: LoadedModel, inputs: list[WireTensor]) -> tuple[list[np.ndarray], int]:
-    """The full check of a request's inputs against the model's declaration (names, datatypes,
-    ranks, dims, one batch size); the arrays in declared order and the rows."""
-    by_name = {t.name: t for t in inputs}
-    if len(by_name) != len(inputs):
-        raise InvalidArgument("an input name appears twice; send each input once")
-    declared = {s.name for s in model.spec.inputs}
-    extra = sorted(set(by_name) - declared)
-    if extra:
-        raise InvalidArgument(f"unexpected input(s) {extra}; {model.spec.name} takes {sorted(declared)}")
-    arrays: list[np.ndarray] = []
-    rows = -1
-    for s in model.spec.inputs:
-        t = by_name.get(s.name)
-        if t is None:
-            raise InvalidArgument(f"missing input {s.name!r}; {model.spec.name} takes {sorted(declared)}")
-        allowed = {model.wire_datatype(s), "FP32"} if s.floating else {s.datatype}
-        if t.datatype not in allowed:
-            raise InvalidArgument(
-                f"input {s.name!r} has datatype {t.datatype}; send {' or '.join(sorted(allowed))}"
-            )
-        want = f"[batch, {', '.join(str(d) for d in s.dims)}]".replace(", ]", "]")
-        if len(t.shape) != len(s.dims) + 1:
-            raise InvalidArgument(
-                f"input {s.name!r} has rank {len(t.shape)} {list(t.shape)}; expected {want}"
-            )
-        for axis, (got, dim) in enumerate(zip(t.shape[1:], s.dims, strict=True), start=1):
-            limit = s.max_dims[axis - 1] if s.max_dims else None
-            if (dim >= 0 and got != dim) or got == 0 or (limit is not None and got > limit):
-                bound = f" (at most {limit})" if limit is not None and dim < 0 else ""
-                raise InvalidArgument(
-                    f"input {s.name!r} has shape {list(t.shape)}; expected {want}{bound}, "
-                    f"dimension {axis} is wrong"
-                )
-        if rows not in (-1, t.shape[0]):
-            raise InvalidArgument(f"inputs disagree on the batch dimension ({rows} vs {t.shape[0]})")
-        rows = t.shape[0]
-        arrays.append(t.array)
-    if rows < 1 or rows > model.max_batch:
-        raise InvalidArgument(f"batch dimension is {rows}; this model accepts 1 to {model.max_batch} rows")
-    return arrays, rows
