@@ -12,7 +12,7 @@ import uvloop
 
 from services import frames
 from services.executor.frame_server import FrameServer
-from services.router.executor_frames import frames_host
+from services.router.executor_pool import frames_host
 from switchyard.gen.inference import grpc_service_pb2 as pb
 
 

@@ -3,8 +3,9 @@
 The forwarder (`forwarder`) decides where a request goes and what to do when it fails; a
 transport only carries it there and back. Two carry inference: `GrpcStreamTransport`
 (long-lived ModelStreamInfer streams, `executor_streams`) and `FrameTransport` (framed
-inference on a plain TCP connection, `executor_frames`); `ExecutorPool` (`executor_pool`)
-offers both behind this one port, choosing per deployment, and watches their health.
+inference on a plain TCP connection, opened by the health watch); `ExecutorPool`
+(`executor_pool`, which holds `FrameTransport` too) offers both behind this one port, choosing
+per deployment, and watches their health.
 
 Every failure is an `UpstreamError` with the executor's own status: its in-band "STATUS: why"
 (services.inband_status) parsed back, or UNAVAILABLE for a connection or stream that broke
