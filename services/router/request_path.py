@@ -131,21 +131,26 @@ class RequestPath:
         # over the principal's limit: refused here, counted, no ledger line (admission.py)
         with self.admission.principal_slot(charge.identity):
             outcome = Outcome()
-            with self._route_slot(charge):
-                try:
-                    choices = self._plan(charge.route)
-                    sent = await self.forwarder.forward_tensor(charge, choices, raw, time_remaining, outcome)
-                except asyncio.CancelledError:
-                    outcome.status = "cancelled"
-                    raise
-                finally:
-                    self.meter.record(charge, outcome)
-                    self.meter.observe(charge, outcome, (time.perf_counter_ns() - t0) / 1e9)
-            self.mirror.offer(charge, raw, sent.reply, time_remaining)
-            capture = self.captures.get(charge.route.model)
-            if capture is not None:
-                capture.offer(raw)  # a queue append at most; never waits
-            await self._durable()  # the usage is on disk before the answer leaves
+            try:
+                with self._route_slot(charge):
+                    try:
+                        choices = self._plan(charge.route)
+                        sent = await self.forwarder.forward_tensor(
+                            charge, choices, raw, time_remaining, outcome
+                        )
+                    except asyncio.CancelledError:
+                        outcome.status = "cancelled"
+                        raise
+                    finally:
+                        self.meter.record(charge, outcome)
+                self.mirror.offer(charge, raw, sent.reply, time_remaining)
+                capture = self.captures.get(charge.route.model)
+                if capture is not None:
+                    capture.offer(raw)  # a queue append at most; never waits
+                await self._durable()  # the usage is on disk before the answer leaves
+            except BaseException:  # no answer: its time, and no overhead, for the metrics
+                self.meter.observe(charge, outcome, (time.perf_counter_ns() - t0) / 1e9)
+                raise
             return self._answer(charge, outcome, sent, t0)
 
     async def _durable(self) -> None:
@@ -158,8 +163,9 @@ class RequestPath:
         """The executor's bytes with the router's parameters appended."""
         route = charge.route
         renamed = sent.target.model and sent.target.model != route.model
-        overhead_us = (time.perf_counter_ns() - t0 - sent.wait_ns) // 1000
-        self.stats.record_overhead(route.model, outcome.path, overhead_us / 1e6)  # the router's own time
+        elapsed_ns = time.perf_counter_ns() - t0
+        overhead_us = (elapsed_ns - sent.wait_ns) // 1000  # the router's own time
+        self.meter.observe(charge, outcome, elapsed_ns / 1e9, overhead_us / 1e6)
         # callers see the model name they asked for
         return wire_write.router_answer(
             sent.reply, outcome.path, charge.request_id, overhead_us, route.model if renamed else ""

@@ -31,13 +31,15 @@ class RouterStats:
         self.duration = Histogram()
         self.overhead = Histogram()
 
-    def record(self, model: str, path: str, team: str, status: str, duration_s: float) -> None:
+    def record(
+        self, model: str, path: str, team: str, status: str, duration_s: float, overhead_s: float | None
+    ) -> None:
+        """One request as it leaves; `overhead_s` None for one that got no answer."""
         key = (model, path, team, status)
         self.requests[key] = self.requests.get(key, 0) + 1
         self.duration.observe((model, path), duration_s)
-
-    def record_overhead(self, model: str, path: str, overhead_s: float) -> None:
-        self.overhead.observe((model, path), overhead_s)
+        if overhead_s is not None:
+            self.overhead.observe((model, path), overhead_s)
 
 
 class Observed(Protocol):

@@ -74,6 +74,10 @@ class UsageMeter:
         if self.spool is not None:
             await self.spool.durable()
 
-    def observe(self, charge: Charge, outcome: Outcome, duration_s: float) -> None:
-        """The request's counters and latency for Prometheus."""
-        self.stats.record(charge.route.model, outcome.path, charge.identity.team, outcome.status, duration_s)
+    def observe(
+        self, charge: Charge, outcome: Outcome, duration_s: float, overhead_s: float | None = None
+    ) -> None:
+        """The request's counters, latency and, when it was answered, the router's own time
+        (`overhead_s`), for Prometheus: once a request, as it leaves."""
+        route, team = charge.route, charge.identity.team
+        self.stats.record(route.model, outcome.path, team, outcome.status, duration_s, overhead_s)

@@ -86,6 +86,8 @@ async def test_router_executor_and_metering_metrics_count_the_same_requests(
         )
         == REQUESTS
     )
+    overhead_count = "switchyard_router_overhead_seconds_count"  # every answered request's own time
+    assert delta(1, "switchyard_router_overhead_seconds", **route, __sample=overhead_count) == REQUESTS
     assert value(after[1], "switchyard_router_deployment_admitted", deployment="a", path="cpu-a") == 1
     assert value(after[1], "switchyard_router_spool_depth") == 0
     assert delta(2, "switchyard_metering_usage_events", outcome="accepted") >= REQUESTS
