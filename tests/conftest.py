@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -39,3 +42,30 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.gen_models import build_llama
 
     return build_llama(tmp_path_factory.mktemp("llama") / "llama-tiny")
+
+
+# A test that judges measured time (a speed verdict, a latency window, a fault timed against a
+# measurement) gets the host to itself, as a trial's paths that share a host never overlap
+# (DESIGN §4): marked `alone`, it holds the run's host lock exclusively, while every other test
+# holds it shared. In one process the lock is never contended; with pytest-xdist workers
+# (`make test TEST_WORKERS=2`) the other worker waits between its tests while an `alone` test
+# runs. A turnstile keeps a waiting `alone` test from being overtaken by the next shared one.
+# Module- and session-scoped set-up (clusters, stacks) runs outside the lock, in parallel.
+@pytest.fixture(autouse=True)
+def host_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process: nothing runs beside a test
+        yield
+        return
+    base = Path(tempfile.gettempdir()) / f"switchyard-tests-{run}"
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.host", "a") as host:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(host, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(host, fcntl.LOCK_UN)

@@ -24,7 +24,8 @@ from tests.faults.scenarios import (
 from tests.router import small_disk
 
 WHY = unavailable() or postgres.unavailable()
-pytestmark = [pytest.mark.skipif(bool(WHY), reason=WHY or "runs"), pytest.mark.slow]
+# each fault is timed against the load's windows and latencies: the host to itself (tests/conftest.py)
+pytestmark = [pytest.mark.skipif(bool(WHY), reason=WHY or "runs"), pytest.mark.slow, pytest.mark.alone]
 
 NO_DISK = WHY or small_disk.unavailable()  # the spool's own small filesystem: a tmpfs mount
 BOUND_S = 2.0  # eject_unanswered_s, the router's default

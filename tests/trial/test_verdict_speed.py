@@ -21,6 +21,8 @@ from tests.trial.stack import Stack
 from tests.trial.trial_helpers import run_trial
 from workflows.trial import TrialWorkflow
 
+pytestmark = pytest.mark.alone  # a speed verdict: the host to itself (tests/conftest.py)
+
 MODEL = "planted-speed"
 INTERVAL = re.compile(r"p95 ratio ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]")
 
