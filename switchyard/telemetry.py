@@ -46,8 +46,10 @@ from typing import Any
 from urllib.parse import unquote
 
 import grpc
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace import sampling as samplers
@@ -261,10 +263,32 @@ def extract_context(metadata: Any) -> otel_context.Context:
 
 def trace_parameters() -> dict[str, str]:
     """The current trace context (traceparent, tracestate) as a carrier for a message's own
-    parameters: on a long-lived stream, metadata is sent once and cannot carry it per request."""
+    parameters: on a long-lived stream, metadata is sent once and cannot carry it per request.
+    Under a call `call_span` did not sample (99 in 100 at the production setting), with the
+    default propagators and no baggage, it is the traceparent that call's span keeps, which is
+    what `propagate.inject` writes for it (tested), without the propagators' walk: 6 us a
+    request in the router's hot path."""
+    current = otel_context.get_current()
+    span = trace.get_current_span(current)
+    if (
+        type(span) is _Unsampled
+        and _default_propagation(propagate.get_global_textmap())
+        and not baggage.get_all(current)
+    ):
+        return {"traceparent": span.traceparent}
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return carrier
+
+
+@functools.lru_cache(maxsize=4)
+def _default_propagation(textmap: Any) -> bool:
+    """Whether `textmap` is OpenTelemetry's default (OTEL_PROPAGATORS unset): W3C trace context,
+    then W3C baggage, and nothing else."""
+    parts = getattr(textmap, "_propagators", None)
+    kinds = tuple(type(p) for p in parts) if isinstance(parts, (list, tuple)) else ()
+    default = (TraceContextTextMapPropagator, W3CBaggagePropagator)
+    return type(textmap) is CompositePropagator and kinds == default
 
 
 @functools.lru_cache(maxsize=4)
@@ -354,6 +378,15 @@ def leaf_span(method: str, carrier: Mapping[str, str]) -> contextlib.AbstractCon
     return _RootSpan(method, carrier, ids, trace_id) if rule.samples(trace_id) else _NO_SPAN
 
 
+class _Unsampled(trace.NonRecordingSpan):
+    """The span `_UnsampledSpan` makes current, with the traceparent W3C's propagator writes for
+    it (version 00, its ids, its flags; its trace state is empty, so no tracestate)."""
+
+    def __init__(self, context: trace.SpanContext) -> None:
+        super().__init__(context)
+        self.traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
 class _UnsampledSpan:
     """What the SDK makes of a call its sampler drops, without the SDK: the NonRecordingSpan of a
     new span id in the call's trace, not sampled, current for the block, so the calls it makes
@@ -366,7 +399,7 @@ class _UnsampledSpan:
         # not sampled; the random-trace-id flag as the SDK sets it (a root's ids are random)
         flags = trace.TraceFlags(trace.TraceFlags.RANDOM_TRACE_ID if random_id else trace.TraceFlags.DEFAULT)
         context = trace.SpanContext(trace_id, random.getrandbits(64) or 1, is_remote=False, trace_flags=flags)
-        self._span = trace.NonRecordingSpan(context)
+        self._span = _Unsampled(context)
 
     def __enter__(self) -> trace.Span:
         self._token = otel_context.attach(trace.set_span_in_context(self._span))

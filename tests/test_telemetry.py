@@ -358,3 +358,63 @@ def test_a_call_span_passes_on_its_trace_where_it_is_not_sampled() -> None:
     # a caller's tracestate: the SDK's own dropped span, which keeps it
     assert sent["unsampled_state"]["tracestate"] == "vendor=x"
     assert sent["unsampled_state"]["traceparent"].startswith(f"00-{tid}-") and sent["sampled"]["traceparent"]
+
+
+UNSAMPLED_CARRIER_CHILD = """
+import json
+from opentelemetry import baggage, context, propagate, trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from switchyard import telemetry
+
+telemetry.setup(telemetry.TelemetryConfig.from_env("switchyard-test"), exporter=InMemorySpanExporter())
+M = "/inference.GRPCInferenceService/ModelInfer"
+tid, sid = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+calls = {"root": (), "unsampled_caller": (("traceparent", f"00-{tid}-{sid}-00"),),
+         "unsampled_random_caller": (("traceparent", f"00-{tid}-{sid}-02"),)}
+
+
+def both():
+    carrier = {}
+    propagate.inject(carrier)  # what OpenTelemetry's own propagators write
+    return {"ours": telemetry.trace_parameters(), "otel": carrier,
+            "span": type(trace.get_current_span()).__name__}
+
+
+got = {}
+for name, metadata in calls.items():
+    with telemetry.call_span(M, metadata):
+        got[name] = both()
+        token = context.attach(baggage.set_baggage("tenant", "a"))
+        got[name + "_baggage"] = both()
+        context.detach(token)
+propagate.set_global_textmap(TraceContextTextMapPropagator())  # OTEL_PROPAGATORS=tracecontext
+with telemetry.call_span(M, ()):
+    token = context.attach(baggage.set_baggage("tenant", "a"))
+    got["tracecontext_only"] = both()
+    context.detach(token)
+print(json.dumps(got))
+"""
+
+
+def test_an_unsampled_calls_trace_parameters_are_what_the_propagators_write() -> None:
+    """The router's fast path for an unsampled call (`trace_parameters` reading the traceparent
+    its span kept) sends exactly what OpenTelemetry's propagators would, and where baggage or
+    other propagators are in play it is their carrier."""
+    got = _child(
+        {
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0",  # no call sampled: every one takes the fast path
+        },
+        UNSAMPLED_CARRIER_CHILD,
+    )
+    for name, case in got.items():
+        assert case["ours"] == case["otel"], name
+        assert case["span"] == "_Unsampled", name
+    assert list(got["root"]["ours"]) == ["traceparent"] and got["root"]["ours"]["traceparent"].endswith("-02")
+    assert got["unsampled_caller"]["ours"]["traceparent"].startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+    assert got["unsampled_caller"]["ours"]["traceparent"].endswith("-00")
+    assert got["unsampled_random_caller"]["ours"]["traceparent"].endswith("-02")
+    assert got["root_baggage"]["ours"]["baggage"] == "tenant=a"
+    assert "baggage" not in got["tracecontext_only"]["ours"]

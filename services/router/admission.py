@@ -138,15 +138,14 @@ class Admission:
         """The caller's identity from its key; a refused key is audited and raised."""
         if self.auth is None:
             return ANONYMOUS
-        source = source_of(peer)
         self.flush_denials()
         try:
             key = bearer_key(metadata)
-            if not self.auth.knows(key):  # a known good key is never held up by its neighbours
-                self.denials.check(source)
-            return await self.auth.identify(key)
+            # a known good key is never held up by its neighbours: only a key that needs a
+            # lookup is checked against its source's refusals
+            return await self.auth.identify(key, lambda: self.denials.check(source_of(peer)))
         except Unauthenticated as exc:
-            if self.denials.denied(source):  # the window's first; the rest are counted
+            if self.denials.denied(source_of(peer)):  # the window's first; the rest are counted
                 self.audit_denial(None, resource, str(exc), "UNAUTHENTICATED", request_id, peer)
             raise
 

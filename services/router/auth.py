@@ -18,7 +18,7 @@ import asyncio
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,14 +86,14 @@ class Authenticator:
         # Cache by digest so the process never holds a table of clear-text keys.
         return hashlib.sha256(key.encode()).hexdigest()
 
-    def knows(self, key: str) -> bool:
-        """Whether the key is cached as a valid identity (no lookup needed to trust it)."""
-        entry = self._cache.get(self._slot(key))
-        return entry is not None and entry.identity is not None
-
-    async def identify(self, key: str) -> Identity:
+    async def identify(self, key: str, unknown: Callable[[], None] | None = None) -> Identity:
+        """The key's identity. `unknown`, if given, is called first where the key is not cached
+        as a valid identity (no lookup needed to trust it): the caller's check of a key that
+        may need a lookup, at no second digest of the key."""
         slot = self._slot(key)
         entry = self._cache.get(slot)
+        if unknown is not None and (entry is None or entry.identity is None):
+            unknown()
         if entry is not None:
             self._cache.move_to_end(slot)  # recently used: the last to be evicted
         now = time.monotonic()

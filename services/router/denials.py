@@ -67,6 +67,8 @@ class Denials:
     def closed(self, everything: bool = False) -> list[tuple[str, int]]:
         """(source, refusals) of the windows that have closed (all, with `everything`), each
         once; those with one refusal only were audited already and are left out."""
+        if not self._windows:
+            return []  # the usual case, asked per request: nothing refused lately
         now = time.monotonic()
         out = []
         for source, window in list(self._windows.items()):
