@@ -70,6 +70,17 @@ def wait_for_state(proc: subprocess.Popen[bytes], state_file: Path, log: Path) -
     return dict(json.loads(state_file.read_text()))
 
 
+def logged(log: Path, text: str, timeout_s: float = 30.0) -> str:
+    """The log once it holds `text`: `up` writes cluster.json, then asks every service its
+    status and prints the table and its last line, so a test that saw the state file may be
+    ahead of them."""
+    deadline = time.monotonic() + timeout_s
+    while text not in (found := log.read_text()):
+        assert time.monotonic() < deadline, f"{text!r} not logged in {timeout_s} s:\n{found[-4000:]}"
+        time.sleep(0.1)
+    return found
+
+
 def stop_up(proc: subprocess.Popen[bytes]) -> None:
     """SIGINT, as Ctrl-C sends; SIGKILL after 90 s."""
     if proc.poll() is None:
