@@ -8,8 +8,11 @@ import tempfile
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.suite_order import UnitScheduling, order
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -69,3 +72,12 @@ def host_share(request: pytest.FixtureRequest) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(host, fcntl.LOCK_UN)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    order(items)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With `--dist loadfile` (`make test`), the suite's own units and order (tests/suite_order.py)."""
+    return UnitScheduling(config, log) if config.getoption("dist") == "loadfile" else None
