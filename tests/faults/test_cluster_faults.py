@@ -24,8 +24,7 @@ from tests.faults.scenarios import (
 from tests.router import small_disk
 
 WHY = unavailable() or postgres.unavailable()
-# each fault is timed against the load's windows and latencies: the host to itself (tests/conftest.py)
-pytestmark = [pytest.mark.skipif(bool(WHY), reason=WHY or "runs"), pytest.mark.slow, pytest.mark.alone]
+pytestmark = [pytest.mark.skipif(bool(WHY), reason=WHY or "runs"), pytest.mark.slow]
 
 NO_DISK = WHY or small_disk.unavailable()  # the spool's own small filesystem: a tmpfs mount
 BOUND_S = 2.0  # eject_unanswered_s, the router's default
@@ -85,6 +84,7 @@ def test_postgres_restart_under_metering_spools_then_delivers_exactly_once(clust
 
 
 @pytest.mark.skipif(bool(NO_DISK), reason=NO_DISK or "runs")
+@pytest.mark.alone  # how soon the load fills the disk is the host's: the host to itself (tests/conftest.py)
 def test_full_spool_disk_refuses_new_requests_then_serves_and_the_ledger_stays_exact(
     cluster: Cluster,
 ) -> None:
