@@ -32,6 +32,11 @@ export HF_HUB_OFFLINE := 1
 # appended: a kubectl already on PATH wins over the one `setup-tools` may build
 export PATH := $(PATH):$(TOOLS_ENV)/bin
 export TRANSFORMERS_OFFLINE := 1
+# This machine kind sets PYTHONDONTWRITEBYTECODE=1. The suite starts hundreds of Python processes
+# (services, engine children, CLIs), and each one compiled the project's modules again, and
+# pytest rewrote every test module's asserts at each collection (13.1 s against 8.5 s with the
+# bytecode kept). The bytecode goes to __pycache__ folders, which git ignores.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test setup setup-test setup-chromium setup-main setup-xla setup-tpu setup-focus focus-python setup-tools setup-perf perf-analyzer-path setup-kserve kserve-python setup-vllm vllm-python setup-aiperf aiperf-path lint proto proto-check bench clean
 
