@@ -21,17 +21,12 @@ from xdist.scheduler import LoadScopeScheduling
 PACKAGES = ("tests/xla/", "tests/cluster/")
 
 # Seconds of pytest per unit with two workers, the heaviest, from `make test PYTEST_ARGS=
-# --junitxml=...` (7 December, quiet 2-core host); the order matters, not the figures. The
-# units holding an `alone` test are weighed too: among them, last, the heaviest go first, so
-# that the two workers' last units end together.
+# --junitxml=...` (7 December, quiet 2-core host); the order matters, not the figures.
 HEAVY = {
     "tests/cluster": 145,
     "tests/xla": 125,
     "tests/trial/test_distributed.py": 92,
-    "tests/trial/test_generation_trial.py": 73,
-    "tests/faults/test_cluster_faults.py": 82,
-    "tests/trial/test_verdict_speed.py": 44,
-    "tests/router/test_spool_disk_full.py": 22,
+    "tests/trial/test_generation_trial.py": 57,
     "tests/executor/test_compile.py": 30,
     "tests/test_packaging.py": 27,
     "tests/executor/test_generation.py": 25,
