@@ -78,6 +78,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order(items)
 
 
+@pytest.hookimpl(optionalhook=True)  # a run with `-p no:xdist` has no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """With `--dist loadfile` (`make test`), the suite's own units and order (tests/suite_order.py)."""
     return UnitScheduling(config, log) if config.getoption("dist") == "loadfile" else None
