@@ -83,39 +83,20 @@ class UsageJournal:
         target = self._appended
         if self._durable >= target:
             return
-        if not self.sync and not self._lock.locked():
-            # without `sync` nothing holds the lock across an await (its writes are inline), so
-            # this is the locked path's write, without the lock's coroutines: once per request
-            self._write_inline()
-            return
         async with self._lock:
             if self._durable >= target:  # a commit while we waited took ours too
                 return
             await self._write_buffer()
 
     async def _write_buffer(self) -> None:
-        if not self.sync:  # a write of a few hundred bytes to the page cache: not worth a thread hop
-            self._write_inline()
-            return
         data, upto = bytes(self._buffer), self._appended
         self._buffer.clear()
         if data:
             try:
-                await asyncio.to_thread(_write, self._file, self._size, data, True)
-            except OSError:
-                self._buffer[:0] = data  # kept for the next commit; the file was cut back
-                raise
-            self._size += len(data)
-            self.commits += 1
-        self._durable = max(self._durable, upto)
-
-    def _write_inline(self) -> None:
-        """`_write_buffer` without `sync`: the buffer to the page cache, in this thread."""
-        data, upto = bytes(self._buffer), self._appended
-        self._buffer.clear()
-        if data:
-            try:
-                _write(self._file, self._size, data, False)
+                if self.sync:
+                    await asyncio.to_thread(_write, self._file, self._size, data, True)
+                else:  # a write of a few hundred bytes to the page cache: not worth a thread hop
+                    _write(self._file, self._size, data, False)
             except OSError:
                 self._buffer[:0] = data  # kept for the next commit; the file was cut back
                 raise
