@@ -44,10 +44,14 @@ _FIXED: dict[str, tuple[np.dtype[np.generic], str]] = {
 }
 DATATYPES = (*_FIXED, "BYTES")
 _NUMPY_TO_OIP = {np.dtype(d).newbyteorder("<"): n for n, (d, _) in _FIXED.items() if n != "BF16"}
-# OIP datatype -> the field of typed `contents` that carries it (FP16 and BF16 only come raw)
-_CONTENT_FIELDS = {
+# OIP datatype -> the field of typed `contents` (InferTensorContents) that carries it; FP16 and
+# BF16 have none and only come raw, BYTES come in `bytes_contents`
+CONTENT_FIELDS = {
     "BOOL": "bool_contents",
     "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
     "INT8": "int_contents",
     "INT16": "int_contents",
     "INT32": "int_contents",
@@ -161,7 +165,7 @@ def decode_contents(name: str, datatype: str, shape: Sequence[int], contents: An
     per datatype) rather than raw bytes; datatypes that have no such field must come raw."""
     if datatype == "BYTES":
         return decode(name, datatype, shape, encode_bytes(list(contents.bytes_contents)))
-    field = _CONTENT_FIELDS.get(datatype)
+    field = CONTENT_FIELDS.get(datatype) if datatype in _FIXED else None
     if field is None:
         raise InvalidArgument(f"input {name!r}: {datatype} must be sent in raw_input_contents")
     data = np.asarray(getattr(contents, field), dtype=element_dtype(datatype)).tobytes()

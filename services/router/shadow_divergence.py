@@ -25,24 +25,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from switchyard import oip_params
+from switchyard.codec import CONTENT_FIELDS
 from switchyard.gen.inference import grpc_service_pb2 as pb
 from switchyard.judge.divergence import GenerationVerdict
 from switchyard.judge.output_divergence import Divergence, outputs_divergence
 from switchyard.judge.tensors import decode
-
-_CONTENTS: dict[str, str] = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-}
 
 
 def output_arrays(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
@@ -57,8 +44,8 @@ def output_arrays(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
                 array = np.array([raw], dtype=object)
             else:  # the judge's decoding: byte size checked, BF16 widened exactly
                 array = decode(tensor.name, dtype, list(shape), raw).values
-        elif dtype in _CONTENTS:
-            array = np.asarray(getattr(tensor.contents, _CONTENTS[dtype]), dtype=np.float64)
+        elif dtype in CONTENT_FIELDS:
+            array = np.asarray(getattr(tensor.contents, CONTENT_FIELDS[dtype]), dtype=np.float64)
         else:
             array = np.array([bytes(b) for b in tensor.contents.bytes_contents], dtype=object)
         out[tensor.name] = array.reshape(shape) if array.dtype != object else array
