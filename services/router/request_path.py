@@ -132,17 +132,7 @@ class RequestPath:
         with self.admission.principal_slot(charge.identity):
             outcome = Outcome()
             try:
-                with self._route_slot(charge):
-                    try:
-                        choices = self._plan(charge.route)
-                        sent = await self.forwarder.forward_tensor(
-                            charge, choices, raw, time_remaining, outcome
-                        )
-                    except asyncio.CancelledError:
-                        outcome.status = "cancelled"
-                        raise
-                    finally:
-                        self.meter.record(charge, outcome)
+                sent = await self._forward_tensor(charge, raw, time_remaining, outcome)
                 self.mirror.offer(charge, raw, sent.reply, time_remaining)
                 capture = self.captures.get(charge.route.model)
                 if capture is not None:
@@ -152,6 +142,22 @@ class RequestPath:
                 self.meter.observe(charge, outcome, (time.perf_counter_ns() - t0) / 1e9)
                 raise
             return self._answer(charge, outcome, sent, t0)
+
+    async def _forward_tensor(
+        self, charge: Charge, raw: bytes, time_remaining: float | None, outcome: Outcome
+    ) -> Forwarded:
+        """The request sent by its route's plan within the route's in-flight bound, and its
+        usage charged once, whatever became of it."""
+        with self._route_slot(charge):
+            try:
+                return await self.forwarder.forward_tensor(
+                    charge, self._plan(charge.route), raw, time_remaining, outcome
+                )
+            except asyncio.CancelledError:
+                outcome.status = "cancelled"
+                raise
+            finally:
+                self.meter.record(charge, outcome)
 
     async def _durable(self) -> None:
         try:
