@@ -45,10 +45,11 @@ run: setup
 
 # The suite runs in TEST_WORKERS pytest-xdist processes (0: one process), each test file whole
 # in one of them (--dist loadfile keeps module-scoped clusters shared). Most tests wait on the
-# servers they start, so two workers overlap those waits: on one 2-core host, with the same
-# product code, two took 552-603 s where one process took 861 s. A test that judges measured
-# time is marked `alone` and gets the host to itself (tests/conftest.py: host_share): before
-# that lock, two of four two-worker runs failed such a test (a speed verdict, a fault window).
+# servers they start, so two workers overlap those waits: on one 2-core host two took 619-641 s
+# of pytest (7 December) where one process took 709-861 s. A test that judges measured time is
+# marked `alone` and gets the host to itself (tests/conftest.py: host_share): without that lock,
+# two-worker runs failed such tests (a speed verdict INCONCLUSIVE, a full spool disk refused
+# late); the workers' units and order are tests/suite_order.py's.
 TEST_WORKERS ?= 2
 
 test: setup-test lint
