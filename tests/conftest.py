@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
@@ -53,25 +54,32 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # holds it shared. In one process the lock is never contended; with pytest-xdist workers
 # (`make test TEST_WORKERS=2`) the other worker waits between its tests while an `alone` test
 # runs. A turnstile keeps a waiting `alone` test from being overtaken by the next shared one.
-# Module- and session-scoped set-up (clusters, stacks) runs outside the lock, in parallel.
-@pytest.fixture(autouse=True)
-def host_share(request: pytest.FixtureRequest) -> Iterator[None]:
+# Module- and session-scoped set-up (clusters, stacks) runs outside the lock, in parallel; a
+# module fixture that itself measures (a trial its tests only read) holds it with `host(True)`.
+@contextlib.contextmanager
+def host(alone: bool) -> Iterator[None]:
+    """The run's host lock, exclusively (`alone`) or shared; nothing in one process."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:  # one process: nothing runs beside a test
         yield
         return
     base = Path(tempfile.gettempdir()) / f"switchyard-tests-{run}"
-    alone = request.node.get_closest_marker("alone") is not None
-    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.host", "a") as host:
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.host", "a") as held:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
-            fcntl.flock(host, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
             yield
         finally:
-            fcntl.flock(host, fcntl.LOCK_UN)
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def host_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    with host(request.node.get_closest_marker("alone") is not None):
+        yield
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -19,11 +19,16 @@ import pytest
 import pytest_asyncio
 
 from clients.model_admin import add_model
+from tests.conftest import host
 from tests.trial import planted, planted_load
 from tests.trial.stack import Stack
 from tests.trial.trial_helpers import run_trial
 
 MODEL = "planted-load"
+# warm-up and memory growth are judged on timings and heaps: the host to itself while the
+# trial measures (tests/conftest.py), and the unit runs with the other `alone` ones
+pytestmark = pytest.mark.alone
+
 ITERATIONS = 80  # more than planted_load.EVERY: the first 64 answers are all checked
 
 
@@ -62,7 +67,8 @@ async def report(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> dict
     for defect in planted_load.DEFECTS:
         source = planted_load.write_version(work / defect, defect)
         add_model(stack.repository, MODEL, source, version=defect, allowed_factories=("tests",))
-    return await run_trial(stack, _spec(), "under-load")
+    with host(alone=True):  # the trial measures here, its tests only read it
+        return await run_trial(stack, _spec(), "under-load")
 
 
 async def test_wrong_answers_under_load_fail_correctness_named(report: dict[str, Any]) -> None:
