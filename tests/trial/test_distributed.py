@@ -10,7 +10,6 @@ on xla the two ranks are threads of one process, so that kill names both.
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import json
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from services.executor import distributed
 from tests.conftest import IN_CI, ROOT
@@ -178,23 +178,53 @@ def torch_float32() -> Any:
     return torch.float32
 
 
-async def test_gloo_ddp_trial_matches_single_process_and_a_killed_rank_is_named(stack: Stack) -> None:
+@dataclasses.dataclass(frozen=True)
+class KilledTrial:
+    report: dict[str, Any]
+    killed: dict[str, list[list[str]]]  # by victim path: the argv of the rank process killed
+
+
+@pytest_asyncio.fixture(scope="module")
+async def killed_trial(stack: Stack) -> KilledTrial:
+    """One trial from the documented spec that both tests below read (each xla path start
+    imports torch_xla and compiles, so the reference is trained once, not once a test): its
+    cpu (gloo) and xla paths, and a victim of each whose rank is killed mid-training; without
+    the XLA environment, the cpu paths only."""
     spec = documented_spec()
-    spec["paths"] = [
-        {"name": "cpu-eager", "executor": "cpu", "mode": "eager", "precision": "fp32"},
-        {"name": "cpu-victim", "executor": "cpu", "mode": "eager", "precision": "fp32"},
-    ]
+    xla = next(p for p in spec["paths"] if p["executor"] == "xla")
+    cpu_victim = {"name": "cpu-victim", "executor": "cpu", "mode": "eager", "precision": "fp32"}
+    spec["paths"] = [spec["paths"][0], cpu_victim, xla, {**xla, "name": "xla-victim"}]
+    spec["paths"] = spec["paths"] if stack.xla else spec["paths"][:2]
+    # steps enough that the kill lands mid-training (after the first, compiling, step the
+    # others take a fraction of a second each)
     spec["training"] = {**spec["training"], "steps": 12}
-    # memory is not this test's subject, and the stack's CPU executor shares its process with
+    # memory is not these tests' subject, and the stack's CPU executor shares its process with
     # the worker (whose own growth it would be charged); a `switchyard up` executor has its own
     spec["policy"] = {**spec.get("policy", {}), "max_memory_growth_mib": 0.0}
-    killed: list[list[str]] = []
-    killer = asyncio.create_task(kill_mid_training("/cpu-victim", "1", killed))
+    killed: dict[str, list[list[str]]] = {"cpu-victim": [], "xla-victim": []}
+    # On PJRT CPU the replicas are threads of one rank process (XLA's CPU client has no
+    # collectives across processes, its rank argument is -1), so killing it kills both.
+    killers = [
+        asyncio.create_task(kill_mid_training("/cpu-victim", "1", killed["cpu-victim"])),
+        asyncio.create_task(kill_mid_training("/xla-victim", "-1", killed["xla-victim"])),
+    ]
     try:
-        report = await run_trial(stack, copy.deepcopy(spec), "dist-gloo")
+        report = await run_trial(stack, spec, "dist")
     finally:
-        killer.cancel()
-    assert killed, "rank 1 of the candidate never ran"
+        for killer in killers:
+            killer.cancel()
+    return KilledTrial(report, killed)
+
+
+# the first test runs the trial: a four-path trial, two of them xla (each trains single-process,
+# then with DDP): 8 to 12 minutes measured on the 2-core host at load 12 to 23, beyond the
+# suite's 600 s default
+@pytest.mark.timeout(1200)
+async def test_gloo_ddp_trial_matches_single_process_and_a_killed_rank_is_named(
+    killed_trial: KilledTrial,
+) -> None:
+    report = killed_trial.report
+    assert killed_trial.killed["cpu-victim"], "rank 1 of the candidate never ran"
     reference = report["paths"]["cpu-eager"]
     assert not reference["errors"], reference["errors"]
     assert_single_process_match(reference["training"], "gloo")
@@ -207,28 +237,15 @@ async def test_gloo_ddp_trial_matches_single_process_and_a_killed_rank_is_named(
     assert not rank_processes("/cpu-"), "a rank process was left behind"
 
 
-# a three-path trial, two of them xla (each trains single-process, then with DDP): 8 to 12
-# minutes measured on the 2-core host at load 12 to 23, beyond the suite's 600 s default
-@pytest.mark.timeout(1200)
-async def test_xla_ddp_trial_on_two_pjrt_cpu_devices_and_a_killed_rank_process(stack: Stack) -> None:
+@pytest.mark.timeout(1200)  # as above, where it runs first (-k, or alone)
+async def test_xla_ddp_trial_on_two_pjrt_cpu_devices_and_a_killed_rank_process(
+    stack: Stack, killed_trial: KilledTrial
+) -> None:
     if not stack.xla:
         if IN_CI:
             pytest.fail("no XLA executor: the XLA environment or backend is missing (make setup-xla)")
         pytest.skip("NOTICE: no XLA executor here (XLA environment missing); the xla DDP trial needs it")
-    spec = documented_spec()
-    victim = {**next(p for p in spec["paths"] if p["executor"] == "xla"), "name": "xla-victim"}
-    spec["paths"].append(victim)
-    # steps enough that the kill lands mid-training (after the first, compiling, step the
-    # others take a fraction of a second each)
-    spec["training"] = {**spec["training"], "steps": 12}
-    killed: list[list[str]] = []
-    # On PJRT CPU the replicas are threads of one rank process (XLA's CPU client has no
-    # collectives across processes, its rank argument is -1), so killing it kills both.
-    killer = asyncio.create_task(kill_mid_training("/xla-victim", "-1", killed))
-    try:
-        report = await run_trial(stack, spec, "dist-xla")
-    finally:
-        killer.cancel()
+    report, killed = killed_trial.report, killed_trial.killed["xla-victim"]
     for name, backend in (("cpu-eager", "gloo"), ("xla", "xla")):
         state = report["paths"][name]
         assert not state["errors"], (name, state["errors"])
