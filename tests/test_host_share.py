@@ -33,8 +33,13 @@ def timed(name: str, seconds: float) -> None:
 """
 
 
+# The cores the run under test may use: this test's own worker is pinned to its share
+# (tests/conftest.py), so those of the process that started it, pytest's own.
+CORES = sorted(os.sched_getaffinity(os.getppid()))
+
+
 def _run(tmp_path: Path, workers: int) -> dict[str, dict[str, object]]:
-    """The spans of a run with `workers` workers: 'alone' and 'shared0' to 'shared3'."""
+    """The spans of a run on `CORES` with `workers` workers: 'alone' and 'shared0' to 'shared3'."""
     (tmp_path / "times").mkdir()
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n  alone: runs with no other test\n")
     (tmp_path / "conftest.py").write_text(
@@ -48,11 +53,14 @@ def _run(tmp_path: Path, workers: int) -> dict[str, dict[str, object]]:
         "import pytest\nfrom conftest import timed\n\n"
         "@pytest.mark.parametrize('i', range(4))\ndef test_shared(i):\n    timed(f'shared{i}', 0.5)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # a run of its own: not a worker of this one's (xdist's variables stay out)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env["PYTHONPATH"] = str(ROOT)
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers)]
     done = subprocess.run(
-        [*argv, "--dist", "loadfile"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
-    )
+        [*argv, "--dist", "loadfile"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: os.sched_setaffinity(0, CORES),
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     spans = {p.name: json.loads(p.read_text()) for p in (tmp_path / "times").iterdir()}
     assert sorted(spans) == ["alone", "shared0", "shared1", "shared2", "shared3"], spans
@@ -65,8 +73,7 @@ def _overlapping(spans: dict[str, dict[str, object]], name: str) -> set[str]:
 
 
 def test_pinned_workers_run_on_cores_of_their_own_and_never_wait(tmp_path: Path) -> None:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
+    if len(CORES) < 2:
         pytest.skip("one core: two workers cannot each have their own")
     spans = _run(tmp_path, 2)
     by_worker: dict[str, set[int]] = {}
@@ -75,12 +82,12 @@ def test_pinned_workers_run_on_cores_of_their_own_and_never_wait(tmp_path: Path)
         by_worker.setdefault(str(span["worker"]), set()).update(span["cores"])  # type: ignore[arg-type]
     assert len(by_worker) == 2, spans
     first, second = by_worker.values()
-    assert first and second and not first & second and first | second <= set(cores), by_worker
+    assert first and second and not first & second and first | second <= set(CORES), by_worker
     # nothing waited for the `alone` test: the other worker's tests ran beside it
     assert _overlapping(spans, "alone"), spans
 
 
 def test_an_alone_test_overlaps_no_other_test_where_workers_outnumber_cores(tmp_path: Path) -> None:
-    spans = _run(tmp_path, len(os.sched_getaffinity(0)) + 1)
-    assert all(s["cores"] == s["child"] == sorted(os.sched_getaffinity(0)) for s in spans.values()), spans
+    spans = _run(tmp_path, len(CORES) + 1)
+    assert all(s["cores"] == s["child"] == CORES for s in spans.values()), spans
     assert not _overlapping(spans, "alone"), spans
