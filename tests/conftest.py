@@ -49,56 +49,18 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # A test that judges measured time (a speed verdict, a latency window, a fault timed against a
-# measurement) gets cores of its own, as a trial's paths that share a host never overlap
-# (DESIGN §4). It is marked `alone`. Two ways, chosen per run:
-# - Pinned (the default: `make test`'s two workers on two or more cores): each pytest-xdist
-#   worker, and every process it starts, runs on its own share of the cores
-#   (`pin_worker`), so no test shares a core with another worker's. No test waits.
-# - Locked (more workers than cores): an `alone` test holds the run's host lock exclusively
-#   while every other test holds it shared, so the other workers wait between their tests.
-#   A turnstile keeps a waiting `alone` test from being overtaken by the next shared one.
-#   Module- and session-scoped set-up (clusters, stacks) runs outside the lock, in parallel;
-#   a module fixture that itself measures (a trial its tests only read) holds it with
-#   `host(True)`.
-# In one process nothing runs beside a test.
-_pinned = False
-
-
-def share_of_cores(worker: str, workers: int, cores: list[int]) -> set[int]:
-    """Worker `gwN`'s cores when `workers` workers split `cores`; empty when they cannot
-    (fewer cores than workers)."""
-    if len(cores) < workers:
-        return set()
-    return set(cores[int(worker.removeprefix("gw")) % workers :: workers])
-
-
-def pin_worker() -> bool:
-    """Pins this pytest-xdist worker, every thread of it, to its share of the cores (children
-    inherit it); False where there is no share to give."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is None:
-        return False
-    mine = share_of_cores(
-        worker, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), sorted(os.sched_getaffinity(0))
-    )
-    if not mine:
-        return False
-    for thread in os.listdir("/proc/self/task"):
-        os.sched_setaffinity(int(thread), mine)
-    return True
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    global _pinned
-    _pinned = pin_worker()
-
-
+# measurement) gets the host to itself, as a trial's paths that share a host never overlap
+# (DESIGN §4): marked `alone`, it holds the run's host lock exclusively, while every other test
+# holds it shared. In one process the lock is never contended; with pytest-xdist workers
+# (`make test TEST_WORKERS=2`) the other worker waits between its tests while an `alone` test
+# runs. A turnstile keeps a waiting `alone` test from being overtaken by the next shared one.
+# Module- and session-scoped set-up (clusters, stacks) runs outside the lock, in parallel; a
+# module fixture that itself measures (a trial its tests only read) holds it with `host(True)`.
 @contextlib.contextmanager
 def host(alone: bool) -> Iterator[None]:
-    """The run's host lock, exclusively (`alone`) or shared; nothing in one process or where
-    each worker is pinned to cores of its own."""
+    """The run's host lock, exclusively (`alone`) or shared; nothing in one process."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None or _pinned:
+    if run is None:  # one process: nothing runs beside a test
         yield
         return
     base = Path(tempfile.gettempdir()) / f"switchyard-tests-{run}"
@@ -121,7 +83,7 @@ def host_share(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    order(items, alone_last=not _pinned)
+    order(items)
 
 
 @pytest.hookimpl(optionalhook=True)  # a run with `-p no:xdist` has no such hook

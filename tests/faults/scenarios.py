@@ -42,7 +42,6 @@ class Pace:
 # A recovery judged by the client's latency needs answers a whole `settled_at` window (1 s)
 # after the heal, and room for the settling itself: the load goes on 3 s after the heal.
 SETTLING = Pace(after_s=3.0)
-SETTLE_S = 15.0  # the longest wait, under the load, for a cluster free of the fault's sign
 
 
 @dataclass(frozen=True)
@@ -97,23 +96,21 @@ def run_fault(
     the router logged `noticed`, `fault_s` at most)."""
     warm_s = pace.warm_s
     earlier = set(cluster.completed_jobs(set(), timeout_s=0))  # a cluster shared by faults
-    # started for the longest run, ended `after_s` after the heal
-    load = cluster.load(CLIENTS, seconds=warm_s + SETTLE_S + fault_s + pace.after_s, routers=routers)
-    started = time.time()
-    stop, samples = threading.Event(), [(started, 0)]
+    load = cluster.load(CLIENTS, seconds=warm_s + fault_s + pace.after_s, routers=routers)
+    stop, samples = threading.Event(), [(time.time(), 0)]
     watcher = threading.Thread(target=_spool_watch, args=(cluster, stop, samples), daemon=True)
     watcher.start()
     try:
         time.sleep(warm_s)
-        _settle(cluster, routers[0], noticed, started)
         cut = time.time()
         inject()
         _wait_out_fault(cluster, routers[0], noticed, cut, fault_s, hold_s)
     finally:
         heal()
     healed = time.time()
-    time.sleep(pace.after_s)
-    Cluster.end_load(load)
+    if hold_s is not None:  # the load was started for the longest fault: `after_s` from the heal
+        time.sleep(pace.after_s)
+        Cluster.end_load(load)
     got = Cluster.result(load, 90)
     answered = {rid for _, _, rid in got.answers}
     jobs = {k: n for k, n in cluster.completed_jobs(answered, timeout_s=60).items() if k not in earlier}
@@ -147,20 +144,6 @@ def run_fault(
         dead_letters=cluster.spool_counts()[1],
         error_codes=dict(Counter(code for _, _, code in got.errors)),
     )
-
-
-def _settle(cluster: Cluster, role: str, noticed: str, since: float) -> None:
-    """Returns once `role` has gone a second without logging `noticed` and no usage waits in a
-    spool, `SETTLE_S` at most, so that the fault is cut into a cluster not already showing it:
-    on a starved host one slow answer from metering spools usage under the load alone (seen
-    with the whole cluster on one core), and the spool's back-off then kept the partition
-    itself from being logged."""
-    deadline = time.monotonic() + SETTLE_S
-    while time.monotonic() < deadline:
-        if cluster.logged_at(role, noticed, since) is None and not cluster.spool_counts()[0]:
-            return
-        since = time.time()
-        time.sleep(1.0)
 
 
 def _wait_out_fault(
