@@ -44,12 +44,15 @@ run: setup
 	$(PY) -m clients.cli demo $(ARGS)
 
 # The suite runs in TEST_WORKERS pytest-xdist processes (0: one process), each test file whole
-# in one of them (--dist loadfile keeps module-scoped clusters shared). Most tests wait on the
-# servers they start, so two workers overlap those waits: on one 2-core host two took 619-641 s
-# of pytest (7 December) where one process took 709-861 s. A test that judges measured time is
-# marked `alone` and gets the host to itself (tests/conftest.py: host_share): without that lock,
-# two-worker runs failed such tests (a speed verdict INCONCLUSIVE, a full spool disk refused
-# late); the workers' units and order are tests/suite_order.py's.
+# in one of them (--dist loadfile keeps module-scoped clusters shared). With at least as many
+# cores as workers, each worker and everything it starts runs on cores of its own
+# (tests/conftest.py: pin_worker), so a test that judges measured time (marked `alone`) shares
+# no core with another worker's tests and no test waits for it; the fault tests' cluster
+# (`whole_host`) gets every core while no `alone` test runs; with fewer cores an `alone` test
+# holds a host lock. The workers' units and order are tests/suite_order.py's. On one 2-core host
+# (7 December), pytest took: one process 709-861 s; two workers with the lock 704-741 s; pinned
+# 628-676 s. Without either, two-worker runs failed such tests (a speed verdict INCONCLUSIVE, a
+# full spool disk refused late).
 TEST_WORKERS ?= 2
 
 test: setup-test lint

@@ -49,25 +49,69 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # A test that judges measured time (a speed verdict, a latency window, a fault timed against a
-# measurement) gets the host to itself, as a trial's paths that share a host never overlap
-# (DESIGN §4): marked `alone`, it holds the run's host lock exclusively, while every other test
-# holds it shared. In one process the lock is never contended; with pytest-xdist workers
-# (`make test TEST_WORKERS=2`) the other worker waits between its tests while an `alone` test
-# runs. A turnstile keeps a waiting `alone` test from being overtaken by the next shared one.
-# Module- and session-scoped set-up (clusters, stacks) runs outside the lock, in parallel; a
-# module fixture that itself measures (a trial its tests only read) holds it with `host(True)`.
+# measurement) gets cores of its own, as a trial's paths that share a host never overlap
+# (DESIGN §4). It is marked `alone`. Two ways, chosen per run:
+# - Pinned (`make test`'s two workers on two or more cores): each pytest-xdist worker, and
+#   every process it starts, runs on its own share of the cores (`pin_worker`), so an `alone`
+#   test shares no core with another worker's tests, and no test waits for it.
+# - Locked (more workers than cores): an `alone` test holds the run's host lock exclusively
+#   while every other test holds it shared, so the other workers wait between their tests.
+# A module marked `whole_host` (the fault tests: a cluster of eight processes under a
+# closed-loop load, which one core starves) runs on every core, holding the lock exclusively
+# from its set-up to its teardown; pinned, an `alone` test holds the lock shared, so it never
+# runs beside such a module, and other tests take no lock. A turnstile keeps a waiting
+# exclusive holder from being overtaken. A module fixture that itself measures (a trial its
+# tests only read) holds the lock with `host("alone")`. In one process nothing is locked.
+_pinned = False
+
+
+def share_of_cores(worker: str, workers: int, cores: list[int]) -> set[int]:
+    """Worker `gwN`'s cores when `workers` workers split `cores`; empty when they cannot
+    (fewer cores than workers)."""
+    if len(cores) < workers:
+        return set()
+    return set(cores[int(worker.removeprefix("gw")) % workers :: workers])
+
+
+def _set_cores(cores: set[int]) -> None:
+    for thread in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(thread), cores)
+
+
+def pin_worker() -> bool:
+    """Pins this pytest-xdist worker, every thread of it, to its share of the cores (children
+    inherit it); False where there is no share to give."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return False
+    mine = share_of_cores(
+        worker, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), sorted(os.sched_getaffinity(0))
+    )
+    if not mine:
+        return False
+    _set_cores(mine)
+    return True
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _pinned
+    _pinned = pin_worker()
+
+
 @contextlib.contextmanager
-def host(alone: bool) -> Iterator[None]:
-    """The run's host lock, exclusively (`alone`) or shared; nothing in one process."""
+def host(hold: str) -> Iterator[None]:
+    """The run's host lock for a test or module that is `whole` (the host), `alone` or
+    `shared` (see above); nothing in one process."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:  # one process: nothing runs beside a test
+    exclusive = hold == "whole" or (hold == "alone" and not _pinned)
+    if run is None or (hold == "shared" and _pinned):
         yield
         return
     base = Path(tempfile.gettempdir()) / f"switchyard-tests-{run}"
     with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.host", "a") as held:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
-            fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            fcntl.flock(held, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
@@ -76,14 +120,32 @@ def host(alone: bool) -> Iterator[None]:
             fcntl.flock(held, fcntl.LOCK_UN)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def whole_host(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A `whole_host` module: every core of the run for it and what it starts, the lock held."""
+    if request.node.get_closest_marker("whole_host") is None:
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    with host("whole"):
+        _set_cores(os.sched_getaffinity(os.getppid()) | mine)  # pytest's own: every core
+        try:
+            yield
+        finally:
+            _set_cores(mine)
+
+
 @pytest.fixture(autouse=True)
 def host_share(request: pytest.FixtureRequest) -> Iterator[None]:
-    with host(request.node.get_closest_marker("alone") is not None):
+    if request.node.get_closest_marker("whole_host") is not None:  # its module holds the host
+        yield
+        return
+    with host("alone" if request.node.get_closest_marker("alone") is not None else "shared"):
         yield
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    order(items)
+    order(items, alone_last=not _pinned)
 
 
 @pytest.hookimpl(optionalhook=True)  # a run with `-p no:xdist` has no such hook

@@ -6,9 +6,11 @@
   after any other package's file in between (measured at 31 s and 21 s a start), so each
   package is one unit.
 - Units run heaviest first (`HEAVY`), so the workers end together rather than one running a
-  long unit alone at the end; units holding a test marked `alone` (tests/conftest.py:
-  host_share) run last, when the other worker is on short tests or done, so that neither waits
-  long for the other's test to end.
+  long unit alone at the end: each worker has its own cores (tests/conftest.py: pin_worker),
+  so one cannot lend the other a core at the end.
+- Where the workers are not pinned (more workers than cores), units holding a test marked
+  `alone` run last, when the other workers are on short tests or done, so that none waits long
+  for another's test to end (tests/conftest.py: host).
 """
 
 from __future__ import annotations
@@ -20,21 +22,24 @@ from xdist.scheduler import LoadScopeScheduling
 
 PACKAGES = ("tests/xla/", "tests/cluster/")
 
-# Seconds of pytest per unit with two workers, the heaviest, as `make test PYTEST_ARGS=
-# --junitxml=...` measured them (7 December, quiet 2-core host, the run at 619 s); the order
-# matters, not the figures. Of the units holding an `alone` test only the cpu generation trial
-# is weighed: it then leads them, which measured better than weighing them all (666 s).
+# Seconds of pytest per unit on a pinned worker (one core of the 2-core host), the units over
+# 20 s, as the run's test reports timed them (7 December, `make test` at 676 s); the order
+# matters, not the figures.
 HEAVY = {
-    "tests/cluster": 145,
-    "tests/xla": 142,
-    "tests/trial/test_distributed.py": 97,
-    "tests/trial/test_generation_trial.py": 73,
-    "tests/executor/test_generation.py": 35,
-    "tests/trial/test_trial_lifecycle.py": 32,
-    "tests/test_packaging.py": 26,
-    "tests/router/test_router_faults.py": 26,
-    "tests/trial/test_workload_replay.py": 21,
-    "tests/trial/test_trial_e2e.py": 19,
+    "tests/cluster": 179,
+    "tests/xla": 147,
+    "tests/trial/test_distributed.py": 127,
+    "tests/faults/test_cluster_faults.py": 88,
+    "tests/trial/test_generation_trial.py": 80,
+    "tests/trial/test_verdict_speed.py": 35,
+    "tests/test_packaging.py": 29,
+    "tests/executor/test_generation.py": 28,
+    "tests/trial/test_trial_lifecycle.py": 27,
+    "tests/trial/test_user_models.py": 24,
+    "tests/security/test_ledger_anchor.py": 22,
+    "tests/trial/test_trial_e2e.py": 21,
+    "tests/executor/test_engine_process.py": 21,
+    "tests/router/test_router_faults.py": 20,
 }
 
 
@@ -43,14 +48,15 @@ def unit_of(nodeid: str) -> str:
     return next((p.rstrip("/") for p in PACKAGES if path.startswith(p)), path)
 
 
-def order(items: list[pytest.Item]) -> None:
-    """Sorts `items` in place by unit as above; a unit's own tests keep their order."""
+def order(items: list[pytest.Item], alone_last: bool) -> None:
+    """Sorts `items` in place by unit as above (`alone_last`: units holding an `alone` test
+    after the rest); a unit's own tests keep their order."""
     first: dict[str, int] = {}
     alone: set[str] = set()
     for i, item in enumerate(items):
         unit = unit_of(item.nodeid)
         first.setdefault(unit, i)
-        if item.get_closest_marker("alone") is not None:
+        if alone_last and item.get_closest_marker("alone") is not None:
             alone.add(unit)
 
     def key(pair: tuple[int, pytest.Item]) -> tuple[bool, int, int, int]:

@@ -24,7 +24,9 @@ from tests.faults.scenarios import (
 from tests.router import small_disk
 
 WHY = unavailable() or postgres.unavailable()
-pytestmark = [pytest.mark.skipif(bool(WHY), reason=WHY or "runs"), pytest.mark.slow]
+# the module's cluster is eight processes under a closed-loop load: every core, nothing timed
+# beside it (tests/conftest.py)
+pytestmark = [pytest.mark.skipif(bool(WHY), reason=WHY or "runs"), pytest.mark.slow, pytest.mark.whole_host]
 
 NO_DISK = WHY or small_disk.unavailable()  # the spool's own small filesystem: a tmpfs mount
 BOUND_S = 2.0  # eject_unanswered_s, the router's default

@@ -67,7 +67,7 @@ async def report(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> dict
     for defect in planted_load.DEFECTS:
         source = planted_load.write_version(work / defect, defect)
         add_model(stack.repository, MODEL, source, version=defect, allowed_factories=("tests",))
-    with host(alone=True):  # the trial measures here, its tests only read it
+    with host("alone"):  # the trial measures here, its tests only read it
         return await run_trial(stack, _spec(), "under-load")
 
 
