@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -63,6 +63,7 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # exclusive holder from being overtaken. A module fixture that itself measures (a trial its
 # tests only read) holds the lock with `host("alone")`. In one process nothing is locked.
 _pinned = False
+Hold = Literal["whole", "alone", "shared"]
 
 
 def share_of_cores(worker: str, workers: int, cores: list[int]) -> set[int]:
@@ -99,7 +100,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @contextlib.contextmanager
-def host(hold: str) -> Iterator[None]:
+def host(hold: Hold) -> Iterator[None]:
     """The run's host lock for a test or module that is `whole` (the host), `alone` or
     `shared` (see above); nothing in one process."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")

@@ -23,8 +23,9 @@ from xdist.scheduler import LoadScopeScheduling
 PACKAGES = ("tests/xla/", "tests/cluster/")
 
 # Seconds of pytest per unit on a pinned worker (one core of the 2-core host), the units over
-# 20 s, as the run's test reports timed them (7 December, `make test` at 676 s); the order
-# matters, not the figures.
+# 20 s, as the test reports of a `make test` at 676 s timed them (7 December), but for
+# test_distributed.py, timed on one pinned core after its two DDP tests came to share one
+# trial; the order matters, not the figures.
 HEAVY = {
     "tests/cluster": 179,
     "tests/xla": 147,

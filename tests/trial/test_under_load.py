@@ -25,8 +25,8 @@ from tests.trial.stack import Stack
 from tests.trial.trial_helpers import run_trial
 
 MODEL = "planted-load"
-# warm-up and memory growth are judged on timings and heaps: the host to itself while the
-# trial measures (tests/conftest.py), and the unit runs with the other `alone` ones
+# warm-up and memory growth are judged on timings and heaps: cores to itself while the trial
+# measures (tests/conftest.py: host)
 pytestmark = pytest.mark.alone
 
 ITERATIONS = 80  # more than planted_load.EVERY: the first 64 answers are all checked
