@@ -49,10 +49,11 @@ run: setup
 # (tests/conftest.py: pin_worker), so a test that judges measured time (marked `alone`) shares
 # no core with another worker's tests and no test waits for it; the fault tests' cluster
 # (`whole_host`) gets every core while no `alone` test runs; with fewer cores an `alone` test
-# holds a host lock. The workers' units and order are tests/suite_order.py's. On one 2-core host
-# (7 December), pytest took: one process 709-861 s; two workers with the lock 704-741 s; pinned
-# 628-676 s. Without either, two-worker runs failed such tests (a speed verdict INCONCLUSIVE, a
-# full spool disk refused late).
+# holds a host lock. The workers' units and order are tests/suite_order.py's. On one 2-core AMD
+# EPYC host (7 December), pytest took: one process 709-861 s; two workers with the lock 704-741 s;
+# pinned 628-721 s. On a 2-core Intel Xeon host (the same day), pinned: 500 s on a fresh machine
+# (inductor's cache cold), 457 s from a fresh clone. Without the lock or the pinning, two-worker
+# runs failed such tests (a speed verdict INCONCLUSIVE, a full spool disk refused late).
 TEST_WORKERS ?= 2
 
 test: setup-test lint
