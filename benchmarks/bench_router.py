@@ -12,7 +12,10 @@ plaintext, as `switchyard up` serves the public port (it takes API keys).
 The plaintext figures stand beside it, never instead: `router_plaintext` and
 `direct_plaintext` are the same router and executor on plaintext hops
 (SWITCHYARD_SECURITY_INSECURE=true, by name), with a bare grpc.aio pass-through hop
-(`passthrough`: unary bytes in and out, asyncio's and gRPC's defaults), the router over gRPC
+(`passthrough`: unary bytes in and out, asyncio's and gRPC's defaults), the router's hop with
+none of its own work (`hop_floor`: grpc.aio on the router's loop and transport, bytes over one
+plaintext frame connection; router_plaintext minus it is the router's own work, it minus
+direct_plaintext the hop itself), the router over gRPC
 streams to the executor (`router_grpc`), over streams on stock settings (`router_stock`:
 asyncio's loop, gRPC's default transport) and with workload capture on (`router_capture`,
 share 0.1, `--capture-share`: its throughput over router_plaintext's is the cost of capture).
@@ -142,6 +145,48 @@ async def main() -> None:
 
 asyncio.run(main())
 """
+
+# The router's hop with none of the router's own work: a grpc.aio server on the router's loop
+# and transport (run_service: uvloop; switchyard/transport.py) that sends each ModelInfer's
+# bytes over one plaintext frame connection (services/frames.py) to the plaintext executor and
+# answers with the reply's response: no admission, usage, tracing, routing or parameters.
+# router_plaintext minus hop_floor is the router's own work; hop_floor minus direct_plaintext
+# is the hop itself (a second process and its wake-ups on the same two cores).
+HOP_FLOOR = """
+import sys
+from switchyard import transport
+
+transport.prefer_low_latency()  # as the router's CLI does, before grpc is imported
+import grpc
+from services import frames
+from services.router.executor_transport import unwrap_answer
+from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
+from switchyard.grpcio import run_service
+
+async def main() -> None:
+    async with grpc.aio.insecure_channel(sys.argv[2]) as control:
+        stub = executor_pb2_grpc.ExecutorControlStub(control)
+        described = await stub.Describe(executor_pb2.DescribeRequest(), timeout=10)
+    host = sys.argv[2].rsplit(":", 1)[0]
+    channel = await frames.FrameChannel.connect(host, described.frames_port, 64 << 20, 10.0, None, "")
+
+    async def infer(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return unwrap_answer(await channel.request((body,), 10.0))
+
+    server = grpc.aio.server()
+    handler = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")
+    await server.start()
+    print("READY", flush=True)
+    await server.wait_for_termination()
+
+run_service(main())
+"""
+
+BARE_HOPS = ("passthrough", "hop_floor")
 
 METERING = """
 import sys
@@ -460,6 +505,7 @@ def _paths(pid: dict[str, int]) -> dict[str, dict[str, int]]:
         "direct": {"executor": pid["executor_mtls"]},
         "direct_plaintext": {"executor": pid["executor"]},
         "passthrough": {"passthrough": pid["passthrough"], "executor": pid["executor"]},
+        "hop_floor": {"hop_floor": pid["hop_floor"], "executor": pid["executor"]},
         **{
             name: {"router": pid[name], "executor": pid["executor"], "metering": pid["metering"]}
             for name in ROUTERS
@@ -510,7 +556,7 @@ async def _run(
     def mtls_env(name: str) -> dict[str, str]:
         return {**base, tls.TLS_DIR_ENV: str(pki[name])}
 
-    names = ("executor", "metering", "executor_mtls", "metering_mtls", "passthrough", *ROUTERS, "router")
+    names = ("executor", "metering", "executor_mtls", "metering_mtls", *BARE_HOPS, *ROUTERS, "router")
     ports = {name: free_port() for name in names}
     addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     _write_route_files(tmp, addr, capture_share)
@@ -544,16 +590,15 @@ async def _run(
         )
         await wait_models_ready(addr["executor"], MODELS)
         await wait_models_ready(addr["executor_mtls"], MODELS, security=ids["router"])
-        procs.append(
-            await spawn(
-                "-c",
-                PASSTHROUGH,
-                str(ports["passthrough"]),
-                addr["executor"],
-                env={**env, **STOCK},
-                log=tmp / "passthrough.log",
+        for name, script, hop_env in (
+            ("passthrough", PASSTHROUGH, {**env, **STOCK}),
+            ("hop_floor", HOP_FLOOR, env),
+        ):
+            procs.append(
+                await spawn(
+                    "-c", script, str(ports[name]), addr["executor"], env=hop_env, log=tmp / f"{name}.log"
+                )
             )
-        )
         key = await setup_key(addr["metering"], tls.Security.plaintext())
         key_mtls = await setup_key(addr["metering_mtls"], operator)
         procs.append(await spawn_router("router", "mtls", addr["metering_mtls"], mtls_env("router")))
@@ -566,7 +611,7 @@ async def _run(
             {
                 name: proc.pid
                 for name, proc in zip(
-                    [*(c[1] for c in children), "passthrough", "router", *ROUTERS], procs, strict=True
+                    [*(c[1] for c in children), *BARE_HOPS, "router", *ROUTERS], procs, strict=True
                 )
             }
         )
@@ -585,13 +630,14 @@ async def _run(
         for size, concurrency, count, rounds in (cell for cell in plan if cell[0] in sizes):
             body, nbytes = request_body(size)
             at_size = peers if size == "1KB" else []
-            for address in (*(peer.address for peer in at_size), addr["passthrough"]):
+            for address in (*(peer.address for peer in at_size), *(addr[name] for name in BARE_HOPS)):
                 await wait_answering(address, body)
             n = max(20 * rounds, int(count * scale))
             targets: list[tuple[str, str, Any, tls.Security | None]] = [
                 ("direct", addr["executor_mtls"], None, ids["router"]),
                 ("direct_plaintext", addr["executor"], None, None),
                 ("passthrough", addr["passthrough"], None, None),
+                ("hop_floor", addr["hop_floor"], None, None),
                 *((name, addr[name], auth, None) for name in ROUTERS),
                 ("router", addr["router"], [("authorization", f"Bearer {key_mtls}")], None),
                 *((peer.name, peer.address, None, None) for peer in at_size),
@@ -643,7 +689,7 @@ def _added(x: Result, direct: Result) -> dict[str, float]:
     }
 
 
-PLAINTEXT_ROWS = ("passthrough", *(name for name in ROUTERS if name != "router_plaintext"))
+PLAINTEXT_ROWS = ("passthrough", "hop_floor", *(name for name in ROUTERS if name != "router_plaintext"))
 
 
 def _comparison(
@@ -678,6 +724,7 @@ def _peers(by: dict[tuple[str, str, int], Result]) -> dict[str, float]:
     one = {target: r for (target, size, c), r in by.items() if size == "1KB" and c == 1}
     many = {target: r for (target, size, c), r in by.items() if size == "1KB" and c == 16}
     hand1, hand16 = one[HANDWRITTEN], many[HANDWRITTEN]
+    hop = one["hop_floor"].p50_ms
     out = {
         "router_minus_handwritten_p50_ms_c1": one["router"].p50_ms - hand1.p50_ms,
         "router_plaintext_minus_handwritten_p50_ms_c1": one["router_plaintext"].p50_ms - hand1.p50_ms,
@@ -685,6 +732,9 @@ def _peers(by: dict[tuple[str, str, int], Result]) -> dict[str, float]:
         "direct_plaintext_over_handwritten_p50_c1": one["direct_plaintext"].p50_ms / hand1.p50_ms,
         "aa_control_minus_handwritten_p50_ms_c1": one[HANDWRITTEN_CONTROL].p50_ms - hand1.p50_ms,
         "aa_control_over_handwritten_p50_c1": one[HANDWRITTEN_CONTROL].p50_ms / hand1.p50_ms,
+        # the router's added c=1 p50 split: the hop itself, then the router's own work on it
+        "hop_floor_minus_direct_plaintext_p50_ms_c1": hop - one["direct_plaintext"].p50_ms,
+        "router_plaintext_minus_hop_floor_p50_ms_c1": one["router_plaintext"].p50_ms - hop,
         "router_over_direct_rps_c16": many["router"].throughput_rps / many["direct"].throughput_rps,
         "direct_over_handwritten_rps_c16": many["direct"].throughput_rps / hand16.throughput_rps,
         "aa_control_over_handwritten_rps_c16": (
@@ -746,6 +796,9 @@ def summarise(
             "ModelStreamInfer streams (executor_transport = grpc); `router_stock` over streams on "
             "asyncio's loop and gRPC's default transport",
             "passthrough": "a bare grpc.aio hop on asyncio's loop and gRPC's default transport",
+            "hop_floor": "the router's hop with none of its own work: grpc.aio on the router's loop "
+            "and transport, each request's bytes over one plaintext frame connection to the "
+            "plaintext executor",
             "client": "one grpc.aio process, pre-serialised requests, one channel per target; targets "
             "alternate in rounds (order rotating) and latencies are pooled over the rounds",
             "plan": "(size, concurrency, requests per target, rounds): 1KB c=1 3000/30, 1KB c=16 4800/3, "
