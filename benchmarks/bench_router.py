@@ -636,8 +636,7 @@ async def _run(
             targets: list[tuple[str, str, Any, tls.Security | None]] = [
                 ("direct", addr["executor_mtls"], None, ids["router"]),
                 ("direct_plaintext", addr["executor"], None, None),
-                ("passthrough", addr["passthrough"], None, None),
-                ("hop_floor", addr["hop_floor"], None, None),
+                *((name, addr[name], None, None) for name in BARE_HOPS),
                 *((name, addr[name], auth, None) for name in ROUTERS),
                 ("router", addr["router"], [("authorization", f"Bearer {key_mtls}")], None),
                 *((peer.name, peer.address, None, None) for peer in at_size),
@@ -689,7 +688,7 @@ def _added(x: Result, direct: Result) -> dict[str, float]:
     }
 
 
-PLAINTEXT_ROWS = ("passthrough", "hop_floor", *(name for name in ROUTERS if name != "router_plaintext"))
+PLAINTEXT_ROWS = (*BARE_HOPS, *(name for name in ROUTERS if name != "router_plaintext"))
 
 
 def _comparison(
