@@ -119,21 +119,11 @@ async def main() -> None:
 run_service(main())
 """
 
-# The floor: a bare grpc.aio hop that forwards ModelInfer bytes and does nothing else.
-PASSTHROUGH = """
-import asyncio, sys
-import grpc
-from switchyard import net
-
-async def main() -> None:
-    opts = net.CHANNEL_OPTIONS
-    channel = grpc.aio.insecure_channel(sys.argv[2], options=opts)
-    upstream = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-
-    async def infer(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return await upstream(body, timeout=context.time_remaining())
-
-    server = grpc.aio.server(options=opts)
+# The bare hops' server, after their imports (sys, grpc): `infer` (bytes in, bytes out) as
+# ModelInfer on 127.0.0.1:argv[1], nothing else registered.
+SERVE_INFER = """
+async def serve(infer, options=None) -> None:
+    server = grpc.aio.server(options=options)
     handler = grpc.method_handlers_generic_handler(
         "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}
     )
@@ -142,6 +132,23 @@ async def main() -> None:
     await server.start()
     print("READY", flush=True)
     await server.wait_for_termination()
+"""
+
+# The floor: a bare grpc.aio hop that forwards ModelInfer bytes and does nothing else.
+PASSTHROUGH = f"""
+import asyncio, sys
+import grpc
+from switchyard import net
+{SERVE_INFER}
+async def main() -> None:
+    opts = net.CHANNEL_OPTIONS
+    channel = grpc.aio.insecure_channel(sys.argv[2], options=opts)
+    upstream = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+    async def infer(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return await upstream(body, timeout=context.time_remaining())
+
+    await serve(infer, opts)
 
 asyncio.run(main())
 """
@@ -152,7 +159,7 @@ asyncio.run(main())
 # answers with the reply's response: no admission, usage, tracing, routing or parameters.
 # router_plaintext minus hop_floor is the router's own work; hop_floor minus direct_plaintext
 # is the hop itself (a second process and its wake-ups on the same two cores).
-HOP_FLOOR = """
+HOP_FLOOR = f"""
 import sys
 from switchyard import transport
 
@@ -162,7 +169,7 @@ from services import frames
 from services.router.executor_transport import unwrap_answer
 from switchyard.gen.switchyard.v1 import executor_pb2, executor_pb2_grpc
 from switchyard.grpcio import run_service
-
+{SERVE_INFER}
 async def main() -> None:
     async with grpc.aio.insecure_channel(sys.argv[2]) as control:
         stub = executor_pb2_grpc.ExecutorControlStub(control)
@@ -173,15 +180,7 @@ async def main() -> None:
     async def infer(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return unwrap_answer(await channel.request((body,), 10.0))
 
-    server = grpc.aio.server()
-    handler = grpc.method_handlers_generic_handler(
-        "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}
-    )
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")
-    await server.start()
-    print("READY", flush=True)
-    await server.wait_for_termination()
+    await serve(infer)
 
 run_service(main())
 """
