@@ -192,9 +192,8 @@ async def killed_trial(stack: Stack) -> KilledTrial:
     the XLA environment, the cpu paths only."""
     spec = documented_spec()
     xla = next(p for p in spec["paths"] if p["executor"] == "xla")
-    cpu_victim = {"name": "cpu-victim", "executor": "cpu", "mode": "eager", "precision": "fp32"}
-    spec["paths"] = [spec["paths"][0], cpu_victim, xla, {**xla, "name": "xla-victim"}]
-    spec["paths"] = spec["paths"] if stack.xla else spec["paths"][:2]
+    cpu = [spec["paths"][0], {"name": "cpu-victim", "executor": "cpu", "mode": "eager", "precision": "fp32"}]
+    spec["paths"] = [*cpu, xla, {**xla, "name": "xla-victim"}] if stack.xla else cpu
     # steps enough that the kill lands mid-training (after the first, compiling, step the
     # others take a fraction of a second each)
     spec["training"] = {**spec["training"], "steps": 12}
